@@ -1,0 +1,231 @@
+//! Envoy's bootstrap (`./etc/istio/proxy/envoy-rev.json`), laid out as Istio's
+//! `tools/packaging/common/envoy_bootstrap.json` renders it: admin on loopback, ADS over the
+//! agent's unix socket, the `prometheus_stats`/`agent`/`xds-grpc`/`sds-grpc` static clusters and
+//! the 15090 (stats) and 15021 (readiness) listeners.
+//!
+//! Built as a JSON value, never by text templating, so env- or annotation-derived strings
+//! (pod name, metadata) cannot add fields.
+
+use serde_json::{Value, json};
+
+use crate::config::Config;
+
+pub const PROMETHEUS_PORT: u16 = 15090;
+pub const ENVOY_STATUS_PORT: u16 = 15021;
+const SDS_SOCKET: &str = "./var/run/secrets/workload-spiffe-uds/socket";
+
+fn socket_address(ip: &str, port: u16) -> Value {
+    json!({ "socket_address": { "address": ip, "port_value": port } })
+}
+
+fn static_cluster(name: &str, ip: &str, port: u16) -> Value {
+    json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "0.250s",
+        "lb_policy": "ROUND_ROBIN",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": socket_address(ip, port) } }] }]
+        }
+    })
+}
+
+fn pipe_cluster(name: &str, path: &str, extra: Value) -> Value {
+    let mut c = json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": { "http2_protocol_options": {} }
+            }
+        },
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": { "pipe": { "path": path } } } }] }]
+        }
+    });
+    if let (Some(obj), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
+        obj.extend(extra.clone());
+    }
+    c
+}
+
+/// A static HTTP listener routing one path prefix to one cluster.
+fn static_listener(port: u16, stat_prefix: &str, prefix: &str, cluster: &str) -> Value {
+    json!({
+        "name": format!("0.0.0.0_{port}"),
+        "address": socket_address("0.0.0.0", port),
+        "ignore_global_conn_limit": true,
+        "bypass_overload_manager": true,
+        "filter_chains": [{
+            "filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                    "codec_type": "AUTO",
+                    "stat_prefix": stat_prefix,
+                    "route_config": {
+                        "virtual_hosts": [{
+                            "name": "backend",
+                            "domains": ["*"],
+                            "routes": [{ "match": { "prefix": prefix }, "route": { "cluster": cluster } }]
+                        }]
+                    },
+                    "http_filters": [{
+                        "name": "envoy.filters.http.router",
+                        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
+                    }]
+                }
+            }]
+        }]
+    })
+}
+
+fn node_metadata(cfg: &Config) -> Value {
+    let mut meta = serde_json::Map::new();
+    for (k, v) in &cfg.metadata {
+        meta.insert(k.clone(), Value::String(v.clone()));
+    }
+    let ips: Vec<String> = cfg.instance_ips.iter().map(ToString::to_string).collect();
+    meta.insert("NAME".into(), cfg.pod_name.clone().into());
+    meta.insert("NAMESPACE".into(), cfg.pod_namespace.clone().into());
+    meta.insert("SERVICE_ACCOUNT".into(), cfg.service_account.clone().into());
+    meta.insert("INSTANCE_IPS".into(), ips.join(",").into());
+    meta.insert("ENVOY_STATUS_PORT".into(), ENVOY_STATUS_PORT.into());
+    meta.insert("ENVOY_PROMETHEUS_PORT".into(), PROMETHEUS_PORT.into());
+    meta.insert("ISTIO_VERSION".into(), env!("CARGO_PKG_VERSION").into());
+    Value::Object(meta)
+}
+
+/// The bootstrap for `cfg`.
+pub fn render(cfg: &Config) -> Value {
+    let xds_socket = cfg.xds_socket_path().display().to_string();
+    let ads_source =
+        json!({ "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" });
+    json!({
+        "node": {
+            "id": cfg.node_id(),
+            "cluster": cfg.service_cluster,
+            "locality": {},
+            "metadata": node_metadata(cfg)
+        },
+        "layered_runtime": {
+            "layers": [
+                { "name": "global config", "static_layer": {
+                    "envoy.reloadable_features.http_reject_path_with_fragment": false,
+                    "re2.max_program_size.error_level": "32768"
+                } },
+                { "name": "admin", "admin_layer": {} }
+            ]
+        },
+        "overload_manager": {
+            "resource_monitors": [{
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": i32::MAX
+                }
+            }]
+        },
+        "admin": {
+            "access_log": [{
+                "name": "envoy.access_loggers.file",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                    "path": "/dev/null"
+                }
+            }],
+            "profile_path": "/var/lib/istio/data/envoy.prof",
+            "address": socket_address("127.0.0.1", cfg.admin_port)
+        },
+        "dynamic_resources": {
+            "lds_config": ads_source,
+            "cds_config": ads_source,
+            "ads_config": {
+                "api_type": "GRPC",
+                "set_node_on_first_message_only": true,
+                "transport_api_version": "V3",
+                "grpc_services": [{ "envoy_grpc": { "cluster_name": "xds-grpc" } }]
+            }
+        },
+        "static_resources": {
+            "clusters": [
+                static_cluster("prometheus_stats", "127.0.0.1", cfg.admin_port),
+                static_cluster("agent", "127.0.0.1", cfg.status_port),
+                pipe_cluster("sds-grpc", SDS_SOCKET, json!({})),
+                pipe_cluster("xds-grpc", &xds_socket, json!({
+                    "circuit_breakers": { "thresholds": [
+                        { "priority": "DEFAULT", "max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000 },
+                        { "priority": "HIGH", "max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000 }
+                    ] },
+                    "upstream_connection_options": { "tcp_keepalive": { "keepalive_time": 300 } },
+                    "max_requests_per_connection": 1
+                })),
+            ],
+            "listeners": [
+                static_listener(PROMETHEUS_PORT, "stats", "/stats/prometheus", "prometheus_stats"),
+                static_listener(ENVOY_STATUS_PORT, "agent", "/healthz/ready", "agent"),
+            ]
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, ProxyArgs};
+
+    fn config(env: &[(&str, &str)]) -> Config {
+        let vars: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let lookup = vars.clone();
+        Config::from_env(
+            &ProxyArgs {
+                proxy_type: "sidecar".into(),
+                config_dir: Some("/m".into()),
+                ..Default::default()
+            },
+            &move |k| lookup.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
+            &vars,
+            &|_| None,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn hostile_strings_stay_strings() {
+        let evil = "x\",\"admin\":{\"address\":\"0.0.0.0\"},\"y\":\"{{";
+        let b = render(&config(&[("POD_NAME", evil), ("ISTIO_META_FOO", evil)]));
+        let text = serde_json::to_string(&b).unwrap();
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back["node"]["metadata"]["NAME"], evil);
+        assert_eq!(back["node"]["metadata"]["FOO"], evil);
+        assert_eq!(
+            back["admin"]["address"]["socket_address"]["address"],
+            "127.0.0.1"
+        );
+    }
+
+    #[test]
+    fn dynamic_resources_do_not_block_startup() {
+        let b = render(&config(&[]));
+        assert_eq!(
+            b["dynamic_resources"]["lds_config"]["initial_fetch_timeout"],
+            "0s"
+        );
+        assert_eq!(
+            b["dynamic_resources"]["cds_config"]["initial_fetch_timeout"],
+            "0s"
+        );
+        assert_eq!(
+            b["static_resources"]["clusters"][3]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+                [0]["endpoint"]["address"]["pipe"]["path"],
+            "./etc/istio/proxy/XDS"
+        );
+    }
+}

@@ -1,0 +1,389 @@
+//! The agent's typed configuration, parsed once at the edge from the flags and env vars Istio's
+//! injector writes (`pilot/cmd/pilot-agent/options`, `pkg/config/mesh` ProxyConfig defaults).
+//! Nothing deeper reads the environment.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Env var names, as Istio spells them.
+pub mod env {
+    pub const POD_NAME: &str = "POD_NAME";
+    pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
+    pub const INSTANCE_IP: &str = "INSTANCE_IP";
+    pub const SERVICE_ACCOUNT: &str = "SERVICE_ACCOUNT";
+    pub const PROXY_CONFIG: &str = "PROXY_CONFIG";
+    pub const ENVOY_USER: &str = "ENVOY_USER";
+    pub const ISTIO_META_PREFIX: &str = "ISTIO_META_";
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {input} {value:?}: expected {expected}")]
+pub struct ConfigError {
+    pub input: String,
+    pub value: String,
+    pub expected: String,
+}
+
+fn err(input: &str, value: &str, expected: &str) -> ConfigError {
+    ConfigError {
+        input: input.to_string(),
+        value: value.to_string(),
+        expected: expected.to_string(),
+    }
+}
+
+/// The subset of Istio's ProxyConfig we honour, in its YAML/JSON field names.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ProxyConfigOverlay {
+    config_path: Option<String>,
+    binary_path: Option<String>,
+    service_cluster: Option<String>,
+    drain_duration: Option<String>,
+    termination_drain_duration: Option<String>,
+    proxy_admin_port: Option<u16>,
+    discovery_address: Option<String>,
+    status_port: Option<u16>,
+    concurrency: Option<u32>,
+    control_plane_auth_policy: Option<String>,
+    stat_name_length: Option<u32>,
+    proxy_metadata: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// Where the agent gets xDS from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlPlaneSource {
+    /// istiod-core in process, reading this config directory.
+    Embedded { config_dir: PathBuf },
+    /// A remote control plane over plaintext gRPC (`host:port`).
+    Remote { address: String },
+}
+
+/// Everything `run` needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub proxy_type: String,
+    pub pod_name: String,
+    pub pod_namespace: String,
+    pub instance_ips: Vec<IpAddr>,
+    pub dns_domain: String,
+    pub service_cluster: String,
+    pub service_account: String,
+    pub config_path: PathBuf,
+    pub binary_path: PathBuf,
+    pub drain_duration: Duration,
+    pub termination_drain_duration: Duration,
+    pub admin_port: u16,
+    pub status_port: u16,
+    pub concurrency: Option<u32>,
+    pub proxy_log_level: String,
+    pub proxy_component_log_level: String,
+    pub control_plane: ControlPlaneSource,
+    /// `ISTIO_META_*` → metadata key without the prefix.
+    pub metadata: Vec<(String, String)>,
+    /// uid/gid to run Envoy as when the agent is root.
+    pub envoy_uid: u32,
+}
+
+/// Command-line options of `pilot-agent proxy` that reach the config.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyArgs {
+    pub proxy_type: String,
+    pub domain: Option<String>,
+    pub service_cluster: Option<String>,
+    pub proxy_log_level: String,
+    pub proxy_component_log_level: String,
+    pub concurrency: Option<u32>,
+    pub config_dir: Option<PathBuf>,
+    pub mesh_config: Option<PathBuf>,
+}
+
+/// Parses Go-style durations: `45s`, `500ms`, `1m30s`, `1h`.
+pub fn parse_duration(input: &str, raw: &str) -> Result<Duration, ConfigError> {
+    let bad = || err(input, raw, "a duration such as 5s, 500ms or 1m30s");
+    let mut total = 0f64;
+    let mut rest = raw.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let n_end = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(bad)?;
+        let (num, tail) = rest.split_at(n_end);
+        let u_end = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(u_end);
+        let n: f64 = num.parse().map_err(|_| bad())?;
+        total += n * match unit {
+            "ms" => 0.001,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        rest = tail;
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+fn overlay(base: &mut ProxyConfigOverlay, input: &str, text: &str) -> Result<(), ConfigError> {
+    // A mesh config file wraps ProxyConfig in `defaultConfig`; PROXY_CONFIG is the bare object.
+    let value: serde_json::Value =
+        serde_yaml_ng::from_str(text).map_err(|e| err(input, &e.to_string(), "YAML or JSON"))?;
+    let value = match value.get("defaultConfig") {
+        Some(inner) => inner.clone(),
+        None if input.starts_with("mesh") => serde_json::Value::Object(Default::default()),
+        None => value,
+    };
+    if value.is_null() {
+        return Ok(());
+    }
+    let o: ProxyConfigOverlay = serde_json::from_value(value)
+        .map_err(|e| err(input, &e.to_string(), "a ProxyConfig with supported fields"))?;
+    macro_rules! take {
+        ($($f:ident),*) => { $( if o.$f.is_some() { base.$f = o.$f.clone(); } )* };
+    }
+    take!(
+        config_path,
+        binary_path,
+        service_cluster,
+        drain_duration,
+        termination_drain_duration,
+        proxy_admin_port,
+        discovery_address,
+        status_port,
+        concurrency,
+        control_plane_auth_policy,
+        stat_name_length,
+        proxy_metadata
+    );
+    Ok(())
+}
+
+impl Config {
+    pub fn from_env(
+        args: &ProxyArgs,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        env_vars: &[(String, String)],
+        user_uid: &dyn Fn(&str) -> Option<u32>,
+    ) -> Result<Config, ConfigError> {
+        let pod_name = lookup(env::POD_NAME).unwrap_or_else(|| "unknown".to_string());
+        let pod_namespace = lookup(env::POD_NAMESPACE).unwrap_or_else(|| "default".to_string());
+        let instance_ips = match lookup(env::INSTANCE_IP) {
+            Some(raw) => raw
+                .split(',')
+                .map(|s| {
+                    s.trim().parse::<IpAddr>().map_err(|_| {
+                        err(
+                            env::INSTANCE_IP,
+                            &raw,
+                            "a comma-separated list of IP addresses",
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            None => vec![IpAddr::from([127, 0, 0, 1])],
+        };
+
+        let mut pc = ProxyConfigOverlay::default();
+        if let Some(path) = &args.mesh_config
+            && let Ok(text) = std::fs::read_to_string(path)
+        {
+            overlay(
+                &mut pc,
+                &format!("meshConfig file {}", path.display()),
+                &text,
+            )?;
+        }
+        if let Some(text) = lookup(env::PROXY_CONFIG) {
+            overlay(&mut pc, &format!("env {}", env::PROXY_CONFIG), &text)?;
+        }
+
+        let duration = |field: &str, v: &Option<String>, default: u64| match v {
+            Some(raw) => parse_duration(&format!("ProxyConfig.{field}"), raw),
+            None => Ok(Duration::from_secs(default)),
+        };
+        let control_plane = match (&args.config_dir, &pc.discovery_address) {
+            (Some(dir), _) => ControlPlaneSource::Embedded {
+                config_dir: dir.clone(),
+            },
+            (None, Some(addr)) => ControlPlaneSource::Remote {
+                address: addr.clone(),
+            },
+            (None, None) => {
+                return Err(err(
+                    "--configDir / ProxyConfig.discoveryAddress",
+                    "",
+                    "a config directory for the embedded control plane, or a discoveryAddress",
+                ));
+            }
+        };
+
+        let mut metadata: Vec<(String, String)> = env_vars
+            .iter()
+            .filter_map(|(k, v)| {
+                k.strip_prefix(env::ISTIO_META_PREFIX)
+                    .map(|key| (key.to_string(), v.clone()))
+            })
+            .collect();
+        for (k, v) in pc.proxy_metadata.iter().flatten() {
+            if let Some(key) = k.strip_prefix(env::ISTIO_META_PREFIX) {
+                metadata.push((key.to_string(), v.clone()));
+            }
+        }
+        metadata.sort();
+
+        let envoy_user = lookup(env::ENVOY_USER).unwrap_or_else(|| "istio-proxy".to_string());
+        Ok(Config {
+            proxy_type: args.proxy_type.clone(),
+            dns_domain: args
+                .domain
+                .clone()
+                .unwrap_or_else(|| format!("{pod_namespace}.svc.cluster.local")),
+            pod_name,
+            pod_namespace,
+            instance_ips,
+            service_cluster: args
+                .service_cluster
+                .clone()
+                .or(pc.service_cluster)
+                .unwrap_or_else(|| "istio-proxy".to_string()),
+            service_account: lookup(env::SERVICE_ACCOUNT).unwrap_or_else(|| "default".to_string()),
+            config_path: PathBuf::from(
+                pc.config_path.unwrap_or_else(|| "./etc/istio/proxy".into()),
+            ),
+            binary_path: PathBuf::from(
+                pc.binary_path
+                    .unwrap_or_else(|| "/usr/local/bin/envoy".into()),
+            ),
+            drain_duration: duration("drainDuration", &pc.drain_duration, 45)?,
+            termination_drain_duration: duration(
+                "terminationDrainDuration",
+                &pc.termination_drain_duration,
+                5,
+            )?,
+            admin_port: pc.proxy_admin_port.unwrap_or(15000),
+            status_port: pc.status_port.unwrap_or(15020),
+            concurrency: args.concurrency.filter(|c| *c > 0).or(pc.concurrency),
+            proxy_log_level: args.proxy_log_level.clone(),
+            proxy_component_log_level: args.proxy_component_log_level.clone(),
+            control_plane,
+            metadata,
+            envoy_uid: user_uid(&envoy_user).unwrap_or(1337),
+        })
+    }
+
+    /// Envoy's node id: `<type>~<ip>~<pod>.<namespace>~<domain>`.
+    pub fn node_id(&self) -> String {
+        let ip = self
+            .instance_ips
+            .first()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        format!(
+            "{}~{ip}~{}.{}~{}",
+            self.proxy_type, self.pod_name, self.pod_namespace, self.dns_domain
+        )
+    }
+
+    pub fn bootstrap_path(&self) -> PathBuf {
+        self.config_path.join("envoy-rev.json")
+    }
+
+    pub fn xds_socket_path(&self) -> PathBuf {
+        self.config_path.join("XDS")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(env: &[(&str, &str)], args: ProxyArgs) -> Result<Config, ConfigError> {
+        let vars: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let v2 = vars.clone();
+        Config::from_env(
+            &args,
+            &move |k| v2.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
+            &vars,
+            &|_| None,
+        )
+    }
+
+    fn embedded() -> ProxyArgs {
+        ProxyArgs {
+            proxy_type: "sidecar".into(),
+            config_dir: Some("/mesh".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn node_id_and_metadata_follow_istio() {
+        let c = cfg(
+            &[
+                ("POD_NAME", "app-1"),
+                ("POD_NAMESPACE", "shop"),
+                ("INSTANCE_IP", "10.1.2.3"),
+                ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
+            ],
+            embedded(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.node_id(),
+            "sidecar~10.1.2.3~app-1.shop~shop.svc.cluster.local"
+        );
+        assert_eq!(c.metadata, vec![("CLUSTER_ID".into(), "Kubernetes".into())]);
+        assert_eq!(c.status_port, 15020);
+        assert_eq!(c.termination_drain_duration, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn proxy_config_overlays_defaults() {
+        let c = cfg(
+            &[(
+                "PROXY_CONFIG",
+                "{\"terminationDrainDuration\": \"1s\", \"binaryPath\": \"/opt/envoy\"}",
+            )],
+            embedded(),
+        )
+        .unwrap();
+        assert_eq!(c.termination_drain_duration, Duration::from_secs(1));
+        assert_eq!(c.binary_path, PathBuf::from("/opt/envoy"));
+    }
+
+    #[test]
+    fn bad_input_is_named() {
+        let e = cfg(&[("INSTANCE_IP", "10.1.2")], embedded()).unwrap_err();
+        assert_eq!(e.input, "INSTANCE_IP");
+        let e = cfg(&[("PROXY_CONFIG", "drainDuration: soon")], embedded()).unwrap_err();
+        assert_eq!(e.input, "ProxyConfig.drainDuration");
+        let e = cfg(&[("PROXY_CONFIG", "bogusField: 1")], embedded()).unwrap_err();
+        assert_eq!(e.input, "env PROXY_CONFIG");
+        let e = cfg(&[], ProxyArgs::default()).unwrap_err();
+        assert!(e.to_string().contains("discoveryAddress"));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(
+            parse_duration("x", "1m30s").unwrap(),
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            parse_duration("x", "500ms").unwrap(),
+            Duration::from_millis(500)
+        );
+        assert!(parse_duration("x", "5").is_err());
+        assert!(parse_duration("x", "").is_err());
+    }
+}

@@ -1,0 +1,141 @@
+//! pilot-agent: runs beside Envoy. Writes the bootstrap, starts and supervises Envoy, proxies its
+//! xDS to the control plane (istiod-core in process by default), and serves readiness on :15020.
+//! Mirrors Istio's `pilot/cmd/pilot-agent` and `pkg/istio-agent`.
+
+pub mod admin;
+pub mod bootstrap;
+pub mod config;
+pub mod drain;
+pub mod envoy;
+pub mod status;
+pub mod xds_proxy;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use config::{Config, ControlPlaneSource};
+use drain::Drain;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error("embedded control plane: {0}")]
+    ControlPlane(#[from] istiod_core::Error),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot serve the status port {port}: {source}")]
+    StatusPort { port: u16, source: std::io::Error },
+    #[error(transparent)]
+    XdsProxy(#[from] xds_proxy::XdsProxyError),
+    #[error(transparent)]
+    Envoy(#[from] envoy::EnvoyError),
+    #[error("Envoy exited unexpectedly ({0}); the agent exits so the container restarts")]
+    EnvoyExited(std::process::ExitStatus),
+}
+
+fn write_file(path: &std::path::Path, contents: &[u8], mode: u32) -> Result<(), AgentError> {
+    let fail = |source| AgentError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    std::fs::write(path, contents).map_err(fail)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)
+}
+
+fn listen_for_signals(drain: Drain) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+        drain.trigger();
+    });
+}
+
+/// Runs the sidecar agent until shutdown.
+pub async fn run(cfg: Config) -> Result<(), AgentError> {
+    tracing::info!(config = ?cfg, "starting pilot-agent");
+    let upstream = match &cfg.control_plane {
+        ControlPlaneSource::Embedded { config_dir } => {
+            let cp =
+                istiod_core::ControlPlane::load(config_dir, istiod_core::DEFAULT_DOMAIN_SUFFIX)?;
+            tokio::spawn(cp.clone().watch(Duration::from_secs(1)));
+            xds_proxy::Upstream::Embedded(cp.xds())
+        }
+        ControlPlaneSource::Remote { address } => {
+            xds_proxy::Upstream::Remote(format!("http://{address}"))
+        }
+    };
+
+    let drain = Drain::default();
+    listen_for_signals(drain.clone());
+
+    let dir_fail = |source| AgentError::Write {
+        path: cfg.config_path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&cfg.config_path).map_err(dir_fail)?;
+    // Envoy runs as another uid and must reach the socket and bootstrap inside.
+    std::fs::set_permissions(&cfg.config_path, std::fs::Permissions::from_mode(0o755))
+        .map_err(dir_fail)?;
+
+    let status_listener =
+        status::bind(cfg.status_port)
+            .await
+            .map_err(|source| AgentError::StatusPort {
+                port: cfg.status_port,
+                source,
+            })?;
+    tokio::spawn(status::serve(
+        status_listener,
+        cfg.admin_port,
+        drain.clone(),
+    ));
+
+    let as_root = nix::unistd::geteuid().is_root();
+    let xds_listener = xds_proxy::bind(&cfg.xds_socket_path(), as_root.then_some(cfg.envoy_uid))?;
+    let xds_drain = drain.clone();
+    let xds_task = tokio::spawn(xds_proxy::serve(xds_listener, upstream, async move {
+        xds_drain.finished().await
+    }));
+
+    let bootstrap_path = cfg.bootstrap_path();
+    let bootstrap = serde_json::to_vec_pretty(&bootstrap::render(&cfg)).unwrap_or_default();
+    write_file(&bootstrap_path, &bootstrap, 0o644)?;
+
+    let mut child = envoy::spawn(&cfg, &bootstrap_path)?;
+    let result = tokio::select! {
+        status = child.wait() => match status {
+            Ok(s) => Err(AgentError::EnvoyExited(s)),
+            Err(e) => Err(AgentError::Envoy(envoy::EnvoyError::Spawn {
+                binary: cfg.binary_path.display().to_string(),
+                source: e,
+            })),
+        },
+        _ = drain.triggered() => {
+            tracing::info!(wait = ?cfg.termination_drain_duration, "draining Envoy");
+            envoy::drain_and_stop(&mut child, cfg.admin_port, cfg.termination_drain_duration).await;
+            Ok(())
+        }
+    };
+    drain.trigger();
+    drain.finish();
+    let _ = xds_task.await;
+    let _ = std::fs::remove_file(&bootstrap_path);
+    let _ = std::fs::remove_file(cfg.xds_socket_path());
+    tracing::info!("pilot-agent stopped");
+    result
+}

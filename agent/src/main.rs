@@ -1,0 +1,194 @@
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use pilot_agent::config::{Config, ProxyArgs};
+
+/// Exit code for any error, as Istio's pilot-agent (`os.Exit(-1)`).
+const ERROR_CODE: i32 = 255;
+
+#[derive(Parser)]
+#[command(
+    name = "pilot-agent",
+    about = "Istio-compatible sidecar agent",
+    version
+)]
+struct Cli {
+    /// Log levels, Istio style (e.g. default:info).
+    #[arg(long = "log_output_level", global = true)]
+    log_output_level: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once at start
+enum Command {
+    /// Run Envoy and the agent (types: sidecar, router).
+    Proxy {
+        #[arg(default_value = "sidecar", value_parser = ["sidecar", "router"])]
+        proxy_type: String,
+        /// Embedded control plane: serve xDS from this config directory (default when set).
+        #[arg(long = "configDir")]
+        config_dir: Option<PathBuf>,
+        #[arg(long)]
+        domain: Option<String>,
+        #[arg(long = "meshConfig", default_value = "./etc/istio/config/mesh")]
+        mesh_config: PathBuf,
+        #[arg(long = "serviceCluster")]
+        service_cluster: Option<String>,
+        #[arg(long = "proxyLogLevel", default_value = "warning")]
+        proxy_log_level: String,
+        #[arg(long = "proxyComponentLogLevel", default_value = "")]
+        proxy_component_log_level: String,
+        #[arg(long)]
+        concurrency: Option<u32>,
+        /// Accepted for compatibility; not used yet.
+        #[arg(long = "stsPort")]
+        sts_port: Option<u16>,
+        #[arg(long = "tokenManagerPlugin")]
+        token_manager_plugin: Option<String>,
+        #[arg(long = "templateFile")]
+        template_file: Option<String>,
+        #[arg(long = "outlierLogPath")]
+        outlier_log_path: Option<String>,
+        #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+        profiling: Option<String>,
+    },
+    /// Program iptables for traffic capture (same flags as istio-iptables).
+    #[command(name = "istio-iptables", disable_help_flag = true)]
+    IstioIptables {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Wait until the proxy is ready.
+    Wait {
+        #[arg(long, default_value = "http://localhost:15021/healthz/ready")]
+        url: String,
+        #[arg(long = "timeoutSeconds", default_value_t = 60)]
+        timeout_seconds: u64,
+        #[arg(long = "periodMillis", default_value_t = 500)]
+        period_millis: u64,
+    },
+    /// Print the version.
+    Version,
+}
+
+fn uid_of(user: &str) -> Option<u32> {
+    nix::unistd::User::from_name(user)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
+}
+
+fn init_logging(level: Option<&str>) {
+    // Istio's `scope:level` list; `default:<level>` becomes our default.
+    let default = level
+        .and_then(|l| {
+            l.split(',')
+                .find_map(|s| s.strip_prefix("default:").map(str::to_string))
+        })
+        .unwrap_or_else(|| "info".to_string());
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&default)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn wait(url: &str, timeout: u64, period: u64) -> anyhow::Result<()> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow::anyhow!("--url {url:?}: expected http://host:port/path"))?;
+    let (hostport, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let port: u16 = hostport
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("--url {url:?}: expected an explicit port"))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout);
+    loop {
+        match pilot_agent::admin::get(port, if path.is_empty() { "/" } else { path }).await {
+            Ok(_) => return Ok(()),
+            Err(e) if std::time::Instant::now() >= deadline => {
+                anyhow::bail!("timed out after {timeout}s waiting for {url}: {e}")
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(period)).await,
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Command::IstioIptables { args } = &cli.command {
+        let mut argv = vec!["istio-iptables".to_string()];
+        argv.extend(args.iter().cloned());
+        if let Some(l) = &cli.log_output_level {
+            argv.push(format!("--log_output_level={l}"));
+        }
+        let code = match <istio_init::config::Args as Parser>::try_parse_from(argv) {
+            Ok(a) => istio_init::cli::main(a, &|k| std::env::var(k).ok(), &uid_of),
+            Err(e) => {
+                let _ = e.print();
+                if e.use_stderr() { ERROR_CODE } else { 0 }
+            }
+        };
+        std::process::exit(code);
+    }
+    init_logging(cli.log_output_level.as_deref());
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pilot-agent: cannot start the runtime: {e}");
+            std::process::exit(ERROR_CODE);
+        }
+    };
+    let result: anyhow::Result<()> = runtime.block_on(async {
+        match cli.command {
+            Command::Proxy {
+                proxy_type,
+                config_dir,
+                domain,
+                mesh_config,
+                service_cluster,
+                proxy_log_level,
+                proxy_component_log_level,
+                concurrency,
+                ..
+            } => {
+                let args = ProxyArgs {
+                    proxy_type,
+                    domain,
+                    service_cluster,
+                    proxy_log_level,
+                    proxy_component_log_level,
+                    concurrency,
+                    config_dir,
+                    mesh_config: Some(mesh_config),
+                };
+                let env: Vec<(String, String)> = std::env::vars().collect();
+                let cfg = Config::from_env(&args, &|k| std::env::var(k).ok(), &env, &uid_of)?;
+                pilot_agent::run(cfg).await?;
+                Ok(())
+            }
+            Command::Wait {
+                url,
+                timeout_seconds,
+                period_millis,
+            } => wait(&url, timeout_seconds, period_millis).await,
+            Command::Version => {
+                println!("pilot-agent {}", env!("CARGO_PKG_VERSION"));
+                Ok(())
+            }
+            Command::IstioIptables { .. } => Ok(()),
+        }
+    });
+    if let Err(e) = result {
+        eprintln!("pilot-agent: {e:#}");
+        std::process::exit(ERROR_CODE);
+    }
+}

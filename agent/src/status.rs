@@ -1,0 +1,129 @@
+//! The status server on :15020 (Istio's `pilot/cmd/pilot-agent/status/server.go`):
+//! `/healthz/ready` (what Envoy's 15021 listener forwards to) and `POST /quitquitquit`.
+//! Control endpoints answer only to loopback peers.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::admin;
+use crate::drain::Drain;
+
+/// Why the proxy is not ready, as the 503 body names it.
+pub async fn readiness(admin_port: u16, drain: &Drain) -> Result<(), String> {
+    if drain.is_triggered() {
+        return Err("the proxy is shutting down".into());
+    }
+    let filter = admin::encode_query(
+        r"^(cluster_manager\.cds|listener_manager\.lds)\.(update_success|update_rejected)$",
+    );
+    let stats = admin::get(admin_port, &format!("/stats?usedonly&filter={filter}"))
+        .await
+        .map_err(|e| format!("Envoy is not answering yet: {e}"))?;
+    let stats = admin::parse_stats(&stats);
+    let get = |name: &str| stats.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    let cds = get("cluster_manager.cds.update_success").unwrap_or(0);
+    let lds = get("listener_manager.lds.update_success").unwrap_or(0);
+    if cds == 0 || lds == 0 {
+        return Err(format!(
+            "config not received from XDS server (is the control plane running?): cds updates: {cds} successful, {} rejected; lds updates: {lds} successful, {} rejected",
+            get("cluster_manager.cds.update_rejected").unwrap_or(0),
+            get("listener_manager.lds.update_rejected").unwrap_or(0),
+        ));
+    }
+    let filter = admin::encode_query(r"^(server\.state|listener_manager\.workers_started)$");
+    let state = admin::get(admin_port, &format!("/stats?usedonly&filter={filter}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let state = admin::parse_stats(&state);
+    let server_state = state
+        .iter()
+        .find(|(n, _)| n == "server.state")
+        .map(|(_, v)| *v);
+    let workers = state
+        .iter()
+        .find(|(n, _)| n == "listener_manager.workers_started")
+        .map(|(_, v)| *v);
+    if server_state != Some(0) || workers != Some(1) {
+        return Err(format!(
+            "Envoy is not live yet: server.state {server_state:?} (0 = LIVE), workers_started {workers:?}"
+        ));
+    }
+    Ok(())
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+struct State {
+    admin_port: u16,
+    drain: Drain,
+}
+
+async fn handle(
+    state: Arc<State>,
+    peer: SocketAddr,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
+    let local = peer.ip().is_loopback();
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/healthz/ready") => match readiness(state.admin_port, &state.drain).await {
+            Ok(()) => text(StatusCode::OK, ""),
+            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, why),
+        },
+        (_, "/quitquitquit") if !local => text(StatusCode::FORBIDDEN, "only from localhost\n"),
+        (&Method::POST, "/quitquitquit") => {
+            state.drain.trigger();
+            text(StatusCode::OK, "")
+        }
+        (_, "/quitquitquit") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+/// Binds the status port.
+pub async fn bind(port: u16) -> std::io::Result<TcpListener> {
+    TcpListener::bind(("0.0.0.0", port)).await
+}
+
+/// Serves until the drain completes.
+pub async fn serve(listener: TcpListener, admin_port: u16, drain: Drain) {
+    let state = Arc::new(State {
+        admin_port,
+        drain: drain.clone(),
+    });
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "status server accept failed");
+                    continue;
+                }
+            },
+            _ = drain.finished() => return,
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .max_buf_size(64 * 1024)
+                .serve_connection(TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "status connection ended");
+            }
+        });
+    }
+}

@@ -1,0 +1,129 @@
+//! The xDS proxy: Envoy's ADS stream arrives on the unix socket `./etc/istio/proxy/XDS` and is
+//! forwarded to the control plane, either istiod-core in process or a remote server over gRPC.
+//! Mirrors Istio's `pkg/istio-agent/xds_proxy.go` (state-of-the-world path); one upstream stream
+//! per Envoy stream, and an upstream error closes the downstream so Envoy reconnects.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use futures::{Stream, StreamExt};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status, Streaming};
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum XdsProxyError {
+    #[error("cannot prepare xDS socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("xDS proxy server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Where Envoy's streams are forwarded.
+#[derive(Clone)]
+pub enum Upstream {
+    Embedded(istiod_core::xds_server::XdsServer),
+    /// `http://host:port` of a plaintext ADS server.
+    Remote(String),
+}
+
+impl Upstream {
+    async fn open<S>(&self, requests: S) -> Result<ResponseStream, Status>
+    where
+        S: Stream<Item = DiscoveryRequest> + Send + 'static,
+    {
+        match self {
+            Upstream::Embedded(server) => Ok(Box::pin(server.stream(requests.map(Ok)))),
+            Upstream::Remote(uri) => {
+                let mut client = AggregatedDiscoveryServiceClient::connect(uri.clone())
+                    .await
+                    .map_err(|e| Status::unavailable(format!("control plane {uri}: {e}")))?
+                    .max_decoding_message_size(usize::MAX);
+                let resp = client.stream_aggregated_resources(requests).await?;
+                Ok(Box::pin(resp.into_inner()))
+            }
+        }
+    }
+}
+
+struct Proxy {
+    upstream: Upstream,
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Proxy {
+    type StreamAggregatedResourcesStream = ResponseStream;
+    type DeltaAggregatedResourcesStream =
+        Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        tracing::info!("Envoy connected to the xDS proxy");
+        // Requests flow through as-is; the upstream side ends when Envoy closes its stream.
+        let mut downstream = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            while let Some(Ok(req)) = downstream.next().await {
+                if tx.send(req).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let requests = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let responses = self.upstream.open(requests).await?;
+        Ok(Response::new(responses))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented("delta xDS is not proxied yet"))
+    }
+}
+
+/// Binds the socket (replacing a stale one) and makes it usable by Envoy's uid.
+pub fn bind(path: &Path, envoy_uid: Option<u32>) -> Result<UnixListener, XdsProxyError> {
+    let fail = |source| XdsProxyError::Socket {
+        path: path.to_path_buf(),
+        source,
+    };
+    if path.exists() {
+        std::fs::remove_file(path).map_err(fail)?;
+    }
+    let listener = UnixListener::bind(path).map_err(fail)?;
+    if let Some(uid) = envoy_uid {
+        std::os::unix::fs::chown(path, Some(uid), Some(uid)).map_err(fail)?;
+    }
+    Ok(listener)
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve(
+    listener: UnixListener,
+    upstream: Upstream,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), XdsProxyError> {
+    let service = AggregatedDiscoveryServiceServer::new(Proxy { upstream })
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
+    tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

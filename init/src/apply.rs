@@ -1,0 +1,387 @@
+//! Applying plans to the kernel: backend detection (legacy vs nft, as Istio's
+//! `dependencies/implementation_linux.go` does), the steady-state check that makes a re-run a no-op
+//! (`capture/helper.go`), one `iptables-restore --noflush` per family, and cleanup.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use crate::plan::{Family, OUR_CHAINS, Plan, Position, Rule, Table};
+use crate::render::{restore_payload, rule_line};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("could not run {cmd}: {source}")]
+    Spawn { cmd: String, source: std::io::Error },
+    #[error("{cmd} failed (exit {code:?}): {stderr}")]
+    Failed {
+        cmd: String,
+        code: Option<i32>,
+        stderr: String,
+    },
+    #[error(
+        "no working {family:?} iptables backend: tried {tried}; install iptables or pass --force-iptables-binary"
+    )]
+    NoBackend { family: Family, tried: String },
+    #[error(
+        "{family:?} rules from a different configuration are already installed ({detail}); \
+         rerun with --reconcile to replace them, or --cleanup-only to remove them"
+    )]
+    Conflict { family: Family, detail: String },
+}
+
+/// The iptables binaries of one family and backend.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    pub family: Family,
+    /// e.g. `iptables-nft`; `-save` and `-restore` are derived from it.
+    pub cmd: String,
+    pub legacy: bool,
+}
+
+impl Backend {
+    fn save_cmd(&self) -> String {
+        format!("{}-save", self.cmd)
+    }
+    fn restore_cmd(&self) -> String {
+        format!("{}-restore", self.cmd)
+    }
+}
+
+fn run(cmd: &str, args: &[&str], stdin: Option<&str>) -> Result<String, ApplyError> {
+    let mut child = Command::new(cmd)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| ApplyError::Spawn {
+            cmd: cmd.to_string(),
+            source,
+        })?;
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input.as_bytes())
+            .map_err(|source| ApplyError::Spawn {
+                cmd: cmd.to_string(),
+                source,
+            })?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|source| ApplyError::Spawn {
+            cmd: cmd.to_string(),
+            source,
+        })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(ApplyError::Failed {
+            cmd: format!("{cmd} {}", args.join(" ")),
+            code: out.status.code(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+fn prefix(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "iptables",
+        Family::V6 => "ip6tables",
+    }
+}
+
+/// Picks the backend as Istio does: legacy if it already holds rules, else nft, else the plain
+/// binary. `forced` ("legacy"/"nft") overrides the detection.
+pub fn detect(
+    family: Family,
+    forced: Option<crate::config::ForcedBinary>,
+) -> Result<Backend, ApplyError> {
+    use crate::config::ForcedBinary;
+    let p = prefix(family);
+    let candidate = |suffix: &str, legacy: bool| Backend {
+        family,
+        cmd: format!("{p}{suffix}"),
+        legacy,
+    };
+    let works = |b: &Backend| run(&b.save_cmd(), &[], None);
+    match forced {
+        Some(ForcedBinary::Legacy) => {
+            let b = candidate("-legacy", true);
+            return works(&b).map(|_| b);
+        }
+        Some(ForcedBinary::Nft) => {
+            let b = candidate("-nft", false);
+            return works(&b).map(|_| b);
+        }
+        None => {}
+    }
+    let legacy = candidate("-legacy", true);
+    if let Ok(out) = works(&legacy)
+        && out.lines().count() >= 3
+    {
+        return Ok(legacy);
+    }
+    let nft = candidate("-nft", false);
+    if works(&nft).is_ok() {
+        return Ok(nft);
+    }
+    let plain = candidate("", false);
+    if let Ok(version) = run(&plain.cmd, &["--version"], None) {
+        let legacy = !version.contains("nf_tables");
+        return Ok(Backend { legacy, ..plain });
+    }
+    Err(ApplyError::NoBackend {
+        family,
+        tried: format!("{p}-legacy, {p}-nft, {p}"),
+    })
+}
+
+/// What of ours is in the kernel now, per table: our chains and the rules that mention them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Installed {
+    /// (table, chain, rule count) for each of our chains that exists.
+    pub chains: Vec<(Table, String, usize)>,
+    /// (table, saved line) for each rule in a builtin chain that jumps to one of our chains.
+    pub jumps: Vec<(Table, String)>,
+}
+
+impl Installed {
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty() && self.jumps.is_empty()
+    }
+}
+
+fn is_ours(chain: &str) -> bool {
+    OUR_CHAINS.contains(&chain)
+}
+
+/// Parses `iptables-save` output.
+pub fn parse_saved(saved: &str) -> Installed {
+    let mut installed = Installed::default();
+    let mut table = None;
+    for line in saved.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = Table::from_name(name.trim());
+            continue;
+        }
+        let Some(table) = table else { continue };
+        if let Some(decl) = line.strip_prefix(':') {
+            let chain = decl.split_whitespace().next().unwrap_or_default();
+            if is_ours(chain) {
+                installed.chains.push((table, chain.to_string(), 0));
+            }
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let mut words = rule.split_whitespace();
+            let chain = words.next().unwrap_or_default();
+            if is_ours(chain) {
+                if let Some(entry) = installed
+                    .chains
+                    .iter_mut()
+                    .find(|(t, c, _)| *t == table && c == chain)
+                {
+                    entry.2 += 1;
+                }
+            } else if rule
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .windows(2)
+                .any(|w| w[0] == "-j" && is_ours(w[1]))
+            {
+                installed.jumps.push((table, line.to_string()));
+            }
+        }
+    }
+    installed
+}
+
+pub fn read_installed(backend: &Backend) -> Result<Installed, ApplyError> {
+    run(&backend.save_cmd(), &[], None).map(|s| parse_saved(&s))
+}
+
+fn wait_args(backend: &Backend) -> Vec<&'static str> {
+    if backend.legacy {
+        vec!["--wait", "30"]
+    } else {
+        Vec::new()
+    }
+}
+
+/// True when the kernel already holds exactly `plan` (order not compared, as in Istio).
+pub fn matches_plan(
+    backend: &Backend,
+    installed: &Installed,
+    plan: &Plan,
+) -> Result<bool, ApplyError> {
+    for (table, chain, count) in &installed.chains {
+        let expected = plan
+            .rules
+            .iter()
+            .filter(|r| r.table == *table && r.chain == chain)
+            .count();
+        let referenced = plan.rules.iter().any(|r| {
+            r.table == *table && (r.chain == chain || r.jump_target() == Some(chain.as_str()))
+        });
+        if *count != expected || !referenced {
+            return Ok(false);
+        }
+    }
+    for rule in &plan.rules {
+        if !rule_exists(backend, rule)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn rule_exists(backend: &Backend, rule: &Rule) -> Result<bool, ApplyError> {
+    let mut args = vec!["-t", rule.table.name(), "-C", rule.chain];
+    args.extend(rule.args.iter().map(String::as_str));
+    args.extend(wait_args(backend));
+    match run(&backend.cmd, &args, None) {
+        Ok(_) => Ok(true),
+        Err(ApplyError::Failed { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Applies `payload` with one `iptables-restore --noflush`: the kernel takes all of it or none.
+pub fn restore(backend: &Backend, payload: &str) -> Result<(), ApplyError> {
+    let mut args = vec!["--noflush"];
+    args.extend(wait_args(backend));
+    run(&backend.restore_cmd(), &args, Some(payload)).map(|_| ())
+}
+
+/// The payload that removes everything of ours: jumps into our chains, the plan's own rules in
+/// builtin chains (e.g. interface exclusions), then our chains. Foreign rules are untouched.
+pub fn cleanup_payload(
+    backend: &Backend,
+    installed: &Installed,
+    plan: Option<&Plan>,
+) -> Result<String, ApplyError> {
+    let mut by_table: std::collections::BTreeMap<Table, Vec<String>> = Default::default();
+    for (table, line) in &installed.jumps {
+        // iptables-save output is valid restore syntax; turn the append into a delete.
+        if let Some(rest) = line.strip_prefix("-A ") {
+            by_table
+                .entry(*table)
+                .or_default()
+                .push(format!("-D {rest}"));
+        }
+    }
+    if let Some(plan) = plan {
+        for rule in plan.rules.iter().filter(|r| !is_ours(r.chain)) {
+            let jumps_to_ours = rule.jump_target().is_some_and(is_ours);
+            if !jumps_to_ours && rule_exists(backend, rule)? {
+                let as_append = Rule {
+                    position: Position::Append,
+                    ..rule.clone()
+                };
+                let line = rule_line(&as_append);
+                by_table
+                    .entry(rule.table)
+                    .or_default()
+                    .push(format!("-D {}", &line[3..]));
+            }
+        }
+    }
+    for (table, chain, _) in &installed.chains {
+        by_table
+            .entry(*table)
+            .or_default()
+            .push(format!("-F {chain}"));
+    }
+    for (table, chain, _) in &installed.chains {
+        by_table
+            .entry(*table)
+            .or_default()
+            .push(format!("-X {chain}"));
+    }
+    let mut out = String::new();
+    for (table, lines) in by_table {
+        out.push_str(&format!("* {}\n", table.name()));
+        for line in lines {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out.push_str("COMMIT\n");
+    }
+    Ok(out)
+}
+
+/// What `apply_plan` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Applied,
+    AlreadyInPlace,
+}
+
+/// Applies one family's plan, or finds it already in place.
+pub fn apply_plan(backend: &Backend, plan: &Plan, force: bool) -> Result<Outcome, ApplyError> {
+    let installed = read_installed(backend)?;
+    if !installed.is_empty() {
+        if matches_plan(backend, &installed, plan)? && !force {
+            return Ok(Outcome::AlreadyInPlace);
+        }
+        let detail = installed
+            .chains
+            .iter()
+            .map(|(t, c, n)| format!("{}/{c}: {n} rules", t.name()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(ApplyError::Conflict {
+            family: plan.family,
+            detail,
+        });
+    }
+    restore(backend, &restore_payload(plan))?;
+    Ok(Outcome::Applied)
+}
+
+/// Removes everything of ours for one family. Returns whether anything was removed.
+pub fn cleanup(backend: &Backend, plan: Option<&Plan>) -> Result<bool, ApplyError> {
+    let installed = read_installed(backend)?;
+    let payload = cleanup_payload(backend, &installed, plan)?;
+    if payload.is_empty() {
+        return Ok(false);
+    }
+    restore(backend, &payload)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_saved_state() {
+        let saved = "\
+# Generated by iptables-nft-save
+*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:ISTIO_INBOUND - [0:0]
+:ISTIO_OUTPUT - [0:0]
+:OTHER - [0:0]
+-A PREROUTING -p tcp -j ISTIO_INBOUND
+-A PREROUTING -p tcp -j OTHER
+-A OUTPUT -j ISTIO_OUTPUT
+-A ISTIO_INBOUND -p tcp -m tcp --dport 15008 -j RETURN
+-A ISTIO_OUTPUT -j RETURN
+-A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN
+COMMIT
+";
+        let i = parse_saved(saved);
+        assert_eq!(
+            i.chains,
+            vec![
+                (Table::Nat, "ISTIO_INBOUND".to_string(), 1),
+                (Table::Nat, "ISTIO_OUTPUT".to_string(), 2)
+            ]
+        );
+        assert_eq!(i.jumps.len(), 2);
+        assert!(i.jumps.iter().all(|(_, l)| !l.contains("OTHER")));
+    }
+}

@@ -1,0 +1,763 @@
+//! The typed configuration of istio-iptables, parsed once at the edge.
+//!
+//! Mirrors Istio's `tools/istio-iptables/pkg/cmd/root.go` and `tools/common/config`: every flag keeps
+//! its short and long name, and each flag that Istio binds to an env var reads it here, with the
+//! precedence command line > env > default. Unlike Istio, every value is validated before anything
+//! touches the kernel; a bad value names the flag (or env var), the value and what was expected.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use clap::Parser;
+
+/// Env var names that are not bound to a flag (Istio's `constants.go`).
+pub mod env {
+    pub const OUTBOUND_IPV4_LOOPBACK_CIDR: &str = "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR";
+    pub const OUTBOUND_OWNER_GROUPS: &str = "ISTIO_OUTBOUND_OWNER_GROUPS";
+    pub const OUTBOUND_OWNER_GROUPS_EXCLUDE: &str = "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE";
+    pub const ENVOY_USER: &str = "ENVOY_USER";
+}
+
+/// Command-line flags exactly as Istio's istio-iptables names them. Every value is an `Option`
+/// so that an unset flag can fall back to its env var, then to the default.
+#[derive(Debug, Default, Parser)]
+#[command(
+    name = "istio-iptables",
+    about = "Set up iptables rules so that a pod's TCP traffic is captured by Envoy (Istio-compatible).",
+    long_about = "Set up iptables rules so that a pod's TCP traffic is captured by Envoy.\n\n\
+        Accepts the flags and env vars of Istio's istio-iptables (command line > env var > default). \
+        All rules of one IP family are applied with a single `iptables-restore --noflush`, so a rejected \
+        payload leaves the kernel unchanged. Exit codes: 0 ok, 1 bad config or apply failure, \
+        126 validation failed, 255 unparseable command line."
+)]
+pub struct Args {
+    /// Envoy outbound capture port (no env var, as in Istio).
+    #[arg(short = 'p', long = "envoy-port")]
+    pub envoy_port: Option<String>,
+    /// Port to which inbound TCP traffic is redirected [env: INBOUND_CAPTURE_PORT, default 15006].
+    #[arg(short = 'z', long = "inbound-capture-port")]
+    pub inbound_capture_port: Option<String>,
+    /// HBONE tunnel port, never captured [env: INBOUND_TUNNEL_PORT, default 15008].
+    #[arg(short = 'e', long = "inbound-tunnel-port")]
+    pub inbound_tunnel_port: Option<String>,
+    /// Comma list of uids whose traffic bypasses capture [env: PROXY_UID, default uid of $ENVOY_USER or 1337].
+    #[arg(short = 'u', long = "proxy-uid")]
+    pub proxy_uid: Option<String>,
+    /// Comma list of gids whose traffic bypasses capture [env: PROXY_GID, default = uids].
+    #[arg(short = 'g', long = "proxy-gid")]
+    pub proxy_gid: Option<String>,
+    /// Inbound interception mode: REDIRECT or TPROXY [env: ISTIO_INBOUND_INTERCEPTION_MODE].
+    #[arg(short = 'm', long = "istio-inbound-interception-mode")]
+    pub inbound_interception_mode: Option<String>,
+    /// Inbound ports to capture, or '*' for all [env: ISTIO_INBOUND_PORTS].
+    #[arg(short = 'b', long = "istio-inbound-ports")]
+    pub inbound_ports: Option<String>,
+    /// Inbound ports excluded when -b is '*' [env: ISTIO_LOCAL_EXCLUDE_PORTS].
+    #[arg(short = 'd', long = "istio-local-exclude-ports")]
+    pub local_exclude_ports: Option<String>,
+    /// Interfaces whose traffic is never captured [env: ISTIO_EXCLUDE_INTERFACES].
+    #[arg(short = 'c', long = "istio-exclude-interfaces")]
+    pub exclude_interfaces: Option<String>,
+    /// Outbound destination CIDRs to capture, or '*' [env: ISTIO_SERVICE_CIDR].
+    #[arg(short = 'i', long = "istio-service-cidr")]
+    pub service_cidr: Option<String>,
+    /// Outbound destination CIDRs never captured [env: ISTIO_SERVICE_EXCLUDE_CIDR].
+    #[arg(short = 'x', long = "istio-service-exclude-cidr")]
+    pub service_exclude_cidr: Option<String>,
+    /// Outbound ports always captured [env: ISTIO_OUTBOUND_PORTS].
+    #[arg(short = 'q', long = "istio-outbound-ports")]
+    pub outbound_ports: Option<String>,
+    /// Outbound ports never captured, TCP and UDP [env: ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE].
+    #[arg(short = 'o', long = "istio-local-outbound-ports-exclude")]
+    pub local_outbound_ports_exclude: Option<String>,
+    /// Virtual interfaces (e.g. KubeVirt) whose inbound traffic is treated as outbound [env: KUBE_VIRT_INTERFACES].
+    #[arg(short = 'k', long = "kube-virt-interfaces")]
+    pub kube_virt_interfaces: Option<String>,
+    /// TPROXY mark [env: ISTIO_INBOUND_TPROXY_MARK, default 1337].
+    #[arg(short = 't', long = "istio-inbound-tproxy-mark")]
+    pub tproxy_mark: Option<String>,
+    /// TPROXY routing table [env: ISTIO_INBOUND_TPROXY_ROUTE_TABLE, default 133].
+    #[arg(short = 'r', long = "istio-inbound-tproxy-route-table")]
+    pub tproxy_route_table: Option<String>,
+    /// Print the iptables-restore payloads and change nothing [env: DRY_RUN].
+    #[arg(short = 'n', long = "dry-run", num_args = 0..=1, default_missing_value = "true")]
+    pub dry_run: Option<String>,
+    /// Port used by --run-validation [env: IPTABLES_PROBE_PORT, default 15002].
+    #[arg(long = "iptables-probe-port")]
+    pub iptables_probe_port: Option<String>,
+    /// Timeout of --run-validation [env: PROBE_TIMEOUT, default 5s].
+    #[arg(long = "probe-timeout")]
+    pub probe_timeout: Option<String>,
+    /// Do not apply rules (used with --run-validation) [env: SKIP_RULE_APPLY].
+    #[arg(long = "skip-rule-apply", num_args = 0..=1, default_missing_value = "true")]
+    pub skip_rule_apply: Option<String>,
+    /// Check that redirection works; exit 126 if not [env: RUN_VALIDATION].
+    #[arg(long = "run-validation", num_args = 0..=1, default_missing_value = "true")]
+    pub run_validation: Option<String>,
+    /// Capture DNS to the agent on 15053 [env: REDIRECT_DNS, ISTIO_META_DNS_CAPTURE].
+    #[arg(long = "redirect-dns", num_args = 0..=1, default_missing_value = "true")]
+    pub redirect_dns: Option<String>,
+    /// Capture all DNS, not only to resolv.conf servers [env: CAPTURE_ALL_DNS].
+    #[arg(long = "capture-all-dns", num_args = 0..=1, default_missing_value = "true")]
+    pub capture_all_dns: Option<String>,
+    /// Drop packets in conntrack state INVALID [env: DROP_INVALID, INVALID_DROP].
+    #[arg(long = "drop-invalid", num_args = 0..=1, default_missing_value = "true")]
+    pub drop_invalid: Option<String>,
+    /// Apply both IPv4 and IPv6 rules [env: DUAL_STACK, ISTIO_DUAL_STACK].
+    #[arg(long = "dual-stack", num_args = 0..=1, default_missing_value = "true")]
+    pub dual_stack: Option<String>,
+    /// Network namespace to enter before applying [env: NETWORK_NAMESPACE].
+    #[arg(long = "network-namespace")]
+    pub network_namespace: Option<String>,
+    /// Reconcile differing existing rules [env: RECONCILE].
+    #[arg(long = "reconcile", num_args = 0..=1, default_missing_value = "true")]
+    pub reconcile: Option<String>,
+    /// Remove our chains and jumps and exit [env: CLEANUP_ONLY].
+    #[arg(long = "cleanup-only", num_args = 0..=1, default_missing_value = "true")]
+    pub cleanup_only: Option<String>,
+    /// Apply even when the rules are already in place [env: FORCE_APPLY].
+    #[arg(long = "force-apply", num_args = 0..=1, default_missing_value = "true")]
+    pub force_apply: Option<String>,
+    /// Force the iptables backend: legacy or nft [env: FORCE_IPTABLES_BINARY].
+    #[arg(long = "force-iptables-binary")]
+    pub force_iptables_binary: Option<String>,
+    /// Log levels, Istio style (e.g. default:info); accepted for compatibility.
+    #[arg(long = "log_output_level")]
+    pub log_output_level: Option<String>,
+}
+
+/// A validated configuration error: which input, what value, what was expected.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {input} {value:?}: expected {expected}")]
+pub struct ConfigError {
+    pub input: String,
+    pub value: String,
+    pub expected: String,
+}
+
+/// Inbound interception mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterceptionMode {
+    Redirect,
+    Tproxy,
+}
+
+/// Which inbound ports are captured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboundPorts {
+    None,
+    /// All ports, minus the excluded ones.
+    All {
+        exclude: Vec<u16>,
+    },
+    Only(Vec<u16>),
+}
+
+/// Which outbound destinations are captured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutboundCidrs {
+    None,
+    All,
+    Only(Vec<Cidr>),
+}
+
+/// Which backend binaries to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForcedBinary {
+    Legacy,
+    Nft,
+}
+
+/// An IP network in CIDR notation, host bits allowed as iptables allows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    pub fn is_v4(&self) -> bool {
+        self.addr.is_ipv4()
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub proxy_port: u16,
+    pub inbound_capture_port: u16,
+    pub inbound_tunnel_port: u16,
+    pub proxy_uids: Vec<u32>,
+    pub proxy_gids: Vec<u32>,
+    pub mode: InterceptionMode,
+    pub inbound: InboundPorts,
+    pub exclude_interfaces: Vec<String>,
+    pub outbound: OutboundCidrs,
+    pub outbound_exclude_cidrs: Vec<Cidr>,
+    pub outbound_ports: Vec<u16>,
+    pub outbound_exclude_ports: Vec<u16>,
+    pub kube_virt_interfaces: Vec<String>,
+    pub tproxy_mark: u32,
+    pub tproxy_route_table: u32,
+    pub dry_run: bool,
+    pub probe_port: u16,
+    pub probe_timeout: Duration,
+    pub skip_rule_apply: bool,
+    pub run_validation: bool,
+    pub redirect_dns: bool,
+    pub capture_all_dns: bool,
+    pub drop_invalid: bool,
+    pub dual_stack: bool,
+    pub network_namespace: Option<String>,
+    pub reconcile: bool,
+    pub cleanup_only: bool,
+    pub force_apply: bool,
+    pub force_binary: Option<ForcedBinary>,
+    pub loopback_cidr_v4: Cidr,
+    pub owner_groups_include: Option<Vec<String>>,
+    pub owner_groups_exclude: Vec<String>,
+}
+
+/// A value taken from the command line or an env var, remembering which, for error messages.
+struct Input {
+    name: String,
+    value: String,
+}
+
+fn pick(
+    cli: &Option<String>,
+    long: &str,
+    envs: &[&str],
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Option<Input> {
+    if let Some(v) = cli {
+        return Some(Input {
+            name: format!("--{long}"),
+            value: v.clone(),
+        });
+    }
+    envs.iter().find_map(|e| {
+        lookup(e).map(|value| Input {
+            name: format!("env {e}"),
+            value,
+        })
+    })
+}
+
+fn err(input: &Input, expected: &str) -> ConfigError {
+    ConfigError {
+        input: input.name.clone(),
+        value: input.value.clone(),
+        expected: expected.to_string(),
+    }
+}
+
+/// A port: decimal digits without a leading zero, 1..=65535.
+fn parse_port(input: &Input, raw: &str) -> Result<u16, ConfigError> {
+    let raw = raw.trim();
+    let ok = !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit()) && !raw.starts_with('0');
+    match raw.parse::<u16>() {
+        Ok(p) if ok && p > 0 => Ok(p),
+        _ => Err(err(input, "a port number 1-65535")),
+    }
+}
+
+fn parse_port_list(input: &Input) -> Result<Vec<u16>, ConfigError> {
+    split_list(&input.value)
+        .map(|p| parse_port(input, p))
+        .collect()
+}
+
+fn split_list(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|p| !p.is_empty())
+}
+
+fn parse_bool(input: &Input) -> Result<bool, ConfigError> {
+    match input.value.trim().to_ascii_lowercase().as_str() {
+        "1" | "t" | "true" => Ok(true),
+        "" | "0" | "f" | "false" => Ok(false),
+        _ => Err(err(input, "true or false")),
+    }
+}
+
+fn parse_id_list(input: &Input) -> Result<Vec<u32>, ConfigError> {
+    let ids: Result<Vec<u32>, _> = split_list(&input.value)
+        .map(|p| {
+            if p.bytes().all(|b| b.is_ascii_digit()) {
+                p.parse::<u32>().map_err(|_| ())
+            } else {
+                Err(())
+            }
+        })
+        .collect();
+    match ids {
+        Ok(ids) if !ids.is_empty() => Ok(ids),
+        _ => Err(err(input, "a comma-separated list of numeric ids")),
+    }
+}
+
+/// Parses `a.b.c.d/n` or `x::y/n`; a bare address means a host route.
+pub fn parse_cidr(raw: &str) -> Option<Cidr> {
+    let (addr, prefix) = match raw.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (raw, None),
+    };
+    let addr: IpAddr = addr.parse().ok()?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix = match prefix {
+        None => max,
+        Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.len() <= 3 => {
+            p.parse::<u8>().ok()?
+        }
+        Some(_) => return None,
+    };
+    (prefix <= max).then_some(Cidr { addr, prefix })
+}
+
+fn parse_cidr_list(input: &Input) -> Result<Vec<Cidr>, ConfigError> {
+    split_list(&input.value)
+        .map(|c| parse_cidr(c).ok_or_else(|| err(input, "a comma-separated list of CIDRs")))
+        .collect()
+}
+
+/// Linux interface names: 1-15 bytes, no '/', ':' or whitespace, and not starting with '-'
+/// (so a name can never be read as an iptables option).
+fn parse_interfaces(input: &Input) -> Result<Vec<String>, ConfigError> {
+    split_list(&input.value)
+        .map(|name| {
+            let ok = name.len() <= 15
+                && !name.starts_with('-')
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':' && b != b'"');
+            if ok {
+                Ok(name.to_string())
+            } else {
+                Err(err(
+                    input,
+                    "interface names of 1-15 printable characters without '/', ':' or a leading '-'",
+                ))
+            }
+        })
+        .collect()
+}
+
+fn parse_duration(input: &Input) -> Result<Duration, ConfigError> {
+    let v = input.value.trim();
+    let (num, unit) = v
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map(|i| v.split_at(i))
+        .unwrap_or((v, "s"));
+    let n: f64 = num
+        .parse()
+        .map_err(|_| err(input, "a duration such as 5s or 500ms"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(err(input, "a duration such as 5s or 500ms")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_u32(input: &Input) -> Result<u32, ConfigError> {
+    input
+        .value
+        .trim()
+        .parse()
+        .map_err(|_| err(input, "a non-negative integer"))
+}
+
+/// Owner group names or numeric gids: the characters `groupadd` allows.
+fn parse_groups(input: &Input) -> Result<Vec<String>, ConfigError> {
+    let groups: Vec<String> = split_list(&input.value).map(str::to_string).collect();
+    let valid = groups.iter().all(|g| {
+        g.len() <= 32
+            && !g.starts_with('-')
+            && g.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    });
+    if !valid {
+        return Err(err(input, "a comma-separated list of group names or gids"));
+    }
+    if groups.len() > 64 {
+        return Err(err(input, "at most 64 groups"));
+    }
+    Ok(groups)
+}
+
+impl Config {
+    /// Builds the configuration from flags and env vars (looked up through `lookup`, so tests never
+    /// touch the process environment). `user_uid` resolves `$ENVOY_USER` to a uid.
+    pub fn from_args(
+        args: &Args,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        user_uid: &dyn Fn(&str) -> Option<u32>,
+    ) -> Result<Config, ConfigError> {
+        let get = |cli: &Option<String>, long: &str, envs: &[&str]| pick(cli, long, envs, lookup);
+        let flag = |cli: &Option<String>, long: &str, envs: &[&str]| -> Result<bool, ConfigError> {
+            get(cli, long, envs).map_or(Ok(false), |i| parse_bool(&i))
+        };
+        let port = |cli: &Option<String>, long: &str, envs: &[&str], default: u16| {
+            get(cli, long, envs).map_or(Ok(default), |i| parse_port(&i, &i.value))
+        };
+
+        let proxy_port = port(&args.envoy_port, "envoy-port", &[], 15001)?;
+        let inbound_capture_port = port(
+            &args.inbound_capture_port,
+            "inbound-capture-port",
+            &["INBOUND_CAPTURE_PORT"],
+            15006,
+        )?;
+        let inbound_tunnel_port = port(
+            &args.inbound_tunnel_port,
+            "inbound-tunnel-port",
+            &["INBOUND_TUNNEL_PORT"],
+            15008,
+        )?;
+
+        let proxy_uids = match get(&args.proxy_uid, "proxy-uid", &["PROXY_UID"]) {
+            Some(i) if !i.value.trim().is_empty() => parse_id_list(&i)?,
+            _ => {
+                let user = lookup(env::ENVOY_USER).unwrap_or_else(|| "istio-proxy".to_string());
+                vec![user_uid(&user).unwrap_or(1337)]
+            }
+        };
+        let proxy_gids = match get(&args.proxy_gid, "proxy-gid", &["PROXY_GID"]) {
+            Some(i) if !i.value.trim().is_empty() => parse_id_list(&i)?,
+            _ => proxy_uids.clone(),
+        };
+
+        let mode = match get(
+            &args.inbound_interception_mode,
+            "istio-inbound-interception-mode",
+            &["ISTIO_INBOUND_INTERCEPTION_MODE"],
+        ) {
+            None => InterceptionMode::Redirect,
+            Some(i) => match i.value.as_str() {
+                "" | "REDIRECT" => InterceptionMode::Redirect,
+                "TPROXY" => InterceptionMode::Tproxy,
+                _ => return Err(err(&i, "REDIRECT or TPROXY")),
+            },
+        };
+
+        let exclude = match get(
+            &args.local_exclude_ports,
+            "istio-local-exclude-ports",
+            &["ISTIO_LOCAL_EXCLUDE_PORTS"],
+        ) {
+            Some(i) => parse_port_list(&i)?,
+            None => Vec::new(),
+        };
+        let inbound = match get(
+            &args.inbound_ports,
+            "istio-inbound-ports",
+            &["ISTIO_INBOUND_PORTS"],
+        ) {
+            None => InboundPorts::None,
+            Some(i) if i.value.trim().is_empty() => InboundPorts::None,
+            Some(i) if i.value.trim() == "*" => InboundPorts::All { exclude },
+            Some(i) => InboundPorts::Only(parse_port_list(&i)?),
+        };
+
+        let outbound = match get(
+            &args.service_cidr,
+            "istio-service-cidr",
+            &["ISTIO_SERVICE_CIDR"],
+        ) {
+            None => OutboundCidrs::None,
+            Some(i) if i.value.trim().is_empty() => OutboundCidrs::None,
+            Some(i) if i.value.trim() == "*" => OutboundCidrs::All,
+            Some(i) => OutboundCidrs::Only(parse_cidr_list(&i)?),
+        };
+        let outbound_exclude_cidrs = match get(
+            &args.service_exclude_cidr,
+            "istio-service-exclude-cidr",
+            &["ISTIO_SERVICE_EXCLUDE_CIDR"],
+        ) {
+            Some(i) if i.value.trim() == "*" => {
+                return Err(err(&i, "a list of CIDRs ('*' would disable all capture)"));
+            }
+            Some(i) => parse_cidr_list(&i)?,
+            None => Vec::new(),
+        };
+
+        let list = |cli: &Option<String>, long: &str, env: &str| {
+            get(cli, long, &[env]).map_or(Ok(Vec::new()), |i| parse_port_list(&i))
+        };
+        let outbound_ports = list(
+            &args.outbound_ports,
+            "istio-outbound-ports",
+            "ISTIO_OUTBOUND_PORTS",
+        )?;
+        let outbound_exclude_ports = list(
+            &args.local_outbound_ports_exclude,
+            "istio-local-outbound-ports-exclude",
+            "ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE",
+        )?;
+        let ifaces = |cli: &Option<String>, long: &str, env: &str| {
+            get(cli, long, &[env]).map_or(Ok(Vec::new()), |i| parse_interfaces(&i))
+        };
+        let exclude_interfaces = ifaces(
+            &args.exclude_interfaces,
+            "istio-exclude-interfaces",
+            "ISTIO_EXCLUDE_INTERFACES",
+        )?;
+        let kube_virt_interfaces = ifaces(
+            &args.kube_virt_interfaces,
+            "kube-virt-interfaces",
+            "KUBE_VIRT_INTERFACES",
+        )?;
+
+        let tproxy_mark = get(
+            &args.tproxy_mark,
+            "istio-inbound-tproxy-mark",
+            &["ISTIO_INBOUND_TPROXY_MARK"],
+        )
+        .map_or(Ok(1337), |i| parse_u32(&i))?;
+        let tproxy_route_table = get(
+            &args.tproxy_route_table,
+            "istio-inbound-tproxy-route-table",
+            &["ISTIO_INBOUND_TPROXY_ROUTE_TABLE"],
+        )
+        .map_or(Ok(133), |i| parse_u32(&i))?;
+
+        let probe_port = port(
+            &args.iptables_probe_port,
+            "iptables-probe-port",
+            &["IPTABLES_PROBE_PORT"],
+            15002,
+        )?;
+        let probe_timeout = get(&args.probe_timeout, "probe-timeout", &["PROBE_TIMEOUT"])
+            .map_or(Ok(Duration::from_secs(5)), |i| parse_duration(&i))?;
+
+        let force_binary = match get(
+            &args.force_iptables_binary,
+            "force-iptables-binary",
+            &["FORCE_IPTABLES_BINARY"],
+        ) {
+            None => None,
+            Some(i) => match i.value.as_str() {
+                "" => None,
+                "legacy" => Some(ForcedBinary::Legacy),
+                "nft" => Some(ForcedBinary::Nft),
+                _ => return Err(err(&i, "legacy or nft")),
+            },
+        };
+
+        let loopback_cidr_v4 = match lookup(env::OUTBOUND_IPV4_LOOPBACK_CIDR) {
+            None => Cidr {
+                addr: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
+                prefix: 32,
+            },
+            Some(value) => {
+                let input = Input {
+                    name: format!("env {}", env::OUTBOUND_IPV4_LOOPBACK_CIDR),
+                    value,
+                };
+                match parse_cidr(input.value.trim()) {
+                    Some(c) if c.addr.is_loopback() && c.is_v4() && c.prefix >= 8 => c,
+                    _ => {
+                        return Err(err(
+                            &input,
+                            "an IPv4 loopback CIDR with a mask of /8 to /32",
+                        ));
+                    }
+                }
+            }
+        };
+
+        let owner_groups_include = match lookup(env::OUTBOUND_OWNER_GROUPS) {
+            None => None,
+            Some(v) if v.trim() == "*" || v.trim().is_empty() => None,
+            Some(value) => Some(parse_groups(&Input {
+                name: format!("env {}", env::OUTBOUND_OWNER_GROUPS),
+                value,
+            })?),
+        };
+        let owner_groups_exclude = match lookup(env::OUTBOUND_OWNER_GROUPS_EXCLUDE) {
+            None => Vec::new(),
+            Some(value) => parse_groups(&Input {
+                name: format!("env {}", env::OUTBOUND_OWNER_GROUPS_EXCLUDE),
+                value,
+            })?,
+        };
+
+        let network_namespace = get(
+            &args.network_namespace,
+            "network-namespace",
+            &["NETWORK_NAMESPACE"],
+        )
+        .map(|i| i.value)
+        .filter(|s| !s.is_empty());
+
+        Ok(Config {
+            proxy_port,
+            inbound_capture_port,
+            inbound_tunnel_port,
+            proxy_uids,
+            proxy_gids,
+            mode,
+            inbound,
+            exclude_interfaces,
+            outbound,
+            outbound_exclude_cidrs,
+            outbound_ports,
+            outbound_exclude_ports,
+            kube_virt_interfaces,
+            tproxy_mark,
+            tproxy_route_table,
+            dry_run: flag(&args.dry_run, "dry-run", &["DRY_RUN"])?,
+            probe_port,
+            probe_timeout,
+            skip_rule_apply: flag(
+                &args.skip_rule_apply,
+                "skip-rule-apply",
+                &["SKIP_RULE_APPLY"],
+            )?,
+            run_validation: flag(&args.run_validation, "run-validation", &["RUN_VALIDATION"])?,
+            redirect_dns: flag(
+                &args.redirect_dns,
+                "redirect-dns",
+                &["REDIRECT_DNS", "ISTIO_META_DNS_CAPTURE"],
+            )?,
+            capture_all_dns: flag(
+                &args.capture_all_dns,
+                "capture-all-dns",
+                &["CAPTURE_ALL_DNS"],
+            )?,
+            drop_invalid: flag(
+                &args.drop_invalid,
+                "drop-invalid",
+                &["DROP_INVALID", "INVALID_DROP"],
+            )?,
+            dual_stack: flag(
+                &args.dual_stack,
+                "dual-stack",
+                &["DUAL_STACK", "ISTIO_DUAL_STACK"],
+            )?,
+            network_namespace,
+            reconcile: flag(&args.reconcile, "reconcile", &["RECONCILE"])?,
+            cleanup_only: flag(&args.cleanup_only, "cleanup-only", &["CLEANUP_ONLY"])?,
+            force_apply: flag(&args.force_apply, "force-apply", &["FORCE_APPLY"])?,
+            force_binary,
+            loopback_cidr_v4,
+            owner_groups_include,
+            owner_groups_exclude,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(argv: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let mut full = vec!["istio-iptables"];
+        full.extend_from_slice(argv);
+        let args = Args::try_parse_from(full).expect("argv parses");
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_args(&args, &|k| env.get(k).cloned(), &|_| None)
+    }
+
+    #[test]
+    fn injector_args_parse() {
+        let c = parse(
+            &[
+                "-p",
+                "15001",
+                "-z",
+                "15006",
+                "-u",
+                "1337",
+                "-m",
+                "REDIRECT",
+                "-i",
+                "*",
+                "-x",
+                "",
+                "-b",
+                "*",
+                "-d",
+                "15090,15021,15020",
+                "--log_output_level=default:info",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.proxy_port, 15001);
+        assert_eq!(c.proxy_uids, vec![1337]);
+        assert_eq!(c.proxy_gids, vec![1337]);
+        assert_eq!(c.outbound, OutboundCidrs::All);
+        assert_eq!(
+            c.inbound,
+            InboundPorts::All {
+                exclude: vec![15090, 15021, 15020]
+            }
+        );
+        assert!(c.outbound_exclude_cidrs.is_empty());
+    }
+
+    #[test]
+    fn cli_beats_env_beats_default() {
+        let c = parse(&["-z", "16000"], &[("INBOUND_CAPTURE_PORT", "17000")]).unwrap();
+        assert_eq!(c.inbound_capture_port, 16000);
+        let c = parse(&[], &[("INBOUND_CAPTURE_PORT", "17000")]).unwrap();
+        assert_eq!(c.inbound_capture_port, 17000);
+        let c = parse(&[], &[]).unwrap();
+        assert_eq!(c.inbound_capture_port, 15006);
+        // envoy-port has no env binding in Istio.
+        let c = parse(&[], &[("ENVOY_PORT", "1")]).unwrap();
+        assert_eq!(c.proxy_port, 15001);
+        let c = parse(&[], &[("ISTIO_META_DNS_CAPTURE", "true")]).unwrap();
+        assert!(c.redirect_dns);
+    }
+
+    #[test]
+    fn bad_values_name_the_input() {
+        for bad in ["0", "65536", "-1", "80a", "015001", ""] {
+            let e = parse(&["-d", &format!("15020,{bad}x")], &[]).unwrap_err();
+            assert_eq!(e.input, "--istio-local-exclude-ports", "{bad}");
+        }
+        for bad in ["0", "65536", "80a", "015001"] {
+            let e = parse(&["-p", bad], &[]).unwrap_err();
+            assert_eq!(e.input, "--envoy-port");
+        }
+        let e = parse(&[], &[("ISTIO_SERVICE_CIDR", "10.0.0.0/33")]).unwrap_err();
+        assert_eq!(e.input, "env ISTIO_SERVICE_CIDR");
+        let e = parse(&["-m", "tproxy"], &[]).unwrap_err();
+        assert!(e.to_string().contains("REDIRECT or TPROXY"));
+        let e = parse(&["-c=-j ACCEPT"], &[]).unwrap_err();
+        assert_eq!(e.input, "--istio-exclude-interfaces");
+        let e = parse(&["-x", "*"], &[]).unwrap_err();
+        assert_eq!(e.input, "--istio-service-exclude-cidr");
+        let e = parse(&["--force-iptables-binary", "both"], &[]).unwrap_err();
+        assert!(e.to_string().contains("legacy or nft"));
+        let e = parse(&["-u", "13a7"], &[]).unwrap_err();
+        assert_eq!(e.input, "--proxy-uid");
+        let e = parse(&[], &[(env::OUTBOUND_IPV4_LOOPBACK_CIDR, "10.0.0.1/32")]).unwrap_err();
+        assert!(e.to_string().contains("loopback"));
+        let many: Vec<String> = (0..65).map(|i| format!("g{i}")).collect();
+        let e = parse(&[], &[(env::OUTBOUND_OWNER_GROUPS, &many.join(","))]).unwrap_err();
+        assert!(e.to_string().contains("at most 64"));
+    }
+
+    #[test]
+    fn proxy_uid_defaults_to_envoy_user() {
+        let args = Args::try_parse_from(["istio-iptables"]).unwrap();
+        let c =
+            Config::from_args(&args, &|_| None, &|u| (u == "istio-proxy").then_some(4242)).unwrap();
+        assert_eq!(c.proxy_uids, vec![4242]);
+        assert_eq!(c.proxy_gids, vec![4242]);
+    }
+}

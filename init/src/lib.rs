@@ -1,0 +1,208 @@
+//! istio-init: programs iptables so that a pod's TCP traffic goes through Envoy.
+//!
+//! Plan first (`plan`, a typed list of rules), render second (`render`, iptables-restore format),
+//! apply last (`apply`, one `iptables-restore --noflush` per IP family). Mirrors Istio's
+//! `tools/istio-iptables`; see `config` for where this is stricter.
+
+pub mod apply;
+pub mod config;
+pub mod plan;
+pub mod render;
+
+use std::path::Path;
+
+use apply::{ApplyError, Outcome};
+use config::Config;
+use plan::{Family, Plan, Unsupported};
+
+/// Exit code for a failed `--run-validation`, as in Istio (`constants.ValidationErrorCode`).
+pub const VALIDATION_ERROR_CODE: i32 = 126;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Unsupported(#[from] Unsupported),
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    #[error("cannot enter network namespace {path}: {reason}")]
+    Netns { path: String, reason: String },
+    #[error("IPv6 rules failed ({v6}); the IPv4 rules were rolled back{rollback}")]
+    PartialApply { v6: ApplyError, rollback: String },
+}
+
+impl Error {
+    /// The process exit code, following Istio's (1 for config and apply errors).
+    pub fn exit_code(&self) -> i32 {
+        1
+    }
+}
+
+/// True when this network namespace has a non-loopback, non-link-local IPv6 address.
+/// Stricter than Istio (which looks only at the first address): a pod that can speak IPv6
+/// gets IPv6 capture, so v6 traffic can never bypass Envoy.
+pub fn has_global_ipv6() -> bool {
+    std::fs::read_to_string("/proc/net/if_inet6")
+        .map(|s| {
+            s.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                // Fields: address, ifindex, prefix length, scope, flags, name. Scope 00 = global.
+                f.len() == 6 && f[3] == "00" && f[5] != "lo"
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// Which families this run covers.
+pub fn families(cfg: &Config) -> Vec<Family> {
+    if cfg.dual_stack || has_global_ipv6() {
+        vec![Family::V4, Family::V6]
+    } else {
+        vec![Family::V4]
+    }
+}
+
+fn enter_netns(path: &str) -> Result<(), Error> {
+    let full = if path.contains('/') {
+        path.to_string()
+    } else {
+        format!("/var/run/netns/{path}")
+    };
+    let fail = |reason: String| Error::Netns {
+        path: full.clone(),
+        reason,
+    };
+    let file = std::fs::File::open(Path::new(&full)).map_err(|e| fail(e.to_string()))?;
+    nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| fail(e.to_string()))
+}
+
+/// What a run did, for the caller to report.
+#[derive(Debug)]
+pub struct Report {
+    pub payloads: Vec<(Family, String)>,
+    pub outcomes: Vec<(Family, Outcome)>,
+    pub cleaned: bool,
+}
+
+/// Runs istio-iptables with a validated config. All plans are built (and so all unsupported
+/// options rejected) before anything touches the kernel.
+pub fn run(cfg: &Config) -> Result<Report, Error> {
+    if let Some(ns) = &cfg.network_namespace {
+        enter_netns(ns)?;
+    }
+    let families = families(cfg);
+    let plans: Vec<Plan> = families
+        .iter()
+        .map(|f| plan::plan(cfg, *f))
+        .collect::<Result<_, _>>()?;
+    let payloads = plans
+        .iter()
+        .map(|p| (p.family, render::restore_payload(p)))
+        .collect();
+    let mut report = Report {
+        payloads,
+        outcomes: Vec::new(),
+        cleaned: false,
+    };
+    if cfg.run_validation {
+        return Err(Unsupported {
+            feature: "--run-validation",
+            input: "--run-validation",
+        }
+        .into());
+    }
+    if cfg.reconcile {
+        return Err(Unsupported {
+            feature: "--reconcile",
+            input: "--reconcile",
+        }
+        .into());
+    }
+    if cfg.dry_run || cfg.skip_rule_apply {
+        return Ok(report);
+    }
+    let backends: Vec<_> = plans
+        .iter()
+        .map(|p| apply::detect(p.family, cfg.force_binary))
+        .collect::<Result<_, _>>()?;
+    if cfg.cleanup_only {
+        for (backend, plan) in backends.iter().zip(&plans) {
+            report.cleaned |= apply::cleanup(backend, Some(plan))?;
+        }
+        return Ok(report);
+    }
+    for (backend, plan) in backends.iter().zip(&plans) {
+        match apply::apply_plan(backend, plan, cfg.force_apply) {
+            Ok(outcome) => report.outcomes.push((plan.family, outcome)),
+            Err(e) if plan.family == Family::V6 => {
+                // Never leave v4 captured and v6 open: undo what this run applied.
+                let rollback = match (&report.outcomes[..], backends.first(), plans.first()) {
+                    ([(Family::V4, Outcome::Applied)], Some(b), Some(p)) => {
+                        match apply::cleanup(b, Some(p)) {
+                            Ok(_) => String::new(),
+                            Err(re) => format!(" (rollback failed: {re})"),
+                        }
+                    }
+                    _ => " (nothing to roll back)".to_string(),
+                };
+                return Err(Error::PartialApply { v6: e, rollback });
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(report)
+}
+
+/// The command-line entry shared by `istio-iptables` and `pilot-agent istio-iptables`.
+pub mod cli {
+    use super::*;
+    use config::Args;
+
+    /// Runs with parsed args and returns the exit code. Logs to stderr.
+    pub fn main(
+        args: Args,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        user_uid: &dyn Fn(&str) -> Option<u32>,
+    ) -> i32 {
+        let cfg = match Config::from_args(&args, lookup, user_uid) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("istio-iptables: {e}");
+                return e_code(&Error::from(e));
+            }
+        };
+        eprintln!("istio-iptables: config {cfg:?}");
+        match run(&cfg) {
+            Ok(report) => {
+                if cfg.dry_run {
+                    for (family, payload) in &report.payloads {
+                        println!("# {family:?} (iptables-restore --noflush)\n{payload}");
+                    }
+                } else if cfg.cleanup_only {
+                    eprintln!(
+                        "istio-iptables: cleanup {}",
+                        if report.cleaned {
+                            "removed our rules"
+                        } else {
+                            "found nothing to remove"
+                        }
+                    );
+                } else {
+                    for (family, outcome) in &report.outcomes {
+                        eprintln!("istio-iptables: {family:?}: {outcome:?}");
+                    }
+                }
+                0
+            }
+            Err(e) => {
+                eprintln!("istio-iptables: {e}");
+                e_code(&e)
+            }
+        }
+    }
+
+    fn e_code(e: &Error) -> i32 {
+        e.exit_code()
+    }
+}

@@ -1,0 +1,324 @@
+//! Config ingestion: Kubernetes-style YAML or JSON documents from a directory, turned into typed
+//! resources. Mirrors istiod's file config source (`pilot/pkg/config/file`), where one directory of
+//! manifests stands in for the Kubernetes API server.
+//!
+//! A file that does not parse, or a document of a kind we know that fails validation, rejects the
+//! whole load with an error naming the file and the document; the caller keeps its last good config.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config directory {dir}: {source}")]
+    ReadDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read {file}: {source}")]
+    ReadFile {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{file}: document {doc}: {reason}")]
+    Invalid {
+        file: PathBuf,
+        doc: usize,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct Metadata {
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Metadata {
+    pub fn namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or("default")
+    }
+}
+
+/// networking.istio.io ServiceEntry (the fields the registry uses).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceEntrySpec {
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    #[serde(default)]
+    pub ports: Vec<SePort>,
+    #[serde(default)]
+    pub location: Option<String>,
+    #[serde(default)]
+    pub resolution: Option<String>,
+    #[serde(default)]
+    pub endpoints: Vec<WorkloadEntrySpec>,
+    #[serde(default)]
+    pub workload_selector: Option<WorkloadSelector>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SePort {
+    pub number: u16,
+    #[serde(default)]
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub target_port: Option<u16>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct WorkloadSelector {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// networking.istio.io WorkloadEntry, also the shape of ServiceEntry's inline endpoints.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadEntrySpec {
+    pub address: String,
+    #[serde(default)]
+    pub ports: BTreeMap<String, u16>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub service_account: Option<String>,
+}
+
+/// core/v1 Service.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSpec {
+    #[serde(default, rename = "clusterIP")]
+    pub cluster_ip: Option<String>,
+    #[serde(default)]
+    pub ports: Vec<ServicePortSpec>,
+    #[serde(default)]
+    pub selector: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePortSpec {
+    #[serde(default)]
+    pub name: String,
+    pub port: u16,
+    #[serde(default)]
+    pub target_port: Option<serde_json::Value>,
+    #[serde(default)]
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub app_protocol: Option<String>,
+}
+
+/// core/v1 Endpoints.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct EndpointSubset {
+    #[serde(default)]
+    pub addresses: Vec<EndpointAddress>,
+    #[serde(default)]
+    pub ports: Vec<EndpointPort>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct EndpointAddress {
+    pub ip: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct EndpointPort {
+    #[serde(default)]
+    pub name: String,
+    pub port: u16,
+}
+
+/// One typed config resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resource {
+    ServiceEntry(Metadata, ServiceEntrySpec),
+    WorkloadEntry(Metadata, WorkloadEntrySpec),
+    Service(Metadata, ServiceSpec),
+    Endpoints(Metadata, Vec<EndpointSubset>),
+}
+
+/// Kinds we read but do not act on yet; accepted so a real mesh's config loads.
+const ACCEPTED_KINDS: [&str; 9] = [
+    "VirtualService",
+    "DestinationRule",
+    "Sidecar",
+    "Gateway",
+    "PeerAuthentication",
+    "AuthorizationPolicy",
+    "Namespace",
+    "EndpointSlice",
+    "MeshConfig",
+];
+
+#[derive(Deserialize)]
+struct Envelope {
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    metadata: Option<Metadata>,
+    #[serde(default)]
+    spec: Option<serde_json::Value>,
+    #[serde(default)]
+    subsets: Option<serde_json::Value>,
+}
+
+/// The parsed contents of a config directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigSet {
+    pub resources: Vec<Resource>,
+}
+
+fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    let env: Envelope = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    let kind = env.kind.ok_or("missing field `kind`")?;
+    if ACCEPTED_KINDS.contains(&kind.as_str()) {
+        return Ok(None);
+    }
+    let meta = env.metadata.ok_or("missing field `metadata`")?;
+    if meta.name.is_empty() {
+        return Err("metadata.name must not be empty".into());
+    }
+    let spec = env.spec.unwrap_or(serde_json::Value::Null);
+    let typed = |what: &str| format!("{kind} {}: invalid {what}", meta.name);
+    let resource = match kind.as_str() {
+        "ServiceEntry" => {
+            let spec: ServiceEntrySpec =
+                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+            if spec.hosts.is_empty() {
+                return Err(format!("{}: at least one host is required", typed("spec")));
+            }
+            Resource::ServiceEntry(meta, spec)
+        }
+        "WorkloadEntry" => {
+            let spec: WorkloadEntrySpec =
+                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+            Resource::WorkloadEntry(meta, spec)
+        }
+        "Service" => {
+            let spec: ServiceSpec =
+                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+            Resource::Service(meta, spec)
+        }
+        "Endpoints" => {
+            let subsets: Vec<EndpointSubset> =
+                serde_json::from_value(env.subsets.unwrap_or(serde_json::Value::Array(vec![])))
+                    .map_err(|e| format!("{}: {e}", typed("subsets")))?;
+            Resource::Endpoints(meta, subsets)
+        }
+        other => return Err(format!("unsupported kind {other:?}")),
+    };
+    Ok(Some(resource))
+}
+
+/// Parses every document in one file's contents (YAML, which includes JSON).
+pub fn parse_file(path: &Path, contents: &str) -> Result<Vec<Resource>, ConfigError> {
+    let mut out = Vec::new();
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(contents).enumerate() {
+        let invalid = |reason: String| ConfigError::Invalid {
+            file: path.to_path_buf(),
+            doc: i + 1,
+            reason,
+        };
+        let value = serde_json::Value::deserialize(doc).map_err(|e| invalid(e.to_string()))?;
+        if let Some(r) = parse_document(value).map_err(invalid)? {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Loads every `.yaml`, `.yml` and `.json` file of `dir` (not recursive), in name order.
+pub fn load_dir(dir: &Path) -> Result<ConfigSet, ConfigError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| ConfigError::ReadDir {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml" | "yml" | "json")
+                )
+        })
+        .collect();
+    files.sort();
+    let mut set = ConfigSet::default();
+    for file in files {
+        let contents = std::fs::read_to_string(&file).map_err(|source| ConfigError::ReadFile {
+            file: file.clone(),
+            source,
+        })?;
+        set.resources.extend(parse_file(&file, &contents)?);
+    }
+    Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_multi_document_yaml() {
+        let yaml = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: httpbin, namespace: demo}
+spec:
+  hosts: [httpbin.demo.svc.cluster.local]
+  addresses: [10.96.0.10]
+  ports: [{number: 8000, name: http, protocol: HTTP}]
+  workloadSelector: {labels: {app: httpbin}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: httpbin-1, namespace: demo}
+spec: {address: 10.0.0.2, labels: {app: httpbin}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: ignored}
+spec: {}
+"#;
+        let r = parse_file(Path::new("x.yaml"), yaml).unwrap();
+        assert_eq!(r.len(), 2);
+        assert!(
+            matches!(&r[0], Resource::ServiceEntry(m, s) if m.name == "httpbin" && s.ports[0].number == 8000)
+        );
+    }
+
+    #[test]
+    fn bad_document_names_file_and_document() {
+        let yaml = "kind: ServiceEntry\nmetadata: {name: a}\nspec: {hosts: [a]}\n---\nkind: ServiceEntry\nmetadata: {name: b}\nspec: {hosts: [], ports: []}\n";
+        let e = parse_file(Path::new("mesh/bad.yaml"), yaml).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("mesh/bad.yaml: document 2"), "{msg}");
+        assert!(msg.contains("at least one host"), "{msg}");
+        let e = parse_file(Path::new("y.yaml"), "kind: [unclosed").unwrap_err();
+        assert!(e.to_string().starts_with("y.yaml: document 1"));
+        let e = parse_file(
+            Path::new("z.yaml"),
+            "kind: Frobnicator\nmetadata: {name: a}\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unsupported kind \"Frobnicator\""));
+    }
+}

@@ -1,0 +1,118 @@
+//! CDS: one EDS cluster per service port (`outbound|PORT||HOST`), one ORIGINAL_DST cluster per
+//! inbound port of the proxy's own workload (`inbound|PORT||`), and Istio's fixed clusters
+//! (PassthroughCluster, BlackHoleCluster, InboundPassthroughCluster).
+
+use std::collections::BTreeSet;
+
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier;
+use envoy_types::pb::envoy::config::core::v3::{BindConfig, Http2ProtocolOptions, SocketAddress};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+    HttpProtocolOptions, http_protocol_options,
+};
+use envoy_types::util::pack_any;
+
+use super::{
+    BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_BIND_V4, INBOUND_PASSTHROUGH_CLUSTER, Named,
+    PASSTHROUGH_CLUSTER, ads_config_source, seconds,
+};
+use crate::model::{Protocol, Proxy, inbound_cluster_name, outbound_cluster_name};
+use crate::push_context::PushContext;
+
+const CONNECT_TIMEOUT_SECS: i64 = 10;
+const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+
+fn base(name: String, kind: cluster::DiscoveryType) -> Cluster {
+    Cluster {
+        name,
+        connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(kind as i32)),
+        ..Default::default()
+    }
+}
+
+fn original_dst(name: String, bind_to: Option<&str>) -> Cluster {
+    Cluster {
+        lb_policy: cluster::LbPolicy::ClusterProvided as i32,
+        upstream_bind_config: bind_to.map(|ip| BindConfig {
+            source_address: Some(SocketAddress {
+                address: ip.to_string(),
+                port_specifier: Some(PortSpecifier::PortValue(0)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..base(name, cluster::DiscoveryType::OriginalDst)
+    }
+}
+
+fn with_http2(mut c: Cluster) -> Cluster {
+    let options = HttpProtocolOptions {
+        upstream_protocol_options: Some(
+            http_protocol_options::UpstreamProtocolOptions::ExplicitHttpConfig(
+                http_protocol_options::ExplicitHttpConfig {
+                    protocol_config: Some(
+                        http_protocol_options::explicit_http_config::ProtocolConfig::Http2ProtocolOptions(
+                            Http2ProtocolOptions::default(),
+                        ),
+                    ),
+                },
+            ),
+        ),
+        ..Default::default()
+    };
+    c.typed_extension_protocol_options
+        .insert(HTTP_PROTOCOL_OPTIONS.to_string(), pack_any(options));
+    c
+}
+
+/// All clusters for `proxy` (CDS is requested as a wildcard).
+pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
+    let mut clusters = Vec::new();
+    for svc in &push.services {
+        for port in &svc.ports {
+            let mut c = base(
+                outbound_cluster_name(port.port, &svc.hostname),
+                cluster::DiscoveryType::Eds,
+            );
+            c.eds_cluster_config = Some(cluster::EdsClusterConfig {
+                eds_config: Some(ads_config_source()),
+                service_name: String::new(),
+            });
+            if matches!(port.protocol, Protocol::Http2 | Protocol::Grpc) {
+                c = with_http2(c);
+            }
+            clusters.push(c);
+        }
+    }
+    let mut inbound_ports = BTreeSet::new();
+    for svc in &push.services {
+        for ep in svc.endpoints.iter().filter(|e| proxy.owns(e)) {
+            for port in &svc.ports {
+                inbound_ports.insert(ep.target_port(port));
+            }
+        }
+    }
+    for port in inbound_ports {
+        clusters.push(original_dst(
+            inbound_cluster_name(port),
+            Some(INBOUND_PASSTHROUGH_BIND_V4),
+        ));
+    }
+    clusters.push(original_dst(PASSTHROUGH_CLUSTER.to_string(), None));
+    clusters.push(original_dst(
+        INBOUND_PASSTHROUGH_CLUSTER.to_string(),
+        Some(INBOUND_PASSTHROUGH_BIND_V4),
+    ));
+    clusters.push(base(
+        BLACKHOLE_CLUSTER.to_string(),
+        cluster::DiscoveryType::Static,
+    ));
+    clusters
+        .into_iter()
+        .map(|c| Named {
+            name: c.name.clone(),
+            resource: pack_any(c),
+        })
+        .collect()
+}

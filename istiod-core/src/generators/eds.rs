@@ -1,0 +1,60 @@
+//! EDS: a ClusterLoadAssignment for each requested `outbound|PORT||HOST` cluster.
+
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
+};
+use envoy_types::util::pack_any;
+
+use super::{Named, socket_address};
+use crate::model::outbound_cluster_name;
+use crate::push_context::PushContext;
+
+fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment> {
+    for svc in &push.services {
+        for port in &svc.ports {
+            if outbound_cluster_name(port.port, &svc.hostname) != cluster {
+                continue;
+            }
+            let lb_endpoints = svc
+                .endpoints
+                .iter()
+                .map(|ep| LbEndpoint {
+                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                        address: Some(socket_address(
+                            &ep.address.to_string(),
+                            ep.target_port(port),
+                        )),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                })
+                .collect();
+            return Some(ClusterLoadAssignment {
+                cluster_name: cluster.to_string(),
+                endpoints: vec![LocalityLbEndpoints {
+                    lb_endpoints,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+        }
+    }
+    None
+}
+
+/// The requested assignments; an unknown cluster gets an empty assignment so Envoy stops waiting.
+pub fn generate(push: &PushContext, names: &[String]) -> Vec<Named> {
+    names
+        .iter()
+        .map(|name| {
+            let cla = assignment(push, name).unwrap_or_else(|| ClusterLoadAssignment {
+                cluster_name: name.clone(),
+                ..Default::default()
+            });
+            Named {
+                name: name.clone(),
+                resource: pack_any(cla),
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,76 @@
+//! Generators: turn the PushContext snapshot into Envoy resources for one proxy, one xDS type
+//! each (istiod's `pilot/pkg/networking/core` and `pilot/pkg/xds/*gen.go`). Pure functions of
+//! (snapshot, proxy, requested names); the xDS server decides when to call them.
+
+pub mod cds;
+pub mod eds;
+pub mod lds;
+pub mod rds;
+
+use envoy_types::pb::envoy::config::core::v3::{
+    AggregatedConfigSource, ApiVersion, ConfigSource, SocketAddress, address, config_source,
+    socket_address,
+};
+use envoy_types::pb::google::protobuf::{Any, Duration};
+
+pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+pub const ENDPOINT_TYPE: &str =
+    "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+
+/// Istio's well-known cluster names.
+pub const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
+pub const BLACKHOLE_CLUSTER: &str = "BlackHoleCluster";
+pub const INBOUND_PASSTHROUGH_CLUSTER: &str = "InboundPassthroughCluster";
+
+/// Istio's listener names and ports for the capture targets.
+pub const VIRTUAL_OUTBOUND: &str = "virtualOutbound";
+pub const VIRTUAL_INBOUND: &str = "virtualInbound";
+pub const VIRTUAL_OUTBOUND_PORT: u16 = 15001;
+pub const VIRTUAL_INBOUND_PORT: u16 = 15006;
+
+/// Source address Envoy uses towards the local app, exempted from capture by istio-init.
+pub const INBOUND_PASSTHROUGH_BIND_V4: &str = "127.0.0.6";
+
+/// A generated resource with its name, ready to be sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Named {
+    pub name: String,
+    pub resource: Any,
+}
+
+pub(crate) fn ads_config_source() -> ConfigSource {
+    ConfigSource {
+        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+            AggregatedConfigSource {},
+        )),
+        resource_api_version: ApiVersion::V3 as i32,
+        // Do not block Envoy's startup on a resource that may never come.
+        initial_fetch_timeout: Some(Duration {
+            seconds: 0,
+            nanos: 0,
+        }),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn socket_address(
+    ip: &str,
+    port: u16,
+) -> envoy_types::pb::envoy::config::core::v3::Address {
+    envoy_types::pb::envoy::config::core::v3::Address {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: ip.to_string(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(port))),
+            ..Default::default()
+        })),
+    }
+}
+
+pub(crate) fn seconds(s: i64) -> Duration {
+    Duration {
+        seconds: s,
+        nanos: 0,
+    }
+}

@@ -1,0 +1,154 @@
+//! The service model every generator reads: services, their ports and instances, and the proxy
+//! asking for config. Mirrors the shape of istiod's `pilot/pkg/model` (Service, ServiceInstance,
+//! Proxy), reduced to what the generators use today.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// Application protocol of a service port, as Istio infers it from the port name or protocol field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Http,
+    Http2,
+    Grpc,
+    Tcp,
+}
+
+impl Protocol {
+    /// Istio's rule: an explicit protocol (`HTTP`, `GRPC`, ...) or a port name `<proto>` or
+    /// `<proto>-<suffix>`. Anything unrecognised is treated as opaque TCP.
+    pub fn infer(explicit: Option<&str>, port_name: &str) -> Protocol {
+        let from = |s: &str| match s.to_ascii_lowercase().as_str() {
+            "http" => Some(Protocol::Http),
+            "http2" | "h2c" => Some(Protocol::Http2),
+            "grpc" | "grpc-web" => Some(Protocol::Grpc),
+            "tcp" | "tls" | "https" | "mongo" | "mysql" | "redis" => Some(Protocol::Tcp),
+            _ => None,
+        };
+        explicit
+            .and_then(from)
+            .or_else(|| from(port_name.split('-').next().unwrap_or_default()))
+            .unwrap_or(Protocol::Tcp)
+    }
+
+    pub fn is_http(self) -> bool {
+        !matches!(self, Protocol::Tcp)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+/// One workload endpoint of a service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub address: IpAddr,
+    /// Service port name → port the workload listens on.
+    pub ports: BTreeMap<String, u16>,
+    pub labels: BTreeMap<String, String>,
+    pub service_account: String,
+}
+
+impl Endpoint {
+    /// The workload port behind `port`: by name, else the service port number itself.
+    pub fn target_port(&self, port: &ServicePort) -> u16 {
+        self.ports.get(&port.name).copied().unwrap_or(port.port)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    /// Fully qualified hostname, e.g. `httpbin.default.svc.cluster.local`.
+    pub hostname: String,
+    pub namespace: String,
+    /// Virtual IPs; empty for services without one.
+    pub addresses: Vec<IpAddr>,
+    pub ports: Vec<ServicePort>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// The Envoy cluster name Istio uses for a service port: `outbound|PORT||HOST`.
+pub fn outbound_cluster_name(port: u16, hostname: &str) -> String {
+    format!("outbound|{port}||{hostname}")
+}
+
+/// The Envoy cluster name Istio uses for a workload's inbound port: `inbound|PORT||`.
+pub fn inbound_cluster_name(port: u16) -> String {
+    format!("inbound|{port}||")
+}
+
+/// The proxy asking for config, parsed from its Envoy node id `type~ip~pod.namespace~domain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proxy {
+    pub kind: String,
+    pub ip_addresses: Vec<IpAddr>,
+    pub id: String,
+    pub namespace: String,
+    pub dns_domain: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid node id {id:?}: expected <type>~<ip>~<pod>.<namespace>~<domain>")]
+pub struct NodeIdError {
+    pub id: String,
+}
+
+impl Proxy {
+    pub fn from_node_id(id: &str) -> Result<Proxy, NodeIdError> {
+        let fail = || NodeIdError { id: id.to_string() };
+        let parts: Vec<&str> = id.split('~').collect();
+        let [kind, ip, pod, domain] = parts[..] else {
+            return Err(fail());
+        };
+        if !matches!(kind, "sidecar" | "router" | "waypoint") {
+            return Err(fail());
+        }
+        let ip_addresses = ip
+            .split(',')
+            .map(|s| s.parse::<IpAddr>().map_err(|_| fail()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let namespace = pod.split_once('.').map(|(_, ns)| ns).unwrap_or_default();
+        Ok(Proxy {
+            kind: kind.to_string(),
+            ip_addresses,
+            id: pod.to_string(),
+            namespace: namespace.to_string(),
+            dns_domain: domain.to_string(),
+        })
+    }
+
+    /// True when `ep` is this proxy's own workload.
+    pub fn owns(&self, ep: &Endpoint) -> bool {
+        self.ip_addresses.contains(&ep.address)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_node_id() {
+        let p = Proxy::from_node_id("sidecar~10.1.2.3~app-xyz.default~default.svc.cluster.local")
+            .unwrap();
+        assert_eq!(p.ip_addresses, vec!["10.1.2.3".parse::<IpAddr>().unwrap()]);
+        assert_eq!(p.namespace, "default");
+        assert_eq!(p.id, "app-xyz.default");
+        assert!(Proxy::from_node_id("sidecar~nope~a.b~c").is_err());
+        assert!(Proxy::from_node_id("x~1.2.3.4~a.b~c").is_err());
+        assert!(Proxy::from_node_id("sidecar~1.2.3.4~a.b").is_err());
+    }
+
+    #[test]
+    fn infers_protocol_like_istio() {
+        assert_eq!(Protocol::infer(None, "http-web"), Protocol::Http);
+        assert_eq!(Protocol::infer(None, "grpc"), Protocol::Grpc);
+        assert_eq!(Protocol::infer(Some("HTTP"), "foo"), Protocol::Http);
+        assert_eq!(Protocol::infer(None, "web"), Protocol::Tcp);
+        assert_eq!(Protocol::infer(Some("TCP"), "http"), Protocol::Tcp);
+    }
+}

@@ -1,0 +1,252 @@
+//! Service discovery: turns config resources into services and their endpoints.
+//! Mirrors istiod's `serviceregistry` (kube: Service + Endpoints; serviceentry: ServiceEntry with
+//! inline endpoints or a workloadSelector over WorkloadEntry).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use crate::config_store::{ConfigSet, Metadata, Resource, WorkloadEntrySpec};
+use crate::model::{Endpoint, Protocol, Service, ServicePort};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{kind} {namespace}/{name}: {reason}")]
+pub struct RegistryError {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub reason: String,
+}
+
+fn error(kind: &'static str, meta: &Metadata, reason: String) -> RegistryError {
+    RegistryError {
+        kind,
+        namespace: meta.namespace().to_string(),
+        name: meta.name.clone(),
+        reason,
+    }
+}
+
+fn parse_ip(kind: &'static str, meta: &Metadata, raw: &str) -> Result<IpAddr, RegistryError> {
+    raw.parse()
+        .map_err(|_| error(kind, meta, format!("{raw:?} is not an IP address")))
+}
+
+fn workload_endpoint(
+    kind: &'static str,
+    meta: &Metadata,
+    we: &WorkloadEntrySpec,
+) -> Result<Endpoint, RegistryError> {
+    Ok(Endpoint {
+        address: parse_ip(kind, meta, &we.address)?,
+        ports: we.ports.clone(),
+        labels: we.labels.clone(),
+        service_account: we
+            .service_account
+            .clone()
+            .unwrap_or_else(|| "default".to_string()),
+    })
+}
+
+fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// Builds all services from a config set. `domain_suffix` is the mesh's DNS suffix (`cluster.local`).
+pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>, RegistryError> {
+    let mut out = Vec::new();
+    let workload_entries: Vec<(&Metadata, &WorkloadEntrySpec)> = config
+        .resources
+        .iter()
+        .filter_map(|r| match r {
+            Resource::WorkloadEntry(m, s) => Some((m, s)),
+            _ => None,
+        })
+        .collect();
+    for r in &config.resources {
+        match r {
+            Resource::ServiceEntry(meta, spec) => {
+                const KIND: &str = "ServiceEntry";
+                let addresses = spec
+                    .addresses
+                    .iter()
+                    .map(|a| parse_ip(KIND, meta, a.split('/').next().unwrap_or(a)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let ports: Vec<ServicePort> = spec
+                    .ports
+                    .iter()
+                    .map(|p| ServicePort {
+                        name: p.name.clone(),
+                        port: p.number,
+                        protocol: Protocol::infer(p.protocol.as_deref(), &p.name),
+                    })
+                    .collect();
+                let mut endpoints = spec
+                    .endpoints
+                    .iter()
+                    .map(|e| workload_endpoint(KIND, meta, e))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if let Some(selector) = &spec.workload_selector {
+                    for (wm, we) in &workload_entries {
+                        if wm.namespace() == meta.namespace()
+                            && selects(&selector.labels, &we.labels)
+                        {
+                            endpoints.push(workload_endpoint("WorkloadEntry", wm, we)?);
+                        }
+                    }
+                }
+                // A ServiceEntry port's targetPort applies to endpoints that do not name the port.
+                for ep in &mut endpoints {
+                    for p in &spec.ports {
+                        if let Some(t) = p.target_port {
+                            ep.ports.entry(p.name.clone()).or_insert(t);
+                        }
+                    }
+                }
+                for host in &spec.hosts {
+                    out.push(Service {
+                        hostname: host.clone(),
+                        namespace: meta.namespace().to_string(),
+                        addresses: addresses.clone(),
+                        ports: ports.clone(),
+                        endpoints: endpoints.clone(),
+                    });
+                }
+            }
+            Resource::Service(meta, spec) => {
+                const KIND: &str = "Service";
+                let addresses = match spec.cluster_ip.as_deref() {
+                    None | Some("") | Some("None") => Vec::new(),
+                    Some(ip) => vec![parse_ip(KIND, meta, ip)?],
+                };
+                let ports: Vec<ServicePort> = spec
+                    .ports
+                    .iter()
+                    .map(|p| ServicePort {
+                        name: p.name.clone(),
+                        port: p.port,
+                        protocol: Protocol::infer(p.app_protocol.as_deref(), &p.name),
+                    })
+                    .collect();
+                let mut endpoints = Vec::new();
+                for r in &config.resources {
+                    let Resource::Endpoints(em, subsets) = r else {
+                        continue;
+                    };
+                    if em.name != meta.name || em.namespace() != meta.namespace() {
+                        continue;
+                    }
+                    for subset in subsets {
+                        for addr in &subset.addresses {
+                            let mut named = BTreeMap::new();
+                            for sp in &ports {
+                                let target =
+                                    subset.ports.iter().find(|ep| ep.name == sp.name).or_else(
+                                        || (subset.ports.len() == 1).then(|| &subset.ports[0]),
+                                    );
+                                if let Some(t) = target {
+                                    named.insert(sp.name.clone(), t.port);
+                                }
+                            }
+                            endpoints.push(Endpoint {
+                                address: parse_ip("Endpoints", em, &addr.ip)?,
+                                ports: named,
+                                labels: spec.selector.clone(),
+                                service_account: "default".to_string(),
+                            });
+                        }
+                    }
+                }
+                out.push(Service {
+                    hostname: format!("{}.{}.svc.{domain_suffix}", meta.name, meta.namespace()),
+                    namespace: meta.namespace().to_string(),
+                    addresses,
+                    ports,
+                    endpoints,
+                });
+            }
+            Resource::WorkloadEntry(..) | Resource::Endpoints(..) => {}
+        }
+    }
+    out.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config_store::parse_file;
+    use std::path::Path;
+
+    #[test]
+    fn kubernetes_service_with_endpoints() {
+        let yaml = r#"
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 10.96.1.1
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+kind: Endpoints
+metadata: {name: web, namespace: shop}
+subsets:
+- addresses: [{ip: 10.1.0.5}, {ip: 10.1.0.6}]
+  ports: [{name: http, port: 8080}]
+"#;
+        let set = ConfigSet {
+            resources: parse_file(Path::new("k.yaml"), yaml).unwrap(),
+        };
+        let s = services(&set, "cluster.local").unwrap();
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].hostname, "web.shop.svc.cluster.local");
+        assert_eq!(s[0].ports[0].protocol, Protocol::Http);
+        assert_eq!(s[0].endpoints.len(), 2);
+        assert_eq!(s[0].endpoints[0].target_port(&s[0].ports[0]), 8080);
+    }
+
+    #[test]
+    fn service_entry_selects_workload_entries_in_its_namespace() {
+        let yaml = r#"
+kind: ServiceEntry
+metadata: {name: db, namespace: a}
+spec:
+  hosts: [db.example]
+  ports: [{number: 5432, name: tcp-pg}]
+  workloadSelector: {labels: {app: db}}
+---
+kind: WorkloadEntry
+metadata: {name: db1, namespace: a}
+spec: {address: 10.2.0.1, labels: {app: db}}
+---
+kind: WorkloadEntry
+metadata: {name: db2, namespace: b}
+spec: {address: 10.2.0.2, labels: {app: db}}
+---
+kind: WorkloadEntry
+metadata: {name: other, namespace: a}
+spec: {address: 10.2.0.3, labels: {app: other}}
+"#;
+        let set = ConfigSet {
+            resources: parse_file(Path::new("s.yaml"), yaml).unwrap(),
+        };
+        let s = services(&set, "cluster.local").unwrap();
+        let ips: Vec<String> = s[0]
+            .endpoints
+            .iter()
+            .map(|e| e.address.to_string())
+            .collect();
+        assert_eq!(ips, vec!["10.2.0.1"]);
+    }
+
+    #[test]
+    fn bad_address_is_named() {
+        let yaml = "kind: WorkloadEntry\nmetadata: {name: w, namespace: n}\nspec: {address: not-an-ip, labels: {app: x}}\n---\nkind: ServiceEntry\nmetadata: {name: s, namespace: n}\nspec: {hosts: [h], workloadSelector: {labels: {app: x}}}\n";
+        let set = ConfigSet {
+            resources: parse_file(Path::new("s.yaml"), yaml).unwrap(),
+        };
+        let e = services(&set, "cluster.local").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "WorkloadEntry n/w: \"not-an-ip\" is not an IP address"
+        );
+    }
+}

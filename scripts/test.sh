@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole check: set-up, format, lints, and every test (unit and end-to-end with real
+# iptables, network namespaces and Envoy). Run as root on Debian. CI runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/setup.sh
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== build (once, for all tests)"
+cargo build --workspace --bins --tests
+echo "== tests"
+# Root-only tests must run in CI; the harness fails them there if they cannot.
+export CI="${CI:-false}"
+cargo nextest run --workspace --no-fail-fast --test-threads 2

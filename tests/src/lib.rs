@@ -1,0 +1,448 @@
+//! Test harness for real-process tests: pods as network namespaces joined through a bridge in a
+//! hub namespace, each with IPv4 and IPv6 addresses; processes run inside a pod as a chosen
+//! uid/gid with their output captured to files; everything is removed on drop, and namespaces
+//! left by killed runs (the harness prefix plus a dead pid) are swept at start.
+//!
+//! Tests that need root call [`require_root`]: under `CI=true` a missing capability is a failure,
+//! elsewhere the test is skipped with a loud message.
+
+use std::fs;
+use std::net::Ipv4Addr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// Every namespace the harness creates starts with this.
+pub const PREFIX: &str = "istt";
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Pod addresses: 10.233.0.N/24 and fd00:233::N/64 on the pod's eth0. These exist only inside
+/// namespaces the harness creates; the namespaces have no route to anything else.
+pub fn pod_ipv4(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 233, 0, n)
+}
+
+/// Service VIPs are taken from this range; pods route it to their eth0 (it never leaves the hub).
+pub const VIP_RANGE: &str = "10.234.0.0/16";
+
+/// Returns true if the test can run as root. Under CI=true it panics instead of skipping.
+pub fn require_root(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() && which("ip") && which("iptables") {
+        return true;
+    }
+    let why = format!("{test}: needs root, `ip` and `iptables`");
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{why}; CI=true requires it to run");
+    }
+    eprintln!("\n!!!!! SKIPPED {why} (not root or tools missing) !!!!!\n");
+    false
+}
+
+/// Returns true if Envoy is installed; under CI=true its absence is a failure.
+pub fn require_envoy(test: &str) -> bool {
+    if Path::new(&envoy_path()).exists() {
+        return true;
+    }
+    let why = format!(
+        "{test}: needs Envoy at {} (run scripts/setup.sh)",
+        envoy_path()
+    );
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{why}; CI=true requires it to run");
+    }
+    eprintln!("\n!!!!! SKIPPED {why} !!!!!\n");
+    false
+}
+
+pub fn envoy_path() -> String {
+    std::env::var("ENVOY_BIN").unwrap_or_else(|_| "/usr/local/bin/envoy".to_string())
+}
+
+fn which(cmd: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(cmd).exists()))
+        .unwrap_or(false)
+}
+
+/// Runs a command to completion, failing with its output if it fails.
+pub fn run(cmd: &str, args: &[&str]) -> Result<Output> {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .with_context(|| format!("spawn {cmd}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd} {} failed ({}): {}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
+}
+
+/// Kills every process left in namespace `ns` (e.g. an Envoy whose agent was killed).
+pub fn kill_all_in(ns: &str) {
+    let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() else {
+        return;
+    };
+    for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+        if let Ok(pid) = pid.parse::<i32>() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Pids of processes in namespace `ns` whose command name is `comm`.
+pub fn pids_named(ns: &str, comm: &str) -> Vec<i32> {
+    let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter(|p| fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm))
+        .collect()
+}
+
+/// Deletes namespaces with our prefix whose creating process is gone.
+pub fn sweep_stale() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or_default();
+        let mut parts = name.split('-');
+        if parts.next() != Some(PREFIX) {
+            continue;
+        }
+        let alive = parts
+            .next()
+            .and_then(|p| p.parse::<i32>().ok())
+            .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            kill_all_in(name);
+            let _ = Command::new("ip").args(["netns", "delete", name]).status();
+        }
+    }
+}
+
+/// Absolute path of a workspace binary built by cargo (target/<profile>/NAME).
+pub fn binary(name: &str) -> PathBuf {
+    if let Ok(dir) = std::env::var("E2E_BIN_DIR") {
+        return PathBuf::from(dir).join(name);
+    }
+    // tests run from target/<profile>/deps/<test-binary>
+    let exe = std::env::current_exe().unwrap_or_default();
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    profile_dir.join(name)
+}
+
+/// A process running inside a pod.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap_or(0)
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) -> Result<()> {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig)?;
+        Ok(())
+    }
+
+    pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    pub fn wait_timeout(&mut self, limit: Duration) -> Result<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait()? {
+                return Ok(s);
+            }
+            if Instant::now() > deadline {
+                bail!("{} did not exit within {limit:?}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.signal(nix::sys::signal::Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A pod: a network namespace with eth0 on the hub bridge, and a working directory.
+pub struct Pod {
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub dir: PathBuf,
+    procs: Vec<Proc>,
+}
+
+impl Pod {
+    /// Runs a command in the pod as root and waits for it.
+    pub fn exec(&self, args: &[&str]) -> Result<Output> {
+        let mut full = vec!["netns", "exec", self.ns.as_str()];
+        full.extend_from_slice(args);
+        Ok(Command::new("ip").args(&full).output()?)
+    }
+
+    /// Runs a command in the pod as `uid:gid` and waits for it.
+    pub fn exec_as(&self, uid: u32, gid: u32, args: &[&str]) -> Result<Output> {
+        let (u, g) = (uid.to_string(), gid.to_string());
+        let mut full = vec![
+            "setpriv",
+            "--reuid",
+            &u,
+            "--regid",
+            &g,
+            "--clear-groups",
+            "--",
+        ];
+        full.extend_from_slice(args);
+        self.exec(&full)
+    }
+
+    /// Starts a long-running process in the pod as `uid:gid` (root: 0,0) with `env`, in the pod's
+    /// working directory, logging to `<dir>/<name>.log`.
+    pub fn spawn(
+        &mut self,
+        name: &str,
+        uid: u32,
+        gid: u32,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Result<&mut Proc> {
+        let log = self.dir.join(format!("{name}.log"));
+        let file = fs::File::create(&log)?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns]);
+        if uid != 0 || gid != 0 {
+            cmd.args([
+                "setpriv",
+                "--reuid",
+                &uid.to_string(),
+                "--regid",
+                &gid.to_string(),
+                "--clear-groups",
+                "--",
+            ]);
+        }
+        cmd.args(args)
+            .current_dir(&self.dir)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        let child = cmd.spawn().with_context(|| format!("spawn {name}"))?;
+        self.procs.push(Proc {
+            name: name.to_string(),
+            child,
+            log,
+        });
+        let last = self.procs.len() - 1;
+        Ok(&mut self.procs[last])
+    }
+
+    pub fn proc(&mut self, name: &str) -> Option<&mut Proc> {
+        self.procs.iter_mut().find(|p| p.name == name)
+    }
+
+    /// All captured logs, for failure messages.
+    pub fn logs(&self) -> String {
+        self.procs
+            .iter()
+            .map(|p| format!("----- {}/{} -----\n{}", self.ns, p.name, p.logs()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// HTTP GET from inside the pod with curl as `uid`; returns (status, body).
+    pub fn http_get(&self, uid: u32, url: &str) -> Result<(u16, String)> {
+        let out = self.exec_as(
+            uid,
+            uid,
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "5",
+                "-o",
+                "-",
+                "-w",
+                "\n%{http_code}",
+                url,
+            ],
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+    }
+
+    /// Polls `url` from inside the pod until it answers 200, up to `limit`.
+    pub fn wait_http_ok(&self, url: &str, limit: Duration) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        let mut last = (0, String::new());
+        while Instant::now() < deadline {
+            last = self.http_get(0, url)?;
+            if last.0 == 200 {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!(
+            "{url} in {} not 200 within {limit:?}; last: {last:?}",
+            self.ns
+        )
+    }
+
+    /// Reads one counter from the pod's Envoy admin (`/stats?filter=^NAME$`); 0 if absent.
+    pub fn envoy_stat(&self, name: &str) -> Result<u64> {
+        let url = format!(
+            "http://127.0.0.1:15000/stats?filter=^{}$",
+            name.replace('|', "%7C")
+        );
+        let (code, body) = self.http_get(0, &url)?;
+        if code != 200 {
+            bail!("Envoy admin in {} answered {code}", self.ns);
+        }
+        Ok(body
+            .lines()
+            .find_map(|l| l.split_once(": ").filter(|(n, _)| *n == name))
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0))
+    }
+}
+
+/// A set of pods on one bridge. Dropping it kills their processes and deletes the namespaces.
+pub struct Network {
+    id: String,
+    hub: String,
+    pub pods: Vec<Pod>,
+    root: PathBuf,
+}
+
+impl Network {
+    pub fn new() -> Result<Network> {
+        sweep_stale();
+        let id = format!(
+            "{PREFIX}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let root = std::env::temp_dir().join(&id);
+        fs::create_dir_all(&root)?;
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755))?;
+        let hub = format!("{id}-hub");
+        let net = Network {
+            id,
+            hub: hub.clone(),
+            pods: Vec::new(),
+            root,
+        };
+        run("ip", &["netns", "add", &hub])?;
+        run("ip", &["-n", &hub, "link", "add", "br0", "type", "bridge"])?;
+        run("ip", &["-n", &hub, "link", "set", "br0", "up"])?;
+        Ok(net)
+    }
+
+    /// Adds pod number `n` (address 10.233.0.n, fd00:233::n) and returns its index.
+    pub fn add_pod(&mut self, name: &str, n: u8) -> Result<usize> {
+        let ns = format!("{}-{name}", self.id);
+        let dir = self.root.join(name);
+        fs::create_dir_all(&dir)?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
+        run("ip", &["netns", "add", &ns])?;
+        let veth = format!("v{n}");
+        run(
+            "ip",
+            &[
+                "-n", &self.hub, "link", "add", &veth, "type", "veth", "peer", "name", "eth0",
+                "netns", &ns,
+            ],
+        )?;
+        run(
+            "ip",
+            &["-n", &self.hub, "link", "set", &veth, "master", "br0", "up"],
+        )?;
+        let ip = pod_ipv4(n);
+        let v4 = format!("{ip}/24");
+        let v6 = format!("fd00:233::{n}/64");
+        run("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
+        run("ip", &["-n", &ns, "addr", "add", &v4, "dev", "eth0"])?;
+        run(
+            "ip",
+            &["-n", &ns, "-6", "addr", "add", &v6, "dev", "eth0", "nodad"],
+        )?;
+        run("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
+        run("ip", &["-n", &ns, "route", "add", VIP_RANGE, "dev", "eth0"])?;
+        self.pods.push(Pod {
+            ns,
+            ip,
+            dir,
+            procs: Vec::new(),
+        });
+        Ok(self.pods.len() - 1)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn logs(&self) -> String {
+        self.pods
+            .iter()
+            .map(Pod::logs)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        for pod in &mut self.pods {
+            pod.procs.clear();
+            kill_all_in(&pod.ns);
+            let _ = Command::new("ip")
+                .args(["netns", "delete", &pod.ns])
+                .status();
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.hub])
+            .status();
+        if std::env::var_os("E2E_KEEP_LOGS").is_none() {
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+}
