@@ -279,6 +279,15 @@ impl Pod {
         self.procs.iter_mut().find(|p| p.name == name)
     }
 
+    /// The captured output of the process `name` so far.
+    pub fn logs_of(&self, name: &str) -> String {
+        self.procs
+            .iter()
+            .find(|p| p.name == name)
+            .map(Proc::logs)
+            .unwrap_or_default()
+    }
+
     /// All captured logs, for failure messages.
     pub fn logs(&self) -> String {
         self.procs
