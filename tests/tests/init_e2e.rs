@@ -133,7 +133,8 @@ fn invalid_input_exits_nonzero_and_touches_nothing() {
     let net = one_pod();
     let pod = &net.pods[0];
     let before = state(pod);
-    let cases: [(&[&str], &[(&str, &str)], &str); 7] = [
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 7] = [
         (&["-p", "0"], &[], "--envoy-port"),
         (&["-d", "15020,65536"], &[], "--istio-local-exclude-ports"),
         (&["-b", "80a"], &[], "--istio-inbound-ports"),
