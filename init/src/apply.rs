@@ -93,8 +93,23 @@ fn prefix(family: Family) -> &'static str {
     }
 }
 
-/// Picks the backend as Istio does: legacy if it already holds rules, else nft, else the plain
-/// binary. `forced` ("legacy"/"nft") overrides the detection.
+/// True if the backend can list rules and add and delete a harmless rule in the nat table
+/// (Istio's probe, which uses nat since istio/istio#57380).
+fn works(b: &Backend) -> bool {
+    let probe = ["-t", "nat", "-A", "INPUT", "-p", "255", "-j", "RETURN"];
+    let mut add: Vec<&str> = probe.to_vec();
+    add.extend(wait_args(b));
+    if run(&b.save_cmd(), &[], None).is_err() || run(&b.cmd, &add, None).is_err() {
+        return false;
+    }
+    let mut del: Vec<&str> = probe.to_vec();
+    del[2] = "-D";
+    del.extend(wait_args(b));
+    run(&b.cmd, &del, None).is_ok()
+}
+
+/// Picks the backend as Istio does: legacy if it already holds rules and works, else nft if it
+/// works, else the plain binary. `forced` ("legacy"/"nft") overrides the detection.
 pub fn detect(
     family: Family,
     forced: Option<crate::config::ForcedBinary>,
@@ -106,37 +121,44 @@ pub fn detect(
         cmd: format!("{p}{suffix}"),
         legacy,
     };
-    let works = |b: &Backend| run(&b.save_cmd(), &[], None);
+    let no_backend = |tried: String| ApplyError::NoBackend { family, tried };
     match forced {
         Some(ForcedBinary::Legacy) => {
             let b = candidate("-legacy", true);
-            return works(&b).map(|_| b);
+            return if works(&b) {
+                Ok(b)
+            } else {
+                Err(no_backend(b.cmd))
+            };
         }
         Some(ForcedBinary::Nft) => {
             let b = candidate("-nft", false);
-            return works(&b).map(|_| b);
+            return if works(&b) {
+                Ok(b)
+            } else {
+                Err(no_backend(b.cmd))
+            };
         }
         None => {}
     }
     let legacy = candidate("-legacy", true);
-    if let Ok(out) = works(&legacy)
-        && out.lines().count() >= 3
+    if let Ok(out) = run(&legacy.save_cmd(), &[], None)
+        && out.lines().filter(|l| !l.starts_with('#')).count() >= 3
+        && works(&legacy)
     {
         return Ok(legacy);
     }
     let nft = candidate("-nft", false);
-    if works(&nft).is_ok() {
+    if works(&nft) {
         return Ok(nft);
     }
-    let plain = candidate("", false);
-    if let Ok(version) = run(&plain.cmd, &["--version"], None) {
-        let legacy = !version.contains("nf_tables");
-        return Ok(Backend { legacy, ..plain });
+    if let Ok(version) = run(p, &["--version"], None) {
+        let plain = candidate("", !version.contains("nf_tables"));
+        if works(&plain) {
+            return Ok(plain);
+        }
     }
-    Err(ApplyError::NoBackend {
-        family,
-        tried: format!("{p}-legacy, {p}-nft, {p}"),
-    })
+    Err(no_backend(format!("{p}-legacy, {p}-nft, {p}")))
 }
 
 /// What of ours is in the kernel now, per table: our chains and the rules that mention them.
@@ -316,15 +338,30 @@ pub fn cleanup_payload(
 pub enum Outcome {
     Applied,
     AlreadyInPlace,
+    /// A different config was replaced in one restore transaction.
+    Reconciled,
 }
 
-/// Applies one family's plan, or finds it already in place.
-pub fn apply_plan(backend: &Backend, plan: &Plan, force: bool) -> Result<Outcome, ApplyError> {
+/// Applies one family's plan, or finds it already in place. With `reconcile`, rules of a
+/// different config are replaced by ours in the same `iptables-restore` as the apply: the table
+/// switches in one commit, so no connection ever sees it without capture (Istio installs DROP
+/// guardrails for this window; one transaction has no window).
+pub fn apply_plan(
+    backend: &Backend,
+    plan: &Plan,
+    force: bool,
+    reconcile: bool,
+) -> Result<Outcome, ApplyError> {
     let installed = read_installed(backend)?;
-    if !installed.is_empty() {
-        if matches_plan(backend, &installed, plan)? && !force {
-            return Ok(Outcome::AlreadyInPlace);
-        }
+    if installed.is_empty() {
+        restore(backend, &restore_payload(plan))?;
+        return Ok(Outcome::Applied);
+    }
+    let same = matches_plan(backend, &installed, plan)?;
+    if same && !force {
+        return Ok(Outcome::AlreadyInPlace);
+    }
+    if !reconcile && !same {
         let detail = installed
             .chains
             .iter()
@@ -336,8 +373,78 @@ pub fn apply_plan(backend: &Backend, plan: &Plan, force: bool) -> Result<Outcome
             detail,
         });
     }
-    restore(backend, &restore_payload(plan))?;
-    Ok(Outcome::Applied)
+    // Chains both configs use are flushed and refilled rather than deleted and re-created.
+    let apply = restore_payload(plan);
+    let mut table = None;
+    let mut kept = Vec::new();
+    let apply: String = apply
+        .lines()
+        .filter(|line| {
+            if let Some(t) = line.strip_prefix("* ") {
+                table = Table::from_name(t);
+            }
+            let recreate = line.strip_prefix("-N ").and_then(|chain| {
+                installed
+                    .chains
+                    .iter()
+                    .find(|(t, c, _)| Some(*t) == table && c == chain)
+            });
+            if let Some((t, c, _)) = recreate {
+                kept.push((*t, c.clone()));
+                return false;
+            }
+            true
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let cleanup = cleanup_payload(backend, &installed, Some(plan))?;
+    let cleanup: String = {
+        let mut table = None;
+        cleanup
+            .lines()
+            .filter(|line| {
+                if let Some(t) = line.strip_prefix("* ") {
+                    table = Table::from_name(t);
+                }
+                !line
+                    .strip_prefix("-X ")
+                    .is_some_and(|chain| kept.iter().any(|(t, c)| Some(*t) == table && c == chain))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect()
+    };
+    let payload = merge_payloads(&cleanup, &apply);
+    restore(backend, &payload)?;
+    Ok(Outcome::Reconciled)
+}
+
+/// Joins two restore payloads table by table, so each table is committed once with the first
+/// payload's lines before the second's.
+pub fn merge_payloads(first: &str, second: &str) -> String {
+    let mut tables: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for payload in [first, second] {
+        let mut current = None;
+        for line in payload.lines() {
+            if let Some(name) = line.strip_prefix("* ") {
+                current = Some(name.to_string());
+                tables.entry(name.to_string()).or_default();
+            } else if line == "COMMIT" {
+                current = None;
+            } else if let Some(t) = &current {
+                tables.entry(t.clone()).or_default().push(line.to_string());
+            }
+        }
+    }
+    let mut out = String::new();
+    for (table, lines) in tables {
+        out.push_str(&format!("* {table}\n"));
+        for l in lines {
+            out.push_str(&l);
+            out.push('\n');
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
 }
 
 /// Removes everything of ours for one family. Returns whether anything was removed.
@@ -351,9 +458,77 @@ pub fn cleanup(backend: &Backend, plan: Option<&Plan>) -> Result<bool, ApplyErro
     Ok(true)
 }
 
+/// Routes and addresses the rules rely on (Istio's `tproxy.ConfigureRoutes`): `::6` on lo for
+/// IPv6 inbound passthrough, and in TPROXY mode the fwmark rule and local route table.
+pub fn configure_routes(family: Family, tproxy: Option<(u32, u32)>) -> Result<(), ApplyError> {
+    let fam = match family {
+        Family::V4 => "-4",
+        Family::V6 => "-6",
+    };
+    if family == Family::V6 {
+        let out = std::process::Command::new("ip")
+            .args(["-6", "addr", "add", "::6/128", "dev", "lo"])
+            .output()
+            .map_err(|source| ApplyError::Spawn {
+                cmd: "ip".into(),
+                source,
+            })?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && !stderr.contains("exists") && !stderr.contains("already") {
+            return Err(ApplyError::Failed {
+                cmd: "ip -6 addr add ::6/128 dev lo".into(),
+                code: out.status.code(),
+                stderr: stderr.trim().to_string(),
+            });
+        }
+    }
+    if let Some((mark, table)) = tproxy {
+        let (mark, table) = (mark.to_string(), table.to_string());
+        let rules = run("ip", &[fam, "rule", "show"], None)?;
+        let wanted = format!("fwmark {} lookup {table}", format_mark(&mark));
+        if !rules.lines().any(|l| l.contains(&wanted)) {
+            run(
+                "ip",
+                &[fam, "rule", "add", "fwmark", &mark, "lookup", &table],
+                None,
+            )?;
+        }
+        let default = if family == Family::V4 {
+            "0.0.0.0/0"
+        } else {
+            "::/0"
+        };
+        run(
+            "ip",
+            &[
+                fam, "route", "replace", "local", default, "dev", "lo", "table", &table,
+            ],
+            None,
+        )?;
+    }
+    Ok(())
+}
+
+/// `ip rule show` prints marks in hex.
+fn format_mark(mark: &str) -> String {
+    mark.parse::<u32>()
+        .map(|m| format!("{m:#x}"))
+        .unwrap_or_else(|_| mark.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merges_payloads_per_table() {
+        let a = "* nat\n-D OUTPUT -j ISTIO_OUTPUT\n-F ISTIO_OUTPUT\nCOMMIT\n";
+        let b = "* mangle\n-A PREROUTING -j X\nCOMMIT\n* nat\n-N ISTIO_OUTPUT\nCOMMIT\n";
+        assert_eq!(
+            merge_payloads(a, b),
+            "* mangle\n-A PREROUTING -j X\nCOMMIT\n* nat\n-D OUTPUT -j ISTIO_OUTPUT\n-F ISTIO_OUTPUT\n-N ISTIO_OUTPUT\nCOMMIT\n"
+        );
+    }
 
     #[test]
     fn parses_saved_state() {

@@ -8,12 +8,14 @@ pub mod apply;
 pub mod config;
 pub mod plan;
 pub mod render;
+pub mod validation;
 
+use std::net::IpAddr;
 use std::path::Path;
 
 use apply::{ApplyError, Outcome};
-use config::Config;
-use plan::{Family, Plan, Unsupported};
+use config::{Config, InterceptionMode};
+use plan::{Family, Plan, PodFacts};
 
 /// Exit code for a failed `--run-validation`, as in Istio (`constants.ValidationErrorCode`).
 pub const VALIDATION_ERROR_CODE: i32 = 126;
@@ -23,19 +25,24 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] config::ConfigError),
     #[error(transparent)]
-    Unsupported(#[from] Unsupported),
-    #[error(transparent)]
     Apply(#[from] ApplyError),
     #[error("cannot enter network namespace {path}: {reason}")]
     Netns { path: String, reason: String },
-    #[error("IPv6 rules failed ({v6}); the IPv4 rules were rolled back{rollback}")]
+    #[error("IPv6 rules failed ({v6}); IPv4 rollback{rollback}")]
     PartialApply { v6: ApplyError, rollback: String },
+    #[error(transparent)]
+    Validation(#[from] validation::ValidationError),
 }
 
 impl Error {
-    /// The process exit code, following Istio's (1 for config and apply errors).
+    /// The process exit code, following Istio's (126 for validation, 1 otherwise).
     pub fn exit_code(&self) -> i32 {
-        1
+        match self {
+            Error::Validation(validation::ValidationError::NotRedirected { .. }) => {
+                VALIDATION_ERROR_CODE
+            }
+            _ => 1,
+        }
     }
 }
 
@@ -52,6 +59,18 @@ pub fn has_global_ipv6() -> bool {
             })
         })
         .unwrap_or(false)
+}
+
+/// Nameservers listed in a resolv.conf.
+pub fn parse_resolv_conf(text: &str) -> Vec<IpAddr> {
+    text.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("nameserver"))
+                .then(|| words.next()?.split('%').next()?.parse().ok())
+                .flatten()
+        })
+        .collect()
 }
 
 /// Which families this run covers.
@@ -83,19 +102,38 @@ pub struct Report {
     pub payloads: Vec<(Family, String)>,
     pub outcomes: Vec<(Family, Outcome)>,
     pub cleaned: bool,
+    pub validated: bool,
 }
 
-/// Runs istio-iptables with a validated config. All plans are built (and so all unsupported
-/// options rejected) before anything touches the kernel.
+/// Gathers what the plan depends on: resolv.conf nameservers when DNS capture needs them.
+pub fn pod_facts(cfg: &Config, resolv_conf: &Path) -> PodFacts {
+    let mut facts = PodFacts::default();
+    if cfg.redirect_dns && !cfg.capture_all_dns {
+        facts.dns_servers = std::fs::read_to_string(resolv_conf)
+            .map(|t| parse_resolv_conf(&t))
+            .unwrap_or_default();
+        if facts.dns_servers.is_empty() {
+            eprintln!(
+                "istio-iptables: warning: DNS capture requested but {} lists no nameserver and                  --capture-all-dns is off; DNS is not captured",
+                resolv_conf.display()
+            );
+        }
+    }
+    facts
+}
+
+/// Runs istio-iptables with a validated config. All plans are built before anything touches the
+/// kernel.
 pub fn run(cfg: &Config) -> Result<Report, Error> {
     if let Some(ns) = &cfg.network_namespace {
         enter_netns(ns)?;
     }
+    let facts = pod_facts(cfg, Path::new("/etc/resolv.conf"));
     let families = families(cfg);
     let plans: Vec<Plan> = families
         .iter()
-        .map(|f| plan::plan(cfg, *f))
-        .collect::<Result<_, _>>()?;
+        .map(|f| plan::plan(cfg, *f, &facts))
+        .collect();
     let payloads = plans
         .iter()
         .map(|p| (p.family, render::restore_payload(p)))
@@ -104,54 +142,72 @@ pub fn run(cfg: &Config) -> Result<Report, Error> {
         payloads,
         outcomes: Vec::new(),
         cleaned: false,
+        validated: false,
     };
+    if cfg.dry_run {
+        return Ok(report);
+    }
+    if !cfg.skip_rule_apply {
+        let backends: Vec<_> = plans
+            .iter()
+            .map(|p| apply::detect(p.family, cfg.force_binary))
+            .collect::<Result<_, _>>()?;
+        if cfg.cleanup_only {
+            for (backend, plan) in backends.iter().zip(&plans) {
+                report.cleaned |= apply::cleanup(backend, Some(plan))?;
+            }
+            return Ok(report);
+        }
+        apply_all(cfg, &backends, &plans, &mut report)?;
+    }
     if cfg.run_validation {
-        return Err(Unsupported {
-            feature: "--run-validation",
-            input: "--run-validation",
+        let ports = [cfg.proxy_port, cfg.inbound_capture_port];
+        for family in &families {
+            validation::validate(
+                *family == Family::V6,
+                &ports,
+                cfg.probe_port,
+                cfg.probe_timeout,
+            )?;
         }
-        .into());
+        report.validated = true;
     }
-    if cfg.reconcile {
-        return Err(Unsupported {
-            feature: "--reconcile",
-            input: "--reconcile",
-        }
-        .into());
-    }
-    if cfg.dry_run || cfg.skip_rule_apply {
-        return Ok(report);
-    }
-    let backends: Vec<_> = plans
-        .iter()
-        .map(|p| apply::detect(p.family, cfg.force_binary))
-        .collect::<Result<_, _>>()?;
-    if cfg.cleanup_only {
-        for (backend, plan) in backends.iter().zip(&plans) {
-            report.cleaned |= apply::cleanup(backend, Some(plan))?;
-        }
-        return Ok(report);
-    }
-    for (backend, plan) in backends.iter().zip(&plans) {
-        match apply::apply_plan(backend, plan, cfg.force_apply) {
+    Ok(report)
+}
+
+fn apply_all(
+    cfg: &Config,
+    backends: &[apply::Backend],
+    plans: &[Plan],
+    report: &mut Report,
+) -> Result<(), Error> {
+    let tproxy =
+        (cfg.mode == InterceptionMode::Tproxy).then_some((cfg.tproxy_mark, cfg.tproxy_route_table));
+    for (backend, plan) in backends.iter().zip(plans) {
+        let applied = apply::apply_plan(backend, plan, cfg.force_apply, cfg.reconcile)
+            .and_then(|o| apply::configure_routes(plan.family, tproxy).map(|()| o));
+        match applied {
             Ok(outcome) => report.outcomes.push((plan.family, outcome)),
             Err(e) if plan.family == Family::V6 => {
                 // Never leave v4 captured and v6 open: undo what this run applied.
                 let rollback = match (&report.outcomes[..], backends.first(), plans.first()) {
                     ([(Family::V4, Outcome::Applied)], Some(b), Some(p)) => {
                         match apply::cleanup(b, Some(p)) {
-                            Ok(_) => String::new(),
+                            Ok(_) => ": IPv4 rules of this run removed".to_string(),
                             Err(re) => format!(" (rollback failed: {re})"),
                         }
                     }
-                    _ => " (nothing to roll back)".to_string(),
+                    ([(Family::V4, Outcome::Reconciled)], ..) => {
+                        " (IPv4 had been reconciled to the new config and stays)".to_string()
+                    }
+                    _ => " (nothing of this run to roll back)".to_string(),
                 };
                 return Err(Error::PartialApply { v6: e, rollback });
             }
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(report)
+    Ok(())
 }
 
 /// The command-line entry shared by `istio-iptables` and `pilot-agent istio-iptables`.
@@ -191,6 +247,9 @@ pub mod cli {
                 } else {
                     for (family, outcome) in &report.outcomes {
                         eprintln!("istio-iptables: {family:?}: {outcome:?}");
+                    }
+                    if report.validated {
+                        eprintln!("istio-iptables: validation passed");
                     }
                 }
                 0

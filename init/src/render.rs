@@ -60,7 +60,7 @@ pub fn restore_payload(plan: &Plan) -> String {
 mod tests {
     use super::*;
     use crate::config::{Args, Config};
-    use crate::plan::{Family, plan};
+    use crate::plan::{Family, PodFacts, plan};
     use clap::Parser;
 
     fn payload(argv: &[&str], family: Family) -> String {
@@ -68,7 +68,7 @@ mod tests {
         full.extend_from_slice(argv);
         let args = Args::try_parse_from(full).unwrap();
         let cfg = Config::from_args(&args, &|_| None, &|_| None).unwrap();
-        restore_payload(&plan(&cfg, family).unwrap())
+        restore_payload(&plan(&cfg, family, &PodFacts::default()))
     }
 
     const INJECTOR_ARGS: [&str; 17] = [

@@ -277,7 +277,10 @@ fn ipv6_failure_rolls_back_ipv4() {
     );
     let (code, err) = init(pod, &DEFAULT_ARGS, &[("PATH", &path)]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("rolled back"), "{err}");
+    assert!(
+        err.contains("IPv6 rules failed") && !err.contains("rollback failed"),
+        "{err}"
+    );
     assert_eq!(
         state(pod),
         before,
