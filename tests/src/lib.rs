@@ -131,6 +131,7 @@ pub fn sweep_stale() {
             .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
         if !alive {
             kill_all_in(name);
+            let _ = fs::remove_dir_all(Path::new("/etc/netns").join(name));
             let _ = Command::new("ip").args(["netns", "delete", name]).status();
         }
     }
@@ -286,6 +287,26 @@ impl Pod {
             .find(|p| p.name == name)
             .map(Proc::logs)
             .unwrap_or_default()
+    }
+
+    /// Waits until the output of process `name` contains `needle`, up to `limit`.
+    pub fn wait_log(&self, name: &str, needle: &str, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if self.logs_of(name).contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Gives the pod its own /etc/resolv.conf (`ip netns exec` bind-mounts /etc/netns/NS/*).
+    pub fn set_resolv_conf(&self, text: &str) -> Result<()> {
+        let dir = Path::new("/etc/netns").join(&self.ns);
+        fs::create_dir_all(&dir)?;
+        fs::write(dir.join("resolv.conf"), text)?;
+        Ok(())
     }
 
     /// All captured logs, for failure messages.

@@ -1,0 +1,139 @@
+//! A tiny network probe for the capture tests, run inside pods.
+//!   netprobe listen PORT[,PORT..]   TCP on 0.0.0.0 and [::]; prints `accept port=P orig=A peer=A`
+//!                                   per connection (orig from SO_ORIGINAL_DST) and answers "hi\n"
+//!   netprobe udp-echo PORT          UDP on 0.0.0.0 and [::]; answers "echo PORT"
+//!   netprobe connect ADDR [COUNT]   TCP connects; exit 0 if every one is accepted and answered
+//!   netprobe udp ADDR               one datagram; prints the answer, exit 0 if one came
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use socket2::{Domain, Socket, Type};
+
+fn bind(addr: SocketAddr, ty: Type) -> std::io::Result<Socket> {
+    let s = Socket::new(Domain::for_address(addr), ty, None)?;
+    s.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    s.bind(&addr.into())?;
+    Ok(s)
+}
+
+fn original_dst(stream: &TcpStream) -> String {
+    use nix::sys::socket::{getsockopt, sockopt};
+    match stream.local_addr() {
+        Ok(SocketAddr::V4(_)) => getsockopt(stream, sockopt::OriginalDst)
+            .map(|a| {
+                let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+                format!("{ip}:{}", u16::from_be(a.sin_port))
+            })
+            .unwrap_or_else(|e| format!("error:{e}")),
+        Ok(SocketAddr::V6(_)) => getsockopt(stream, sockopt::Ip6tOriginalDst)
+            .map(|a| {
+                let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+                format!("[{ip}]:{}", u16::from_be(a.sin6_port))
+            })
+            .unwrap_or_else(|e| format!("error:{e}")),
+        Err(e) => format!("error:{e}"),
+    }
+}
+
+fn listen(ports: &str) -> std::io::Result<()> {
+    let mut handles = Vec::new();
+    for port in ports.split(',') {
+        let port: u16 = port.parse().map_err(|_| std::io::Error::other("bad port"))?;
+        for ip in ["0.0.0.0", "::"] {
+            let addr = SocketAddr::new(ip.parse().map_err(std::io::Error::other)?, port);
+            let s = bind(addr, Type::STREAM)?;
+            s.listen(128)?;
+            let listener: TcpListener = s.into();
+            handles.push(std::thread::spawn(move || {
+                for mut stream in listener.incoming().flatten() {
+                    let peer = stream.peer_addr().map(|p| p.to_string()).unwrap_or_default();
+                    println!("accept port={port} orig={} peer={peer}", original_dst(&stream));
+                    let _ = std::io::stdout().flush();
+                    let _ = stream.write_all(b"hi\n");
+                }
+            }));
+        }
+    }
+    println!("listening");
+    let _ = std::io::stdout().flush();
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+fn udp_echo(port: &str) -> std::io::Result<()> {
+    let port: u16 = port.parse().map_err(|_| std::io::Error::other("bad port"))?;
+    let mut handles = Vec::new();
+    for ip in ["0.0.0.0", "::"] {
+        let addr = SocketAddr::new(ip.parse().map_err(std::io::Error::other)?, port);
+        let sock: UdpSocket = bind(addr, Type::DGRAM)?.into();
+        handles.push(std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while let Ok((_, from)) = sock.recv_from(&mut buf) {
+                println!("udp from={from}");
+                let _ = std::io::stdout().flush();
+                let _ = sock.send_to(format!("echo {port}").as_bytes(), from);
+            }
+        }));
+    }
+    println!("listening");
+    let _ = std::io::stdout().flush();
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+fn connect(addr: &str, count: usize) -> std::io::Result<()> {
+    let addr: SocketAddr = addr.parse().map_err(std::io::Error::other)?;
+    let mut failures = 0;
+    for _ in 0..count {
+        let ok = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).and_then(|mut s| {
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            let mut buf = [0u8; 3];
+            s.read_exact(&mut buf)
+        });
+        if ok.is_err() {
+            failures += 1;
+        }
+    }
+    println!("connects={count} failures={failures}");
+    if failures > 0 {
+        return Err(std::io::Error::other(format!("{failures} of {count} connects failed")));
+    }
+    Ok(())
+}
+
+fn udp(addr: &str) -> std::io::Result<()> {
+    let addr: SocketAddr = addr.parse().map_err(std::io::Error::other)?;
+    let local = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let sock = UdpSocket::bind(local)?;
+    sock.set_read_timeout(Some(Duration::from_secs(2)))?;
+    sock.send_to(b"q", addr)?;
+    let mut buf = [0u8; 512];
+    let (n, _) = sock.recv_from(&mut buf)?;
+    println!("{}", String::from_utf8_lossy(&buf[..n]));
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or_default();
+    let result = match arg(0) {
+        "listen" => listen(arg(1)),
+        "udp-echo" => udp_echo(arg(1)),
+        "connect" => connect(arg(1), arg(2).parse().unwrap_or(1)),
+        "udp" => udp(arg(1)),
+        _ => Err(std::io::Error::other("usage: netprobe listen|udp-echo|connect|udp ...")),
+    };
+    if let Err(e) = result {
+        eprintln!("netprobe: {e}");
+        std::process::exit(1);
+    }
+}
