@@ -93,27 +93,27 @@ fn prefix(family: Family) -> &'static str {
     }
 }
 
-/// True if the backend can list rules and add and delete a harmless rule in the nat table
-/// (Istio's probe, which uses nat since istio/istio#57380).
-fn works(b: &Backend) -> bool {
-    let probe = ["-t", "nat", "-A", "INPUT", "-p", "255", "-j", "RETURN"];
-    let mut add: Vec<&str> = probe.to_vec();
-    add.extend(wait_args(b));
-    if run(&b.save_cmd(), &[], None).is_err() || run(&b.cmd, &add, None).is_err() {
-        return false;
-    }
-    let mut del: Vec<&str> = probe.to_vec();
-    del[2] = "-D";
-    del.extend(wait_args(b));
-    run(&b.cmd, &del, None).is_ok()
+/// True if the kernel has legacy (x_tables) tables loaded in this network namespace; only then
+/// can `iptables-legacy-save` show rules, so the common nft case costs no process.
+fn legacy_tables_loaded(family: Family) -> bool {
+    let file = match family {
+        Family::V4 => "/proc/net/ip_tables_names",
+        Family::V6 => "/proc/net/ip6_tables_names",
+    };
+    std::fs::read_to_string(file).is_ok_and(|s| !s.trim().is_empty())
 }
 
-/// Picks the backend as Istio does: legacy if it already holds rules and works, else nft if it
-/// works, else the plain binary. `forced` ("legacy"/"nft") overrides the detection.
-pub fn detect(
-    family: Family,
-    forced: Option<crate::config::ForcedBinary>,
-) -> Result<Backend, ApplyError> {
+fn in_path(cmd: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
+        .unwrap_or(false)
+}
+
+/// Picks the backend as Istio does: legacy if it already holds rules, else nft, else the plain
+/// binary; `forced` ("legacy"/"nft") overrides the detection. Istio also probes each candidate by
+/// adding a rule; here the apply itself is the probe: it is atomic, and `fallback` gives the next
+/// candidate if the kernel refuses it.
+pub fn detect(family: Family, forced: Option<crate::config::ForcedBinary>) -> Result<Backend, ApplyError> {
     use crate::config::ForcedBinary;
     let p = prefix(family);
     let candidate = |suffix: &str, legacy: bool| Backend {
@@ -122,43 +122,45 @@ pub fn detect(
         legacy,
     };
     let no_backend = |tried: String| ApplyError::NoBackend { family, tried };
+    let found = |b: Backend| {
+        if in_path(&b.restore_cmd()) {
+            Ok(b)
+        } else {
+            Err(no_backend(b.restore_cmd()))
+        }
+    };
     match forced {
-        Some(ForcedBinary::Legacy) => {
-            let b = candidate("-legacy", true);
-            return if works(&b) {
-                Ok(b)
-            } else {
-                Err(no_backend(b.cmd))
-            };
-        }
-        Some(ForcedBinary::Nft) => {
-            let b = candidate("-nft", false);
-            return if works(&b) {
-                Ok(b)
-            } else {
-                Err(no_backend(b.cmd))
-            };
-        }
+        Some(ForcedBinary::Legacy) => return found(candidate("-legacy", true)),
+        Some(ForcedBinary::Nft) => return found(candidate("-nft", false)),
         None => {}
     }
     let legacy = candidate("-legacy", true);
-    if let Ok(out) = run(&legacy.save_cmd(), &[], None)
+    if legacy_tables_loaded(family)
+        && let Ok(out) = run(&legacy.save_cmd(), &[], None)
         && out.lines().filter(|l| !l.starts_with('#')).count() >= 3
-        && works(&legacy)
     {
         return Ok(legacy);
     }
-    let nft = candidate("-nft", false);
-    if works(&nft) {
-        return Ok(nft);
-    }
-    if let Ok(version) = run(p, &["--version"], None) {
-        let plain = candidate("", !version.contains("nf_tables"));
-        if works(&plain) {
-            return Ok(plain);
+    for b in [candidate("-nft", false), candidate("", false)] {
+        if in_path(&b.restore_cmd()) {
+            return Ok(b);
         }
     }
     Err(no_backend(format!("{p}-legacy, {p}-nft, {p}")))
+}
+
+/// The backend to try when `failed` refused a payload on a clean namespace (e.g. a kernel
+/// without nf_tables nat, istio/istio#57380): legacy after nft, if it works.
+pub fn fallback(failed: &Backend) -> Option<Backend> {
+    if failed.legacy {
+        return None;
+    }
+    let legacy = Backend {
+        family: failed.family,
+        cmd: format!("{}-legacy", prefix(failed.family)),
+        legacy: true,
+    };
+    (in_path(&legacy.restore_cmd()) && run(&legacy.save_cmd(), &[], None).is_ok()).then_some(legacy)
 }
 
 /// What of ours is in the kernel now, per table: our chains and the rules that mention them.
@@ -352,10 +354,24 @@ pub fn apply_plan(
     force: bool,
     reconcile: bool,
 ) -> Result<Outcome, ApplyError> {
+    // Optimistic first: on a fresh pod (the common case) the payload goes in with one process.
+    // If any of our chains exists, `-N` fails and the kernel rejects the whole payload unchanged;
+    // only then is the state read and compared.
+    let first = if force {
+        None
+    } else {
+        match restore(backend, &restore_payload(plan)) {
+            Ok(()) => return Ok(Outcome::Applied),
+            Err(e) => Some(e),
+        }
+    };
     let installed = read_installed(backend)?;
     if installed.is_empty() {
-        restore(backend, &restore_payload(plan))?;
-        return Ok(Outcome::Applied);
+        return match first {
+            // Nothing of ours is there, so the kernel refused the rules themselves.
+            Some(e) => Err(e),
+            None => restore(backend, &restore_payload(plan)).map(|()| Outcome::Applied),
+        };
     }
     let same = matches_plan(backend, &installed, plan)?;
     if same && !force {
@@ -465,7 +481,13 @@ pub fn configure_routes(family: Family, tproxy: Option<(u32, u32)>) -> Result<()
         Family::V4 => "-4",
         Family::V6 => "-6",
     };
-    if family == Family::V6 {
+    let has_v6_passthrough = || {
+        std::fs::read_to_string("/proc/net/if_inet6").is_ok_and(|t| {
+            t.lines()
+                .any(|l| l.starts_with("00000000000000000000000000000006") && l.ends_with(" lo"))
+        })
+    };
+    if family == Family::V6 && !has_v6_passthrough() {
         let out = std::process::Command::new("ip")
             .args(["-6", "addr", "add", "::6/128", "dev", "lo"])
             .output()

@@ -175,37 +175,81 @@ pub fn run(cfg: &Config) -> Result<Report, Error> {
     Ok(report)
 }
 
+/// Applies one family: the detected backend, then its fallback if the kernel refused the
+/// payload on a clean namespace; then the routes the rules rely on.
+fn apply_family(cfg: &Config, backend: &apply::Backend, plan: &Plan) -> Result<Outcome, ApplyError> {
+    let outcome = match apply::apply_plan(backend, plan, cfg.force_apply, cfg.reconcile) {
+        Err(e @ ApplyError::Failed { .. }) => match apply::fallback(backend) {
+            Some(legacy) => apply::apply_plan(&legacy, plan, cfg.force_apply, cfg.reconcile)
+                .map_err(|_| e)?,
+            None => return Err(e),
+        },
+        other => other?,
+    };
+    let tproxy = (cfg.mode == InterceptionMode::Tproxy)
+        .then_some((cfg.tproxy_mark, cfg.tproxy_route_table));
+    apply::configure_routes(plan.family, tproxy)?;
+    Ok(outcome)
+}
+
+/// Applies all families at once (each is independent and atomic on its own); if IPv6 fails
+/// after IPv4 went in, the IPv4 rules of this run are removed again.
 fn apply_all(
     cfg: &Config,
     backends: &[apply::Backend],
     plans: &[Plan],
     report: &mut Report,
 ) -> Result<(), Error> {
-    let tproxy =
-        (cfg.mode == InterceptionMode::Tproxy).then_some((cfg.tproxy_mark, cfg.tproxy_route_table));
-    for (backend, plan) in backends.iter().zip(plans) {
-        let applied = apply::apply_plan(backend, plan, cfg.force_apply, cfg.reconcile)
-            .and_then(|o| apply::configure_routes(plan.family, tproxy).map(|()| o));
-        match applied {
+    let results: Vec<Result<Outcome, ApplyError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = backends
+            .iter()
+            .zip(plans)
+            .map(|(backend, plan)| scope.spawn(move || apply_family(cfg, backend, plan)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ApplyError::Failed {
+                        cmd: "apply".into(),
+                        code: None,
+                        stderr: "apply thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut v6_error = None;
+    let mut v4_error = None;
+    for (plan, result) in plans.iter().zip(results) {
+        match result {
             Ok(outcome) => report.outcomes.push((plan.family, outcome)),
-            Err(e) if plan.family == Family::V6 => {
-                // Never leave v4 captured and v6 open: undo what this run applied.
-                let rollback = match (&report.outcomes[..], backends.first(), plans.first()) {
-                    ([(Family::V4, Outcome::Applied)], Some(b), Some(p)) => {
-                        match apply::cleanup(b, Some(p)) {
-                            Ok(_) => ": IPv4 rules of this run removed".to_string(),
-                            Err(re) => format!(" (rollback failed: {re})"),
-                        }
-                    }
-                    ([(Family::V4, Outcome::Reconciled)], ..) => {
-                        " (IPv4 had been reconciled to the new config and stays)".to_string()
-                    }
-                    _ => " (nothing of this run to roll back)".to_string(),
-                };
-                return Err(Error::PartialApply { v6: e, rollback });
-            }
-            Err(e) => return Err(e.into()),
+            Err(e) if plan.family == Family::V6 => v6_error = Some(e),
+            Err(e) => v4_error = Some(e),
         }
+    }
+    if let Some(e) = v4_error {
+        // IPv4 failed: undo IPv6 if this run applied it, so no family is half-captured.
+        if let (Some((Family::V6, Outcome::Applied)), Some(b), Some(p)) =
+            (report.outcomes.first(), backends.get(1), plans.get(1))
+        {
+            let _ = apply::cleanup(b, Some(p));
+        }
+        return Err(e.into());
+    }
+    if let Some(v6) = v6_error {
+        // Never leave v4 captured and v6 open: undo what this run applied.
+        let rollback = match (&report.outcomes[..], backends.first(), plans.first()) {
+            ([(Family::V4, Outcome::Applied)], Some(b), Some(p)) => match apply::cleanup(b, Some(p)) {
+                Ok(_) => ": IPv4 rules of this run removed".to_string(),
+                Err(re) => format!(" failed: {re}"),
+            },
+            ([(Family::V4, Outcome::Reconciled)], ..) => {
+                " (IPv4 had been reconciled to the new config and stays)".to_string()
+            }
+            _ => " (nothing of this run to roll back)".to_string(),
+        };
+        return Err(Error::PartialApply { v6, rollback });
     }
     Ok(())
 }
