@@ -113,7 +113,10 @@ fn in_path(cmd: &str) -> bool {
 /// binary; `forced` ("legacy"/"nft") overrides the detection. Istio also probes each candidate by
 /// adding a rule; here the apply itself is the probe: it is atomic, and `fallback` gives the next
 /// candidate if the kernel refuses it.
-pub fn detect(family: Family, forced: Option<crate::config::ForcedBinary>) -> Result<Backend, ApplyError> {
+pub fn detect(
+    family: Family,
+    forced: Option<crate::config::ForcedBinary>,
+) -> Result<Backend, ApplyError> {
     use crate::config::ForcedBinary;
     let p = prefix(family);
     let candidate = |suffix: &str, legacy: bool| Backend {

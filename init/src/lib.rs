@@ -177,17 +177,22 @@ pub fn run(cfg: &Config) -> Result<Report, Error> {
 
 /// Applies one family: the detected backend, then its fallback if the kernel refused the
 /// payload on a clean namespace; then the routes the rules rely on.
-fn apply_family(cfg: &Config, backend: &apply::Backend, plan: &Plan) -> Result<Outcome, ApplyError> {
+fn apply_family(
+    cfg: &Config,
+    backend: &apply::Backend,
+    plan: &Plan,
+) -> Result<Outcome, ApplyError> {
     let outcome = match apply::apply_plan(backend, plan, cfg.force_apply, cfg.reconcile) {
         Err(e @ ApplyError::Failed { .. }) => match apply::fallback(backend) {
-            Some(legacy) => apply::apply_plan(&legacy, plan, cfg.force_apply, cfg.reconcile)
-                .map_err(|_| e)?,
+            Some(legacy) => {
+                apply::apply_plan(&legacy, plan, cfg.force_apply, cfg.reconcile).map_err(|_| e)?
+            }
             None => return Err(e),
         },
         other => other?,
     };
-    let tproxy = (cfg.mode == InterceptionMode::Tproxy)
-        .then_some((cfg.tproxy_mark, cfg.tproxy_route_table));
+    let tproxy =
+        (cfg.mode == InterceptionMode::Tproxy).then_some((cfg.tproxy_mark, cfg.tproxy_route_table));
     apply::configure_routes(plan.family, tproxy)?;
     Ok(outcome)
 }
@@ -240,10 +245,12 @@ fn apply_all(
     if let Some(v6) = v6_error {
         // Never leave v4 captured and v6 open: undo what this run applied.
         let rollback = match (&report.outcomes[..], backends.first(), plans.first()) {
-            ([(Family::V4, Outcome::Applied)], Some(b), Some(p)) => match apply::cleanup(b, Some(p)) {
-                Ok(_) => ": IPv4 rules of this run removed".to_string(),
-                Err(re) => format!(" failed: {re}"),
-            },
+            ([(Family::V4, Outcome::Applied)], Some(b), Some(p)) => {
+                match apply::cleanup(b, Some(p)) {
+                    Ok(_) => ": IPv4 rules of this run removed".to_string(),
+                    Err(re) => format!(" failed: {re}"),
+                }
+            }
             ([(Family::V4, Outcome::Reconciled)], ..) => {
                 " (IPv4 had been reconciled to the new config and stays)".to_string()
             }

@@ -1,5 +1,5 @@
 //! A tiny network probe for the capture tests, run inside pods.
-//!   netprobe listen PORT[,PORT..]   TCP on 0.0.0.0 and [::]; prints `accept port=P orig=A peer=A`
+//!   netprobe listen PORT[,PORT..]   TCP on 0.0.0.0 and [::]; prints `accept port=P orig=A local=A peer=A`
 //!                                   per connection (orig from SO_ORIGINAL_DST) and answers "hi\n"
 //!   netprobe udp-echo PORT          UDP on 0.0.0.0 and [::]; answers "echo PORT"
 //!   netprobe connect ADDR [COUNT]   TCP connects; exit 0 if every one is accepted and answered
@@ -29,21 +29,23 @@ fn original_dst(stream: &TcpStream) -> String {
                 let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
                 format!("{ip}:{}", u16::from_be(a.sin_port))
             })
-            .unwrap_or_else(|e| format!("error:{e}")),
+            .unwrap_or_else(|_| "none".to_string()),
         Ok(SocketAddr::V6(_)) => getsockopt(stream, sockopt::Ip6tOriginalDst)
             .map(|a| {
                 let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
                 format!("[{ip}]:{}", u16::from_be(a.sin6_port))
             })
-            .unwrap_or_else(|e| format!("error:{e}")),
-        Err(e) => format!("error:{e}"),
+            .unwrap_or_else(|_| "none".to_string()),
+        Err(_) => "none".to_string(),
     }
 }
 
 fn listen(ports: &str) -> std::io::Result<()> {
     let mut handles = Vec::new();
     for port in ports.split(',') {
-        let port: u16 = port.parse().map_err(|_| std::io::Error::other("bad port"))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|_| std::io::Error::other("bad port"))?;
         for ip in ["0.0.0.0", "::"] {
             let addr = SocketAddr::new(ip.parse().map_err(std::io::Error::other)?, port);
             let s = bind(addr, Type::STREAM)?;
@@ -51,8 +53,19 @@ fn listen(ports: &str) -> std::io::Result<()> {
             let listener: TcpListener = s.into();
             handles.push(std::thread::spawn(move || {
                 for mut stream in listener.incoming().flatten() {
-                    let peer = stream.peer_addr().map(|p| p.to_string()).unwrap_or_default();
-                    println!("accept port={port} orig={} peer={peer}", original_dst(&stream));
+                    let peer = stream
+                        .peer_addr()
+                        .map(|p| p.to_string())
+                        .unwrap_or_default();
+                    let local = stream
+                        .local_addr()
+                        .map(|p| p.to_string())
+                        .unwrap_or_default();
+                    // orig is `none` when the connection was not NATed in this namespace.
+                    println!(
+                        "accept port={port} orig={} local={local} peer={peer}",
+                        original_dst(&stream)
+                    );
                     let _ = std::io::stdout().flush();
                     let _ = stream.write_all(b"hi\n");
                 }
@@ -68,7 +81,9 @@ fn listen(ports: &str) -> std::io::Result<()> {
 }
 
 fn udp_echo(port: &str) -> std::io::Result<()> {
-    let port: u16 = port.parse().map_err(|_| std::io::Error::other("bad port"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| std::io::Error::other("bad port"))?;
     let mut handles = Vec::new();
     for ip in ["0.0.0.0", "::"] {
         let addr = SocketAddr::new(ip.parse().map_err(std::io::Error::other)?, port);
@@ -105,14 +120,20 @@ fn connect(addr: &str, count: usize) -> std::io::Result<()> {
     }
     println!("connects={count} failures={failures}");
     if failures > 0 {
-        return Err(std::io::Error::other(format!("{failures} of {count} connects failed")));
+        return Err(std::io::Error::other(format!(
+            "{failures} of {count} connects failed"
+        )));
     }
     Ok(())
 }
 
 fn udp(addr: &str) -> std::io::Result<()> {
     let addr: SocketAddr = addr.parse().map_err(std::io::Error::other)?;
-    let local = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let local = if addr.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
     let sock = UdpSocket::bind(local)?;
     sock.set_read_timeout(Some(Duration::from_secs(2)))?;
     sock.send_to(b"q", addr)?;
@@ -130,7 +151,9 @@ fn main() {
         "udp-echo" => udp_echo(arg(1)),
         "connect" => connect(arg(1), arg(2).parse().unwrap_or(1)),
         "udp" => udp(arg(1)),
-        _ => Err(std::io::Error::other("usage: netprobe listen|udp-echo|connect|udp ...")),
+        _ => Err(std::io::Error::other(
+            "usage: netprobe listen|udp-echo|connect|udp ...",
+        )),
     };
     if let Err(e) = result {
         eprintln!("netprobe: {e}");
