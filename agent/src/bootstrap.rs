@@ -145,7 +145,7 @@ pub fn render(cfg: &Config) -> Value {
             "lds_config": ads_source,
             "cds_config": ads_source,
             "ads_config": {
-                "api_type": "GRPC",
+                "api_type": if cfg.delta_xds { "DELTA_GRPC" } else { "GRPC" },
                 "set_node_on_first_message_only": true,
                 "transport_api_version": "V3",
                 "grpc_services": [{ "envoy_grpc": { "cluster_name": "xds-grpc" } }]

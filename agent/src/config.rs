@@ -17,6 +17,8 @@ pub mod env {
     pub const PROXY_CONFIG: &str = "PROXY_CONFIG";
     pub const ENVOY_USER: &str = "ENVOY_USER";
     pub const ISTIO_META_PREFIX: &str = "ISTIO_META_";
+    pub const ISTIO_METAJSON_PREFIX: &str = "ISTIO_METAJSON_";
+    pub const ISTIO_DELTA_XDS: &str = "ISTIO_DELTA_XDS";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +88,8 @@ pub struct Config {
     pub metadata: Vec<(String, String)>,
     /// uid/gid to run Envoy as when the agent is root.
     pub envoy_uid: u32,
+    /// Delta xDS (ISTIO_DELTA_XDS, default true) or state of the world.
+    pub delta_xds: bool,
 }
 
 /// Command-line options of `pilot-agent proxy` that reach the config.
@@ -239,6 +243,11 @@ impl Config {
         metadata.sort();
 
         let envoy_user = lookup(env::ENVOY_USER).unwrap_or_else(|| "istio-proxy".to_string());
+        let delta_xds = match lookup(env::ISTIO_DELTA_XDS).as_deref().map(str::trim) {
+            None | Some("") | Some("true") | Some("1") => true,
+            Some("false") | Some("0") => false,
+            Some(other) => return Err(err(env::ISTIO_DELTA_XDS, other, "true or false")),
+        };
         Ok(Config {
             proxy_type: args.proxy_type.clone(),
             dns_domain: args
@@ -275,6 +284,7 @@ impl Config {
             control_plane,
             metadata,
             envoy_uid: user_uid(&envoy_user).unwrap_or(1337),
+            delta_xds,
         })
     }
 

@@ -19,6 +19,24 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status, Streaming};
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+type DeltaResponseStream =
+    Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+/// Largest xDS message accepted or sent either way (Istio's agent allows MaxInt32).
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+
+/// Forwards a tonic request stream into a channel until the peer ends or errors.
+fn forward<T: Send + 'static>(mut from: Streaming<T>) -> tokio_stream::wrappers::ReceiverStream<T> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        while let Some(Ok(item)) = from.next().await {
+            if tx.send(item).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum XdsProxyError {
@@ -47,15 +65,40 @@ impl Upstream {
         match self {
             Upstream::Embedded(server) => Ok(Box::pin(server.stream(requests.map(Ok)))),
             Upstream::Remote(uri) => {
-                let mut client = AggregatedDiscoveryServiceClient::connect(uri.clone())
-                    .await
-                    .map_err(|e| Status::unavailable(format!("control plane {uri}: {e}")))?
-                    .max_decoding_message_size(usize::MAX);
+                let mut client = client(uri).await?;
                 let resp = client.stream_aggregated_resources(requests).await?;
                 Ok(Box::pin(resp.into_inner()))
             }
         }
     }
+
+    async fn open_delta<S>(&self, requests: S) -> Result<DeltaResponseStream, Status>
+    where
+        S: Stream<Item = DeltaDiscoveryRequest> + Send + 'static,
+    {
+        match self {
+            Upstream::Embedded(server) => Ok(Box::pin(server.delta_stream(requests.map(Ok)))),
+            Upstream::Remote(uri) => {
+                let mut client = client(uri).await?;
+                let resp = client.delta_aggregated_resources(requests).await?;
+                Ok(Box::pin(resp.into_inner()))
+            }
+        }
+    }
+}
+
+async fn client(
+    uri: &str,
+) -> Result<AggregatedDiscoveryServiceClient<tonic::transport::Channel>, Status> {
+    let channel = tonic::transport::Endpoint::from_shared(uri.to_string())
+        .map_err(|e| Status::invalid_argument(format!("control plane address {uri}: {e}")))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| Status::unavailable(format!("control plane {uri}: {e}")))?;
+    Ok(AggregatedDiscoveryServiceClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
 
 struct Proxy {
@@ -65,34 +108,27 @@ struct Proxy {
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for Proxy {
     type StreamAggregatedResourcesStream = ResponseStream;
-    type DeltaAggregatedResourcesStream =
-        Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+    type DeltaAggregatedResourcesStream = DeltaResponseStream;
 
     async fn stream_aggregated_resources(
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        tracing::info!("Envoy connected to the xDS proxy");
-        // Requests flow through as-is; the upstream side ends when Envoy closes its stream.
-        let mut downstream = request.into_inner();
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
-        tokio::spawn(async move {
-            while let Some(Ok(req)) = downstream.next().await {
-                if tx.send(req).await.is_err() {
-                    break;
-                }
-            }
-        });
-        let requests = tokio_stream::wrappers::ReceiverStream::new(rx);
-        let responses = self.upstream.open(requests).await?;
+        tracing::info!("Envoy connected to the xDS proxy (state of the world)");
+        let responses = self.upstream.open(forward(request.into_inner())).await?;
         Ok(Response::new(responses))
     }
 
     async fn delta_aggregated_resources(
         &self,
-        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Err(Status::unimplemented("delta xDS is not proxied yet"))
+        tracing::info!("Envoy connected to the xDS proxy (delta)");
+        let responses = self
+            .upstream
+            .open_delta(forward(request.into_inner()))
+            .await?;
+        Ok(Response::new(responses))
     }
 }
 
@@ -119,8 +155,8 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), XdsProxyError> {
     let service = AggregatedDiscoveryServiceServer::new(Proxy { upstream })
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX);
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)

@@ -29,6 +29,7 @@ use crate::push_context::PushContext;
 const PUSH_ORDER: [&str; 4] = [CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE];
 
 pub type ResponseStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+pub type DeltaResponseStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
 
 /// Counters of the server's ACK/NACK traffic, for tests and debugging.
 #[derive(Debug, Default)]
@@ -159,6 +160,59 @@ impl XdsServer {
         ReceiverStream::new(rx)
     }
 
+    /// Serves one Delta ADS stream: per type, Envoy's subscriptions and the version of each
+    /// resource it holds; a push sends only what changed, plus the names that went away.
+    pub fn delta_stream<S>(&self, requests: S) -> DeltaResponseStream
+    where
+        S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel(16);
+        let mut push_rx = self.push.clone();
+        let stats = self.stats.clone();
+        tokio::spawn(async move {
+            let mut requests = Box::pin(requests);
+            let mut conn = DeltaConnection::default();
+            loop {
+                let out: Vec<DeltaDiscoveryResponse> = tokio::select! {
+                    req = requests.next() => match req {
+                        Some(Ok(req)) => {
+                            let push = push_rx.borrow_and_update().clone();
+                            match conn.handle(&push, req, &stats) {
+                                Ok(out) => out.into_iter().collect(),
+                                Err(status) => {
+                                    let _ = tx.send(Err(status)).await;
+                                    return;
+                                }
+                            }
+                        }
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, "delta xds stream ended with error");
+                            return;
+                        }
+                        None => return,
+                    },
+                    changed = push_rx.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let push = push_rx.borrow_and_update().clone();
+                        PUSH_ORDER
+                            .iter()
+                            .filter_map(|t| conn.response(&push, t, false))
+                            .collect()
+                    }
+                };
+                for resp in out {
+                    stats.pushes.fetch_add(1, Ordering::Relaxed);
+                    if tx.send(Ok(resp)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        ReceiverStream::new(rx)
+    }
+
     /// The tonic service for serving this over gRPC.
     pub fn service(self) -> AggregatedDiscoveryServiceServer<AdsService> {
         AggregatedDiscoveryServiceServer::new(AdsService { server: self })
@@ -204,6 +258,150 @@ fn handle_request(
     Ok(conn.response(push, &req.type_url))
 }
 
+/// Types for which an empty subscription means "everything" (Envoy's legacy wildcard).
+fn wildcard_by_default(type_url: &str) -> bool {
+    matches!(type_url, CLUSTER_TYPE | LISTENER_TYPE)
+}
+
+/// A resource's version: a digest of its encoded bytes, so an unchanged resource is not resent.
+fn resource_version(resource: &envoy_types::pb::google::protobuf::Any) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    resource.value.hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+#[derive(Debug, Default)]
+struct DeltaWatch {
+    wildcard: bool,
+    names: std::collections::BTreeSet<String>,
+    /// What Envoy holds: name → version.
+    sent: HashMap<String, String>,
+    nonce_sent: String,
+    /// The first response for a type is sent even when empty, so Envoy's init completes.
+    responded: bool,
+}
+
+#[derive(Default)]
+struct DeltaConnection {
+    proxy: Option<Proxy>,
+    watches: HashMap<String, DeltaWatch>,
+    next_nonce: u64,
+}
+
+impl DeltaConnection {
+    fn handle(
+        &mut self,
+        push: &PushContext,
+        req: DeltaDiscoveryRequest,
+        stats: &XdsStats,
+    ) -> Result<Option<DeltaDiscoveryResponse>, Status> {
+        if self.proxy.is_none() {
+            let node = req
+                .node
+                .as_ref()
+                .ok_or_else(|| Status::invalid_argument("first request carries no node"))?;
+            let proxy = Proxy::from_node_id(&node.id)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            tracing::info!(proxy = %node.id, "delta xds stream connected");
+            self.proxy = Some(proxy);
+        }
+        let first = !self.watches.contains_key(&req.type_url);
+        let watch = self.watches.entry(req.type_url.clone()).or_default();
+        if first {
+            watch.wildcard =
+                wildcard_by_default(&req.type_url) && req.resource_names_subscribe.is_empty();
+            watch.sent = req.initial_resource_versions.clone().into_iter().collect();
+        }
+        if !req.response_nonce.is_empty() {
+            if req.response_nonce != watch.nonce_sent {
+                return Ok(None);
+            }
+            if let Some(err) = &req.error_detail {
+                stats.nacks.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(type_url = %req.type_url, error = %err.message, "proxy rejected config (NACK)");
+                return Ok(None);
+            }
+            stats.acks.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut changed = first;
+        for name in req.resource_names_subscribe {
+            if name == "*" {
+                changed |= !watch.wildcard;
+                watch.wildcard = true;
+            } else {
+                changed |= watch.names.insert(name);
+            }
+        }
+        for name in req.resource_names_unsubscribe {
+            if name == "*" {
+                watch.wildcard = false;
+            } else {
+                watch.names.remove(&name);
+            }
+            // Envoy dropped it; forget that it holds it so a resubscribe resends it.
+            watch.sent.remove(&name);
+        }
+        if !changed {
+            return Ok(None);
+        }
+        Ok(self.response(push, &req.type_url, true))
+    }
+
+    fn response(
+        &mut self,
+        push: &PushContext,
+        type_url: &str,
+        requested: bool,
+    ) -> Option<DeltaDiscoveryResponse> {
+        let proxy = self.proxy.as_ref()?;
+        let watch = self.watches.get_mut(type_url)?;
+        let names: Vec<String> = watch.names.iter().cloned().collect();
+        let generated = generate(push, proxy, type_url, &names)?;
+        let wanted = |name: &str| watch.wildcard || watch.names.contains(name);
+        let mut resources = Vec::new();
+        let mut present = std::collections::HashSet::new();
+        for named in generated.into_iter().filter(|n| wanted(&n.name)) {
+            present.insert(named.name.clone());
+            let version = resource_version(&named.resource);
+            if watch.sent.get(&named.name) != Some(&version) {
+                watch.sent.insert(named.name.clone(), version.clone());
+                resources.push(envoy_types::pb::envoy::service::discovery::v3::Resource {
+                    name: named.name,
+                    version,
+                    resource: Some(named.resource),
+                    ..Default::default()
+                });
+            }
+        }
+        let mut removed: Vec<String> = watch
+            .sent
+            .keys()
+            .filter(|n| !present.contains(*n))
+            .cloned()
+            .collect();
+        removed.sort();
+        for name in &removed {
+            watch.sent.remove(name);
+        }
+        if resources.is_empty() && removed.is_empty() && (watch.responded || !requested) {
+            return None;
+        }
+        watch.responded = true;
+        self.next_nonce += 1;
+        let nonce = format!("{}-{}", push.version, self.next_nonce);
+        watch.nonce_sent = nonce.clone();
+        Some(DeltaDiscoveryResponse {
+            system_version_info: push.version.clone(),
+            resources,
+            type_url: type_url.to_string(),
+            removed_resources: removed,
+            nonce,
+            ..Default::default()
+        })
+    }
+}
+
 /// The tonic adapter.
 pub struct AdsService {
     server: XdsServer,
@@ -224,10 +422,10 @@ impl AggregatedDiscoveryService for AdsService {
 
     async fn delta_aggregated_resources(
         &self,
-        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Err(Status::unimplemented(
-            "delta xDS is not served yet; use state-of-the-world ADS (api_type GRPC)",
-        ))
+        Ok(Response::new(Box::pin(
+            self.server.delta_stream(request.into_inner()),
+        )))
     }
 }

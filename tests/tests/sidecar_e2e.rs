@@ -68,7 +68,8 @@ fn capture(pod: &Pod) {
     );
 }
 
-fn start_agent(pod: &mut Pod, name: &str, config_dir: &Path) {
+/// `delta`: Delta xDS (Istio's default) or state of the world (ISTIO_DELTA_XDS=false).
+fn start_agent(pod: &mut Pod, name: &str, config_dir: &Path, delta: bool) {
     let agent = binary("pilot-agent");
     let ip = pod.ip.to_string();
     let config_dir = config_dir.to_str().unwrap().to_string();
@@ -83,6 +84,7 @@ fn start_agent(pod: &mut Pod, name: &str, config_dir: &Path) {
             ("SERVICE_ACCOUNT", name),
             ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
             ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
+            ("ISTIO_DELTA_XDS", if delta { "true" } else { "false" }),
         ],
         &[
             agent.to_str().unwrap(),
@@ -142,8 +144,9 @@ fn request_passes_through_both_sidecars() {
     for idx in [client, server] {
         capture(&net.pods[idx]);
     }
-    start_agent(&mut net.pods[client], "sleep", &config_dir);
-    start_agent(&mut net.pods[server], "httpbin", &config_dir);
+    // The client speaks state-of-the-world xDS, the server Delta: both paths are exercised.
+    start_agent(&mut net.pods[client], "sleep", &config_dir, false);
+    start_agent(&mut net.pods[server], "httpbin", &config_dir, true);
     for idx in [client, server] {
         let ready = net.pods[idx].wait_http_ok(
             "http://127.0.0.1:15021/healthz/ready",
@@ -173,6 +176,27 @@ fn request_passes_through_both_sidecars() {
         "server inbound listener saw no request\n{}",
         net.logs()
     );
+
+    // Every generated resource was accepted, over both protocols.
+    for idx in [client, server] {
+        for stat in [
+            "cluster_manager.cds.update_rejected",
+            "listener_manager.lds.update_rejected",
+        ] {
+            assert_eq!(
+                net.pods[idx].envoy_stat(stat).unwrap(),
+                0,
+                "{stat}\n{}",
+                net.logs()
+            );
+        }
+    }
+    assert!(
+        net.pods[client]
+            .logs_of("pilot-agent")
+            .contains("(state of the world)")
+    );
+    assert!(net.pods[server].logs_of("pilot-agent").contains("(delta)"));
 
     // The app's own traffic to the server, bypassing the VIP, is captured too (no escape).
     let direct = format!("http://{}:{PORT}/", net.pods[server].ip);
