@@ -1,7 +1,7 @@
 //! A minimal client for Envoy's admin API on loopback (stats for readiness, drain on shutdown).
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
@@ -14,6 +14,23 @@ pub enum AdminError {
 }
 
 async fn request(port: u16, method: hyper::Method, path: &str) -> Result<String, AdminError> {
+    let (status, body) = exchange(port, method, path, Bytes::new()).await?;
+    if status >= 400 {
+        return Err(AdminError::Status {
+            path: path.to_string(),
+            status,
+        });
+    }
+    Ok(body)
+}
+
+/// One HTTP/1.1 exchange with a local port: (status, body).
+pub async fn exchange(
+    port: u16,
+    method: hyper::Method,
+    path: &str,
+    body: Bytes,
+) -> Result<(u16, String), AdminError> {
     let unreachable = |reason: String| AdminError::Unreachable { port, reason };
     let stream = TcpStream::connect(("127.0.0.1", port))
         .await
@@ -26,7 +43,7 @@ async fn request(port: u16, method: hyper::Method, path: &str) -> Result<String,
         .method(method)
         .uri(path)
         .header(hyper::header::HOST, "localhost")
-        .body(Empty::<Bytes>::new())
+        .body(Full::new(body))
         .map_err(|e| unreachable(e.to_string()))?;
     let resp = sender
         .send_request(req)
@@ -39,13 +56,7 @@ async fn request(port: u16, method: hyper::Method, path: &str) -> Result<String,
         .await
         .map_err(|e| unreachable(e.to_string()))?
         .to_bytes();
-    if status >= 400 {
-        return Err(AdminError::Status {
-            path: path.to_string(),
-            status,
-        });
-    }
-    Ok(String::from_utf8_lossy(&body).into_owned())
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 pub async fn get(port: u16, path: &str) -> Result<String, AdminError> {

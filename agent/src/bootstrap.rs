@@ -97,6 +97,15 @@ fn node_metadata(cfg: &Config) -> Value {
     meta.insert("ENVOY_STATUS_PORT".into(), ENVOY_STATUS_PORT.into());
     meta.insert("ENVOY_PROMETHEUS_PORT".into(), PROMETHEUS_PORT.into());
     meta.insert("ISTIO_VERSION".into(), env!("CARGO_PKG_VERSION").into());
+    meta.insert("LABELS".into(), json!(cfg.labels));
+    meta.insert("ANNOTATIONS".into(), json!(cfg.annotations));
+    meta.insert("PROXY_CONFIG".into(), cfg.proxy_config_json.clone());
+    if cfg.exit_on_zero_active_connections {
+        meta.insert("EXIT_ON_ZERO_ACTIVE_CONNECTIONS".into(), "true".into());
+    }
+    for (k, v) in &cfg.metadata_json {
+        meta.insert(k.clone(), v.clone());
+    }
     Value::Object(meta)
 }
 

@@ -19,6 +19,10 @@ pub mod env {
     pub const ISTIO_META_PREFIX: &str = "ISTIO_META_";
     pub const ISTIO_METAJSON_PREFIX: &str = "ISTIO_METAJSON_";
     pub const ISTIO_DELTA_XDS: &str = "ISTIO_DELTA_XDS";
+    pub const EXIT_ON_ZERO_ACTIVE_CONNECTIONS: &str = "EXIT_ON_ZERO_ACTIVE_CONNECTIONS";
+    pub const MINIMUM_DRAIN_DURATION: &str = "MINIMUM_DRAIN_DURATION";
+    pub const ISTIO_CPU_LIMIT: &str = "ISTIO_CPU_LIMIT";
+    pub const ISTIO_BOOTSTRAP_OVERRIDE: &str = "ISTIO_BOOTSTRAP_OVERRIDE";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +43,7 @@ fn err(input: &str, value: &str, expected: &str) -> ConfigError {
 
 /// The subset of Istio's ProxyConfig we honour, in its YAML/JSON field names.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct ProxyConfigOverlay {
     config_path: Option<String>,
     binary_path: Option<String>,
@@ -54,6 +58,9 @@ struct ProxyConfigOverlay {
     stat_name_length: Option<u32>,
     proxy_metadata: Option<std::collections::BTreeMap<String, String>>,
 }
+
+/// ProxyConfig's default discoveryAddress.
+pub const DEFAULT_DISCOVERY_ADDRESS: &str = "istiod.istio-system.svc:15012";
 
 /// Where the agent gets xDS from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +97,29 @@ pub struct Config {
     pub envoy_uid: u32,
     /// Delta xDS (ISTIO_DELTA_XDS, default true) or state of the world.
     pub delta_xds: bool,
+    /// EXIT_ON_ZERO_ACTIVE_CONNECTIONS: on SIGTERM wait for connections to reach zero.
+    pub exit_on_zero_active_connections: bool,
+    /// MINIMUM_DRAIN_DURATION (5s).
+    pub minimum_drain_duration: Duration,
+    /// Pod labels (./etc/istio/pod/labels, without pod-template-hash, plus ISTIO_METAJSON_LABELS).
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Pod annotations (./etc/istio/pod/annotations).
+    pub annotations: std::collections::BTreeMap<String, String>,
+    /// `ISTIO_METAJSON_*` → metadata key with a JSON value.
+    pub metadata_json: Vec<(String, serde_json::Value)>,
+    /// The ProxyConfig fields set by the mesh config, PROXY_CONFIG and the annotation, merged.
+    pub proxy_config_json: serde_json::Value,
+    /// ISTIO_BOOTSTRAP_OVERRIDE: a YAML/JSON file merged over the bootstrap by Envoy (`--config-yaml`).
+    pub bootstrap_override: Option<serde_json::Value>,
+}
+
+fn parse_bool(name: &str, value: Option<String>, default: bool) -> Result<bool, ConfigError> {
+    match value.as_deref().map(str::trim) {
+        None | Some("") => Ok(default),
+        Some("true") | Some("1") | Some("True") | Some("TRUE") => Ok(true),
+        Some("false") | Some("0") | Some("False") | Some("FALSE") => Ok(false),
+        Some(other) => Err(err(name, other, "true or false")),
+    }
 }
 
 /// Command-line options of `pilot-agent proxy` that reach the config.
@@ -103,6 +133,22 @@ pub struct ProxyArgs {
     pub concurrency: Option<u32>,
     pub config_dir: Option<PathBuf>,
     pub mesh_config: Option<PathBuf>,
+    /// Directory of the downward-API files `labels` and `annotations` (./etc/istio/pod).
+    pub pod_info_dir: Option<PathBuf>,
+}
+
+/// Parses a Kubernetes downward-API file (`key="value"` per line, values Go-quoted).
+pub fn parse_downward_api(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|line| {
+            let (k, v) = line.split_once('=')?;
+            let v = v.trim();
+            let value = serde_json::from_str::<String>(v)
+                .unwrap_or_else(|_| v.trim_matches('"').to_string());
+            Some((k.trim().to_string(), value))
+        })
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
 }
 
 /// Parses Go-style durations: `45s`, `500ms`, `1m30s`, `1h`.
@@ -135,7 +181,63 @@ pub fn parse_duration(input: &str, raw: &str) -> Result<Duration, ConfigError> {
     Ok(Duration::from_secs_f64(total))
 }
 
-fn overlay(base: &mut ProxyConfigOverlay, input: &str, text: &str) -> Result<(), ConfigError> {
+/// ProxyConfig fields (istio/api mesh/v1alpha1/proxy.proto) the agent accepts without acting on
+/// them yet; anything else is a typo and rejected.
+const KNOWN_UNUSED_FIELDS: [&str; 29] = [
+    "parentShutdownDuration",
+    "discoveryRefreshDelay",
+    "zipkinAddress",
+    "statsdUdpAddress",
+    "envoyMetricsServiceAddress",
+    "availabilityZone",
+    "customConfigFile",
+    "proxyBootstrapTemplatePath",
+    "interceptionMode",
+    "tracing",
+    "sds",
+    "envoyAccessLogService",
+    "envoyMetricsService",
+    "runtimeValues",
+    "extraStatTags",
+    "gatewayTopology",
+    "meshId",
+    "readinessProbe",
+    "proxyStatsMatcher",
+    "holdApplicationUntilProxyStarts",
+    "caCertificatesPem",
+    "image",
+    "privateKeyProvider",
+    "proxyHeaders",
+    "fileFlushInterval",
+    "fileFlushMinSizeKb",
+    "tracingServiceName",
+    "clusterName",
+    "serviceClusterName",
+];
+
+const USED_FIELDS: [&str; 12] = [
+    "configPath",
+    "binaryPath",
+    "serviceCluster",
+    "drainDuration",
+    "terminationDrainDuration",
+    "proxyAdminPort",
+    "discoveryAddress",
+    "statusPort",
+    "concurrency",
+    "controlPlaneAuthPolicy",
+    "statNameLength",
+    "proxyMetadata",
+];
+
+/// Applies one ProxyConfig source over `base`, and records its raw fields in `merged` (which
+/// becomes the PROXY_CONFIG node metadata).
+fn overlay_into(
+    base: &mut ProxyConfigOverlay,
+    merged: &mut serde_json::Map<String, serde_json::Value>,
+    input: &str,
+    text: &str,
+) -> Result<(), ConfigError> {
     // A mesh config file wraps ProxyConfig in `defaultConfig`; PROXY_CONFIG is the bare object.
     let value: serde_json::Value =
         serde_yaml_ng::from_str(text).map_err(|e| err(input, &e.to_string(), "YAML or JSON"))?;
@@ -147,6 +249,22 @@ fn overlay(base: &mut ProxyConfigOverlay, input: &str, text: &str) -> Result<(),
     if value.is_null() {
         return Ok(());
     }
+    let Some(fields) = value.as_object() else {
+        return Err(err(input, text, "a ProxyConfig object"));
+    };
+    for key in fields.keys() {
+        if !USED_FIELDS.contains(&key.as_str()) && !KNOWN_UNUSED_FIELDS.contains(&key.as_str()) {
+            return Err(err(
+                input,
+                key,
+                "a ProxyConfig field (istio/api mesh/v1alpha1/proxy.proto)",
+            ));
+        }
+        if KNOWN_UNUSED_FIELDS.contains(&key.as_str()) {
+            tracing::warn!(field = %key, source = input, "ProxyConfig field accepted but not acted on yet");
+        }
+    }
+    merged.extend(fields.clone());
     let o: ProxyConfigOverlay = serde_json::from_value(value)
         .map_err(|e| err(input, &e.to_string(), "a ProxyConfig with supported fields"))?;
     macro_rules! take {
@@ -194,19 +312,87 @@ impl Config {
             None => vec![IpAddr::from([127, 0, 0, 1])],
         };
 
+        let read_pod_file = |name: &str| {
+            args.pod_info_dir
+                .as_ref()
+                .and_then(|d| std::fs::read_to_string(d.join(name)).ok())
+                .map(|t| parse_downward_api(&t))
+                .unwrap_or_default()
+        };
+        let mut labels = read_pod_file("labels");
+        labels.remove("pod-template-hash");
+        let annotations = read_pod_file("annotations");
+
+        // Overlay order as Istio's: mesh config file, PROXY_CONFIG, the pod annotation.
         let mut pc = ProxyConfigOverlay::default();
+        let mut merged = serde_json::Map::new();
         if let Some(path) = &args.mesh_config
             && let Ok(text) = std::fs::read_to_string(path)
         {
-            overlay(
-                &mut pc,
-                &format!("meshConfig file {}", path.display()),
-                &text,
-            )?;
+            let input = format!("meshConfig file {}", path.display());
+            overlay_into(&mut pc, &mut merged, &input, &text)?;
         }
         if let Some(text) = lookup(env::PROXY_CONFIG) {
-            overlay(&mut pc, &format!("env {}", env::PROXY_CONFIG), &text)?;
+            let input = format!("env {}", env::PROXY_CONFIG);
+            overlay_into(&mut pc, &mut merged, &input, &text)?;
         }
+        if let Some(text) = annotations.get("proxy.istio.io/config") {
+            overlay_into(
+                &mut pc,
+                &mut merged,
+                "annotation proxy.istio.io/config",
+                text,
+            )?;
+        }
+        if let Some(addr) = annotations.get("sidecar.istio.io/discoveryAddress") {
+            pc.discovery_address = Some(addr.clone());
+        }
+        if let Some(port) = annotations.get("status.sidecar.istio.io/port") {
+            pc.status_port = Some(port.parse().map_err(|_| {
+                err(
+                    "annotation status.sidecar.istio.io/port",
+                    port,
+                    "a port number",
+                )
+            })?);
+        }
+        let mut metadata_json = Vec::new();
+        for (k, v) in env_vars {
+            if let Some(key) = k.strip_prefix(env::ISTIO_METAJSON_PREFIX) {
+                let value: serde_json::Value =
+                    serde_json::from_str(v).map_err(|_| err(k, v, "a JSON value"))?;
+                if key == "LABELS"
+                    && let Some(obj) = value.as_object()
+                {
+                    for (lk, lv) in obj {
+                        labels.insert(lk.clone(), lv.as_str().unwrap_or_default().to_string());
+                    }
+                } else {
+                    metadata_json.push((key.to_string(), value));
+                }
+            }
+        }
+        metadata_json.sort_by(|a, b| a.0.cmp(&b.0));
+        let bootstrap_override = match lookup(env::ISTIO_BOOTSTRAP_OVERRIDE) {
+            Some(path) if !path.is_empty() => {
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    err(
+                        env::ISTIO_BOOTSTRAP_OVERRIDE,
+                        &path,
+                        &format!("a readable file ({e})"),
+                    )
+                })?;
+                let value: serde_json::Value = serde_yaml_ng::from_str(&text).map_err(|e| {
+                    err(
+                        env::ISTIO_BOOTSTRAP_OVERRIDE,
+                        &path,
+                        &format!("a YAML or JSON bootstrap fragment ({e})"),
+                    )
+                })?;
+                Some(value)
+            }
+            _ => None,
+        };
 
         let duration = |field: &str, v: &Option<String>, default: u64| match v {
             Some(raw) => parse_duration(&format!("ProxyConfig.{field}"), raw),
@@ -219,13 +405,10 @@ impl Config {
             (None, Some(addr)) => ControlPlaneSource::Remote {
                 address: addr.clone(),
             },
-            (None, None) => {
-                return Err(err(
-                    "--configDir / ProxyConfig.discoveryAddress",
-                    "",
-                    "a config directory for the embedded control plane, or a discoveryAddress",
-                ));
-            }
+            // Istio's default discoveryAddress.
+            (None, None) => ControlPlaneSource::Remote {
+                address: DEFAULT_DISCOVERY_ADDRESS.to_string(),
+            },
         };
 
         let mut metadata: Vec<(String, String)> = env_vars
@@ -243,10 +426,24 @@ impl Config {
         metadata.sort();
 
         let envoy_user = lookup(env::ENVOY_USER).unwrap_or_else(|| "istio-proxy".to_string());
-        let delta_xds = match lookup(env::ISTIO_DELTA_XDS).as_deref().map(str::trim) {
-            None | Some("") | Some("true") | Some("1") => true,
-            Some("false") | Some("0") => false,
-            Some(other) => return Err(err(env::ISTIO_DELTA_XDS, other, "true or false")),
+        let delta_xds = parse_bool(env::ISTIO_DELTA_XDS, lookup(env::ISTIO_DELTA_XDS), true)?;
+        let exit_on_zero_active_connections = parse_bool(
+            env::EXIT_ON_ZERO_ACTIVE_CONNECTIONS,
+            lookup(env::EXIT_ON_ZERO_ACTIVE_CONNECTIONS),
+            false,
+        )?;
+        let minimum_drain_duration = match lookup(env::MINIMUM_DRAIN_DURATION) {
+            Some(raw) => parse_duration(env::MINIMUM_DRAIN_DURATION, &raw)?,
+            None => Duration::from_secs(5),
+        };
+        // Concurrency: the flag, then ProxyConfig, then ISTIO_CPU_LIMIT (as Istio).
+        let cpu_limit = match lookup(env::ISTIO_CPU_LIMIT) {
+            Some(raw) if !raw.trim().is_empty() => Some(
+                raw.trim()
+                    .parse::<u32>()
+                    .map_err(|_| err(env::ISTIO_CPU_LIMIT, &raw, "a whole number of CPUs"))?,
+            ),
+            _ => None,
         };
         Ok(Config {
             proxy_type: args.proxy_type.clone(),
@@ -278,13 +475,24 @@ impl Config {
             )?,
             admin_port: pc.proxy_admin_port.unwrap_or(15000),
             status_port: pc.status_port.unwrap_or(15020),
-            concurrency: args.concurrency.filter(|c| *c > 0).or(pc.concurrency),
+            concurrency: args
+                .concurrency
+                .filter(|c| *c > 0)
+                .or(pc.concurrency)
+                .or(cpu_limit.filter(|c| *c > 0)),
             proxy_log_level: args.proxy_log_level.clone(),
             proxy_component_log_level: args.proxy_component_log_level.clone(),
             control_plane,
             metadata,
             envoy_uid: user_uid(&envoy_user).unwrap_or(1337),
             delta_xds,
+            exit_on_zero_active_connections,
+            minimum_drain_duration,
+            labels,
+            annotations,
+            metadata_json,
+            proxy_config_json: serde_json::Value::Object(merged),
+            bootstrap_override,
         })
     }
 
@@ -379,8 +587,73 @@ mod tests {
         assert_eq!(e.input, "ProxyConfig.drainDuration");
         let e = cfg(&[("PROXY_CONFIG", "bogusField: 1")], embedded()).unwrap_err();
         assert_eq!(e.input, "env PROXY_CONFIG");
-        let e = cfg(&[], ProxyArgs::default()).unwrap_err();
-        assert!(e.to_string().contains("discoveryAddress"));
+        assert_eq!(e.value, "bogusField");
+        let e = cfg(
+            &[("PROXY_CONFIG", "{\"drainDurationz\": \"1s\"}")],
+            embedded(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("drainDurationz"), "{e}");
+        let e = cfg(&[("ISTIO_METAJSON_X", "{not json")], embedded()).unwrap_err();
+        assert_eq!(e.input, "ISTIO_METAJSON_X");
+        // Fields of Istio's ProxyConfig that we do not act on are accepted.
+        assert!(
+            cfg(
+                &[("PROXY_CONFIG", "holdApplicationUntilProxyStarts: true")],
+                embedded()
+            )
+            .is_ok()
+        );
+        // Without --configDir the agent goes to Istio's default istiod address.
+        let c = cfg(&[], ProxyArgs::default()).unwrap();
+        assert_eq!(
+            c.control_plane,
+            ControlPlaneSource::Remote {
+                address: DEFAULT_DISCOVERY_ADDRESS.into()
+            }
+        );
+    }
+
+    #[test]
+    fn pod_annotations_overlay_proxy_config_last() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("annotations"),
+            "proxy.istio.io/config=\"terminationDrainDuration: 7s\\nconcurrency: 3\"\nsidecar.istio.io/discoveryAddress=\"cp:15010\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("labels"),
+            "app=\"web\"\npod-template-hash=\"abc\"\n",
+        )
+        .unwrap();
+        let args = ProxyArgs {
+            pod_info_dir: Some(dir.path().to_path_buf()),
+            ..ProxyArgs::default()
+        };
+        let c = cfg(
+            &[
+                (
+                    "PROXY_CONFIG",
+                    "{\"terminationDrainDuration\": \"2s\", \"concurrency\": 1}",
+                ),
+                ("ISTIO_METAJSON_LABELS", "{\"version\": \"v1\"}"),
+            ],
+            args,
+        )
+        .unwrap();
+        assert_eq!(c.termination_drain_duration, Duration::from_secs(7));
+        assert_eq!(c.concurrency, Some(3));
+        assert_eq!(
+            c.control_plane,
+            ControlPlaneSource::Remote {
+                address: "cp:15010".into()
+            }
+        );
+        assert_eq!(c.labels.get("app").map(String::as_str), Some("web"));
+        assert_eq!(c.labels.get("version").map(String::as_str), Some("v1"));
+        assert!(!c.labels.contains_key("pod-template-hash"));
+        assert_eq!(c.proxy_config_json["concurrency"], 3);
     }
 
     #[test]

@@ -56,11 +56,15 @@ pub fn args(cfg: &Config, bootstrap: &Path) -> Vec<String> {
     if let Some(c) = cfg.concurrency {
         a.extend(["--concurrency".into(), c.to_string()]);
     }
+    if let Some(o) = &cfg.bootstrap_override {
+        a.extend(["--config-yaml".into(), o.to_string()]);
+    }
     a
 }
 
 /// Starts Envoy. As root, Envoy runs as `cfg.envoy_uid` (gid the same, supplementary groups
-/// cleared), as in Kubernetes where the proxy container runs as 1337.
+/// cleared), as in Kubernetes where the proxy container runs as 1337. Envoy is killed if the
+/// agent dies, so it is never left orphaned.
 pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
     let mut cmd = Command::new(&cfg.binary_path);
     cmd.args(args(cfg, bootstrap))
@@ -69,6 +73,16 @@ pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
     if nix::unistd::geteuid().is_root() {
         cmd.uid(cfg.envoy_uid).gid(cfg.envoy_uid);
     }
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which is
+    // async-signal-safe; it allocates nothing and touches no lock. It runs after the uid change,
+    // which would otherwise clear the parent-death signal.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
     tracing::info!(binary = %cfg.binary_path.display(), args = ?args(cfg, bootstrap), "starting Envoy");
     cmd.spawn().map_err(|source| EnvoyError::Spawn {
         binary: cfg.binary_path.display().to_string(),
@@ -76,16 +90,88 @@ pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
     })
 }
 
-/// Istio's sidecar shutdown: drain inbound listeners gracefully, wait the termination drain
-/// duration, then stop Envoy.
-pub async fn drain_and_stop(child: &mut Child, admin_port: u16, drain: Duration) {
-    let drained = crate::admin::post(admin_port, "/drain_listeners?inboundonly&graceful").await;
-    if let Err(e) = drained {
-        tracing::warn!(error = %e, "could not ask Envoy to drain");
+/// How the agent waits for connections to drain on a graceful stop.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainPolicy {
+    /// terminationDrainDuration (5s).
+    pub termination: Duration,
+    /// EXIT_ON_ZERO_ACTIVE_CONNECTIONS: wait for active connections to reach 0 instead.
+    pub exit_on_zero_active: bool,
+    /// MINIMUM_DRAIN_DURATION (5s): the wait before counting connections.
+    pub minimum: Duration,
+    /// Upper bound of the wait for zero connections (drainDuration, 45s).
+    pub maximum: Duration,
+}
+
+/// Active downstream connections on Envoy's traffic listeners (not admin, stats or readiness).
+pub async fn active_connections(admin_port: u16) -> Result<u64, crate::admin::AdminError> {
+    let stats =
+        crate::admin::get(admin_port, "/stats?usedonly&filter=downstream_cx_active%24").await?;
+    Ok(crate::admin::parse_stats(&stats)
+        .into_iter()
+        .filter(|(name, _)| {
+            name.starts_with("listener.")
+                && !name.contains("worker_")
+                && !name.starts_with("listener.envoy_internal_")
+                && !name.starts_with("listener.0.0.0.0_15021")
+                && !name.starts_with("listener.0.0.0.0_15090")
+                && !name.starts_with("listener.admin")
+        })
+        .map(|(_, v)| v)
+        .sum())
+}
+
+async fn wait_for_zero_connections(admin_port: u16, policy: DrainPolicy) {
+    tokio::time::sleep(policy.minimum).await;
+    let deadline = tokio::time::Instant::now() + policy.maximum;
+    let mut errors = 0;
+    while tokio::time::Instant::now() < deadline {
+        match active_connections(admin_port).await {
+            Ok(0) => return,
+            Ok(n) => {
+                errors = 0;
+                tracing::info!(active = n, "waiting for connections to drain");
+            }
+            Err(e) => {
+                errors += 1;
+                if errors >= 5 {
+                    tracing::warn!(error = %e, "cannot read Envoy's connection count; stopping");
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    tokio::select! {
-        _ = tokio::time::sleep(drain) => {}
-        _ = child.wait() => return,
+}
+
+/// Stops Envoy. Graceful (Istio's sidecar shutdown): drain inbound listeners, then wait the
+/// termination drain duration (or for zero active connections), then stop. An immediate request
+/// arriving meanwhile cuts the wait short.
+pub async fn stop(
+    child: &mut Child,
+    admin_port: u16,
+    how: crate::drain::Shutdown,
+    policy: DrainPolicy,
+    drain: &crate::drain::Drain,
+) {
+    if how == crate::drain::Shutdown::Graceful {
+        if let Err(e) =
+            crate::admin::post(admin_port, "/drain_listeners?inboundonly&graceful").await
+        {
+            tracing::warn!(error = %e, "could not ask Envoy to drain");
+        }
+        let wait = async {
+            if policy.exit_on_zero_active {
+                wait_for_zero_connections(admin_port, policy).await;
+            } else {
+                tokio::time::sleep(policy.termination).await;
+            }
+        };
+        tokio::select! {
+            _ = wait => {}
+            _ = drain.immediate() => {}
+            _ = child.wait() => return,
+        }
     }
     if let Err(e) = child.kill().await {
         tracing::warn!(error = %e, "could not stop Envoy");

@@ -61,7 +61,7 @@ fn listen_for_signals(drain: Drain) {
             _ = term.recv() => tracing::info!("SIGTERM received"),
             _ = int.recv() => tracing::info!("SIGINT received"),
         }
-        drain.trigger();
+        drain.trigger(drain::Shutdown::Graceful);
     });
 }
 
@@ -101,8 +101,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             })?;
     tokio::spawn(status::serve(
         status_listener,
-        cfg.admin_port,
-        drain.clone(),
+        status::State::new(&cfg, drain.clone()),
     ));
 
     let as_root = nix::unistd::geteuid().is_root();
@@ -125,13 +124,19 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
                 source: e,
             })),
         },
-        _ = drain.triggered() => {
-            tracing::info!(wait = ?cfg.termination_drain_duration, "draining Envoy");
-            envoy::drain_and_stop(&mut child, cfg.admin_port, cfg.termination_drain_duration).await;
+        how = drain.triggered() => {
+            tracing::info!(?how, wait = ?cfg.termination_drain_duration, "stopping Envoy");
+            let policy = envoy::DrainPolicy {
+                termination: cfg.termination_drain_duration,
+                exit_on_zero_active: cfg.exit_on_zero_active_connections,
+                minimum: cfg.minimum_drain_duration,
+                maximum: cfg.drain_duration,
+            };
+            envoy::stop(&mut child, cfg.admin_port, how, policy, &drain).await;
             Ok(())
         }
     };
-    drain.trigger();
+    drain.trigger(drain::Shutdown::Immediate);
     drain.finish();
     let _ = xds_task.await;
     let _ = std::fs::remove_file(&bootstrap_path);

@@ -69,8 +69,80 @@ enum Command {
         #[arg(long = "periodMillis", default_value_t = 500)]
         period_millis: u64,
     },
+    /// Send an HTTP request to a local admin port (Envoy 15000 by default), as Istio's
+    /// `pilot-agent request <method> <path> [body]`.
+    Request {
+        method: String,
+        path: String,
+        body: Option<String>,
+        #[arg(long = "debug-port", default_value_t = 15000)]
+        debug_port: u16,
+    },
     /// Print the version.
     Version,
+}
+
+/// Ports `request` may talk to (Envoy admin, agent status, Envoy readiness, debug), as Istio's.
+const REQUEST_PORTS: [u16; 4] = [15000, 15020, 15021, 15004];
+
+async fn request(method: &str, path: &str, body: Option<String>, port: u16) -> anyhow::Result<()> {
+    if !REQUEST_PORTS.contains(&port) {
+        anyhow::bail!("--debug-port {port}: expected one of {REQUEST_PORTS:?}");
+    }
+    let method =
+        hyper::Method::from_bytes(method.to_ascii_uppercase().as_bytes()).map_err(|_| {
+            anyhow::anyhow!("method {method:?}: expected an HTTP method such as GET or POST")
+        })?;
+    let path = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("/{path}")
+    };
+    let body = bytes::Bytes::from(body.unwrap_or_default());
+    let (status, text) = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        pilot_agent::admin::exchange(port, method, &path, body),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("no answer from localhost:{port} within 60s"))??;
+    print!("{text}");
+    if status > 399 && status != 404 {
+        anyhow::bail!("localhost:{port}{path} answered {status}");
+    }
+    Ok(())
+}
+
+/// Istio's pilot-agent ignores flags it does not know (a newer injector may pass more). Drops
+/// them from `proxy`'s arguments with a warning: `--x=y`, or `--x` and a value that follows it.
+fn drop_unknown_proxy_flags(argv: Vec<String>) -> Vec<String> {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let Some(proxy) = cmd.find_subcommand("proxy") else {
+        return argv;
+    };
+    let known: Vec<String> = proxy
+        .get_arguments()
+        .chain(cmd.get_arguments())
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .chain(["--help".to_string(), "-h".to_string()])
+        .collect();
+    if argv.get(1).map(String::as_str) != Some("proxy") {
+        return argv;
+    }
+    let mut out = Vec::with_capacity(argv.len());
+    let mut iter = argv.into_iter().peekable();
+    while let Some(arg) = iter.next() {
+        let name = arg.split('=').next().unwrap_or_default().to_string();
+        if arg.starts_with("--") && !known.contains(&name) {
+            eprintln!("pilot-agent: warning: ignoring unknown flag {name}");
+            if !arg.contains('=') && iter.peek().is_some_and(|next| !next.starts_with('-')) {
+                iter.next();
+            }
+            continue;
+        }
+        out.push(arg);
+    }
+    out
 }
 
 fn uid_of(user: &str) -> Option<u32> {
@@ -119,7 +191,7 @@ async fn wait(url: &str, timeout: u64, period: u64) -> anyhow::Result<()> {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(drop_unknown_proxy_flags(std::env::args().collect()));
     if let Command::IstioIptables { args } = &cli.command {
         let mut argv = vec!["istio-iptables".to_string()];
         argv.extend(args.iter().cloned());
@@ -169,6 +241,7 @@ fn main() {
                     concurrency,
                     config_dir,
                     mesh_config: Some(mesh_config),
+                    pod_info_dir: Some(PathBuf::from("./etc/istio/pod")),
                 };
                 let env: Vec<(String, String)> = std::env::vars().collect();
                 let cfg = Config::from_env(&args, &|k| std::env::var(k).ok(), &env, &uid_of)?;
@@ -180,6 +253,12 @@ fn main() {
                 timeout_seconds,
                 period_millis,
             } => wait(&url, timeout_seconds, period_millis).await,
+            Command::Request {
+                method,
+                path,
+                body,
+                debug_port,
+            } => request(&method, &path, body, debug_port).await,
             Command::Version => {
                 println!("pilot-agent {}", env!("CARGO_PKG_VERSION"));
                 Ok(())
@@ -188,7 +267,7 @@ fn main() {
         }
     });
     if let Err(e) = result {
-        eprintln!("pilot-agent: {e:#}");
+        eprintln!("pilot-agent: {e}");
         std::process::exit(ERROR_CODE);
     }
 }

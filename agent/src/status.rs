@@ -13,11 +13,11 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use crate::admin;
-use crate::drain::Drain;
+use crate::drain::{Drain, Shutdown};
 
 /// Why the proxy is not ready, as the 503 body names it.
 pub async fn readiness(admin_port: u16, drain: &Drain) -> Result<(), String> {
-    if drain.is_triggered() {
+    if drain.is_draining() {
         return Err("the proxy is shutting down".into());
     }
     let filter = admin::encode_query(
@@ -64,9 +64,22 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     r
 }
 
-struct State {
+/// What the status server needs: Envoy's admin port, the shutdown trigger, and the agent's
+/// parsed config for `/debug/config`.
+pub struct State {
     admin_port: u16,
     drain: Drain,
+    config_dump: String,
+}
+
+impl State {
+    pub fn new(cfg: &crate::config::Config, drain: Drain) -> State {
+        State {
+            admin_port: cfg.admin_port,
+            drain,
+            config_dump: format!("{cfg:#?}\n"),
+        }
+    }
 }
 
 async fn handle(
@@ -80,12 +93,28 @@ async fn handle(
             Ok(()) => text(StatusCode::OK, ""),
             Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, why),
         },
-        (_, "/quitquitquit") if !local => text(StatusCode::FORBIDDEN, "only from localhost\n"),
+        (_, "/quitquitquit" | "/drain") | (_, "/debug/config") if !local => {
+            text(StatusCode::FORBIDDEN, "only from localhost\n")
+        }
         (&Method::POST, "/quitquitquit") => {
-            state.drain.trigger();
+            state.drain.trigger(Shutdown::Immediate);
             text(StatusCode::OK, "")
         }
-        (_, "/quitquitquit") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
+        (&Method::POST, "/drain") => {
+            // Drain for good and never exit on Envoy's side; the later SIGTERM stops at once.
+            state.drain.mark_drained();
+            match admin::post(
+                state.admin_port,
+                "/drain_listeners?inboundonly&graceful&skip_exit",
+            )
+            .await
+            {
+                Ok(_) => text(StatusCode::OK, ""),
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+            }
+        }
+        (_, "/quitquitquit" | "/drain") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
+        (&Method::GET, "/debug/config") => text(StatusCode::OK, state.config_dump.clone()),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }
@@ -96,11 +125,9 @@ pub async fn bind(port: u16) -> std::io::Result<TcpListener> {
 }
 
 /// Serves until the drain completes.
-pub async fn serve(listener: TcpListener, admin_port: u16, drain: Drain) {
-    let state = Arc::new(State {
-        admin_port,
-        drain: drain.clone(),
-    });
+pub async fn serve(listener: TcpListener, state: State) {
+    let drain = state.drain.clone();
+    let state = Arc::new(state);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
