@@ -152,6 +152,27 @@ fn uid_of(user: &str) -> Option<u32> {
         .map(|u| u.uid.as_raw())
 }
 
+/// Started as root (VMs, tests), the agent takes the proxy's group as its effective group, as
+/// Istio's VM package does with a setgid pilot-agent: its own connections (to the control plane,
+/// upstream DNS) then match istio-iptables' `--gid-owner` bypass instead of being captured.
+/// Done before any thread exists, so every thread has it.
+fn run_with_proxy_gid() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let user = std::env::var("ENVOY_USER").unwrap_or_else(|_| "istio-proxy".to_string());
+    let gid = nix::unistd::User::from_name(&user)
+        .ok()
+        .flatten()
+        .map(|u| u.gid)
+        .unwrap_or_else(|| nix::unistd::Gid::from_raw(1337));
+    if let Err(e) = nix::unistd::setegid(gid) {
+        eprintln!(
+            "pilot-agent: warning: cannot take group {gid} ({e}); the agent's own traffic may be captured"
+        );
+    }
+}
+
 fn init_logging(level: Option<&str>) {
     // Istio's `scope:level` list; `default:<level>` becomes our default.
     let default = level
@@ -208,6 +229,9 @@ fn main() {
         std::process::exit(code);
     }
     init_logging(cli.log_output_level.as_deref());
+    if matches!(cli.command, Command::Proxy { .. }) {
+        run_with_proxy_gid();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

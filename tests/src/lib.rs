@@ -281,6 +281,10 @@ impl Pod {
     }
 
     /// The captured output of the process `name` so far.
+    pub fn has_proc(&self, name: &str) -> bool {
+        self.procs.iter().any(|p| p.name == name)
+    }
+
     pub fn logs_of(&self, name: &str) -> String {
         self.procs
             .iter()

@@ -68,11 +68,33 @@ fn capture(pod: &Pod) {
     );
 }
 
+/// Where an agent gets its config: the embedded control plane on a directory, or a remote
+/// `istiod-core serve` address.
+enum Upstream<'a> {
+    Embedded(&'a Path),
+    Remote(&'a str),
+}
+
 /// `delta`: Delta xDS (Istio's default) or state of the world (ISTIO_DELTA_XDS=false).
 fn start_agent(pod: &mut Pod, name: &str, config_dir: &Path, delta: bool) {
+    start_agent_with(pod, name, Upstream::Embedded(config_dir), delta, "1s");
+}
+
+fn start_agent_with(pod: &mut Pod, name: &str, upstream: Upstream, delta: bool, drain: &str) {
     let agent = binary("pilot-agent");
     let ip = pod.ip.to_string();
-    let config_dir = config_dir.to_str().unwrap().to_string();
+    let (config_dir, proxy_config) = match upstream {
+        Upstream::Embedded(dir) => (
+            Some(dir.to_str().unwrap().to_string()),
+            format!("{{\"terminationDrainDuration\": \"{drain}\"}}"),
+        ),
+        Upstream::Remote(addr) => (
+            None,
+            format!(
+                "{{\"terminationDrainDuration\": \"{drain}\", \"discoveryAddress\": \"{addr}\"}}"
+            ),
+        ),
+    };
     pod.spawn(
         "pilot-agent",
         0,
@@ -83,7 +105,7 @@ fn start_agent(pod: &mut Pod, name: &str, config_dir: &Path, delta: bool) {
             ("INSTANCE_IP", &ip),
             ("SERVICE_ACCOUNT", name),
             ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
-            ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
+            ("PROXY_CONFIG", &proxy_config),
             ("ISTIO_DELTA_XDS", if delta { "true" } else { "false" }),
         ],
         &[
@@ -95,9 +117,16 @@ fn start_agent(pod: &mut Pod, name: &str, config_dir: &Path, delta: bool) {
             "--proxyLogLevel=warning",
             "--proxyComponentLogLevel=misc:error",
             "--log_output_level=default:info",
-            "--configDir",
-            &config_dir,
-        ],
+        ]
+        .into_iter()
+        .chain(
+            config_dir
+                .as_deref()
+                .map(|d| ["--configDir", d])
+                .into_iter()
+                .flatten(),
+        )
+        .collect::<Vec<_>>(),
     )
     .unwrap();
 }
@@ -221,6 +250,240 @@ fn request_passes_through_both_sidecars() {
         assert!(
             left.is_empty(),
             "Envoy still running after agent exit: {left:?}"
+        );
+    }
+}
+
+/// A two-pod mesh (client 10.233.0.2, server 10.233.0.3 with `app` on :8000) with capture on.
+fn mesh(app: &[&str]) -> (Network, std::path::PathBuf) {
+    let mut net = Network::new().unwrap();
+    net.add_pod("client", 2).unwrap();
+    net.add_pod("server", 3).unwrap();
+    let config_dir = net.dir().join("mesh");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    mesh_config(&config_dir, &net.pods[1].ip.to_string());
+    net.pods[1]
+        .spawn("app", APP_UID, APP_UID, &[], app)
+        .unwrap();
+    for idx in [0, 1] {
+        capture(&net.pods[idx]);
+    }
+    (net, config_dir)
+}
+
+fn wait_ready(net: &Network) {
+    for pod in net.pods.iter().filter(|p| p.has_proc("pilot-agent")) {
+        let ready = pod.wait_http_ok(
+            "http://127.0.0.1:15021/healthz/ready",
+            Duration::from_secs(60),
+        );
+        assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
+    }
+}
+
+const SLOW_APP: &str = r#"
+import http.server, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(float(self.path.strip('/') or 0))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'done')
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(('0.0.0.0', 8000), H).serve_forever()
+"#;
+
+#[test]
+fn sigterm_lets_an_inflight_request_finish() {
+    if !require_root("sigterm_lets_an_inflight_request_finish")
+        || !require_envoy("sigterm_lets_an_inflight_request_finish")
+    {
+        return;
+    }
+    let (mut net, config_dir) = mesh(&["/usr/bin/python3", "-c", SLOW_APP]);
+    start_agent_with(
+        &mut net.pods[0],
+        "sleep",
+        Upstream::Embedded(&config_dir),
+        true,
+        "5s",
+    );
+    start_agent_with(
+        &mut net.pods[1],
+        "httpbin",
+        Upstream::Embedded(&config_dir),
+        true,
+        "5s",
+    );
+    wait_ready(&net);
+    let client_ns = net.pods[0].ns.clone();
+    let request = std::thread::spawn(move || {
+        std::process::Command::new("ip")
+            .args([
+                "netns", "exec", &client_ns, "setpriv", "--reuid", "1000", "--regid", "1000",
+            ])
+            .args([
+                "--clear-groups",
+                "--",
+                "curl",
+                "-sS",
+                "--max-time",
+                "20",
+                "-w",
+                " %{http_code}",
+            ])
+            .arg(format!("http://{VIP}:{PORT}/2"))
+            .output()
+            .unwrap()
+    });
+    // Let the request reach the server app, then stop the server's sidecar.
+    std::thread::sleep(Duration::from_millis(700));
+    let start = std::time::Instant::now();
+    let agent = net.pods[1].proc("pilot-agent").unwrap();
+    agent.signal(nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = request.join().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        text,
+        "done 200",
+        "in-flight request failed during drain: {text}\n{}",
+        net.logs()
+    );
+    let agent = net.pods[1].proc("pilot-agent").unwrap();
+    let status = agent.wait_timeout(Duration::from_secs(30)).unwrap();
+    assert!(status.success());
+    // The agent waited the configured termination drain (5s) before stopping Envoy.
+    assert!(
+        start.elapsed() >= Duration::from_secs(4),
+        "stopped after {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn control_plane_restart_fails_no_request() {
+    if !require_root("control_plane_restart_fails_no_request")
+        || !require_envoy("control_plane_restart_fails_no_request")
+    {
+        return;
+    }
+    let www = std::env::temp_dir().join(format!("istt-www-{}", std::process::id()));
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), "ok").unwrap();
+    let (mut net, config_dir) = mesh(&[
+        "/usr/bin/python3",
+        "-m",
+        "http.server",
+        "8000",
+        "--bind",
+        "0.0.0.0",
+        "--directory",
+        www.to_str().unwrap(),
+    ]);
+    let cp = net.add_pod("cp", 4).unwrap();
+    let istiod = binary("istiod-core");
+    let cp_args = [
+        istiod.to_str().unwrap(),
+        "serve",
+        "--config-dir",
+        config_dir.to_str().unwrap(),
+        "--grpc-addr",
+        "0.0.0.0:15010",
+    ];
+    net.pods[cp]
+        .spawn("istiod-core", 0, 0, &[], &cp_args)
+        .unwrap();
+    start_agent_with(
+        &mut net.pods[0],
+        "sleep",
+        Upstream::Remote("10.233.0.4:15010"),
+        true,
+        "1s",
+    );
+    start_agent_with(
+        &mut net.pods[1],
+        "httpbin",
+        Upstream::Remote("10.233.0.4:15010"),
+        false,
+        "1s",
+    );
+    wait_ready(&net);
+
+    let client_ns = net.pods[0].ns.clone();
+    let load = std::thread::spawn(move || {
+        let mut codes = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(6);
+        while std::time::Instant::now() < deadline {
+            let out = std::process::Command::new("ip")
+                .args([
+                    "netns", "exec", &client_ns, "setpriv", "--reuid", "1000", "--regid", "1000",
+                ])
+                .args([
+                    "--clear-groups",
+                    "--",
+                    "curl",
+                    "-sS",
+                    "-o",
+                    "/dev/null",
+                    "--max-time",
+                    "5",
+                ])
+                .args(["-w", "%{http_code}", &format!("http://{VIP}:{PORT}/")])
+                .output()
+                .unwrap();
+            let at = std::time::Instant::now().duration_since(deadline - Duration::from_secs(6));
+            codes.push(format!(
+                "{}@{at:?} {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        codes
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    net.pods[cp]
+        .proc("istiod-core")
+        .unwrap()
+        .signal(nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    net.pods[cp]
+        .spawn("istiod-core-2", 0, 0, &[], &cp_args)
+        .unwrap();
+    let codes = load.join().unwrap();
+    let _ = std::fs::remove_dir_all(&www);
+    assert!(codes.len() > 20, "too few requests: {}", codes.len());
+    let failed: Vec<&String> = codes.iter().filter(|c| !c.starts_with("200@")).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}\n{}",
+        failed.len(),
+        codes.len(),
+        net.logs()
+    );
+
+    // Envoy converges on the restarted control plane: a new service reaches both proxies.
+    std::fs::write(
+        config_dir.join("extra.yaml"),
+        "kind: ServiceEntry\nmetadata: {name: extra, namespace: demo}\nspec:\n  hosts: [extra.example]\n  addresses: [10.234.0.99]\n  ports: [{number: 9090, name: tcp}]\n  endpoints: [{address: 10.233.0.3}]\n",
+    )
+    .unwrap();
+    for idx in [0, 1] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut seen = false;
+        while !seen && std::time::Instant::now() < deadline {
+            let (_, body) = net.pods[idx]
+                .http_get(0, "http://127.0.0.1:15000/clusters")
+                .unwrap();
+            seen = body.contains("outbound|9090||extra.example");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(
+            seen,
+            "pod {idx} never received the new service after the restart\n{}",
+            net.logs()
         );
     }
 }

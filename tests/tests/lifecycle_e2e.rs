@@ -1,0 +1,193 @@
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+//! The agent's lifecycle with a real Envoy: Envoy dying takes the agent down (non-zero), the
+//! agent dying takes Envoy down, /quitquitquit stops at once, /drain makes the later SIGTERM
+//! immediate, and control endpoints answer only loopback peers.
+
+use std::time::{Duration, Instant};
+
+use harness::{Network, Pod, binary, pids_named, require_envoy, require_root};
+use nix::sys::signal::Signal;
+
+const SERVICE: &str = r#"
+kind: ServiceEntry
+metadata: {name: web, namespace: demo}
+spec:
+  hosts: [web.demo.svc.cluster.local]
+  addresses: [10.234.0.20]
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  endpoints: [{address: 10.233.0.3}]
+"#;
+
+/// A pod running pilot-agent (embedded control plane) and Envoy, ready; plus a peer pod.
+fn ready_pod(test: &str, termination_drain: &str) -> Option<Network> {
+    if !require_root(test) || !require_envoy(test) {
+        return None;
+    }
+    let mut net = Network::new().unwrap();
+    net.add_pod("pod", 2).unwrap();
+    net.add_pod("peer", 3).unwrap();
+    let mesh = net.dir().join("mesh");
+    std::fs::create_dir_all(&mesh).unwrap();
+    std::fs::write(mesh.join("web.yaml"), SERVICE).unwrap();
+    let agent = binary("pilot-agent");
+    let proxy_config = format!("{{\"terminationDrainDuration\": \"{termination_drain}\"}}");
+    let pod = &mut net.pods[0];
+    pod.spawn(
+        "pilot-agent",
+        0,
+        0,
+        &[
+            ("POD_NAME", "web"),
+            ("POD_NAMESPACE", "demo"),
+            ("INSTANCE_IP", "10.233.0.2"),
+            ("PROXY_CONFIG", &proxy_config),
+        ],
+        &[
+            agent.to_str().unwrap(),
+            "proxy",
+            "sidecar",
+            "--configDir",
+            mesh.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let ready = pod.wait_http_ok(
+        "http://127.0.0.1:15021/healthz/ready",
+        Duration::from_secs(60),
+    );
+    assert!(ready.is_ok(), "{ready:?}\n{}", pod.logs());
+    Some(net)
+}
+
+fn post(pod: &Pod, url: &str) -> u16 {
+    let out = pod
+        .exec(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "POST",
+            url,
+        ])
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0)
+}
+
+fn wait_no_envoy(pod: &Pod, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if pids_named(&pod.ns, "envoy").is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn envoy_dying_takes_the_agent_down_nonzero() {
+    let Some(mut net) = ready_pod("envoy_dying_takes_the_agent_down_nonzero", "5s") else {
+        return;
+    };
+    let pod = &mut net.pods[0];
+    let envoy = pids_named(&pod.ns, "envoy");
+    assert_eq!(envoy.len(), 1, "{envoy:?}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(envoy[0]), Signal::SIGKILL).unwrap();
+    let agent = pod.proc("pilot-agent").unwrap();
+    let status = agent.wait_timeout(Duration::from_secs(10)).unwrap();
+    assert!(
+        !status.success(),
+        "agent exited 0 after Envoy died\n{}",
+        agent.logs()
+    );
+    assert!(
+        agent.logs().contains("Envoy exited unexpectedly"),
+        "{}",
+        agent.logs()
+    );
+}
+
+#[test]
+fn agent_dying_takes_envoy_down() {
+    let Some(mut net) = ready_pod("agent_dying_takes_envoy_down", "5s") else {
+        return;
+    };
+    let pod = &mut net.pods[0];
+    pod.proc("pilot-agent")
+        .unwrap()
+        .signal(Signal::SIGKILL)
+        .unwrap();
+    assert!(
+        wait_no_envoy(pod, Duration::from_secs(5)),
+        "Envoy orphaned after the agent was killed"
+    );
+}
+
+#[test]
+fn quitquitquit_stops_at_once_and_only_from_loopback() {
+    let Some(mut net) = ready_pod("quitquitquit_stops_at_once_and_only_from_loopback", "60s")
+    else {
+        return;
+    };
+    // A peer namespace is refused; GET is not allowed.
+    assert_eq!(
+        post(&net.pods[1], "http://10.233.0.2:15020/quitquitquit"),
+        403
+    );
+    assert_eq!(post(&net.pods[1], "http://10.233.0.2:15020/drain"), 403);
+    let (code, _) = net.pods[1]
+        .http_get(0, "http://10.233.0.2:15020/debug/config")
+        .unwrap();
+    assert_eq!(code, 403);
+    let (code, _) = net.pods[0]
+        .http_get(0, "http://127.0.0.1:15020/quitquitquit")
+        .unwrap();
+    assert_eq!(code, 405);
+    let (code, body) = net.pods[0]
+        .http_get(0, "http://127.0.0.1:15020/debug/config")
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("termination_drain_duration: 60s"), "{body}");
+    // Readiness is open to the peer (kubelet probes come from outside).
+    let (code, _) = net.pods[1]
+        .http_get(0, "http://10.233.0.2:15021/healthz/ready")
+        .unwrap();
+    assert_eq!(code, 200);
+
+    let pod = &mut net.pods[0];
+    let start = Instant::now();
+    assert_eq!(post(pod, "http://127.0.0.1:15020/quitquitquit"), 200);
+    let agent = pod.proc("pilot-agent").unwrap();
+    let status = agent.wait_timeout(Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "{}", agent.logs());
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "quit waited for the 60s drain"
+    );
+    assert!(wait_no_envoy(pod, Duration::from_secs(5)));
+}
+
+#[test]
+fn drain_then_sigterm_is_immediate() {
+    let Some(mut net) = ready_pod("drain_then_sigterm_is_immediate", "60s") else {
+        return;
+    };
+    let pod = &mut net.pods[0];
+    assert_eq!(post(pod, "http://127.0.0.1:15020/drain"), 200);
+    let (code, body) = pod
+        .http_get(0, "http://127.0.0.1:15020/healthz/ready")
+        .unwrap();
+    assert_eq!(code, 503, "{body}");
+    let start = Instant::now();
+    let agent = pod.proc("pilot-agent").unwrap();
+    agent.signal(Signal::SIGTERM).unwrap();
+    let status = agent.wait_timeout(Duration::from_secs(20)).unwrap();
+    assert!(status.success(), "{}", agent.logs());
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "SIGTERM after /drain waited for the 60s drain"
+    );
+}
