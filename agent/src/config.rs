@@ -23,6 +23,11 @@ pub mod env {
     pub const MINIMUM_DRAIN_DURATION: &str = "MINIMUM_DRAIN_DURATION";
     pub const ISTIO_CPU_LIMIT: &str = "ISTIO_CPU_LIMIT";
     pub const ISTIO_BOOTSTRAP_OVERRIDE: &str = "ISTIO_BOOTSTRAP_OVERRIDE";
+    pub const XDS_ROOT_CA: &str = "XDS_ROOT_CA";
+    pub const ISTIOD_SAN: &str = "ISTIOD_SAN";
+    pub const PROV_CERT: &str = "PROV_CERT";
+    pub const XDS_HEADER_PREFIX: &str = "XDS_HEADER_";
+    pub const CLUSTER_ID: &str = "ISTIO_META_CLUSTER_ID";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +76,88 @@ pub enum ControlPlaneSource {
     Remote { address: String },
 }
 
+/// Where the root certificate for TLS to the control plane comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootCa {
+    /// The operating system's trust store (XDS_ROOT_CA=SYSTEM).
+    System,
+    /// The first of these files that exists when connecting (Istio's order).
+    Files(Vec<PathBuf>),
+}
+
+/// How the xDS proxy connects to a remote control plane (Istio's `xds_proxy.go` dial options).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsClientConfig {
+    /// TLS unless the address's port is 15010 (Istio's plaintext port).
+    pub tls: bool,
+    pub root_ca: RootCa,
+    /// TLS server name: ISTIOD_SAN, else the host of the address (`localhost` →
+    /// `istiod.istio-system.svc`).
+    pub server_name: String,
+    /// Sent as `authorization: Bearer <token>`, re-read on every connect.
+    pub token_path: PathBuf,
+    /// gRPC metadata: ClusterID and the XDS_HEADER_* variables.
+    pub headers: Vec<(String, String)>,
+}
+
+/// Istio's token path for the control plane (a projected service-account token).
+pub const TOKEN_PATH: &str = "./var/run/secrets/tokens/istio-token";
+
+impl XdsClientConfig {
+    fn from_env(
+        address: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        env_vars: &[(String, String)],
+    ) -> Result<XdsClientConfig, ConfigError> {
+        let (host, port) = address
+            .rsplit_once(':')
+            .ok_or_else(|| err("discoveryAddress", address, "host:port"))?;
+        port.parse::<u16>()
+            .map_err(|_| err("discoveryAddress", address, "host:port with a numeric port"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let server_name = lookup(env::ISTIOD_SAN).unwrap_or_else(|| {
+            if host == "localhost" {
+                "istiod.istio-system.svc".to_string()
+            } else {
+                host.to_string()
+            }
+        });
+        let root_ca = match lookup(env::XDS_ROOT_CA) {
+            Some(v) if v == "SYSTEM" => RootCa::System,
+            Some(v) if !v.is_empty() => RootCa::Files(vec![PathBuf::from(v)]),
+            _ => {
+                let mut files = vec![PathBuf::from("./etc/certs/root-cert.pem")];
+                if let Some(prov) = lookup(env::PROV_CERT).filter(|p| !p.is_empty()) {
+                    files.push(PathBuf::from(prov).join("root-cert.pem"));
+                }
+                files.push(PathBuf::from("./var/run/secrets/istio/root-cert.pem"));
+                RootCa::Files(files)
+            }
+        };
+        let mut headers = vec![(
+            "clusterid".to_string(),
+            lookup(env::CLUSTER_ID).unwrap_or_else(|| "Kubernetes".to_string()),
+        )];
+        for (k, v) in env_vars {
+            if let Some(name) = k.strip_prefix(env::XDS_HEADER_PREFIX) {
+                let name = name.to_ascii_lowercase().replace('_', "-");
+                if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                {
+                    return Err(err(k, v, "a header name of letters, digits and '_'"));
+                }
+                headers.push((name, v.clone()));
+            }
+        }
+        Ok(XdsClientConfig {
+            tls: port != "15010",
+            root_ca,
+            server_name,
+            token_path: PathBuf::from(TOKEN_PATH),
+            headers,
+        })
+    }
+}
+
 /// Everything `run` needs.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -111,6 +198,8 @@ pub struct Config {
     pub proxy_config_json: serde_json::Value,
     /// ISTIO_BOOTSTRAP_OVERRIDE: a YAML/JSON file merged over the bootstrap by Envoy (`--config-yaml`).
     pub bootstrap_override: Option<serde_json::Value>,
+    /// Dial options for a remote control plane.
+    pub xds_client: Option<XdsClientConfig>,
 }
 
 fn parse_bool(name: &str, value: Option<String>, default: bool) -> Result<bool, ConfigError> {
@@ -425,6 +514,12 @@ impl Config {
         }
         metadata.sort();
 
+        let xds_client = match &control_plane {
+            ControlPlaneSource::Remote { address } => {
+                Some(XdsClientConfig::from_env(address, lookup, env_vars)?)
+            }
+            ControlPlaneSource::Embedded { .. } => None,
+        };
         let envoy_user = lookup(env::ENVOY_USER).unwrap_or_else(|| "istio-proxy".to_string());
         let delta_xds = parse_bool(env::ISTIO_DELTA_XDS, lookup(env::ISTIO_DELTA_XDS), true)?;
         let exit_on_zero_active_connections = parse_bool(
@@ -493,6 +588,7 @@ impl Config {
             metadata_json,
             proxy_config_json: serde_json::Value::Object(merged),
             bootstrap_override,
+            xds_client,
         })
     }
 
@@ -654,6 +750,54 @@ mod tests {
         assert_eq!(c.labels.get("version").map(String::as_str), Some("v1"));
         assert!(!c.labels.contains_key("pod-template-hash"));
         assert_eq!(c.proxy_config_json["concurrency"], 3);
+    }
+
+    #[test]
+    fn remote_dial_options_follow_istio() {
+        let c = cfg(
+            &[
+                ("PROXY_CONFIG", "discoveryAddress: localhost:15012"),
+                ("XDS_HEADER_TENANT_ID", "blue"),
+                ("PROV_CERT", "/etc/prov"),
+            ],
+            ProxyArgs::default(),
+        )
+        .unwrap();
+        let x = c.xds_client.unwrap();
+        assert!(x.tls);
+        assert_eq!(x.server_name, "istiod.istio-system.svc");
+        assert_eq!(
+            x.headers,
+            vec![
+                ("clusterid".into(), "Kubernetes".into()),
+                ("tenant-id".into(), "blue".into())
+            ]
+        );
+        assert_eq!(
+            x.root_ca,
+            RootCa::Files(vec![
+                "./etc/certs/root-cert.pem".into(),
+                "/etc/prov/root-cert.pem".into(),
+                "./var/run/secrets/istio/root-cert.pem".into()
+            ])
+        );
+        let c = cfg(
+            &[
+                ("PROXY_CONFIG", "discoveryAddress: cp.example:15010"),
+                ("ISTIOD_SAN", "x"),
+            ],
+            ProxyArgs::default(),
+        )
+        .unwrap();
+        let x = c.xds_client.unwrap();
+        assert!(!x.tls);
+        assert_eq!(x.server_name, "x");
+        let e = cfg(
+            &[("PROXY_CONFIG", "discoveryAddress: nope")],
+            ProxyArgs::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.input, "discoveryAddress");
     }
 
     #[test]

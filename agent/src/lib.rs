@@ -75,9 +75,14 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             tokio::spawn(cp.clone().watch(Duration::from_secs(1)));
             xds_proxy::Upstream::Embedded(cp.xds())
         }
-        ControlPlaneSource::Remote { address } => {
-            xds_proxy::Upstream::Remote(format!("http://{address}"))
-        }
+        ControlPlaneSource::Remote { address } => xds_proxy::Upstream::Remote {
+            address: address.clone(),
+            client: cfg.xds_client.clone().ok_or_else(|| config::ConfigError {
+                input: "discoveryAddress".into(),
+                value: address.clone(),
+                expected: "dial options for a remote control plane".into(),
+            })?,
+        },
     };
 
     let drain = Drain::default();

@@ -16,6 +16,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use futures::{Stream, StreamExt};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
+use tonic::metadata::{Ascii, MetadataKey, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
@@ -53,9 +54,29 @@ pub enum XdsProxyError {
 #[derive(Clone)]
 pub enum Upstream {
     Embedded(istiod_core::xds_server::XdsServer),
-    /// `http://host:port` of a plaintext ADS server.
-    Remote(String),
+    /// A remote ADS server at `host:port`.
+    Remote {
+        address: String,
+        client: crate::config::XdsClientConfig,
+    },
 }
+
+/// Adds the bearer token and the configured metadata to every call.
+#[derive(Clone)]
+struct CallMetadata(Vec<(MetadataKey<Ascii>, MetadataValue<Ascii>)>);
+
+impl tonic::service::Interceptor for CallMetadata {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        for (k, v) in &self.0 {
+            req.metadata_mut().insert(k.clone(), v.clone());
+        }
+        Ok(req)
+    }
+}
+
+type RemoteClient = AggregatedDiscoveryServiceClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, CallMetadata>,
+>;
 
 impl Upstream {
     async fn open<S>(&self, requests: S) -> Result<ResponseStream, Status>
@@ -64,8 +85,11 @@ impl Upstream {
     {
         match self {
             Upstream::Embedded(server) => Ok(Box::pin(server.stream(requests.map(Ok)))),
-            Upstream::Remote(uri) => {
-                let mut client = client(uri).await?;
+            Upstream::Remote {
+                address,
+                client: cfg,
+            } => {
+                let mut client = client(address, cfg).await?;
                 let resp = client.stream_aggregated_resources(requests).await?;
                 Ok(Box::pin(resp.into_inner()))
             }
@@ -78,8 +102,11 @@ impl Upstream {
     {
         match self {
             Upstream::Embedded(server) => Ok(Box::pin(server.delta_stream(requests.map(Ok)))),
-            Upstream::Remote(uri) => {
-                let mut client = client(uri).await?;
+            Upstream::Remote {
+                address,
+                client: cfg,
+            } => {
+                let mut client = client(address, cfg).await?;
                 let resp = client.delta_aggregated_resources(requests).await?;
                 Ok(Box::pin(resp.into_inner()))
             }
@@ -87,18 +114,59 @@ impl Upstream {
     }
 }
 
+/// Dials the control plane for one Envoy stream. The root certificate and the token are read
+/// on every connect, so rotated files take effect without a restart.
 async fn client(
-    uri: &str,
-) -> Result<AggregatedDiscoveryServiceClient<tonic::transport::Channel>, Status> {
-    let channel = tonic::transport::Endpoint::from_shared(uri.to_string())
-        .map_err(|e| Status::invalid_argument(format!("control plane address {uri}: {e}")))?
+    address: &str,
+    cfg: &crate::config::XdsClientConfig,
+) -> Result<RemoteClient, Status> {
+    use crate::config::RootCa;
+    let scheme = if cfg.tls { "https" } else { "http" };
+    let uri = format!("{scheme}://{address}");
+    let mut endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
+        .map_err(|e| Status::invalid_argument(format!("control plane address {address}: {e}")))?
         .connect_timeout(std::time::Duration::from_secs(5))
+        .keep_alive_while_idle(true)
+        .http2_keep_alive_interval(std::time::Duration::from_secs(30))
+        .keep_alive_timeout(std::time::Duration::from_secs(10));
+    if cfg.tls {
+        let mut tls = tonic::transport::ClientTlsConfig::new().domain_name(cfg.server_name.clone());
+        tls = match &cfg.root_ca {
+            RootCa::System => tls.with_native_roots(),
+            RootCa::Files(files) => {
+                let Some(pem) = files.iter().find_map(|f| std::fs::read(f).ok()) else {
+                    return Err(Status::unavailable(format!(
+                        "no root certificate to verify the control plane: tried {files:?} (set XDS_ROOT_CA)"
+                    )));
+                };
+                tls.ca_certificate(tonic::transport::Certificate::from_pem(pem))
+            }
+        };
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| Status::internal(format!("TLS to {address}: {e}")))?;
+    }
+    let mut metadata = Vec::new();
+    if let Ok(token) = std::fs::read_to_string(&cfg.token_path) {
+        let value = format!("Bearer {}", token.trim());
+        if let Ok(v) = value.parse() {
+            metadata.push((MetadataKey::from_static("authorization"), v));
+        }
+    }
+    for (k, v) in &cfg.headers {
+        if let (Ok(k), Ok(v)) = (k.parse::<MetadataKey<Ascii>>(), v.parse()) {
+            metadata.push((k, v));
+        }
+    }
+    let channel = endpoint
         .connect()
         .await
         .map_err(|e| Status::unavailable(format!("control plane {uri}: {e}")))?;
-    Ok(AggregatedDiscoveryServiceClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    Ok(
+        AggregatedDiscoveryServiceClient::with_interceptor(channel, CallMetadata(metadata))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
 }
 
 struct Proxy {

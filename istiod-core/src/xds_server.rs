@@ -429,3 +429,33 @@ impl AggregatedDiscoveryService for AdsService {
         )))
     }
 }
+
+/// A gRPC interceptor that, given a token, admits only streams carrying
+/// `authorization: Bearer <token>` (compared in constant time); without one it admits all.
+pub fn bearer_check(
+    token: Option<String>,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |req: Request<()>| {
+        let Some(expected) = &token else {
+            return Ok(req);
+        };
+        let got = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        let same = got.len() == expected.len()
+            && got
+                .bytes()
+                .zip(expected.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if same {
+            Ok(req)
+        } else {
+            tracing::warn!("xDS stream refused: missing or wrong bearer token");
+            Err(Status::unauthenticated("a valid bearer token is required"))
+        }
+    }
+}

@@ -137,3 +137,111 @@ fn readiness_follows_the_control_plane_and_config_edits() {
     let status = agent.wait_timeout(Duration::from_secs(30)).unwrap();
     assert!(status.success(), "agent exit {status}\n{}", agent.logs());
 }
+
+/// A test CA and a server certificate for `istiod.istio-system.svc` signed by it (PEM files).
+fn write_server_certs(dir: &std::path::Path) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::OrganizationName, "test mesh");
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params =
+        rcgen::CertificateParams::new(vec!["istiod.istio-system.svc".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    std::fs::write(dir.join("root-cert.pem"), ca_cert.pem()).unwrap();
+    std::fs::write(dir.join("istiod.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("istiod-key.pem"), key.serialize_pem()).unwrap();
+}
+
+#[test]
+fn remote_control_plane_over_tls_with_bearer_token() {
+    if !require_root("remote_control_plane_over_tls_with_bearer_token")
+        || !require_envoy("remote_control_plane_over_tls_with_bearer_token")
+    {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    let idx = net.add_pod("pod", 2).unwrap();
+    let mesh = net.dir().join("mesh");
+    let certs = net.dir().join("certs");
+    std::fs::create_dir_all(&mesh).unwrap();
+    std::fs::create_dir_all(&certs).unwrap();
+    std::fs::write(mesh.join("web.yaml"), SERVICE).unwrap();
+    write_server_certs(&certs);
+    std::fs::write(certs.join("token"), "s3cret-token\n").unwrap();
+    let path = |name: &str| certs.join(name).to_str().unwrap().to_string();
+    let istiod = binary("istiod-core");
+    let agent = binary("pilot-agent");
+    let pod = &mut net.pods[idx];
+    pod.spawn(
+        "istiod-core",
+        0,
+        0,
+        &[],
+        &[
+            istiod.to_str().unwrap(),
+            "serve",
+            "--config-dir",
+            mesh.to_str().unwrap(),
+            "--grpc-addr",
+            "127.0.0.1:15012",
+            "--tls-cert",
+            &path("istiod.pem"),
+            "--tls-key",
+            &path("istiod-key.pem"),
+            "--token-file",
+            &path("token"),
+        ],
+    )
+    .unwrap();
+    let root = path("root-cert.pem");
+    pod.spawn(
+        "pilot-agent",
+        0,
+        0,
+        &[
+            ("POD_NAME", "client"),
+            ("POD_NAMESPACE", "demo"),
+            ("INSTANCE_IP", "10.233.0.2"),
+            (
+                "PROXY_CONFIG",
+                "{\"discoveryAddress\": \"127.0.0.1:15012\", \"terminationDrainDuration\": \"1s\"}",
+            ),
+            ("XDS_ROOT_CA", &root),
+            ("ISTIOD_SAN", "istiod.istio-system.svc"),
+            ("XDS_HEADER_TENANT", "blue"),
+        ],
+        &[agent.to_str().unwrap(), "proxy", "sidecar"],
+    )
+    .unwrap();
+
+    // No token yet: the control plane refuses the stream and the proxy stays unready.
+    assert!(
+        pod.wait_log(
+            "istiod-core",
+            "missing or wrong bearer token",
+            Duration::from_secs(30)
+        ),
+        "{}",
+        pod.logs()
+    );
+    let (code, _) = pod
+        .http_get(0, "http://127.0.0.1:15020/healthz/ready")
+        .unwrap();
+    assert_eq!(code, 503);
+
+    // The token appears (as a projected token would): the next connect carries it.
+    let tokens = pod.dir.join("var/run/secrets/tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    std::fs::write(tokens.join("istio-token"), "s3cret-token\n").unwrap();
+    let ready = pod.wait_http_ok(
+        "http://127.0.0.1:15021/healthz/ready",
+        Duration::from_secs(60),
+    );
+    assert!(ready.is_ok(), "{ready:?}\n{}", pod.logs());
+    let (_, clusters) = pod.http_get(0, "http://127.0.0.1:15000/clusters").unwrap();
+    assert!(clusters.contains("outbound|80||web.demo.svc.cluster.local"));
+}
