@@ -169,8 +169,77 @@ async fn client(
     )
 }
 
+/// Response types Envoy may receive through the proxy; anything else is dropped.
+fn forwarded(type_url: &str) -> bool {
+    let ok = type_url.starts_with("type.googleapis.com/envoy.")
+        || type_url.starts_with("type.googleapis.com/istio.workload.");
+    if !ok {
+        tracing::error!(
+            type_url,
+            "dropping an xDS response of a type Envoy does not use"
+        );
+    }
+    ok
+}
+
+/// Delay before dialing again after `failures` consecutive failed dials: exponential from
+/// 100 ms, capped at 15 s, with ±25% jitter so many agents do not reconnect in step.
+fn backoff(failures: u32) -> std::time::Duration {
+    if failures == 0 {
+        return std::time::Duration::ZERO;
+    }
+    let base = 100u64.saturating_mul(1 << failures.min(8)).min(15_000);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let jitter = 0.75 + f64::from(nanos % 1000) / 2000.0;
+    std::time::Duration::from_millis((base as f64 * jitter) as u64)
+}
+
 struct Proxy {
     upstream: Upstream,
+    /// Consecutive failed dials to a remote control plane.
+    failures: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Proxy {
+    async fn before_dial(&self) {
+        let failures = self.failures.load(std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(backoff(failures)).await;
+    }
+
+    fn after_dial<T>(&self, result: &Result<T, Status>) {
+        use std::sync::atomic::Ordering;
+        match result {
+            Ok(_) => self.failures.store(0, Ordering::Relaxed),
+            Err(e) => {
+                let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                tracing::warn!(error = %e.message(), failures = n, "control plane unreachable");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_caps_and_jitters() {
+        assert_eq!(backoff(0), std::time::Duration::ZERO);
+        let one = backoff(1).as_millis();
+        assert!((150..=250).contains(&one), "{one}");
+        let many = backoff(30).as_millis();
+        assert!((11_250..=18_750).contains(&many), "{many}");
+        assert!(forwarded(
+            "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+        ));
+        assert!(forwarded("type.googleapis.com/istio.workload.Address"));
+        assert!(!forwarded(
+            "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig"
+        ));
+    }
 }
 
 #[tonic::async_trait]
@@ -183,8 +252,14 @@ impl AggregatedDiscoveryService for Proxy {
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
         tracing::info!("Envoy connected to the xDS proxy (state of the world)");
-        let responses = self.upstream.open(forward(request.into_inner())).await?;
-        Ok(Response::new(responses))
+        self.before_dial().await;
+        let responses = self.upstream.open(forward(request.into_inner())).await;
+        self.after_dial(&responses);
+        let responses = responses?.filter(|r| {
+            let keep = r.as_ref().map_or(true, |r| forwarded(&r.type_url));
+            async move { keep }
+        });
+        Ok(Response::new(Box::pin(responses)))
     }
 
     async fn delta_aggregated_resources(
@@ -222,9 +297,12 @@ pub async fn serve(
     upstream: Upstream,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), XdsProxyError> {
-    let service = AggregatedDiscoveryServiceServer::new(Proxy { upstream })
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let service = AggregatedDiscoveryServiceServer::new(Proxy {
+        upstream,
+        failures: Default::default(),
+    })
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
