@@ -232,8 +232,9 @@ fn main() {
     if matches!(cli.command, Command::Proxy { .. }) {
         run_with_proxy_gid();
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: the agent's work is I/O between Envoy and the control plane, and a single
+    // thread keeps one malloc arena, so memory freed after a large push is reused.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

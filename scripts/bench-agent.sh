@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# pilot-agent benchmarks with a real Envoy and a standalone istiod-core serving a 1000-service
+# mesh, inside a network namespace. Each figure is compared with a baseline from the same run:
+#   - start to ready: agent start -> :15020/healthz/ready 200, vs a bare Envoy connected directly
+#     to the same istiod-core (no agent) -> CDS and LDS accepted;
+#   - agent memory: the agent's RSS (Envoy excluded) with the 1000-service mesh proxied, vs with
+#     a 1-service mesh.
+# Usage: ./scripts/bench-agent.sh [runs] (default 5). Root required. Prints Markdown.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS="${1:-5}"
+SERVICES="${SERVICES:-1000}"
+./scripts/setup.sh >/dev/null
+cargo build --release --quiet -p pilot-agent -p istiod-core
+BIN="$PWD/target/release"
+WORK="$(mktemp -d /tmp/istbench-agent.XXXXXX)"; chmod 0755 "$WORK"
+NS="istbench-agent-$$"
+cleanup() {
+  for pid in $(ip netns pids "$NS" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+  ip netns delete "$NS" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+ip netns add "$NS"
+ip -n "$NS" link set lo up
+in_ns() { ip netns exec "$NS" "$@"; }
+
+gen_mesh() { # dir, count
+  mkdir -p "$1"
+  python3 - "$1" "$2" <<'PY'
+import sys
+d, n = sys.argv[1], int(sys.argv[2])
+with open(f"{d}/mesh.yaml", "w") as f:
+    for i in range(n):
+        f.write(f"""---
+kind: ServiceEntry
+metadata: {{name: svc{i}, namespace: bench}}
+spec:
+  hosts: [svc{i}.bench.svc.cluster.local]
+  addresses: [10.{100 + i // 65536}.{(i // 256) % 256}.{i % 256}]
+  ports: [{{number: 8080, name: http, protocol: HTTP}}, {{number: 9090, name: tcp, protocol: TCP}}]
+  endpoints: [{{address: 10.200.{(i // 256) % 256}.{i % 256}}}, {{address: 10.201.{(i // 256) % 256}.{i % 256}}}]
+""")
+PY
+}
+gen_mesh "$WORK/mesh-big" "$SERVICES"
+gen_mesh "$WORK/mesh-small" 1
+
+now() { date +%s%N; }
+median_ms() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.1f", m/1e6}'; }
+wait_http() { # url -> waits for 200
+  for _ in $(seq 1 3000); do
+    [ "$(in_ns curl -s -o /dev/null -w '%{http_code}' "$1")" = 200 ] && return 0
+    sleep 0.01
+  done
+  echo "timeout waiting for $1" >&2; return 1
+}
+xds_accepted() { # both cds and lds update_success > 0 on Envoy admin
+  in_ns curl -s "http://127.0.0.1:15000/stats?filter=^(cluster_manager.cds|listener_manager.lds).update_success%24" \
+    | awk -F': ' '$2 > 0 {n++} END {exit !(n == 2)}'
+}
+stop_all() { for pid in $(ip netns pids "$NS"); do kill -KILL "$pid" 2>/dev/null || true; done; sleep 0.2; }
+
+start_istiod() { # mesh dir
+  in_ns "$BIN/istiod-core" serve --config-dir "$1" --grpc-addr 127.0.0.1:15010 >"$WORK/istiod.log" 2>&1 &
+  for _ in $(seq 1 500); do in_ns bash -c 'exec 3<>/dev/tcp/127.0.0.1/15010' 2>/dev/null && return; sleep 0.01; done
+}
+start_agent() {
+  mkdir -p "$WORK/pod"; chmod 0755 "$WORK/pod"
+  (cd "$WORK/pod" && env -i PATH="$PATH" POD_NAME=bench POD_NAMESPACE=bench INSTANCE_IP=10.233.0.2 \
+    PROXY_CONFIG='{"discoveryAddress": "127.0.0.1:15010", "terminationDrainDuration": "0s"}' \
+    ip netns exec "$NS" "$BIN/pilot-agent" proxy sidecar >"$WORK/agent.log" 2>&1 &)
+}
+agent_pid() { for p in $(ip netns pids "$NS"); do [ "$(cat /proc/$p/comm)" = pilot-agent ] && echo "$p"; done; }
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+
+: > "$WORK/agent_ready"; : > "$WORK/direct_ready"; : > "$WORK/rss_big"; : > "$WORK/rss_small"
+for _ in $(seq 1 "$RUNS"); do
+  # Agent + Envoy, 1000 services.
+  start_istiod "$WORK/mesh-big"
+  t=$(now); start_agent; wait_http http://127.0.0.1:15020/healthz/ready
+  echo $(( $(now) - t )) >> "$WORK/agent_ready"
+  sleep 1; rss_kib "$(agent_pid)" >> "$WORK/rss_big"
+  cp "$WORK/pod/etc/istio/proxy/envoy-rev.json" "$WORK/direct.json"
+  stop_all
+  # Bare Envoy connected straight to istiod-core, same bootstrap otherwise.
+  python3 - "$WORK/direct.json" <<'PY'
+import json, sys
+p = sys.argv[1]
+b = json.load(open(p))
+for c in b["static_resources"]["clusters"]:
+    if c["name"] == "xds-grpc":
+        c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] = {
+            "socket_address": {"address": "127.0.0.1", "port_value": 15010}}
+json.dump(b, open(p, "w"))
+PY
+  start_istiod "$WORK/mesh-big"
+  t=$(now)
+  in_ns /usr/local/bin/envoy -c "$WORK/direct.json" --disable-hot-restart -l warning >"$WORK/envoy.log" 2>&1 &
+  for _ in $(seq 1 3000); do xds_accepted && break; sleep 0.01; done
+  echo $(( $(now) - t )) >> "$WORK/direct_ready"
+  stop_all
+  # Agent with a 1-service mesh, for the memory baseline.
+  start_istiod "$WORK/mesh-small"
+  start_agent; wait_http http://127.0.0.1:15020/healthz/ready; sleep 1
+  rss_kib "$(agent_pid)" >> "$WORK/rss_small"
+  stop_all
+done
+agent=$(median_ms < "$WORK/agent_ready"); direct=$(median_ms < "$WORK/direct_ready")
+big=$(sort -n "$WORK/rss_big" | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1024}')
+small=$(sort -n "$WORK/rss_small" | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1024}')
+echo "pilot-agent with Envoy $(/usr/local/bin/envoy --version | awk '{print $3}' | cut -d/ -f2), $SERVICES services (2 ports, 2 endpoints each), Delta xDS, median of $RUNS runs"
+echo
+echo "| measure | agent | baseline | ratio |"
+echo "|---|---|---|---|"
+printf "| start to ready (ms): agent+Envoy vs Envoy direct to istiod-core | %s | %s | %.2f |\n" "$agent" "$direct" "$(echo "$agent / $direct" | bc -l)"
+printf "| agent RSS (MiB), Envoy excluded: %s services vs 1 service | %s | %s | %.2f |\n" "$SERVICES" "$big" "$small" "$(echo "$big / $small" | bc -l)"
