@@ -1,43 +1,42 @@
-//! The xDS proxy: Envoy's ADS stream arrives on the unix socket `./etc/istio/proxy/XDS` and is
-//! forwarded to the control plane, either istiod-core in process or a remote server over gRPC.
-//! Mirrors Istio's `pkg/istio-agent/xds_proxy.go` (state-of-the-world path); one upstream stream
-//! per Envoy stream, and an upstream error closes the downstream so Envoy reconnects.
+//! The xDS proxy: Envoy's ADS streams (state of the world and Delta) arrive on the unix socket
+//! `./etc/istio/proxy/XDS` and are forwarded to the control plane: istiod-core in process, or a
+//! remote server over gRPC (TLS, bearer token, metadata; see `XdsClientConfig`).
+//! Mirrors Istio's `pkg/istio-agent/xds_proxy.go` and `xds_proxy_delta.go`: one upstream stream
+//! per Envoy stream, and an upstream error closes Envoy's stream so that Envoy reconnects while
+//! serving its last config.
+//!
+//! Messages to and from a remote control plane are forwarded as bytes (a pass-through gRPC codec):
+//! only the `type_url` field of each response is read, to drop types Envoy does not use.
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
+use bytes::{Buf, BufMut, Bytes};
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use futures::{Stream, StreamExt};
+use prost::Message;
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::{Body, BoxFuture, StdError, http};
 use tonic::metadata::{Ascii, MetadataKey, MetadataValue};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Status, Streaming};
 
-type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
-type DeltaResponseStream =
-    Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+use crate::config::{RootCa, XdsClientConfig};
 
 /// Largest xDS message accepted or sent either way (Istio's agent allows MaxInt32).
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 
-/// Forwards a tonic request stream into a channel until the peer ends or errors.
-fn forward<T: Send + 'static>(mut from: Streaming<T>) -> tokio_stream::wrappers::ReceiverStream<T> {
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(async move {
-        while let Some(Ok(item)) = from.next().await {
-            if tx.send(item).await.is_err() {
-                break;
-            }
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
-}
+const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+
+type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum XdsProxyError {
@@ -50,6 +49,92 @@ pub enum XdsProxyError {
     Serve(#[from] tonic::transport::Error),
 }
 
+/// A gRPC codec that passes message bytes through untouched.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawCodec;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawEncoder;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawDecoder;
+
+impl Codec for RawCodec {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = RawEncoder;
+    type Decoder = RawDecoder;
+
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+
+    fn decoder(&mut self) -> RawDecoder {
+        RawDecoder
+    }
+}
+
+impl Encoder for RawEncoder {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawDecoder {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+/// Just the `type_url` of a (Delta)DiscoveryResponse: field 4 in both.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TypeUrlOnly {
+    #[prost(string, tag = "4")]
+    type_url: String,
+}
+
+/// Response types Envoy may receive through the proxy; anything else is dropped.
+fn forwarded(type_url: &str) -> bool {
+    let ok = type_url.starts_with("type.googleapis.com/envoy.")
+        || type_url.starts_with("type.googleapis.com/istio.workload.");
+    if !ok {
+        tracing::error!(
+            type_url,
+            "dropping an xDS response of a type Envoy does not use"
+        );
+    }
+    ok
+}
+
+fn keep_response(msg: &Result<Bytes, Status>) -> bool {
+    match msg {
+        Ok(bytes) => TypeUrlOnly::decode(bytes.clone()).is_ok_and(|t| forwarded(&t.type_url)),
+        Err(_) => true,
+    }
+}
+
+/// Delay before dialing again after `failures` consecutive failed dials: exponential from
+/// 100 ms, capped at 15 s, with ±25% jitter so many agents do not reconnect in step.
+fn backoff(failures: u32) -> std::time::Duration {
+    if failures == 0 {
+        return std::time::Duration::ZERO;
+    }
+    let base = 100u64.saturating_mul(1 << failures.min(8)).min(15_000);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let jitter = 0.75 + f64::from(nanos % 1000) / 2000.0;
+    std::time::Duration::from_millis((base as f64 * jitter) as u64)
+}
+
 /// Where Envoy's streams are forwarded.
 #[derive(Clone)]
 pub enum Upstream {
@@ -57,7 +142,7 @@ pub enum Upstream {
     /// A remote ADS server at `host:port`.
     Remote {
         address: String,
-        client: crate::config::XdsClientConfig,
+        client: XdsClientConfig,
     },
 }
 
@@ -74,53 +159,12 @@ impl tonic::service::Interceptor for CallMetadata {
     }
 }
 
-type RemoteClient = AggregatedDiscoveryServiceClient<
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, CallMetadata>,
->;
-
-impl Upstream {
-    async fn open<S>(&self, requests: S) -> Result<ResponseStream, Status>
-    where
-        S: Stream<Item = DiscoveryRequest> + Send + 'static,
-    {
-        match self {
-            Upstream::Embedded(server) => Ok(Box::pin(server.stream(requests.map(Ok)))),
-            Upstream::Remote {
-                address,
-                client: cfg,
-            } => {
-                let mut client = client(address, cfg).await?;
-                let resp = client.stream_aggregated_resources(requests).await?;
-                Ok(Box::pin(resp.into_inner()))
-            }
-        }
-    }
-
-    async fn open_delta<S>(&self, requests: S) -> Result<DeltaResponseStream, Status>
-    where
-        S: Stream<Item = DeltaDiscoveryRequest> + Send + 'static,
-    {
-        match self {
-            Upstream::Embedded(server) => Ok(Box::pin(server.delta_stream(requests.map(Ok)))),
-            Upstream::Remote {
-                address,
-                client: cfg,
-            } => {
-                let mut client = client(address, cfg).await?;
-                let resp = client.delta_aggregated_resources(requests).await?;
-                Ok(Box::pin(resp.into_inner()))
-            }
-        }
-    }
-}
+type Channel =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, CallMetadata>;
 
 /// Dials the control plane for one Envoy stream. The root certificate and the token are read
 /// on every connect, so rotated files take effect without a restart.
-async fn client(
-    address: &str,
-    cfg: &crate::config::XdsClientConfig,
-) -> Result<RemoteClient, Status> {
-    use crate::config::RootCa;
+async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Status> {
     let scheme = if cfg.tls { "https" } else { "http" };
     let uri = format!("{scheme}://{address}");
     let mut endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
@@ -147,11 +191,10 @@ async fn client(
             .map_err(|e| Status::internal(format!("TLS to {address}: {e}")))?;
     }
     let mut metadata = Vec::new();
-    if let Ok(token) = std::fs::read_to_string(&cfg.token_path) {
-        let value = format!("Bearer {}", token.trim());
-        if let Ok(v) = value.parse() {
-            metadata.push((MetadataKey::from_static("authorization"), v));
-        }
+    if let Ok(token) = std::fs::read_to_string(&cfg.token_path)
+        && let Ok(v) = format!("Bearer {}", token.trim()).parse()
+    {
+        metadata.push((MetadataKey::from_static("authorization"), v));
     }
     for (k, v) in &cfg.headers {
         if let (Ok(k), Ok(v)) = (k.parse::<MetadataKey<Ascii>>(), v.parse()) {
@@ -162,116 +205,162 @@ async fn client(
         .connect()
         .await
         .map_err(|e| Status::unavailable(format!("control plane {uri}: {e}")))?;
-    Ok(
-        AggregatedDiscoveryServiceClient::with_interceptor(channel, CallMetadata(metadata))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
-    )
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        channel,
+        CallMetadata(metadata),
+    ))
 }
 
-/// Response types Envoy may receive through the proxy; anything else is dropped.
-fn forwarded(type_url: &str) -> bool {
-    let ok = type_url.starts_with("type.googleapis.com/envoy.")
-        || type_url.starts_with("type.googleapis.com/istio.workload.");
-    if !ok {
-        tracing::error!(
-            type_url,
-            "dropping an xDS response of a type Envoy does not use"
-        );
-    }
-    ok
+/// Decodes Envoy's requests for the in-process server, which works on typed messages.
+fn decoded<M: Message + Default + Send + 'static>(
+    requests: ReceiverStream<Bytes>,
+) -> impl Stream<Item = Result<M, Status>> + Send + 'static {
+    requests.map(|b| M::decode(b).map_err(|e| Status::invalid_argument(e.to_string())))
 }
 
-/// Delay before dialing again after `failures` consecutive failed dials: exponential from
-/// 100 ms, capped at 15 s, with ±25% jitter so many agents do not reconnect in step.
-fn backoff(failures: u32) -> std::time::Duration {
-    if failures == 0 {
-        return std::time::Duration::ZERO;
-    }
-    let base = 100u64.saturating_mul(1 << failures.min(8)).min(15_000);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    let jitter = 0.75 + f64::from(nanos % 1000) / 2000.0;
-    std::time::Duration::from_millis((base as f64 * jitter) as u64)
-}
-
-struct Proxy {
-    upstream: Upstream,
-    /// Consecutive failed dials to a remote control plane.
-    failures: std::sync::Arc<std::sync::atomic::AtomicU32>,
-}
-
-impl Proxy {
-    async fn before_dial(&self) {
-        let failures = self.failures.load(std::sync::atomic::Ordering::Relaxed);
-        tokio::time::sleep(backoff(failures)).await;
-    }
-
-    fn after_dial<T>(&self, result: &Result<T, Status>) {
-        use std::sync::atomic::Ordering;
-        match result {
-            Ok(_) => self.failures.store(0, Ordering::Relaxed),
-            Err(e) => {
-                let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-                tracing::warn!(error = %e.message(), failures = n, "control plane unreachable");
+impl Upstream {
+    async fn open(
+        &self,
+        delta: bool,
+        requests: ReceiverStream<Bytes>,
+    ) -> Result<ByteStream, Status> {
+        match self {
+            Upstream::Embedded(server) => Ok(if delta {
+                let out = server.delta_stream(decoded::<DeltaDiscoveryRequest>(requests));
+                Box::pin(out.map(|r| r.map(|m| Bytes::from(m.encode_to_vec()))))
+            } else {
+                let out = server.stream(decoded::<DiscoveryRequest>(requests));
+                Box::pin(out.map(|r| r.map(|m| Bytes::from(m.encode_to_vec()))))
+            }),
+            Upstream::Remote { address, client } => {
+                let channel = dial(address, client).await?;
+                let mut grpc = tonic::client::Grpc::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+                grpc.ready()
+                    .await
+                    .map_err(|e| Status::unavailable(format!("control plane {address}: {e}")))?;
+                let path = http::uri::PathAndQuery::from_static(if delta {
+                    DELTA_PATH
+                } else {
+                    SOTW_PATH
+                });
+                let resp = grpc
+                    .streaming(tonic::Request::new(requests), path, RawCodec)
+                    .await?;
+                Ok(Box::pin(resp.into_inner()))
             }
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Forwards Envoy's request stream into a channel until Envoy ends or errors.
+fn forward(mut from: Streaming<Bytes>) -> ReceiverStream<Bytes> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        while let Some(Ok(item)) = from.next().await {
+            if tx.send(item).await.is_err() {
+                break;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
 
-    #[test]
-    fn backoff_grows_caps_and_jitters() {
-        assert_eq!(backoff(0), std::time::Duration::ZERO);
-        let one = backoff(1).as_millis();
-        assert!((150..=250).contains(&one), "{one}");
-        let many = backoff(30).as_millis();
-        assert!((11_250..=18_750).contains(&many), "{many}");
-        assert!(forwarded(
-            "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-        ));
-        assert!(forwarded("type.googleapis.com/istio.workload.Address"));
-        assert!(!forwarded(
-            "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig"
-        ));
+struct Inner {
+    upstream: Upstream,
+    /// Consecutive failed dials to the control plane.
+    failures: AtomicU32,
+}
+
+impl Inner {
+    async fn proxy(&self, delta: bool, requests: Streaming<Bytes>) -> Result<ByteStream, Status> {
+        tracing::info!(
+            protocol = if delta { "delta" } else { "state of the world" },
+            "Envoy connected to the xDS proxy ({})",
+            if delta { "delta" } else { "state of the world" }
+        );
+        tokio::time::sleep(backoff(self.failures.load(Ordering::Relaxed))).await;
+        match self.upstream.open(delta, forward(requests)).await {
+            Ok(responses) => {
+                self.failures.store(0, Ordering::Relaxed);
+                Ok(Box::pin(responses.filter(|r| {
+                    let keep = keep_response(r);
+                    async move { keep }
+                })))
+            }
+            Err(e) => {
+                let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                tracing::warn!(error = %e.message(), failures = n, "control plane unreachable");
+                Err(e)
+            }
+        }
     }
 }
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for Proxy {
-    type StreamAggregatedResourcesStream = ResponseStream;
-    type DeltaAggregatedResourcesStream = DeltaResponseStream;
+/// One method of the proxy as a tonic streaming service over raw bytes.
+struct Method {
+    inner: Arc<Inner>,
+    delta: bool,
+}
 
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        tracing::info!("Envoy connected to the xDS proxy (state of the world)");
-        self.before_dial().await;
-        let responses = self.upstream.open(forward(request.into_inner())).await;
-        self.after_dial(&responses);
-        let responses = responses?.filter(|r| {
-            let keep = r.as_ref().map_or(true, |r| forwarded(&r.type_url));
-            async move { keep }
-        });
-        Ok(Response::new(Box::pin(responses)))
+impl tonic::server::StreamingService<Bytes> for Method {
+    type Response = Bytes;
+    type ResponseStream = ByteStream;
+    type Future = BoxFuture<tonic::Response<ByteStream>, Status>;
+
+    fn call(&mut self, request: tonic::Request<Streaming<Bytes>>) -> Self::Future {
+        let inner = self.inner.clone();
+        let delta = self.delta;
+        Box::pin(async move {
+            let responses = inner.proxy(delta, request.into_inner()).await?;
+            Ok(tonic::Response::new(responses))
+        })
+    }
+}
+
+/// The ADS service Envoy talks to.
+#[derive(Clone)]
+struct ProxyService {
+    inner: Arc<Inner>,
+}
+
+impl tonic::server::NamedService for ProxyService {
+    const NAME: &'static str = SERVICE;
+}
+
+impl<B> tonic::codegen::Service<http::Request<B>> for ProxyService
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        tracing::info!("Envoy connected to the xDS proxy (delta)");
-        let responses = self
-            .upstream
-            .open_delta(forward(request.into_inner()))
-            .await?;
-        Ok(Response::new(responses))
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let delta = match req.uri().path() {
+            SOTW_PATH => false,
+            DELTA_PATH => true,
+            _ => {
+                return Box::pin(async {
+                    Ok(Status::unimplemented("not an ADS method").into_http())
+                });
+            }
+        };
+        let method = Method {
+            inner: self.inner.clone(),
+            delta,
+        };
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(RawCodec)
+                .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), Some(MAX_MESSAGE_BYTES));
+            Ok(grpc.streaming(method, req).await)
+        })
     }
 }
 
@@ -297,15 +386,68 @@ pub async fn serve(
     upstream: Upstream,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), XdsProxyError> {
-    let service = AggregatedDiscoveryServiceServer::new(Proxy {
-        upstream,
-        failures: Default::default(),
-    })
-    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let service = ProxyService {
+        inner: Arc::new(Inner {
+            upstream,
+            failures: AtomicU32::new(0),
+        }),
+    };
     tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::service::discovery::v3::{
+        DeltaDiscoveryResponse, DiscoveryResponse,
+    };
+
+    #[test]
+    fn backoff_grows_caps_and_jitters() {
+        assert_eq!(backoff(0), std::time::Duration::ZERO);
+        let one = backoff(1).as_millis();
+        assert!((150..=250).contains(&one), "{one}");
+        let many = backoff(30).as_millis();
+        assert!((11_250..=18_750).contains(&many), "{many}");
+    }
+
+    #[test]
+    fn only_envoy_and_workload_types_pass() {
+        let sotw = |t: &str| {
+            Ok(Bytes::from(
+                DiscoveryResponse {
+                    type_url: t.into(),
+                    nonce: "n".into(),
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            ))
+        };
+        let delta = |t: &str| {
+            Ok(Bytes::from(
+                DeltaDiscoveryResponse {
+                    type_url: t.into(),
+                    system_version_info: "v".into(),
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            ))
+        };
+        assert!(keep_response(&sotw(
+            "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+        )));
+        assert!(keep_response(&delta(
+            "type.googleapis.com/istio.workload.Address"
+        )));
+        assert!(!keep_response(&sotw(
+            "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig"
+        )));
+        assert!(!keep_response(&delta(
+            "type.googleapis.com/istio.networking.nds.v1.NameTable"
+        )));
+    }
 }
