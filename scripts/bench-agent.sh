@@ -2,7 +2,8 @@
 # pilot-agent benchmarks with a real Envoy and a standalone istiod-core serving a 1000-service
 # mesh, inside a network namespace. Each figure is compared with a baseline from the same run:
 #   - start to ready: agent start -> :15020/healthz/ready 200, vs a bare Envoy connected directly
-#     to the same istiod-core (no agent) -> CDS and LDS accepted;
+#     to the same istiod-core (no agent) -> CDS and LDS accepted (the xDS proxy's overhead), and
+#     vs a bare Envoy started with the same config as static resources -> LIVE (the floor);
 #   - agent memory: the agent's RSS (Envoy excluded) with the 1000-service mesh proxied, vs with
 #     a 1-service mesh.
 # Usage: ./scripts/bench-agent.sh [runs] (default 5). Root required. Prints Markdown.
@@ -74,7 +75,7 @@ start_agent() {
 agent_pid() { for p in $(ip netns pids "$NS"); do [ "$(cat /proc/$p/comm)" = pilot-agent ] && echo "$p"; done; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
-: > "$WORK/agent_ready"; : > "$WORK/direct_ready"; : > "$WORK/rss_big"; : > "$WORK/rss_small"
+: > "$WORK/agent_ready"; : > "$WORK/direct_ready"; : > "$WORK/static_ready"; : > "$WORK/rss_big"; : > "$WORK/rss_small"
 for _ in $(seq 1 "$RUNS"); do
   # Agent + Envoy, 1000 services.
   start_istiod "$WORK/mesh-big"
@@ -82,6 +83,55 @@ for _ in $(seq 1 "$RUNS"); do
   echo $(( $(now) - t )) >> "$WORK/agent_ready"
   sleep 1; rss_kib "$(agent_pid)" >> "$WORK/rss_big"
   cp "$WORK/pod/etc/istio/proxy/envoy-rev.json" "$WORK/direct.json"
+  in_ns curl -s "http://127.0.0.1:15000/config_dump?include_eds" > "$WORK/dump.json"
+  stop_all
+  # The same config as static resources: EDS inlined, RDS inlined, no xDS at all.
+  python3 - "$WORK/direct.json" "$WORK/dump.json" "$WORK/static.json" <<'PY'
+import json, sys
+boot, dump = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+by_type = {c["@type"].rsplit(".", 1)[-1]: c for c in dump["configs"]}
+def bare(m):  # the dump wraps each resource as an Any; a bootstrap wants the message itself
+    m.pop("@type", None)
+    return m
+eds = {e["endpoint_config"]["cluster_name"]: bare(e["endpoint_config"])
+       for e in by_type["EndpointsConfigDump"].get("dynamic_endpoint_configs", [])}
+routes = {r["route_config"]["name"]: bare(r["route_config"])
+          for r in by_type["RoutesConfigDump"].get("dynamic_route_configs", [])}
+clusters = []
+for c in by_type["ClustersConfigDump"].get("dynamic_active_clusters", []):
+    c = bare(c["cluster"])
+    if c.get("type") == "EDS":
+        c["type"] = "STATIC"
+        c.pop("eds_cluster_config", None)
+        c["load_assignment"] = eds.get(c["name"], {"cluster_name": c["name"]})
+        for loc in c["load_assignment"].get("endpoints", []):
+            loc.pop("load_balancing_weight", None)  # the dump shows the default, which is invalid
+    clusters.append(c)
+def inline(node):
+    if isinstance(node, dict):
+        if "rds" in node:
+            node["route_config"] = routes[node.pop("rds")["route_config_name"]]
+        for v in node.values():
+            inline(v)
+    elif isinstance(node, list):
+        for v in node:
+            inline(v)
+listeners = [bare(l["active_state"]["listener"]) for l in by_type["ListenersConfigDump"].get("dynamic_listeners", [])]
+inline(listeners)
+boot.pop("dynamic_resources", None)
+boot["static_resources"]["clusters"] += clusters
+boot["static_resources"]["listeners"] += listeners
+json.dump(boot, open(sys.argv[3], "w"))
+PY
+  t=$(now)
+  in_ns /usr/local/bin/envoy -c "$WORK/static.json" --disable-hot-restart -l warning >"$WORK/envoy-static.log" 2>&1 &
+  for _ in $(seq 1 3000); do
+    [ "$(in_ns curl -s http://127.0.0.1:15000/ready)" = LIVE ] && break; sleep 0.01
+  done
+  if [ "$(in_ns curl -s http://127.0.0.1:15000/ready)" != LIVE ]; then
+    echo "static Envoy did not start:" >&2; tail -5 "$WORK/envoy-static.log" >&2; exit 1
+  fi
+  echo $(( $(now) - t )) >> "$WORK/static_ready"
   stop_all
   # Bare Envoy connected straight to istiod-core, same bootstrap otherwise.
   python3 - "$WORK/direct.json" <<'PY'
@@ -107,6 +157,7 @@ PY
   stop_all
 done
 agent=$(median_ms < "$WORK/agent_ready"); direct=$(median_ms < "$WORK/direct_ready")
+static=$(median_ms < "$WORK/static_ready")
 big=$(sort -n "$WORK/rss_big" | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1024}')
 small=$(sort -n "$WORK/rss_small" | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1024}')
 echo "pilot-agent with Envoy $(/usr/local/bin/envoy --version | awk '{print $3}' | cut -d/ -f2), $SERVICES services (2 ports, 2 endpoints each), Delta xDS, median of $RUNS runs"
@@ -114,4 +165,5 @@ echo
 echo "| measure | agent | baseline | ratio |"
 echo "|---|---|---|---|"
 printf "| start to ready (ms): agent+Envoy vs Envoy direct to istiod-core | %s | %s | %.2f |\n" "$agent" "$direct" "$(echo "$agent / $direct" | bc -l)"
+printf "| start to ready (ms): agent+Envoy vs Envoy with the same config static | %s | %s | %.2f |\n" "$agent" "$static" "$(echo "$agent / $static" | bc -l)"
 printf "| agent RSS (MiB), Envoy excluded: %s services vs 1 service | %s | %s | %.2f |\n" "$SERVICES" "$big" "$small" "$(echo "$big / $small" | bc -l)"
