@@ -109,8 +109,28 @@ fn node_metadata(cfg: &Config) -> Value {
     Value::Object(meta)
 }
 
-/// The bootstrap for `cfg`.
+/// Merges `overlay` into `base`: objects key by key, anything else replaced.
+fn deep_merge(base: &mut Value, overlay: &Value) {
+    match (base, overlay) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                deep_merge(b.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+/// The bootstrap for `cfg`, with the custom template fragment (if any) merged over it.
 pub fn render(cfg: &Config) -> Value {
+    let mut b = render_default(cfg);
+    if let Some(t) = &cfg.bootstrap_template {
+        deep_merge(&mut b, t);
+    }
+    b
+}
+
+fn render_default(cfg: &Config) -> Value {
     let xds_socket = cfg.xds_socket_path().display().to_string();
     let ads_source =
         json!({ "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" });
@@ -118,7 +138,11 @@ pub fn render(cfg: &Config) -> Value {
         "node": {
             "id": cfg.node_id(),
             "cluster": cfg.service_cluster,
-            "locality": {},
+            "locality": {
+                "region": cfg.locality.region,
+                "zone": cfg.locality.zone,
+                "sub_zone": cfg.locality.sub_zone
+            },
             "metadata": node_metadata(cfg)
         },
         "layered_runtime": {

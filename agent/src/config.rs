@@ -23,6 +23,7 @@ pub mod env {
     pub const MINIMUM_DRAIN_DURATION: &str = "MINIMUM_DRAIN_DURATION";
     pub const ISTIO_CPU_LIMIT: &str = "ISTIO_CPU_LIMIT";
     pub const ISTIO_BOOTSTRAP_OVERRIDE: &str = "ISTIO_BOOTSTRAP_OVERRIDE";
+    pub const ISTIO_BOOTSTRAP: &str = "ISTIO_BOOTSTRAP";
     pub const XDS_ROOT_CA: &str = "XDS_ROOT_CA";
     pub const ISTIOD_SAN: &str = "ISTIOD_SAN";
     pub const PROV_CERT: &str = "PROV_CERT";
@@ -200,6 +201,61 @@ pub struct Config {
     pub bootstrap_override: Option<serde_json::Value>,
     /// Dial options for a remote control plane.
     pub xds_client: Option<XdsClientConfig>,
+    /// A custom bootstrap template (ISTIO_BOOTSTRAP > --templateFile > ProxyConfig
+    /// proxyBootstrapTemplatePath / customConfigFile): a YAML/JSON fragment deep-merged over the
+    /// generated bootstrap by the agent, so envoy-rev.json shows the result.
+    pub bootstrap_template: Option<serde_json::Value>,
+    /// Envoy's locality, from the pod's topology labels.
+    pub locality: Locality,
+}
+
+/// Envoy node locality.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Locality {
+    pub region: String,
+    pub zone: String,
+    pub sub_zone: String,
+}
+
+impl Locality {
+    /// Istio's label `topology.istio.io/locality` (`region/zone/subzone`, also `.`-separated),
+    /// else the Kubernetes topology labels.
+    fn from_labels(labels: &std::collections::BTreeMap<String, String>) -> Locality {
+        if let Some(l) = labels.get("topology.istio.io/locality") {
+            let mut parts = l.split(['/', '.']).map(str::to_string);
+            return Locality {
+                region: parts.next().unwrap_or_default(),
+                zone: parts.next().unwrap_or_default(),
+                sub_zone: parts.next().unwrap_or_default(),
+            };
+        }
+        let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
+        Locality {
+            region: get("topology.kubernetes.io/region"),
+            zone: get("topology.kubernetes.io/zone"),
+            sub_zone: get("topology.istio.io/subzone"),
+        }
+    }
+}
+
+/// Reads a bootstrap fragment; Istio's Go templates are refused by name rather than misread.
+fn read_bootstrap_fragment(input: &str, path: &str) -> Result<serde_json::Value, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| err(input, path, &format!("a readable file ({e})")))?;
+    if text.contains("{{") {
+        return Err(err(
+            input,
+            path,
+            "a YAML or JSON bootstrap fragment (Go templates are not supported)",
+        ));
+    }
+    serde_yaml_ng::from_str(&text).map_err(|e| {
+        err(
+            input,
+            path,
+            &format!("a YAML or JSON bootstrap fragment ({e})"),
+        )
+    })
 }
 
 fn parse_bool(name: &str, value: Option<String>, default: bool) -> Result<bool, ConfigError> {
@@ -224,6 +280,8 @@ pub struct ProxyArgs {
     pub mesh_config: Option<PathBuf>,
     /// Directory of the downward-API files `labels` and `annotations` (./etc/istio/pod).
     pub pod_info_dir: Option<PathBuf>,
+    /// `--templateFile`: a bootstrap fragment merged over the generated bootstrap.
+    pub template_file: Option<PathBuf>,
 }
 
 /// Parses a Kubernetes downward-API file (`key="value"` per line, values Go-quoted).
@@ -463,25 +521,36 @@ impl Config {
         }
         metadata_json.sort_by(|a, b| a.0.cmp(&b.0));
         let bootstrap_override = match lookup(env::ISTIO_BOOTSTRAP_OVERRIDE) {
-            Some(path) if !path.is_empty() => {
-                let text = std::fs::read_to_string(&path).map_err(|e| {
-                    err(
-                        env::ISTIO_BOOTSTRAP_OVERRIDE,
-                        &path,
-                        &format!("a readable file ({e})"),
-                    )
-                })?;
-                let value: serde_json::Value = serde_yaml_ng::from_str(&text).map_err(|e| {
-                    err(
-                        env::ISTIO_BOOTSTRAP_OVERRIDE,
-                        &path,
-                        &format!("a YAML or JSON bootstrap fragment ({e})"),
-                    )
-                })?;
-                Some(value)
-            }
+            Some(path) if !path.is_empty() => Some(read_bootstrap_fragment(
+                env::ISTIO_BOOTSTRAP_OVERRIDE,
+                &path,
+            )?),
             _ => None,
         };
+        let template = lookup(env::ISTIO_BOOTSTRAP)
+            .filter(|p| !p.is_empty())
+            .map(|p| (format!("env {}", env::ISTIO_BOOTSTRAP), p))
+            .or_else(|| {
+                args.template_file
+                    .as_ref()
+                    .map(|p| ("--templateFile".to_string(), p.display().to_string()))
+            })
+            .or_else(|| {
+                ["proxyBootstrapTemplatePath", "customConfigFile"]
+                    .iter()
+                    .find_map(|f| {
+                        merged
+                            .get(*f)
+                            .and_then(|v| v.as_str())
+                            .filter(|p| !p.is_empty())
+                            .map(|p| (format!("ProxyConfig.{f}"), p.to_string()))
+                    })
+            });
+        let bootstrap_template = match template {
+            Some((input, path)) => Some(read_bootstrap_fragment(&input, &path)?),
+            None => None,
+        };
+        let locality = Locality::from_labels(&labels);
 
         let duration = |field: &str, v: &Option<String>, default: u64| match v {
             Some(raw) => parse_duration(&format!("ProxyConfig.{field}"), raw),
@@ -589,6 +658,8 @@ impl Config {
             proxy_config_json: serde_json::Value::Object(merged),
             bootstrap_override,
             xds_client,
+            bootstrap_template,
+            locality,
         })
     }
 
@@ -798,6 +869,37 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.input, "discoveryAddress");
+    }
+
+    #[test]
+    fn bootstrap_template_and_locality() {
+        let dir = tempfile::tempdir().unwrap();
+        let tpl = dir.path().join("tpl.yaml");
+        std::fs::write(&tpl, "stats_config: {use_all_default_tags: false}\n").unwrap();
+        std::fs::write(
+            dir.path().join("labels"),
+            "topology.istio.io/locality=\"eu/west-1a/rack9\"\n",
+        )
+        .unwrap();
+        let args = ProxyArgs {
+            pod_info_dir: Some(dir.path().to_path_buf()),
+            template_file: Some(tpl.clone()),
+            ..embedded()
+        };
+        let c = cfg(&[], args).unwrap();
+        assert_eq!(
+            c.bootstrap_template.unwrap()["stats_config"]["use_all_default_tags"],
+            false
+        );
+        assert_eq!(c.locality.zone, "west-1a");
+        assert_eq!(c.locality.sub_zone, "rack9");
+        std::fs::write(&tpl, "{{ .node.id }}\n").unwrap();
+        let e = cfg(&[("ISTIO_BOOTSTRAP", tpl.to_str().unwrap())], embedded()).unwrap_err();
+        assert_eq!(e.input, "env ISTIO_BOOTSTRAP");
+        assert!(
+            e.to_string().contains("Go templates are not supported"),
+            "{e}"
+        );
     }
 
     #[test]

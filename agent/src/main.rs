@@ -255,6 +255,7 @@ fn main() {
                 proxy_log_level,
                 proxy_component_log_level,
                 concurrency,
+                template_file,
                 ..
             } => {
                 let args = ProxyArgs {
@@ -267,6 +268,7 @@ fn main() {
                     config_dir,
                     mesh_config: Some(mesh_config),
                     pod_info_dir: Some(PathBuf::from("./etc/istio/pod")),
+                    template_file: template_file.map(PathBuf::from),
                 };
                 let env: Vec<(String, String)> = std::env::vars().collect();
                 let cfg = Config::from_env(&args, &|k| std::env::var(k).ok(), &env, &uid_of)?;

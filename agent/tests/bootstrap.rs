@@ -7,6 +7,10 @@ use pilot_agent::bootstrap;
 use pilot_agent::config::{Config, ProxyArgs};
 
 fn config(env: &[(&str, &str)]) -> Config {
+    config_with(env, ProxyArgs::default())
+}
+
+fn config_with(env: &[(&str, &str)], extra: ProxyArgs) -> Config {
     let vars: Vec<(String, String)> = env
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -18,7 +22,7 @@ fn config(env: &[(&str, &str)]) -> Config {
             domain: Some("shop.svc.cluster.local".into()),
             config_dir: Some("/etc/istio/mesh.d".into()),
             proxy_log_level: "warning".into(),
-            ..Default::default()
+            ..extra
         },
         &move |k| lookup.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
         &vars,
@@ -45,8 +49,31 @@ fn cases() -> Vec<(&'static str, Config)> {
     );
     hostile.push(("ISTIO_META_INJECT", "}\"]}{\\"));
     hostile.push(("ISTIO_METAJSON_EXTRA", "{\"k\": [1, \"}\"]}"));
+    // A custom template fragment and topology labels, from files as the injector mounts them.
+    let dir = std::env::temp_dir().join(format!("bootstrap-custom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(
+        dir.join("labels"),
+        "topology.kubernetes.io/region=\"eu\"\ntopology.kubernetes.io/zone=\"eu-1a\"\n",
+    )
+    .expect("labels");
+    std::fs::write(
+        dir.join("tpl.yaml"),
+        "stats_config:\n  use_all_default_tags: false\n",
+    )
+    .expect("tpl");
+    let custom = config_with(
+        &base,
+        ProxyArgs {
+            pod_info_dir: Some(dir.clone()),
+            template_file: Some(dir.join("tpl.yaml")),
+            ..Default::default()
+        },
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     vec![
         ("default", config(&base)),
+        ("custom-template", custom),
         ("sotw", config(&sotw)),
         ("hostile", config(&hostile)),
     ]
