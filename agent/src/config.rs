@@ -24,6 +24,9 @@ pub mod env {
     pub const ISTIO_CPU_LIMIT: &str = "ISTIO_CPU_LIMIT";
     pub const ISTIO_BOOTSTRAP_OVERRIDE: &str = "ISTIO_BOOTSTRAP_OVERRIDE";
     pub const ISTIO_BOOTSTRAP: &str = "ISTIO_BOOTSTRAP";
+    pub const ISTIO_KUBE_APP_PROBERS: &str = "ISTIO_KUBE_APP_PROBERS";
+    pub const REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION: &str =
+        "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION";
     pub const XDS_ROOT_CA: &str = "XDS_ROOT_CA";
     pub const ISTIOD_SAN: &str = "ISTIOD_SAN";
     pub const PROV_CERT: &str = "PROV_CERT";
@@ -207,6 +210,11 @@ pub struct Config {
     pub bootstrap_template: Option<serde_json::Value>,
     /// Envoy's locality, from the pod's topology labels.
     pub locality: Locality,
+    /// Rewritten app probes (ISTIO_KUBE_APP_PROBERS), by 15020 path.
+    pub app_probes: std::collections::BTreeMap<String, crate::probes::Probe>,
+    /// Where app probes are dialled: the pod IP, or localhost with
+    /// REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION.
+    pub probe_target: IpAddr,
 }
 
 /// Envoy node locality.
@@ -551,6 +559,27 @@ impl Config {
             None => None,
         };
         let locality = Locality::from_labels(&labels);
+        let probe_target = |legacy_localhost: bool| {
+            if legacy_localhost {
+                IpAddr::from([127, 0, 0, 1])
+            } else {
+                instance_ips
+                    .first()
+                    .copied()
+                    .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+            }
+        };
+        let app_probes = match lookup(env::ISTIO_KUBE_APP_PROBERS) {
+            Some(json) if !json.trim().is_empty() => crate::probes::parse(&json)
+                .map_err(|why| err(env::ISTIO_KUBE_APP_PROBERS, &json, &why))?,
+            _ => Default::default(),
+        };
+        let legacy_localhost = parse_bool(
+            env::REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION,
+            lookup(env::REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION),
+            false,
+        )?;
+        let probe_target = probe_target(legacy_localhost);
 
         let duration = |field: &str, v: &Option<String>, default: u64| match v {
             Some(raw) => parse_duration(&format!("ProxyConfig.{field}"), raw),
@@ -660,6 +689,8 @@ impl Config {
             xds_client,
             bootstrap_template,
             locality,
+            app_probes,
+            probe_target,
         })
     }
 

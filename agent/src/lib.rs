@@ -7,6 +7,7 @@ pub mod bootstrap;
 pub mod config;
 pub mod drain;
 pub mod envoy;
+pub mod probes;
 pub mod status;
 pub mod xds_proxy;
 

@@ -70,6 +70,8 @@ pub struct State {
     admin_port: u16,
     drain: Drain,
     config_dump: String,
+    probes: std::collections::BTreeMap<String, crate::probes::Probe>,
+    probe_target: std::net::IpAddr,
 }
 
 impl State {
@@ -78,6 +80,8 @@ impl State {
             admin_port: cfg.admin_port,
             drain,
             config_dump: format!("{cfg:#?}\n"),
+            probes: cfg.app_probes.clone(),
+            probe_target: cfg.probe_target,
         }
     }
 }
@@ -88,6 +92,13 @@ async fn handle(
     req: Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
     let local = peer.ip().is_loopback();
+    // Only the configured probes run; nothing in the request changes what is dialled.
+    if let Some(probe) = state.probes.get(req.uri().path()) {
+        return match crate::probes::run(probe, state.probe_target).await {
+            Ok(()) => text(StatusCode::OK, ""),
+            Err(why) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{why}\n")),
+        };
+    }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz/ready") => match readiness(state.admin_port, &state.drain).await {
             Ok(()) => text(StatusCode::OK, ""),

@@ -1,0 +1,346 @@
+//! Application probes rewritten by the injector (Istio's `ISTIO_KUBE_APP_PROBERS`, served by
+//! `pilot/cmd/pilot-agent/status/server.go`): kubelet calls `:15020/app-health/<container>/<kind>`
+//! and the agent runs the app's original httpGet, tcpSocket or grpc probe itself.
+//!
+//! Probes are dialled from 127.0.0.6 (`::6`), which istio-iptables never captures, to the pod IP
+//! (or localhost with REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION). Kubelet semantics: 2xx and 3xx
+//! succeed; same-host redirects are followed at most 10 times; a redirect to another host is not
+//! followed (and counts as success, as kubelet does); bodies are read up to 10 KiB. Nothing in the
+//! kubelet's request can change what is dialled: only the configured probe is run.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+
+const MAX_REDIRECTS: usize = 10;
+const MAX_BODY: usize = 10 * 1024;
+
+/// A port given as a number (or a numeric string, as the injector may write it).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+enum PortSpec {
+    Number(u16),
+    Text(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+struct Header {
+    name: String,
+    value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct HttpGetSpec {
+    #[serde(default)]
+    path: Option<String>,
+    port: PortSpec,
+    #[serde(default)]
+    scheme: Option<String>,
+    #[serde(default)]
+    http_headers: Vec<Header>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+struct PortOnly {
+    port: PortSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+struct GrpcSpec {
+    port: PortSpec,
+    #[serde(default)]
+    service: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ProbeSpec {
+    #[serde(default)]
+    http_get: Option<HttpGetSpec>,
+    #[serde(default)]
+    tcp_socket: Option<PortOnly>,
+    #[serde(default)]
+    grpc: Option<GrpcSpec>,
+    #[serde(default)]
+    timeout_seconds: Option<u64>,
+}
+
+/// One rewritten probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    Http {
+        path: String,
+        port: u16,
+        headers: Vec<(String, String)>,
+    },
+    Tcp {
+        port: u16,
+    },
+    Grpc {
+        port: u16,
+        service: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    pub check: Check,
+    pub timeout: Duration,
+}
+
+/// Ports of the proxy itself; a probe may not target them.
+const RESERVED_PORTS: [u16; 9] = [
+    15000, 15001, 15004, 15006, 15008, 15020, 15021, 15053, 15090,
+];
+
+fn port(p: &PortSpec, key: &str) -> Result<u16, String> {
+    let n = match p {
+        PortSpec::Number(n) => *n,
+        PortSpec::Text(t) => t.parse().map_err(|_| {
+            format!("{key}: port {t:?} is not a number (named ports must be resolved)")
+        })?,
+    };
+    if n == 0 || RESERVED_PORTS.contains(&n) {
+        return Err(format!(
+            "{key}: port {n} is not allowed (0 or a port of the proxy)"
+        ));
+    }
+    Ok(n)
+}
+
+/// Parses ISTIO_KUBE_APP_PROBERS: a JSON object of `/app-health/...` or `/app-lifecycle/...` paths.
+pub fn parse(json: &str) -> Result<BTreeMap<String, Probe>, String> {
+    let raw: BTreeMap<String, ProbeSpec> =
+        serde_json::from_str(json).map_err(|e| format!("not a JSON object of probes: {e}"))?;
+    let mut out = BTreeMap::new();
+    for (key, spec) in raw {
+        if !(key.starts_with("/app-health/") || key.starts_with("/app-lifecycle/")) {
+            return Err(format!(
+                "{key}: expected a path under /app-health/ or /app-lifecycle/"
+            ));
+        }
+        let check = match (&spec.http_get, &spec.tcp_socket, &spec.grpc) {
+            (Some(h), None, None) => {
+                if h.scheme
+                    .as_deref()
+                    .is_some_and(|s| !s.eq_ignore_ascii_case("http"))
+                {
+                    return Err(format!("{key}: only the HTTP scheme is supported"));
+                }
+                let path = h.path.clone().unwrap_or_else(|| "/".to_string());
+                if !path.starts_with('/') {
+                    return Err(format!("{key}: path {path:?} must start with '/'"));
+                }
+                Check::Http {
+                    path,
+                    port: port(&h.port, &key)?,
+                    headers: h
+                        .http_headers
+                        .iter()
+                        .map(|h| (h.name.clone(), h.value.clone()))
+                        .collect(),
+                }
+            }
+            (None, Some(t), None) => Check::Tcp {
+                port: port(&t.port, &key)?,
+            },
+            (None, None, Some(g)) => Check::Grpc {
+                port: port(&g.port, &key)?,
+                service: g.service.clone().unwrap_or_default(),
+            },
+            _ => {
+                return Err(format!(
+                    "{key}: expected exactly one of httpGet, tcpSocket, grpc"
+                ));
+            }
+        };
+        let timeout = Duration::from_secs(spec.timeout_seconds.unwrap_or(1).clamp(1, 60));
+        out.insert(key, Probe { check, timeout });
+    }
+    Ok(out)
+}
+
+fn source_for(target: IpAddr) -> IpAddr {
+    match target {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6)),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6)),
+    }
+}
+
+async fn connect(target: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = match target {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.bind(SocketAddr::new(source_for(target.ip()), 0))?;
+    socket.connect(target).await
+}
+
+/// Result of one probe: success, or why not.
+pub type Outcome = Result<(), String>;
+
+async fn http_once(
+    target: SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<(u16, Option<String>), String> {
+    let stream = connect(target)
+        .await
+        .map_err(|e| format!("connect {target}: {e}"))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method(hyper::Method::GET)
+        .uri(path)
+        .header(hyper::header::USER_AGENT, "kube-probe/1.33 (istio-agent)")
+        .header(hyper::header::HOST, target.to_string());
+    for (k, v) in headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let req = req.body(Empty::<Bytes>::new()).map_err(|e| e.to_string())?;
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let location = resp
+        .headers()
+        .get(hyper::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    // Read (and drop) at most MAX_BODY bytes; a larger body does not fail the probe.
+    let _ = Limited::new(resp.into_body(), MAX_BODY).collect().await;
+    Ok((status, location))
+}
+
+/// Where a redirect goes: `Some(path)` on the same host, `None` for another host.
+fn same_host_redirect(location: &str, target: SocketAddr) -> Option<String> {
+    if location.starts_with('/') {
+        return Some(location.to_string());
+    }
+    let rest = location
+        .strip_prefix("http://")
+        .or_else(|| location.strip_prefix("https://"))?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let same = authority == target.to_string()
+        || (target.port() == 80 && authority == target.ip().to_string());
+    same.then(|| {
+        if path.is_empty() {
+            "/".to_string()
+        } else {
+            path.to_string()
+        }
+    })
+}
+
+async fn http_probe(target: SocketAddr, path: &str, headers: &[(String, String)]) -> Outcome {
+    let mut path = path.to_string();
+    for _ in 0..=MAX_REDIRECTS {
+        let (status, location) = http_once(target, &path, headers).await?;
+        match status {
+            200..=299 => return Ok(()),
+            300..=399 => match location.as_deref().map(|l| same_host_redirect(l, target)) {
+                Some(Some(next)) => path = next,
+                // Kubelet does not follow a redirect to another host and counts it as success.
+                Some(None) => return Ok(()),
+                None => return Ok(()),
+            },
+            _ => return Err(format!("HTTP {status} from {target}{path}")),
+        }
+    }
+    Err(format!("more than {MAX_REDIRECTS} redirects from {target}"))
+}
+
+async fn grpc_probe(target: SocketAddr, service: &str) -> Outcome {
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_local_address(Some(source_for(target.ip())));
+    connector.enforce_http(false);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{target}"))
+        .map_err(|e| e.to_string())?
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| format!("connect {target}: {e}"))?;
+    let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+    let resp = client
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: service.to_string(),
+        })
+        .await
+        .map_err(|e| format!("gRPC health check: {}", e.message()))?;
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    if resp.into_inner().status == serving {
+        Ok(())
+    } else {
+        Err("gRPC health check: not serving".to_string())
+    }
+}
+
+/// Runs `probe` against `ip`.
+pub async fn run(probe: &Probe, ip: IpAddr) -> Outcome {
+    let work = async {
+        match &probe.check {
+            Check::Http {
+                path,
+                port,
+                headers,
+            } => http_probe(SocketAddr::new(ip, *port), path, headers).await,
+            Check::Tcp { port } => connect(SocketAddr::new(ip, *port))
+                .await
+                .map(drop)
+                .map_err(|e| format!("connect {ip}:{port}: {e}")),
+            Check::Grpc { port, service } => grpc_probe(SocketAddr::new(ip, *port), service).await,
+        }
+    };
+    tokio::time::timeout(probe.timeout, work)
+        .await
+        .unwrap_or_else(|_| Err(format!("timed out after {:?}", probe.timeout)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_injector_format() {
+        let p = parse(
+            r#"{"/app-health/web/livez":{"httpGet":{"path":"/healthz","port":8080,"scheme":"HTTP"},"timeoutSeconds":2},
+                "/app-health/web/readyz":{"tcpSocket":{"port":"8081"}},
+                "/app-health/web/startupz":{"grpc":{"port":9000}}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.len(), 3);
+        assert_eq!(p["/app-health/web/livez"].timeout, Duration::from_secs(2));
+        assert_eq!(p["/app-health/web/readyz"].check, Check::Tcp { port: 8081 });
+    }
+
+    #[test]
+    fn rejects_bad_probes() {
+        for bad in [
+            r#"{"/other":{"tcpSocket":{"port":80}}}"#,
+            r#"{"/app-health/a/livez":{"tcpSocket":{"port":15020}}}"#,
+            r#"{"/app-health/a/livez":{"tcpSocket":{"port":"http"}}}"#,
+            r#"{"/app-health/a/livez":{"httpGet":{"port":80,"scheme":"HTTPS"}}}"#,
+            r#"{"/app-health/a/livez":{}}"#,
+            r#"[1]"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn redirects_stay_on_the_same_host() {
+        let t: SocketAddr = "10.0.0.5:8080".parse().unwrap();
+        assert_eq!(same_host_redirect("/next", t), Some("/next".into()));
+        assert_eq!(
+            same_host_redirect("http://10.0.0.5:8080/x", t),
+            Some("/x".into())
+        );
+        assert_eq!(same_host_redirect("http://10.200.0.1:9/", t), None);
+        assert_eq!(same_host_redirect("http://evil.example/x", t), None);
+    }
+}
