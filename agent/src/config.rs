@@ -25,6 +25,7 @@ pub mod env {
     pub const ISTIO_BOOTSTRAP_OVERRIDE: &str = "ISTIO_BOOTSTRAP_OVERRIDE";
     pub const ISTIO_BOOTSTRAP: &str = "ISTIO_BOOTSTRAP";
     pub const ISTIO_KUBE_APP_PROBERS: &str = "ISTIO_KUBE_APP_PROBERS";
+    pub const ISTIO_PROMETHEUS_ANNOTATIONS: &str = "ISTIO_PROMETHEUS_ANNOTATIONS";
     pub const REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION: &str =
         "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION";
     pub const XDS_ROOT_CA: &str = "XDS_ROOT_CA";
@@ -215,6 +216,8 @@ pub struct Config {
     /// Where app probes are dialled: the pod IP, or localhost with
     /// REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION.
     pub probe_target: IpAddr,
+    /// The application's metrics to merge into 15020's exposition.
+    pub app_metrics: Option<crate::metrics::AppMetrics>,
 }
 
 /// Envoy node locality.
@@ -580,6 +583,11 @@ impl Config {
             false,
         )?;
         let probe_target = probe_target(legacy_localhost);
+        let app_metrics = match lookup(env::ISTIO_PROMETHEUS_ANNOTATIONS) {
+            Some(json) if !json.trim().is_empty() => crate::metrics::parse_app_metrics(&json)
+                .map_err(|why| err(env::ISTIO_PROMETHEUS_ANNOTATIONS, &json, &why))?,
+            _ => None,
+        };
 
         let duration = |field: &str, v: &Option<String>, default: u64| match v {
             Some(raw) => parse_duration(&format!("ProxyConfig.{field}"), raw),
@@ -691,6 +699,7 @@ impl Config {
             locality,
             app_probes,
             probe_target,
+            app_metrics,
         })
     }
 

@@ -7,6 +7,7 @@ pub mod bootstrap;
 pub mod config;
 pub mod drain;
 pub mod envoy;
+pub mod metrics;
 pub mod probes;
 pub mod status;
 pub mod xds_proxy;
@@ -88,6 +89,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
 
     let drain = Drain::default();
     listen_for_signals(drain.clone());
+    let metrics = std::sync::Arc::new(metrics::Metrics::new());
 
     let dir_fail = |source| AgentError::Write {
         path: cfg.config_path.clone(),
@@ -107,15 +109,18 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             })?;
     tokio::spawn(status::serve(
         status_listener,
-        status::State::new(&cfg, drain.clone()),
+        status::State::new(&cfg, drain.clone(), metrics.clone()),
     ));
 
     let as_root = nix::unistd::geteuid().is_root();
     let xds_listener = xds_proxy::bind(&cfg.xds_socket_path(), as_root.then_some(cfg.envoy_uid))?;
     let xds_drain = drain.clone();
-    let xds_task = tokio::spawn(xds_proxy::serve(xds_listener, upstream, async move {
-        xds_drain.finished().await
-    }));
+    let xds_task = tokio::spawn(xds_proxy::serve(
+        xds_listener,
+        upstream,
+        metrics.clone(),
+        async move { xds_drain.finished().await },
+    ));
 
     let bootstrap_path = cfg.bootstrap_path();
     let bootstrap = serde_json::to_vec_pretty(&bootstrap::render(&cfg)).unwrap_or_default();

@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
@@ -58,9 +59,43 @@ pub async fn readiness(admin_port: u16, drain: &Drain) -> Result<(), String> {
     Ok(())
 }
 
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()).boxed());
     *r.status_mut() = status;
+    r
+}
+
+/// `/stats/prometheus`: the merged exposition, streamed.
+fn stats(state: &Arc<State>, req: &Request<hyper::body::Incoming>) -> Response<Body> {
+    let timeout = req
+        .headers()
+        .get("x-prometheus-scrape-timeout-seconds")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .map_or(std::time::Duration::from_secs(10), |t| {
+            std::time::Duration::from_secs_f64(t.min(300.0))
+        });
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tokio::spawn(crate::metrics::merged(
+        state.metrics.clone(),
+        crate::bootstrap::PROMETHEUS_PORT,
+        req.uri().query().map(str::to_string),
+        state.app_metrics.clone(),
+        timeout,
+        tx,
+    ));
+    let body = http_body_util::StreamBody::new(
+        tokio_stream::wrappers::ReceiverStream::new(rx)
+            .map(|b| Ok::<_, Infallible>(hyper::body::Frame::data(b))),
+    );
+    let mut r = Response::new(BodyExt::boxed(body));
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
     r
 }
 
@@ -72,16 +107,24 @@ pub struct State {
     config_dump: String,
     probes: std::collections::BTreeMap<String, crate::probes::Probe>,
     probe_target: std::net::IpAddr,
+    metrics: Arc<crate::metrics::Metrics>,
+    app_metrics: Option<crate::metrics::AppMetrics>,
 }
 
 impl State {
-    pub fn new(cfg: &crate::config::Config, drain: Drain) -> State {
+    pub fn new(
+        cfg: &crate::config::Config,
+        drain: Drain,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> State {
         State {
             admin_port: cfg.admin_port,
             drain,
             config_dump: format!("{cfg:#?}\n"),
             probes: cfg.app_probes.clone(),
             probe_target: cfg.probe_target,
+            metrics,
+            app_metrics: cfg.app_metrics.clone(),
         }
     }
 }
@@ -90,7 +133,7 @@ async fn handle(
     state: Arc<State>,
     peer: SocketAddr,
     req: Request<hyper::body::Incoming>,
-) -> Response<Full<Bytes>> {
+) -> Response<Body> {
     let local = peer.ip().is_loopback();
     // Only the configured probes run; nothing in the request changes what is dialled.
     if let Some(probe) = state.probes.get(req.uri().path()) {
@@ -100,8 +143,12 @@ async fn handle(
         };
     }
     match (req.method(), req.uri().path()) {
+        (&Method::GET, "/stats/prometheus" | "/metrics") => stats(&state, &req),
         (&Method::GET, "/healthz/ready") => match readiness(state.admin_port, &state.drain).await {
-            Ok(()) => text(StatusCode::OK, ""),
+            Ok(()) => {
+                state.metrics.mark_ready();
+                text(StatusCode::OK, "")
+            }
             Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, why),
         },
         (_, "/quitquitquit" | "/drain") | (_, "/debug/config") if !local => {

@@ -255,10 +255,14 @@ impl Upstream {
 }
 
 /// Forwards Envoy's request stream into a channel until Envoy ends or errors.
-fn forward(mut from: Streaming<Bytes>) -> ReceiverStream<Bytes> {
+fn forward(
+    mut from: Streaming<Bytes>,
+    metrics: Arc<crate::metrics::Metrics>,
+) -> ReceiverStream<Bytes> {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
         while let Some(Ok(item)) = from.next().await {
+            metrics.xds_proxy_requests.inc();
             if tx.send(item).await.is_err() {
                 break;
             }
@@ -269,6 +273,7 @@ fn forward(mut from: Streaming<Bytes>) -> ReceiverStream<Bytes> {
 
 struct Inner {
     upstream: Upstream,
+    metrics: Arc<crate::metrics::Metrics>,
     /// Consecutive failed dials to the control plane.
     failures: AtomicU32,
 }
@@ -281,11 +286,16 @@ impl Inner {
             if delta { "delta" } else { "state of the world" }
         );
         tokio::time::sleep(backoff(self.failures.load(Ordering::Relaxed))).await;
-        match self.upstream.open(delta, forward(requests)).await {
+        let metrics = self.metrics.clone();
+        let counted = forward(requests, metrics.clone());
+        match self.upstream.open(delta, counted).await {
             Ok(responses) => {
                 self.failures.store(0, Ordering::Relaxed);
-                Ok(Box::pin(responses.filter(|r| {
+                Ok(Box::pin(responses.filter(move |r| {
                     let keep = keep_response(r);
+                    if keep {
+                        metrics.xds_proxy_responses.inc();
+                    }
                     async move { keep }
                 })))
             }
@@ -384,11 +394,13 @@ pub fn bind(path: &Path, envoy_uid: Option<u32>) -> Result<UnixListener, XdsProx
 pub async fn serve(
     listener: UnixListener,
     upstream: Upstream,
+    metrics: Arc<crate::metrics::Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), XdsProxyError> {
     let service = ProxyService {
         inner: Arc::new(Inner {
             upstream,
+            metrics,
             failures: AtomicU32::new(0),
         }),
     };

@@ -1,0 +1,266 @@
+//! The agent's own metrics (Istio's `istio_agent_*` names) and the merged Prometheus exposition
+//! served on 15020: agent metrics, then Envoy's `localhost:15090/stats/prometheus`, then the
+//! application's metrics named by ISTIO_PROMETHEUS_ANNOTATIONS (Istio's `status/server.go`
+//! `handleStats`). Envoy's part is streamed through, never held whole; the app's part is capped.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+/// Largest application exposition forwarded (Istio's cap).
+pub const MAX_APP_METRICS: usize = 10 * 1024 * 1024;
+
+/// Counters and gauges the agent updates.
+pub struct Metrics {
+    registry: Registry,
+    pub xds_proxy_requests: Counter,
+    pub xds_proxy_responses: Counter,
+    pub startup_duration_seconds: Gauge<f64, AtomicU64>,
+    resident_memory_bytes: Gauge,
+    started: std::time::Instant,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("istio_agent");
+        let xds_proxy_requests = Counter::default();
+        let xds_proxy_responses = Counter::default();
+        let startup_duration_seconds = Gauge::<f64, AtomicU64>::default();
+        let resident_memory_bytes = Gauge::default();
+        registry.register(
+            "xds_proxy_requests",
+            "xDS requests forwarded from Envoy to the control plane",
+            xds_proxy_requests.clone(),
+        );
+        registry.register(
+            "xds_proxy_responses",
+            "xDS responses forwarded from the control plane to Envoy",
+            xds_proxy_responses.clone(),
+        );
+        registry.register(
+            "startup_duration_seconds",
+            "Seconds from agent start to the proxy first being ready",
+            startup_duration_seconds.clone(),
+        );
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory of the agent process",
+            resident_memory_bytes.clone(),
+        );
+        Metrics {
+            registry,
+            xds_proxy_requests,
+            xds_proxy_responses,
+            startup_duration_seconds,
+            resident_memory_bytes,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Records the first time the proxy is ready.
+    pub fn mark_ready(&self) {
+        if self.startup_duration_seconds.get() == 0.0 {
+            self.startup_duration_seconds
+                .set(self.started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// The agent's metrics in the text exposition format (no `# EOF`).
+    pub fn encode(&self) -> String {
+        if let Ok(statm) = std::fs::read_to_string("/proc/self/statm")
+            && let Some(pages) = statm
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<i64>().ok())
+        {
+            self.resident_memory_bytes.set(pages * 4096);
+        }
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            return String::new();
+        }
+        strip_eof(&out)
+    }
+}
+
+/// Drops OpenMetrics `# EOF` lines, so sources can be concatenated into one exposition.
+pub fn strip_eof(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines().filter(|l| l.trim() != "# EOF") {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// ISTIO_PROMETHEUS_ANNOTATIONS: where the application serves its metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppMetrics {
+    pub port: u16,
+    pub path: String,
+}
+
+#[derive(Deserialize)]
+struct Annotations {
+    #[serde(default)]
+    scrape: Option<String>,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    port: Option<String>,
+}
+
+/// Ports of the proxy itself, never scraped as the app's.
+const RESERVED_PORTS: [u16; 9] = [
+    15000, 15001, 15004, 15006, 15008, 15020, 15021, 15053, 15090,
+];
+
+/// Parses ISTIO_PROMETHEUS_ANNOTATIONS (`{"scrape":"true","path":"/metrics","port":"8080"}`).
+pub fn parse_app_metrics(json: &str) -> Result<Option<AppMetrics>, String> {
+    let a: Annotations =
+        serde_json::from_str(json).map_err(|e| format!("not a JSON object: {e}"))?;
+    if a.scrape.as_deref() != Some("true") {
+        return Ok(None);
+    }
+    let port = match a.port.as_deref() {
+        None | Some("") => 80,
+        Some(p) => p
+            .parse::<u16>()
+            .map_err(|_| format!("port {p:?} is not a number"))?,
+    };
+    if port == 0 || RESERVED_PORTS.contains(&port) {
+        return Err(format!("port {port} belongs to the proxy"));
+    }
+    let path = a.path.unwrap_or_else(|| "/metrics".to_string());
+    if !path.starts_with('/') || path.contains(char::is_whitespace) {
+        return Err(format!(
+            "path {path:?} must start with '/' and have no spaces"
+        ));
+    }
+    Ok(Some(AppMetrics { port, path }))
+}
+
+async fn get(port: u16, path: &str) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("127.0.0.1:{port}: {e}"))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .uri(path)
+        .header(hyper::header::HOST, "localhost")
+        .header(hyper::header::ACCEPT, "text/plain")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    sender.send_request(req).await.map_err(|e| e.to_string())
+}
+
+/// Streams the merged exposition into `tx`. `query` is passed to Envoy; each source is bounded by
+/// `timeout` (the scraper's X-Prometheus-Scrape-Timeout-Seconds, else 10 s).
+pub async fn merged(
+    metrics: std::sync::Arc<Metrics>,
+    envoy_port: u16,
+    query: Option<String>,
+    app: Option<AppMetrics>,
+    timeout: Duration,
+    tx: mpsc::Sender<Bytes>,
+) {
+    if tx.send(Bytes::from(metrics.encode())).await.is_err() {
+        return;
+    }
+    let envoy_path = match &query {
+        Some(q) if !q.is_empty() => format!("/stats/prometheus?{q}"),
+        _ => "/stats/prometheus".to_string(),
+    };
+    let envoy = async {
+        let resp = get(envoy_port, &envoy_path).await?;
+        let mut body = resp.into_body();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| e.to_string())?;
+            if let Ok(data) = frame.into_data()
+                && tx.send(data).await.is_err()
+            {
+                return Ok(());
+            }
+        }
+        Ok::<(), String>(())
+    };
+    if let Err(e) = tokio::time::timeout(timeout, envoy)
+        .await
+        .unwrap_or_else(|_| Err("timed out".into()))
+    {
+        tracing::warn!(error = %e, "could not read Envoy's metrics");
+    }
+    if let Some(app) = app {
+        let scrape = async {
+            let resp = get(app.port, &app.path).await?;
+            let body = http_body_util::Limited::new(resp.into_body(), MAX_APP_METRICS)
+                .collect()
+                .await
+                .map_err(|e| format!("over {MAX_APP_METRICS} bytes or unreadable: {e}"))?
+                .to_bytes();
+            Ok::<String, String>(strip_eof(&String::from_utf8_lossy(&body)))
+        };
+        match tokio::time::timeout(timeout, scrape).await {
+            Ok(Ok(text)) => {
+                let _ = tx.send(Bytes::from(text)).await;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, port = app.port, "could not read the app's metrics")
+            }
+            Err(_) => tracing::warn!(port = app.port, "app metrics timed out"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_metrics_use_istio_names() {
+        let m = Metrics::new();
+        m.xds_proxy_requests.inc();
+        let text = m.encode();
+        assert!(
+            text.contains("istio_agent_xds_proxy_requests_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("istio_agent_process_resident_memory_bytes"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"));
+    }
+
+    #[test]
+    fn app_annotations() {
+        assert_eq!(
+            parse_app_metrics(r#"{"scrape":"true","path":"/m","port":"9100"}"#).unwrap(),
+            Some(AppMetrics {
+                port: 9100,
+                path: "/m".into()
+            })
+        );
+        assert_eq!(parse_app_metrics(r#"{"scrape":"false"}"#).unwrap(), None);
+        assert!(parse_app_metrics(r#"{"scrape":"true","port":"15090"}"#).is_err());
+        assert!(parse_app_metrics(r#"{"scrape":"true","port":"x"}"#).is_err());
+        assert_eq!(strip_eof("a 1\n# EOF\n"), "a 1\n");
+    }
+}

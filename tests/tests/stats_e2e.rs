@@ -1,0 +1,136 @@
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+//! The merged Prometheus exposition on 15020: the agent's metrics, Envoy's (via 15090) and the
+//! app's (ISTIO_PROMETHEUS_ANNOTATIONS, OpenMetrics with `# EOF`), as one valid text exposition.
+
+use std::time::Duration;
+
+use harness::{Network, binary, require_envoy, require_root};
+
+const APP: &str = r##"
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"# HELP myapp_jobs Jobs done.\n# TYPE myapp_jobs counter\nmyapp_jobs_total{kind=\"a\"} 42\n# EOF\n"
+        self.send_response(200 if self.path == "/custom-metrics" else 404)
+        self.send_header("Content-Type", "application/openmetrics-text; version=1.0.0")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", 9100), H).serve_forever()
+"##;
+
+/// Checks the text exposition format line by line: comments, or `name{labels} value`.
+fn assert_valid_exposition(text: &str) {
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(comment) = line.strip_prefix('#') {
+            assert!(
+                comment.starts_with(" HELP ")
+                    || comment.starts_with(" TYPE ")
+                    || comment.starts_with(' '),
+                "{line}"
+            );
+            assert_ne!(
+                line.trim(),
+                "# EOF",
+                "an # EOF in the middle of the merged output"
+            );
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value: {line}"));
+        let value = value.trim();
+        assert!(
+            value.parse::<f64>().is_ok() || ["NaN", "+Inf", "-Inf"].contains(&value),
+            "bad value in {line:?}"
+        );
+        let name = series.split('{').next().unwrap();
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        if series.contains('{') {
+            assert!(series.ends_with('}'), "unterminated labels in {line:?}");
+        }
+    }
+}
+
+#[test]
+fn merged_stats_hold_agent_envoy_and_app_metrics() {
+    if !require_root("merged_stats_hold_agent_envoy_and_app_metrics")
+        || !require_envoy("merged_stats_hold_agent_envoy_and_app_metrics")
+    {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    net.add_pod("pod", 2).unwrap();
+    net.add_pod("prometheus", 3).unwrap();
+    let mesh = net.dir().join("mesh");
+    std::fs::create_dir_all(&mesh).unwrap();
+    net.pods[0]
+        .spawn("app", 1000, 1000, &[], &["/usr/bin/python3", "-c", APP])
+        .unwrap();
+    let agent = binary("pilot-agent");
+    net.pods[0]
+        .spawn(
+            "pilot-agent",
+            0,
+            0,
+            &[
+                ("POD_NAME", "web"),
+                ("POD_NAMESPACE", "demo"),
+                ("INSTANCE_IP", "10.233.0.2"),
+                ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
+                (
+                    "ISTIO_PROMETHEUS_ANNOTATIONS",
+                    "{\"scrape\":\"true\",\"path\":\"/custom-metrics\",\"port\":\"9100\"}",
+                ),
+            ],
+            &[
+                agent.to_str().unwrap(),
+                "proxy",
+                "sidecar",
+                "--configDir",
+                mesh.to_str().unwrap(),
+            ],
+        )
+        .unwrap();
+    let ready = net.pods[0].wait_http_ok(
+        "http://127.0.0.1:15021/healthz/ready",
+        Duration::from_secs(60),
+    );
+    assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
+
+    let (code, text) = net.pods[1]
+        .http_get(0, "http://10.233.0.2:15020/stats/prometheus")
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        text.contains("istio_agent_xds_proxy_requests_total"),
+        "agent metrics missing:\n{text}"
+    );
+    assert!(
+        text.contains("istio_agent_startup_duration_seconds"),
+        "{text}"
+    );
+    assert!(
+        text.contains("envoy_cluster_manager_cds_update_success"),
+        "Envoy metrics missing"
+    );
+    assert!(
+        text.contains("myapp_jobs_total{kind=\"a\"} 42"),
+        "app metrics missing:\n{text}"
+    );
+    assert_valid_exposition(&text);
+    // /metrics is the same endpoint; the query goes to Envoy (here: only used metrics).
+    let (code, used) = net.pods[1]
+        .http_get(0, "http://10.233.0.2:15020/metrics?usedonly")
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(used.len() < text.len(), "usedonly was not passed to Envoy");
+    assert_valid_exposition(&used);
+}
