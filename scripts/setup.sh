@@ -15,7 +15,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 need_apt=()
-for pair in iptables:iptables ip:iproute2 setpriv:util-linux curl:curl /usr/bin/python3:python3; do
+for pair in iptables:iptables ip:iproute2 setpriv:util-linux curl:curl /usr/bin/python3:python3 dnsmasq:dnsmasq-base; do
   cmd="${pair%%:*}"; pkg="${pair##*:}"
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
@@ -26,7 +26,7 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 else
-  say "iptables, iproute2, util-linux, curl, python3: present"
+  say "iptables, iproute2, util-linux, curl, python3, dnsmasq: present"
 fi
 
 have_envoy_version() {

@@ -26,6 +26,8 @@ pub mod env {
     pub const ISTIO_BOOTSTRAP: &str = "ISTIO_BOOTSTRAP";
     pub const ISTIO_KUBE_APP_PROBERS: &str = "ISTIO_KUBE_APP_PROBERS";
     pub const ISTIO_PROMETHEUS_ANNOTATIONS: &str = "ISTIO_PROMETHEUS_ANNOTATIONS";
+    pub const DNS_PROXY_ADDR: &str = "DNS_PROXY_ADDR";
+    pub const DNS_FORWARD_TIMEOUT: &str = "DNS_FORWARD_TIMEOUT";
     pub const REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION: &str =
         "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION";
     pub const XDS_ROOT_CA: &str = "XDS_ROOT_CA";
@@ -218,6 +220,16 @@ pub struct Config {
     pub probe_target: IpAddr,
     /// The application's metrics to merge into 15020's exposition.
     pub app_metrics: Option<crate::metrics::AppMetrics>,
+    /// The DNS proxy, when ISTIO_META_DNS_CAPTURE or ISTIO_META_ENABLE_DNS_SERVER is true.
+    pub dns: Option<DnsConfig>,
+}
+
+/// The DNS proxy's listen address and upstream resolvers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsConfig {
+    pub listen: std::net::SocketAddr,
+    pub upstreams: Vec<std::net::SocketAddr>,
+    pub forward_timeout: Duration,
 }
 
 /// Envoy node locality.
@@ -293,6 +305,8 @@ pub struct ProxyArgs {
     pub pod_info_dir: Option<PathBuf>,
     /// `--templateFile`: a bootstrap fragment merged over the generated bootstrap.
     pub template_file: Option<PathBuf>,
+    /// The resolv.conf whose nameservers the DNS proxy forwards to (/etc/resolv.conf).
+    pub resolv_conf: Option<PathBuf>,
 }
 
 /// Parses a Kubernetes downward-API file (`key="value"` per line, values Go-quoted).
@@ -583,6 +597,55 @@ impl Config {
             false,
         )?;
         let probe_target = probe_target(legacy_localhost);
+        let meta_true = |key: &str| {
+            let name = format!("{}{key}", env::ISTIO_META_PREFIX);
+            lookup(&name).as_deref() == Some("true")
+                || pc
+                    .proxy_metadata
+                    .as_ref()
+                    .is_some_and(|m| m.get(&name).is_some_and(|v| v == "true"))
+        };
+        let dns = if meta_true("DNS_CAPTURE") || meta_true("ENABLE_DNS_SERVER") {
+            let raw = lookup(env::DNS_PROXY_ADDR).unwrap_or_else(|| "localhost:15053".to_string());
+            let listen = raw
+                .replacen("localhost:", "127.0.0.1:", 1)
+                .parse::<std::net::SocketAddr>()
+                .map_err(|_| {
+                    err(
+                        env::DNS_PROXY_ADDR,
+                        &raw,
+                        "host:port with an IP or localhost",
+                    )
+                })?;
+            let resolv = args
+                .resolv_conf
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/etc/resolv.conf"));
+            let upstreams = std::fs::read_to_string(&resolv)
+                .map(|t| {
+                    t.lines()
+                        .filter_map(|l| {
+                            let mut w = l.split_whitespace();
+                            (w.next() == Some("nameserver"))
+                                .then(|| w.next()?.parse::<IpAddr>().ok())
+                                .flatten()
+                        })
+                        .map(|ip| std::net::SocketAddr::new(ip, 53))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let forward_timeout = match lookup(env::DNS_FORWARD_TIMEOUT) {
+                Some(raw) => parse_duration(env::DNS_FORWARD_TIMEOUT, &raw)?,
+                None => Duration::from_secs(5),
+            };
+            Some(DnsConfig {
+                listen,
+                upstreams,
+                forward_timeout,
+            })
+        } else {
+            None
+        };
         let app_metrics = match lookup(env::ISTIO_PROMETHEUS_ANNOTATIONS) {
             Some(json) if !json.trim().is_empty() => crate::metrics::parse_app_metrics(&json)
                 .map_err(|why| err(env::ISTIO_PROMETHEUS_ANNOTATIONS, &json, &why))?,
@@ -700,6 +763,7 @@ impl Config {
             app_probes,
             probe_target,
             app_metrics,
+            dns,
         })
     }
 

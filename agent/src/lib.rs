@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod bootstrap;
 pub mod config;
+pub mod dns;
 pub mod drain;
 pub mod envoy;
 pub mod metrics;
@@ -90,6 +91,8 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     let drain = Drain::default();
     listen_for_signals(drain.clone());
     let metrics = std::sync::Arc::new(metrics::Metrics::new());
+    // Readiness also waits for the DNS table when the DNS proxy is on.
+    let (status_dns, status_dns_rx) = tokio::sync::watch::channel(None);
 
     let dir_fail = |source| AgentError::Write {
         path: cfg.config_path.clone(),
@@ -109,16 +112,40 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             })?;
     tokio::spawn(status::serve(
         status_listener,
-        status::State::new(&cfg, drain.clone(), metrics.clone()),
+        status::State::new(&cfg, drain.clone(), metrics.clone(), status_dns_rx),
     ));
 
     let as_root = nix::unistd::geteuid().is_root();
     let xds_listener = xds_proxy::bind(&cfg.xds_socket_path(), as_root.then_some(cfg.envoy_uid))?;
     let xds_drain = drain.clone();
+    // The DNS proxy answers from the table the xDS proxy receives over NDS.
+    let dns_state = match &cfg.dns {
+        Some(dns_cfg) => {
+            let (table_tx, table_rx) = tokio::sync::watch::channel(None);
+            let upstreams = dns::Upstreams {
+                servers: dns_cfg.upstreams.clone(),
+                timeout: dns_cfg.forward_timeout,
+            };
+            let listen = dns_cfg.listen;
+            let rx = table_rx.clone();
+            tokio::spawn(async move {
+                if let Err(e) = dns::serve(listen, rx, upstreams).await {
+                    tracing::error!(error = %e, %listen, "DNS proxy failed");
+                }
+            });
+            status_dns.send_replace(Some(table_rx));
+            Some(xds_proxy::DnsState {
+                table: table_tx,
+                pod_namespace: cfg.pod_namespace.clone(),
+            })
+        }
+        None => None,
+    };
     let xds_task = tokio::spawn(xds_proxy::serve(
         xds_listener,
         upstream,
         metrics.clone(),
+        dns_state,
         async move { xds_drain.finished().await },
     ));
 

@@ -269,6 +269,7 @@ fn main() {
                     mesh_config: Some(mesh_config),
                     pod_info_dir: Some(PathBuf::from("./etc/istio/pod")),
                     template_file: template_file.map(PathBuf::from),
+                    resolv_conf: None,
                 };
                 let env: Vec<(String, String)> = std::env::vars().collect();
                 let cfg = Config::from_env(&args, &|k| std::env::var(k).ok(), &env, &uid_of)?;

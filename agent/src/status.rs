@@ -16,10 +16,20 @@ use tokio::net::TcpListener;
 use crate::admin;
 use crate::drain::{Drain, Shutdown};
 
+/// The DNS table readiness waits for: outer `None` while the DNS proxy is off.
+pub type DnsReadiness = tokio::sync::watch::Receiver<Option<crate::dns::TableWatch>>;
+
 /// Why the proxy is not ready, as the 503 body names it.
-pub async fn readiness(admin_port: u16, drain: &Drain) -> Result<(), String> {
+pub async fn readiness(admin_port: u16, drain: &Drain, dns: &DnsReadiness) -> Result<(), String> {
     if drain.is_draining() {
         return Err("the proxy is shutting down".into());
+    }
+    let dns_pending = dns
+        .borrow()
+        .as_ref()
+        .is_some_and(|table| table.borrow().is_none());
+    if dns_pending {
+        return Err("DNS name table not received from the control plane yet".into());
     }
     let filter = admin::encode_query(
         r"^(cluster_manager\.cds|listener_manager\.lds)\.(update_success|update_rejected)$",
@@ -109,6 +119,7 @@ pub struct State {
     probe_target: std::net::IpAddr,
     metrics: Arc<crate::metrics::Metrics>,
     app_metrics: Option<crate::metrics::AppMetrics>,
+    dns: DnsReadiness,
 }
 
 impl State {
@@ -116,6 +127,7 @@ impl State {
         cfg: &crate::config::Config,
         drain: Drain,
         metrics: Arc<crate::metrics::Metrics>,
+        dns: DnsReadiness,
     ) -> State {
         State {
             admin_port: cfg.admin_port,
@@ -125,6 +137,7 @@ impl State {
             probe_target: cfg.probe_target,
             metrics,
             app_metrics: cfg.app_metrics.clone(),
+            dns,
         }
     }
 }
@@ -144,13 +157,15 @@ async fn handle(
     }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/stats/prometheus" | "/metrics") => stats(&state, &req),
-        (&Method::GET, "/healthz/ready") => match readiness(state.admin_port, &state.drain).await {
-            Ok(()) => {
-                state.metrics.mark_ready();
-                text(StatusCode::OK, "")
+        (&Method::GET, "/healthz/ready") => {
+            match readiness(state.admin_port, &state.drain, &state.dns).await {
+                Ok(()) => {
+                    state.metrics.mark_ready();
+                    text(StatusCode::OK, "")
+                }
+                Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, why),
             }
-            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, why),
-        },
+        }
         (_, "/quitquitquit" | "/drain") | (_, "/debug/config") if !local => {
             text(StatusCode::FORBIDDEN, "only from localhost\n")
         }

@@ -254,26 +254,136 @@ impl Upstream {
     }
 }
 
-/// Forwards Envoy's request stream into a channel until Envoy ends or errors.
+/// Just the `type_url` of a request: field 4 of DiscoveryRequest.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SotwRequestType {
+    #[prost(string, tag = "4")]
+    type_url: String,
+}
+
+/// Just the `type_url` of a request: field 2 of DeltaDiscoveryRequest.
+#[derive(Clone, PartialEq, prost::Message)]
+struct DeltaRequestType {
+    #[prost(string, tag = "2")]
+    type_url: String,
+}
+
+const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+
+fn request_type(delta: bool, bytes: &Bytes) -> String {
+    if delta {
+        DeltaRequestType::decode(bytes.clone())
+            .map(|r| r.type_url)
+            .unwrap_or_default()
+    } else {
+        SotwRequestType::decode(bytes.clone())
+            .map(|r| r.type_url)
+            .unwrap_or_default()
+    }
+}
+
+/// A subscription to (or ACK of) the DNS name table, sent by the agent itself.
+fn nds_request(delta: bool, version: &str, nonce: &str) -> Bytes {
+    let type_url = istio_proto::nds::TYPE_URL.to_string();
+    Bytes::from(if delta {
+        DeltaDiscoveryRequest {
+            type_url,
+            response_nonce: nonce.to_string(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    } else {
+        DiscoveryRequest {
+            type_url,
+            version_info: version.to_string(),
+            response_nonce: nonce.to_string(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    })
+}
+
+/// Forwards Envoy's request stream into `tx` until Envoy ends or errors. With DNS on, the first
+/// LDS request is followed by the agent's own NDS subscription (as Istio's agent does).
 fn forward(
     mut from: Streaming<Bytes>,
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    delta: bool,
+    subscribe_nds: bool,
     metrics: Arc<crate::metrics::Metrics>,
-) -> ReceiverStream<Bytes> {
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
+) {
     tokio::spawn(async move {
+        let mut nds_sent = !subscribe_nds;
         while let Some(Ok(item)) = from.next().await {
             metrics.xds_proxy_requests.inc();
+            let is_lds = !nds_sent && request_type(delta, &item) == LISTENER_TYPE;
             if tx.send(item).await.is_err() {
                 break;
             }
+            if is_lds {
+                nds_sent = true;
+                if tx.send(nds_request(delta, "", "")).await.is_err() {
+                    break;
+                }
+            }
         }
     });
-    ReceiverStream::new(rx)
+}
+
+/// If `msg` is an NDS response: publishes the table, queues the ACK and returns true.
+fn consume_nds(
+    delta: bool,
+    msg: &Bytes,
+    dns: &DnsState,
+    ack: &tokio::sync::mpsc::Sender<Bytes>,
+) -> bool {
+    use envoy_types::pb::envoy::service::discovery::v3::{
+        DeltaDiscoveryResponse, DiscoveryResponse,
+    };
+    let Ok(t) = TypeUrlOnly::decode(msg.clone()) else {
+        return false;
+    };
+    if t.type_url != istio_proto::nds::TYPE_URL {
+        return false;
+    }
+    let (version, nonce, any) = if delta {
+        let Ok(r) = DeltaDiscoveryResponse::decode(msg.clone()) else {
+            return true;
+        };
+        let any = r.resources.into_iter().find_map(|r| r.resource);
+        (r.system_version_info, r.nonce, any)
+    } else {
+        let Ok(r) = DiscoveryResponse::decode(msg.clone()) else {
+            return true;
+        };
+        (r.version_info, r.nonce, r.resources.into_iter().next())
+    };
+    match any.map(|a| istio_proto::nds::NameTable::decode(a.value.as_slice())) {
+        Some(Ok(table)) => {
+            let table = crate::dns::DnsTable::from_name_table(&table, &dns.pod_namespace);
+            tracing::info!(names = table.len(), version = %version, "DNS name table received");
+            dns.table.send_replace(Some(Arc::new(table)));
+        }
+        Some(Err(e)) => tracing::error!(error = %e, "invalid DNS name table; keeping the last one"),
+        None => {}
+    }
+    if ack.try_send(nds_request(delta, &version, &nonce)).is_err() {
+        tracing::warn!("could not ACK the DNS name table");
+    }
+    true
+}
+
+/// Where the agent publishes the DNS name table it consumes from NDS.
+#[derive(Clone)]
+pub struct DnsState {
+    pub table: tokio::sync::watch::Sender<Option<Arc<crate::dns::DnsTable>>>,
+    pub pod_namespace: String,
 }
 
 struct Inner {
     upstream: Upstream,
     metrics: Arc<crate::metrics::Metrics>,
+    dns: Option<DnsState>,
     /// Consecutive failed dials to the control plane.
     failures: AtomicU32,
 }
@@ -287,12 +397,24 @@ impl Inner {
         );
         tokio::time::sleep(backoff(self.failures.load(Ordering::Relaxed))).await;
         let metrics = self.metrics.clone();
-        let counted = forward(requests, metrics.clone());
-        match self.upstream.open(delta, counted).await {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        forward(
+            requests,
+            tx.clone(),
+            delta,
+            self.dns.is_some(),
+            metrics.clone(),
+        );
+        let dns = self.dns.clone();
+        match self.upstream.open(delta, ReceiverStream::new(rx)).await {
             Ok(responses) => {
                 self.failures.store(0, Ordering::Relaxed);
                 Ok(Box::pin(responses.filter(move |r| {
-                    let keep = keep_response(r);
+                    let consumed = match (&dns, r) {
+                        (Some(dns), Ok(bytes)) => consume_nds(delta, bytes, dns, &tx),
+                        _ => false,
+                    };
+                    let keep = !consumed && keep_response(r);
                     if keep {
                         metrics.xds_proxy_responses.inc();
                     }
@@ -395,12 +517,14 @@ pub async fn serve(
     listener: UnixListener,
     upstream: Upstream,
     metrics: Arc<crate::metrics::Metrics>,
+    dns: Option<DnsState>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), XdsProxyError> {
     let service = ProxyService {
         inner: Arc::new(Inner {
             upstream,
             metrics,
+            dns,
             failures: AtomicU32::new(0),
         }),
     };

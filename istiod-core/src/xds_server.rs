@@ -26,7 +26,13 @@ use crate::model::Proxy;
 use crate::push_context::PushContext;
 
 /// Order in which types are pushed, so Envoy never sees a reference before its target.
-const PUSH_ORDER: [&str; 4] = [CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE];
+const PUSH_ORDER: [&str; 5] = [
+    CLUSTER_TYPE,
+    ENDPOINT_TYPE,
+    LISTENER_TYPE,
+    ROUTE_TYPE,
+    istio_proto::nds::TYPE_URL,
+];
 
 pub type ResponseStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
 pub type DeltaResponseStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
@@ -70,6 +76,7 @@ fn generate(
         ENDPOINT_TYPE => generators::eds::generate(push, names),
         LISTENER_TYPE => generators::lds::generate(push, proxy),
         ROUTE_TYPE => generators::rds::generate(push, names),
+        istio_proto::nds::TYPE_URL => generators::nds::generate(push),
         _ => return None,
     })
 }
@@ -260,7 +267,10 @@ fn handle_request(
 
 /// Types for which an empty subscription means "everything" (Envoy's legacy wildcard).
 fn wildcard_by_default(type_url: &str) -> bool {
-    matches!(type_url, CLUSTER_TYPE | LISTENER_TYPE)
+    matches!(
+        type_url,
+        CLUSTER_TYPE | LISTENER_TYPE | istio_proto::nds::TYPE_URL
+    )
 }
 
 /// A resource's version: a digest of its encoded bytes, so an unchanged resource is not resent.

@@ -5,6 +5,7 @@
 pub mod cds;
 pub mod eds;
 pub mod lds;
+pub mod nds;
 pub mod rds;
 
 use envoy_types::pb::envoy::config::core::v3::{

@@ -1,0 +1,39 @@
+//! NDS: the DNS name table for the agent's DNS proxy (type
+//! `istio.networking.nds.v1.NameTable`): every service hostname with its virtual IPs, and for
+//! Kubernetes services the short name and namespace so the agent can answer `name`,
+//! `name.namespace` and `name.namespace.svc` within the cluster domain.
+
+use envoy_types::pb::google::protobuf::Any;
+use istio_proto::nds::{NameTable, name_table::NameInfo};
+use prost::Message;
+
+use super::Named;
+use crate::push_context::PushContext;
+
+pub fn generate(push: &PushContext) -> Vec<Named> {
+    let mut table = NameTable::default();
+    for svc in push.services.iter().filter(|s| !s.addresses.is_empty()) {
+        let kube_suffix = format!(".{}.svc.", svc.namespace);
+        let (registry, shortname) = match svc.hostname.find(&kube_suffix) {
+            Some(i) => ("Kubernetes", svc.hostname[..i].to_string()),
+            None => ("External", String::new()),
+        };
+        table.table.insert(
+            svc.hostname.clone(),
+            NameInfo {
+                ips: svc.addresses.iter().map(ToString::to_string).collect(),
+                registry: registry.to_string(),
+                shortname,
+                namespace: svc.namespace.clone(),
+                alt_hosts: Vec::new(),
+            },
+        );
+    }
+    vec![Named {
+        name: String::new(),
+        resource: Any {
+            type_url: istio_proto::nds::TYPE_URL.to_string(),
+            value: table.encode_to_vec(),
+        },
+    }]
+}
