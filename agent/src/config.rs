@@ -28,6 +28,7 @@ pub mod env {
     pub const ISTIO_PROMETHEUS_ANNOTATIONS: &str = "ISTIO_PROMETHEUS_ANNOTATIONS";
     pub const DNS_PROXY_ADDR: &str = "DNS_PROXY_ADDR";
     pub const DNS_FORWARD_TIMEOUT: &str = "DNS_FORWARD_TIMEOUT";
+    pub const DNS_FORWARD_PARALLEL: &str = "DNS_FORWARD_PARALLEL";
     pub const REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION: &str =
         "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION";
     pub const XDS_ROOT_CA: &str = "XDS_ROOT_CA";
@@ -230,6 +231,9 @@ pub struct DnsConfig {
     pub listen: std::net::SocketAddr,
     pub upstreams: Vec<std::net::SocketAddr>,
     pub forward_timeout: Duration,
+    pub forward_parallel: bool,
+    /// The first `search` domain of resolv.conf.
+    pub search: Option<String>,
 }
 
 /// Envoy node locality.
@@ -621,7 +625,14 @@ impl Config {
                 .resolv_conf
                 .clone()
                 .unwrap_or_else(|| PathBuf::from("/etc/resolv.conf"));
-            let upstreams = std::fs::read_to_string(&resolv)
+            let resolv_text = std::fs::read_to_string(&resolv).unwrap_or_default();
+            let search = resolv_text.lines().find_map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next() == Some("search"))
+                    .then(|| w.next().map(str::to_string))
+                    .flatten()
+            });
+            let upstreams = Ok::<_, ()>(resolv_text)
                 .map(|t| {
                     t.lines()
                         .filter_map(|l| {
@@ -642,6 +653,12 @@ impl Config {
                 listen,
                 upstreams,
                 forward_timeout,
+                forward_parallel: parse_bool(
+                    env::DNS_FORWARD_PARALLEL,
+                    lookup(env::DNS_FORWARD_PARALLEL),
+                    false,
+                )?,
+                search,
             })
         } else {
             None

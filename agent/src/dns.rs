@@ -24,6 +24,8 @@ const UDP_MAX: usize = 512;
 struct Entry {
     v4: Vec<Ipv4Addr>,
     v6: Vec<Ipv6Addr>,
+    /// For `<host>.<first search domain>`: answered as a CNAME to the host, then its addresses.
+    cname: Option<String>,
 }
 
 /// The names the proxy answers, keyed by lowercase FQDN with a trailing dot.
@@ -35,7 +37,11 @@ pub struct DnsTable {
 impl DnsTable {
     /// Builds the table from NDS: each hostname, and for Kubernetes services the forms a pod can
     /// use: `name.namespace`, `name.namespace.svc`, and `name` within its own namespace.
-    pub fn from_name_table(table: &NameTable, pod_namespace: &str) -> DnsTable {
+    pub fn from_name_table(
+        table: &NameTable,
+        pod_namespace: &str,
+        search: Option<&str>,
+    ) -> DnsTable {
         let mut names = HashMap::new();
         for (host, info) in &table.table {
             let mut entry = Entry::default();
@@ -53,11 +59,49 @@ impl DnsTable {
                     aliases.push(info.shortname.clone());
                 }
             }
+            // A resolver with search domains tries `<host>.<first search domain>` first; answer it
+            // with a CNAME to the host at once instead of a round trip upstream (as Istio does).
+            if let Some(search) = search.filter(|s| !s.is_empty()) {
+                let canonical = format!("{}.", host.to_ascii_lowercase());
+                names.insert(
+                    format!(
+                        "{}.{}.",
+                        host.to_ascii_lowercase(),
+                        search.trim_end_matches('.')
+                    ),
+                    Entry {
+                        cname: Some(canonical),
+                        ..entry.clone()
+                    },
+                );
+            }
             for alias in aliases {
                 names.insert(format!("{}.", alias.to_ascii_lowercase()), entry.clone());
             }
         }
         DnsTable { names }
+    }
+
+    /// The table as JSON (name → addresses), for `/debug/ndsz`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut names: Vec<_> = self.names.iter().collect();
+        names.sort_by(|a, b| a.0.cmp(b.0));
+        serde_json::Value::Object(
+            names
+                .into_iter()
+                .map(|(name, e)| {
+                    let ips: Vec<String> =
+                        e.v4.iter()
+                            .map(ToString::to_string)
+                            .chain(e.v6.iter().map(ToString::to_string))
+                            .collect();
+                    (
+                        name.clone(),
+                        serde_json::json!({ "ips": ips, "cname": e.cname }),
+                    )
+                })
+                .collect(),
+        )
     }
 
     pub fn len(&self) -> usize {
@@ -147,17 +191,32 @@ fn decide(packet: &[u8], table: Option<&DnsTable>, max: usize) -> Decision {
     let Some(entry) = table.names.get(&name) else {
         return Decision::Forward;
     };
-    let owner: Name = q.name().clone();
-    let answers: Vec<Record> = match qtype {
-        RecordType::A => shuffled(&entry.v4)
-            .into_iter()
-            .map(|ip| Record::from_rdata(owner.clone(), TTL, RData::A(A(ip))))
-            .collect(),
-        _ => shuffled(&entry.v6)
-            .into_iter()
-            .map(|ip| Record::from_rdata(owner.clone(), TTL, RData::AAAA(AAAA(ip))))
-            .collect(),
-    };
+    let mut owner: Name = q.name().clone();
+    let mut answers: Vec<Record> = Vec::new();
+    if let Some(target) = entry
+        .cname
+        .as_deref()
+        .and_then(|c| Name::from_ascii(c).ok())
+    {
+        answers.push(Record::from_rdata(
+            owner.clone(),
+            TTL,
+            RData::CNAME(hickory_proto::rr::rdata::CNAME(target.clone())),
+        ));
+        owner = target;
+    }
+    match qtype {
+        RecordType::A => answers.extend(
+            shuffled(&entry.v4)
+                .into_iter()
+                .map(|ip| Record::from_rdata(owner.clone(), TTL, RData::A(A(ip)))),
+        ),
+        _ => answers.extend(
+            shuffled(&entry.v6)
+                .into_iter()
+                .map(|ip| Record::from_rdata(owner.clone(), TTL, RData::AAAA(AAAA(ip)))),
+        ),
+    }
     let max = query
         .edns
         .as_ref()
@@ -173,25 +232,46 @@ fn decide(packet: &[u8], table: Option<&DnsTable>, max: usize) -> Decision {
 pub struct Upstreams {
     pub servers: Vec<SocketAddr>,
     pub timeout: Duration,
+    /// DNS_FORWARD_PARALLEL: ask all servers at once and take the first answer.
+    pub parallel: bool,
+}
+
+async fn ask(packet: &[u8], server: SocketAddr, timeout: Duration) -> Option<Vec<u8>> {
+    let bind: SocketAddr = if server.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let sock = tokio::net::UdpSocket::bind(bind).await.ok()?;
+    sock.send_to(packet, server).await.ok()?;
+    let mut buf = vec![0u8; 65535];
+    let (n, _) = tokio::time::timeout(timeout, sock.recv_from(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    buf.truncate(n);
+    Some(buf)
 }
 
 async fn forward_udp(packet: &[u8], up: &Upstreams) -> Option<Vec<u8>> {
-    for server in &up.servers {
-        let bind: SocketAddr = if server.is_ipv4() {
-            (Ipv4Addr::UNSPECIFIED, 0).into()
-        } else {
-            (Ipv6Addr::UNSPECIFIED, 0).into()
-        };
-        let Ok(sock) = tokio::net::UdpSocket::bind(bind).await else {
-            continue;
-        };
-        if sock.send_to(packet, server).await.is_err() {
-            continue;
+    if up.parallel && up.servers.len() > 1 {
+        let asks = up
+            .servers
+            .iter()
+            .map(|s| Box::pin(ask(packet, *s, up.timeout)));
+        let mut pending: Vec<_> = asks.collect();
+        while !pending.is_empty() {
+            let (answer, _, rest) = futures::future::select_all(pending).await;
+            if answer.is_some() {
+                return answer;
+            }
+            pending = rest;
         }
-        let mut buf = vec![0u8; 65535];
-        if let Ok(Ok((n, _))) = tokio::time::timeout(up.timeout, sock.recv_from(&mut buf)).await {
-            buf.truncate(n);
-            return Some(buf);
+        return None;
+    }
+    for server in &up.servers {
+        if let Some(answer) = ask(packet, *server, up.timeout).await {
+            return Some(answer);
         }
     }
     None
@@ -278,7 +358,7 @@ mod tests {
                 alt_hosts: vec![],
             },
         );
-        DnsTable::from_name_table(&t, "demo")
+        DnsTable::from_name_table(&t, "demo", Some("demo.svc.cluster.local"))
     }
 
     fn query(name: &str, t: RecordType) -> Vec<u8> {
@@ -311,6 +391,21 @@ mod tests {
             assert_eq!(r.answers[0].ttl, TTL);
             assert_eq!(r.metadata.id, 7);
         }
+        // The first search domain appended by a resolver: CNAME to the host, then its address.
+        let r = reply_of(decide(
+            &query(
+                "httpbin.demo.svc.cluster.local.demo.svc.cluster.local.",
+                RecordType::A,
+            ),
+            Some(&t),
+            UDP_MAX,
+        ));
+        assert_eq!(r.answers.len(), 2);
+        assert_eq!(r.answers[0].record_type(), RecordType::CNAME);
+        assert_eq!(
+            r.answers[1].name.to_ascii(),
+            "httpbin.demo.svc.cluster.local."
+        );
         // Known name, no IPv6 address: NOERROR with no answer.
         let r = reply_of(decide(
             &query("httpbin.", RecordType::AAAA),

@@ -125,6 +125,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             let upstreams = dns::Upstreams {
                 servers: dns_cfg.upstreams.clone(),
                 timeout: dns_cfg.forward_timeout,
+                parallel: dns_cfg.forward_parallel,
             };
             let listen = dns_cfg.listen;
             let rx = table_rx.clone();
@@ -137,6 +138,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             Some(xds_proxy::DnsState {
                 table: table_tx,
                 pod_namespace: cfg.pod_namespace.clone(),
+                search: dns_cfg.search.clone(),
             })
         }
         None => None,

@@ -166,7 +166,7 @@ async fn handle(
                 Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, why),
             }
         }
-        (_, "/quitquitquit" | "/drain") | (_, "/debug/config") if !local => {
+        (_, "/quitquitquit" | "/drain" | "/debug/config" | "/debug/ndsz") if !local => {
             text(StatusCode::FORBIDDEN, "only from localhost\n")
         }
         (&Method::POST, "/quitquitquit") => {
@@ -188,6 +188,16 @@ async fn handle(
         }
         (_, "/quitquitquit" | "/drain") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         (&Method::GET, "/debug/config") => text(StatusCode::OK, state.config_dump.clone()),
+        (&Method::GET, "/debug/ndsz") => {
+            let table = state.dns.borrow().as_ref().and_then(|t| t.borrow().clone());
+            match table {
+                Some(t) => text(StatusCode::OK, format!("{:#}\n", t.to_json())),
+                None => text(
+                    StatusCode::NOT_FOUND,
+                    "no DNS name table (DNS proxy off or not received)\n",
+                ),
+            }
+        }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }

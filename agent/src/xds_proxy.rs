@@ -360,7 +360,11 @@ fn consume_nds(
     };
     match any.map(|a| istio_proto::nds::NameTable::decode(a.value.as_slice())) {
         Some(Ok(table)) => {
-            let table = crate::dns::DnsTable::from_name_table(&table, &dns.pod_namespace);
+            let table = crate::dns::DnsTable::from_name_table(
+                &table,
+                &dns.pod_namespace,
+                dns.search.as_deref(),
+            );
             tracing::info!(names = table.len(), version = %version, "DNS name table received");
             dns.table.send_replace(Some(Arc::new(table)));
         }
@@ -378,6 +382,8 @@ fn consume_nds(
 pub struct DnsState {
     pub table: tokio::sync::watch::Sender<Option<Arc<crate::dns::DnsTable>>>,
     pub pod_namespace: String,
+    /// The first search domain of the pod's resolv.conf.
+    pub search: Option<String>,
 }
 
 struct Inner {

@@ -147,6 +147,16 @@ fn app_resolves_mesh_names_through_the_agent() {
     );
     assert_eq!(resolve(app, "httpbin"), "10.234.0.10");
     assert_eq!(resolve(app, "httpbin.demo"), "10.234.0.10");
+    // The name table is visible to loopback on /debug/ndsz.
+    let (code, ndsz) = app
+        .http_get(0, "http://127.0.0.1:15020/debug/ndsz")
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        ndsz.contains("\"httpbin.demo.svc.cluster.local.\""),
+        "{ndsz}"
+    );
+    assert!(ndsz.contains("10.234.0.10"));
     // Anything else is forwarded to the pod's resolver.
     assert_eq!(
         resolve(app, "upstream.example"),

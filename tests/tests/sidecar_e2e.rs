@@ -454,7 +454,11 @@ fn control_plane_restart_fails_no_request() {
         .unwrap();
     let codes = load.join().unwrap();
     let _ = std::fs::remove_dir_all(&www);
-    assert!(codes.len() >= 10, "too few requests to judge: {}", codes.len());
+    assert!(
+        codes.len() >= 10,
+        "too few requests to judge: {}",
+        codes.len()
+    );
     let failed: Vec<&String> = codes.iter().filter(|c| !c.starts_with("200@")).collect();
     assert!(
         failed.is_empty(),
