@@ -331,12 +331,23 @@ pub async fn serve(addr: SocketAddr, table: TableWatch, up: Upstreams) -> std::i
     let mut buf = vec![0u8; 4096];
     loop {
         let (n, from) = udp.recv_from(&mut buf).await?;
-        let packet = buf[..n].to_vec();
-        let (udp, table, up) = (udp.clone(), table.clone(), up.clone());
-        tokio::spawn(async move {
-            let resp = answer(&packet, &table, &up, UDP_MAX).await;
-            let _ = udp.send_to(&resp, from).await;
-        });
+        // Table hits (the common case) are answered in place; only forwarding gets a task.
+        let current = table.borrow().clone();
+        match decide(&buf[..n], current.as_deref(), UDP_MAX) {
+            Decision::Reply(resp) => {
+                let _ = udp.send_to(&resp, from).await;
+            }
+            Decision::Forward => {
+                let packet = buf[..n].to_vec();
+                let (udp, up) = (udp.clone(), up.clone());
+                tokio::spawn(async move {
+                    let resp = forward_udp(&packet, &up)
+                        .await
+                        .unwrap_or_else(|| servfail(&packet));
+                    let _ = udp.send_to(&resp, from).await;
+                });
+            }
+        }
     }
 }
 
