@@ -245,3 +245,65 @@ fn remote_control_plane_over_tls_with_bearer_token() {
     let (_, clusters) = pod.http_get(0, "http://127.0.0.1:15000/clusters").unwrap();
     assert!(clusters.contains("outbound|80||web.demo.svc.cluster.local"));
 }
+
+#[test]
+fn rejected_listeners_keep_the_proxy_unready() {
+    if !require_root("rejected_listeners_keep_the_proxy_unready")
+        || !require_envoy("rejected_listeners_keep_the_proxy_unready")
+    {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    let idx = net.add_pod("pod", 2).unwrap();
+    let bad = binary("bad-ads");
+    let agent = binary("pilot-agent");
+    let pod = &mut net.pods[idx];
+    pod.spawn(
+        "bad-ads",
+        0,
+        0,
+        &[],
+        &[bad.to_str().unwrap(), "127.0.0.1:15010"],
+    )
+    .unwrap();
+    assert!(pod.wait_log("bad-ads", "serving", Duration::from_secs(10)));
+    pod.spawn(
+        "pilot-agent",
+        0,
+        0,
+        &[
+            ("POD_NAME", "client"),
+            ("POD_NAMESPACE", "demo"),
+            ("INSTANCE_IP", "10.233.0.2"),
+            ("ISTIO_DELTA_XDS", "false"),
+            (
+                "PROXY_CONFIG",
+                "{\"discoveryAddress\": \"127.0.0.1:15010\", \"terminationDrainDuration\": \"1s\"}",
+            ),
+        ],
+        &[agent.to_str().unwrap(), "proxy", "sidecar"],
+    )
+    .unwrap();
+    // Envoy NACKs the listener; readiness must stay 503 and say so.
+    assert!(
+        pod.wait_log(
+            "bad-ads",
+            "NACK type.googleapis.com/envoy.config.listener.v3.Listener",
+            Duration::from_secs(30)
+        ),
+        "{}",
+        pod.logs()
+    );
+    for _ in 0..10 {
+        let (code, body) = pod
+            .http_get(0, "http://127.0.0.1:15020/healthz/ready")
+            .unwrap();
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("lds updates: 0 successful"), "{body}");
+        assert!(
+            !body.contains("lds updates: 0 successful, 0 rejected"),
+            "{body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

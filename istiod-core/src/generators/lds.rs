@@ -90,6 +90,7 @@ fn chain(name: &str, filters: Vec<Filter>) -> FilterChain {
 fn outbound_listeners(push: &PushContext) -> Vec<Listener> {
     let mut out = Vec::new();
     let mut http_ports = BTreeSet::new();
+    let mut seen = BTreeSet::new();
     for svc in &push.services {
         for port in &svc.ports {
             if port.protocol.is_http() {
@@ -99,6 +100,12 @@ fn outbound_listeners(push: &PushContext) -> Vec<Listener> {
             let cluster = outbound_cluster_name(port.port, &svc.hostname);
             for vip in &svc.addresses {
                 let ip = vip.to_string();
+                // Two services claiming the same VIP and port: the first (by hostname) wins, as
+                // Envoy rejects a listener set with duplicate names.
+                if !seen.insert((ip.clone(), port.port)) {
+                    tracing::warn!(vip = %ip, port = port.port, host = %svc.hostname, "VIP:port already used by another service; skipped");
+                    continue;
+                }
                 out.push(listener(
                     format!("{ip}_{}", port.port),
                     &ip,
@@ -228,4 +235,39 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
             resource: pack_any(l),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Service, ServicePort};
+
+    #[test]
+    fn two_services_on_one_vip_port_yield_one_listener() {
+        let svc = |host: &str| Service {
+            hostname: host.into(),
+            namespace: "ns".into(),
+            addresses: vec!["10.0.0.1".parse().unwrap()],
+            ports: vec![ServicePort {
+                name: "tcp".into(),
+                port: 5432,
+                protocol: Protocol::Tcp,
+            }],
+            endpoints: vec![],
+        };
+        let push = PushContext {
+            version: "1".into(),
+            services: vec![svc("a.example"), svc("b.example")],
+        };
+        let proxy = Proxy::from_node_id("sidecar~10.1.1.1~p.ns~ns.svc.cluster.local").unwrap();
+        let names: Vec<String> = generate(&push, &proxy)
+            .into_iter()
+            .map(|n| n.name)
+            .collect();
+        assert_eq!(
+            names.iter().filter(|n| *n == "10.0.0.1_5432").count(),
+            1,
+            "{names:?}"
+        );
+    }
 }
