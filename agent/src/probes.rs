@@ -5,11 +5,13 @@
 //! Probes are dialled from 127.0.0.6 (`::6`), which istio-iptables never captures, to the pod IP
 //! (or localhost with REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION). Kubelet semantics: 2xx and 3xx
 //! succeed; same-host redirects are followed at most 10 times; a redirect to another host is not
-//! followed (and counts as success, as kubelet does); bodies are read up to 10 KiB. Nothing in the
+//! followed (and counts as success, as kubelet does); bodies are read up to 10 KiB; HTTPS does not
+//! verify the server's certificate (kubelet's InsecureSkipVerify). Nothing in the
 //! kubelet's request can change what is dialled: only the configured probe is run.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -78,6 +80,8 @@ pub enum Check {
         path: String,
         port: u16,
         headers: Vec<(String, String)>,
+        /// HTTPS: TLS without certificate verification, as kubelet probes.
+        tls: bool,
     },
     Tcp {
         port: u16,
@@ -127,12 +131,13 @@ pub fn parse(json: &str) -> Result<BTreeMap<String, Probe>, String> {
         }
         let check = match (&spec.http_get, &spec.tcp_socket, &spec.grpc) {
             (Some(h), None, None) => {
-                if h.scheme
-                    .as_deref()
-                    .is_some_and(|s| !s.eq_ignore_ascii_case("http"))
-                {
-                    return Err(format!("{key}: only the HTTP scheme is supported"));
-                }
+                let tls = match h.scheme.as_deref().map(str::to_ascii_uppercase).as_deref() {
+                    None | Some("HTTP") => false,
+                    Some("HTTPS") => true,
+                    Some(other) => {
+                        return Err(format!("{key}: scheme {other:?} (expected HTTP or HTTPS)"));
+                    }
+                };
                 let path = h.path.clone().unwrap_or_else(|| "/".to_string());
                 if !path.starts_with('/') {
                     return Err(format!("{key}: path {path:?} must start with '/'"));
@@ -145,6 +150,7 @@ pub fn parse(json: &str) -> Result<BTreeMap<String, Probe>, String> {
                         .iter()
                         .map(|h| (h.name.clone(), h.value.clone()))
                         .collect(),
+                    tls,
                 }
             }
             (None, Some(t), None) => Check::Tcp {
@@ -185,15 +191,96 @@ async fn connect(target: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
 /// Result of one probe: success, or why not.
 pub type Outcome = Result<(), String>;
 
+/// Accepts any server certificate: kubelet's HTTPS probes do not verify (InsecureSkipVerify).
+#[derive(Debug)]
+struct AcceptAnyCert(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAnyCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn tls_connector() -> Result<tokio_rustls::TlsConnector, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
 async fn http_once(
     target: SocketAddr,
     path: &str,
     headers: &[(String, String)],
+    tls: bool,
 ) -> Result<(u16, Option<String>), String> {
     let stream = connect(target)
         .await
         .map_err(|e| format!("connect {target}: {e}"))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    if !tls {
+        return send(stream, target, path, headers).await;
+    }
+    let name = rustls::pki_types::ServerName::IpAddress(target.ip().into());
+    let stream = tls_connector()?
+        .connect(name, stream)
+        .await
+        .map_err(|e| format!("TLS to {target}: {e}"))?;
+    send(stream, target, path, headers).await
+}
+
+async fn send<S>(
+    io: S,
+    target: SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<(u16, Option<String>), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
@@ -238,10 +325,15 @@ fn same_host_redirect(location: &str, target: SocketAddr) -> Option<String> {
     })
 }
 
-async fn http_probe(target: SocketAddr, path: &str, headers: &[(String, String)]) -> Outcome {
+async fn http_probe(
+    target: SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+    tls: bool,
+) -> Outcome {
     let mut path = path.to_string();
     for _ in 0..=MAX_REDIRECTS {
-        let (status, location) = http_once(target, &path, headers).await?;
+        let (status, location) = http_once(target, &path, headers, tls).await?;
         match status {
             200..=299 => return Ok(()),
             300..=399 => match location.as_deref().map(|l| same_host_redirect(l, target)) {
@@ -288,7 +380,8 @@ pub async fn run(probe: &Probe, ip: IpAddr) -> Outcome {
                 path,
                 port,
                 headers,
-            } => http_probe(SocketAddr::new(ip, *port), path, headers).await,
+                tls,
+            } => http_probe(SocketAddr::new(ip, *port), path, headers, *tls).await,
             Check::Tcp { port } => connect(SocketAddr::new(ip, *port))
                 .await
                 .map(drop)
@@ -324,7 +417,7 @@ mod tests {
             r#"{"/other":{"tcpSocket":{"port":80}}}"#,
             r#"{"/app-health/a/livez":{"tcpSocket":{"port":15020}}}"#,
             r#"{"/app-health/a/livez":{"tcpSocket":{"port":"http"}}}"#,
-            r#"{"/app-health/a/livez":{"httpGet":{"port":80,"scheme":"HTTPS"}}}"#,
+            r#"{"/app-health/a/livez":{"httpGet":{"port":80,"scheme":"FTP"}}}"#,
             r#"{"/app-health/a/livez":{}}"#,
             r#"[1]"#,
         ] {

@@ -23,6 +23,12 @@ class H(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"x" * (1 << 20))
     def log_message(self, *a):
         pass
+import ssl, threading
+tls = http.server.ThreadingHTTPServer(("0.0.0.0", 8443), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
+threading.Thread(target=tls.serve_forever, daemon=True).start()
 http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
 "#;
 
@@ -34,7 +40,8 @@ const PROBERS: &str = r#"{
   "/app-health/big/livez": {"httpGet": {"path": "/big", "port": 8080}, "timeoutSeconds": 5},
   "/app-health/fail/livez": {"httpGet": {"path": "/nope", "port": 8080}},
   "/app-health/tcp/livez": {"tcpSocket": {"port": 8080}},
-  "/app-health/closed/livez": {"tcpSocket": {"port": 8081}}
+  "/app-health/closed/livez": {"tcpSocket": {"port": 8081}},
+  "/app-health/tls/livez": {"httpGet": {"path": "/ok", "port": 8443, "scheme": "HTTPS"}}
 }"#;
 
 #[test]
@@ -77,8 +84,24 @@ fn app_probes_run_with_kubelet_semantics_from_127_0_0_6() {
         ])
         .unwrap();
     assert!(out.status.success());
+    // A self-signed certificate for the app's HTTPS port (probes do not verify it, as kubelet).
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["app.local".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (cert_path, key_path) = (net.dir().join("app.pem"), net.dir().join("app-key.pem"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let app_args = [
+        "/usr/bin/python3",
+        "-c",
+        APP,
+        cert_path.to_str().unwrap(),
+        key_path.to_str().unwrap(),
+    ];
     net.pods[0]
-        .spawn("app", 1000, 1000, &[], &["/usr/bin/python3", "-c", APP])
+        .spawn("app", 1000, 1000, &[], &app_args)
         .unwrap();
     let agent = binary("pilot-agent");
     net.pods[0]
@@ -129,6 +152,7 @@ fn app_probes_run_with_kubelet_semantics_from_127_0_0_6() {
         ("/app-health/fail/livez", 500),
         ("/app-health/tcp/livez", 200),
         ("/app-health/closed/livez", 500),
+        ("/app-health/tls/livez", 200), // HTTPS without certificate verification
         ("/app-health/unknown/livez", 404), // only configured probes answer
     ];
     for (path, want) in cases {
