@@ -295,23 +295,29 @@ async fn answer(packet: &[u8], table: &TableWatch, up: &Upstreams, max: usize) -
 }
 
 /// Serves UDP and TCP on `addr` until the process ends.
-pub async fn serve(addr: SocketAddr, table: TableWatch, up: Upstreams) -> std::io::Result<()> {
+pub async fn serve(
+    addr: SocketAddr,
+    table: TableWatch,
+    up: Upstreams,
+    metrics: Arc<crate::metrics::Metrics>,
+) -> std::io::Result<()> {
     let udp = Arc::new(tokio::net::UdpSocket::bind(addr).await?);
     let tcp = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, upstreams = ?up.servers, "DNS proxy listening");
-    let (t2, u2) = (table.clone(), up.clone());
+    let (t2, u2, m2) = (table.clone(), up.clone(), metrics.clone());
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = tcp.accept().await else {
                 continue;
             };
-            let (table, up) = (t2.clone(), u2.clone());
+            let (table, up, metrics) = (t2.clone(), u2.clone(), m2.clone());
             tokio::spawn(async move {
                 let mut stream = stream;
                 loop {
                     let Ok(len) = stream.read_u16().await else {
                         return;
                     };
+                    metrics.dns_requests.inc();
                     let mut buf = vec![0u8; usize::from(len)];
                     if stream.read_exact(&mut buf).await.is_err() {
                         return;
@@ -331,6 +337,7 @@ pub async fn serve(addr: SocketAddr, table: TableWatch, up: Upstreams) -> std::i
     let mut buf = vec![0u8; 4096];
     loop {
         let (n, from) = udp.recv_from(&mut buf).await?;
+        metrics.dns_requests.inc();
         // Table hits (the common case) are answered in place; only forwarding gets a task.
         let current = table.borrow().clone();
         match decide(&buf[..n], current.as_deref(), UDP_MAX) {

@@ -129,8 +129,9 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             };
             let listen = dns_cfg.listen;
             let rx = table_rx.clone();
+            let dns_metrics = metrics.clone();
             tokio::spawn(async move {
-                if let Err(e) = dns::serve(listen, rx, upstreams).await {
+                if let Err(e) = dns::serve(listen, rx, upstreams, dns_metrics).await {
                     tracing::error!(error = %e, %listen, "DNS proxy failed");
                 }
             });

@@ -24,6 +24,7 @@ pub struct Metrics {
     pub xds_proxy_requests: Counter,
     pub xds_proxy_responses: Counter,
     pub startup_duration_seconds: Gauge<f64, AtomicU64>,
+    pub dns_requests: Counter,
     resident_memory_bytes: Gauge,
     started: std::time::Instant,
 }
@@ -41,6 +42,12 @@ impl Metrics {
         let xds_proxy_responses = Counter::default();
         let startup_duration_seconds = Gauge::<f64, AtomicU64>::default();
         let resident_memory_bytes = Gauge::default();
+        let dns_requests = Counter::default();
+        registry.register(
+            "dns_requests",
+            "DNS queries received by the DNS proxy",
+            dns_requests.clone(),
+        );
         registry.register(
             "xds_proxy_requests",
             "xDS requests forwarded from Envoy to the control plane",
@@ -66,6 +73,7 @@ impl Metrics {
             xds_proxy_requests,
             xds_proxy_responses,
             startup_duration_seconds,
+            dns_requests,
             resident_memory_bytes,
             started: std::time::Instant::now(),
         }
@@ -172,13 +180,15 @@ async fn get(port: u16, path: &str) -> Result<hyper::Response<hyper::body::Incom
 }
 
 /// Streams the merged exposition into `tx`. `query` is passed to Envoy; each source is bounded by
-/// `timeout` (the scraper's X-Prometheus-Scrape-Timeout-Seconds, else 10 s).
+/// `timeout` (the scraper's X-Prometheus-Scrape-Timeout-Seconds, else 10 s). With `openmetrics`
+/// (the scraper asked for it) the exposition ends with the one `# EOF`.
 pub async fn merged(
     metrics: std::sync::Arc<Metrics>,
     envoy_port: u16,
     query: Option<String>,
     app: Option<AppMetrics>,
     timeout: Duration,
+    openmetrics: bool,
     tx: mpsc::Sender<Bytes>,
 ) {
     if tx.send(Bytes::from(metrics.encode())).await.is_err() {
@@ -226,6 +236,9 @@ pub async fn merged(
             }
             Err(_) => tracing::warn!(port = app.port, "app metrics timed out"),
         }
+    }
+    if openmetrics {
+        let _ = tx.send(Bytes::from_static(b"# EOF\n")).await;
     }
 }
 

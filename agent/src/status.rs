@@ -88,6 +88,11 @@ fn stats(state: &Arc<State>, req: &Request<hyper::body::Incoming>) -> Response<B
         .map_or(std::time::Duration::from_secs(10), |t| {
             std::time::Duration::from_secs_f64(t.min(300.0))
         });
+    let openmetrics = req
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     tokio::spawn(crate::metrics::merged(
         state.metrics.clone(),
@@ -95,6 +100,7 @@ fn stats(state: &Arc<State>, req: &Request<hyper::body::Incoming>) -> Response<B
         req.uri().query().map(str::to_string),
         state.app_metrics.clone(),
         timeout,
+        openmetrics,
         tx,
     ));
     let body = http_body_util::StreamBody::new(
@@ -104,7 +110,11 @@ fn stats(state: &Arc<State>, req: &Request<hyper::body::Incoming>) -> Response<B
     let mut r = Response::new(BodyExt::boxed(body));
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        hyper::header::HeaderValue::from_static(if openmetrics {
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        } else {
+            "text/plain; version=0.0.4; charset=utf-8"
+        }),
     );
     r
 }

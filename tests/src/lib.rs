@@ -30,6 +30,43 @@ pub fn pod_ipv4(n: u8) -> Ipv4Addr {
 /// Service VIPs are taken from this range; pods route it to their eth0 (it never leaves the hub).
 pub const VIP_RANGE: &str = "10.234.0.0/16";
 
+/// The args Istio's sidecar injector gives the istio-init container (its log flag aside).
+pub const INJECTOR_INIT_ARGS: [&str; 16] = [
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+];
+
+/// Runs istio-iptables in `pod` with the injector's args plus `extra`, and fails with its
+/// output unless it succeeds.
+pub fn istio_iptables(pod: &Pod, extra: &[&str]) -> Result<Output> {
+    let bin = binary("istio-iptables");
+    let mut args = vec![bin.to_str().unwrap_or_default()];
+    args.extend(INJECTOR_INIT_ARGS);
+    args.extend(extra);
+    let out = pod.exec(&args)?;
+    if !out.status.success() {
+        bail!(
+            "istio-iptables failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
+}
+
 /// Returns true if the test can run as root. Under CI=true it panics instead of skipping.
 pub fn require_root(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() && which("ip") && which("iptables") {

@@ -5,28 +5,11 @@
 
 use std::time::Duration;
 
+use harness::INJECTOR_INIT_ARGS as DEFAULT_ARGS;
 use harness::{Network, Pod, binary, require_root};
 
 const APP: u32 = 1000;
 const PROXY: u32 = 1337;
-const DEFAULT_ARGS: [&str; 16] = [
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-];
 const WAIT: Duration = Duration::from_secs(10);
 
 fn netprobe() -> String {

@@ -72,34 +72,7 @@ fn app_resolves_mesh_names_through_the_agent() {
     let app = &net.pods[0];
     app.set_resolv_conf("nameserver 10.233.0.3\nsearch demo.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n")
         .unwrap();
-    let init = binary("istio-iptables");
-    let out = app
-        .exec(&[
-            init.to_str().unwrap(),
-            "-p",
-            "15001",
-            "-z",
-            "15006",
-            "-u",
-            "1337",
-            "-m",
-            "REDIRECT",
-            "-i",
-            "*",
-            "-x",
-            "",
-            "-b",
-            "*",
-            "-d",
-            "15090,15021,15020",
-            "--redirect-dns",
-        ])
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    harness::istio_iptables(app, &["--redirect-dns"]).unwrap();
     let mesh = net.dir().join("mesh");
     std::fs::create_dir_all(&mesh).unwrap();
     std::fs::write(mesh.join("mesh.yaml"), MESH).unwrap();
@@ -147,6 +120,16 @@ fn app_resolves_mesh_names_through_the_agent() {
     );
     assert_eq!(resolve(app, "httpbin"), "10.234.0.10");
     assert_eq!(resolve(app, "httpbin.demo"), "10.234.0.10");
+    // The queries were counted by the agent.
+    let (_, stats) = app
+        .http_get(0, "http://127.0.0.1:15020/stats/prometheus")
+        .unwrap();
+    let counted = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("istio_agent_dns_requests_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(counted >= 3.0, "istio_agent_dns_requests_total = {counted}");
     // The name table is visible to loopback on /debug/ndsz.
     let (code, ndsz) = app
         .http_get(0, "http://127.0.0.1:15020/debug/ndsz")

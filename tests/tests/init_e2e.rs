@@ -5,26 +5,8 @@
 
 use std::os::unix::fs::PermissionsExt;
 
+use harness::INJECTOR_INIT_ARGS as DEFAULT_ARGS;
 use harness::{Network, Pod, binary, require_root};
-
-const DEFAULT_ARGS: [&str; 16] = [
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-];
 
 /// `iptables-save` without comments, counters and empty tables (a table the kernel loaded but that
 /// holds nothing is no rule), so snapshots compare by rules only.

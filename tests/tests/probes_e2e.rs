@@ -61,29 +61,7 @@ fn app_probes_run_with_kubelet_semantics_from_127_0_0_6() {
     net.pods[1]
         .spawn("sink", 0, 0, &[], &[np.to_str().unwrap(), "listen", "9"])
         .unwrap();
-    let init = binary("istio-iptables");
-    let out = net.pods[0]
-        .exec(&[
-            init.to_str().unwrap(),
-            "-p",
-            "15001",
-            "-z",
-            "15006",
-            "-u",
-            "1337",
-            "-m",
-            "REDIRECT",
-            "-i",
-            "*",
-            "-x",
-            "",
-            "-b",
-            "*",
-            "-d",
-            "15090,15021,15020",
-        ])
-        .unwrap();
-    assert!(out.status.success());
+    harness::istio_iptables(&net.pods[0], &[]).unwrap();
     // A self-signed certificate for the app's HTTPS port (probes do not verify it, as kubelet).
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = rcgen::CertificateParams::new(vec!["app.local".to_string()])

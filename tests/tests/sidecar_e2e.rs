@@ -13,27 +13,6 @@ const NAMESPACE: &str = "demo";
 const VIP: &str = "10.234.0.10";
 const PORT: u16 = 8000;
 
-/// The injector's init container args.
-const INIT_ARGS: [&str; 17] = [
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-    "--log_output_level=default:info",
-];
-
 fn mesh_config(dir: &Path, server_ip: &str) {
     let yaml = format!(
         r#"apiVersion: networking.istio.io/v1
@@ -57,15 +36,7 @@ spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}
 }
 
 fn capture(pod: &Pod) {
-    let init = binary("istio-iptables");
-    let mut args = vec![init.to_str().unwrap()];
-    args.extend_from_slice(&INIT_ARGS);
-    let out = pod.exec(&args).unwrap();
-    assert!(
-        out.status.success(),
-        "istio-iptables failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    harness::istio_iptables(pod, &["--log_output_level=default:info"]).unwrap();
 }
 
 /// Where an agent gets its config: the embedded control plane on a directory, or a remote

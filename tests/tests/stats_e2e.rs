@@ -133,4 +133,17 @@ fn merged_stats_hold_agent_envoy_and_app_metrics() {
     assert_eq!(code, 200);
     assert!(used.len() < text.len(), "usedonly was not passed to Envoy");
     assert_valid_exposition(&used);
+    // A scraper that asks for OpenMetrics gets exactly one `# EOF`, at the end.
+    let out = net.pods[1]
+        .exec(&[
+            "curl",
+            "-s",
+            "-H",
+            "Accept: application/openmetrics-text; version=1.0.0",
+            "http://10.233.0.2:15020/stats/prometheus",
+        ])
+        .unwrap();
+    let om = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(om.matches("# EOF").count(), 1);
+    assert!(om.ends_with("# EOF\n"));
 }
