@@ -672,29 +672,9 @@ mod tests {
 
     #[test]
     fn injector_args_parse() {
-        let c = parse(
-            &[
-                "-p",
-                "15001",
-                "-z",
-                "15006",
-                "-u",
-                "1337",
-                "-m",
-                "REDIRECT",
-                "-i",
-                "*",
-                "-x",
-                "",
-                "-b",
-                "*",
-                "-d",
-                "15090,15021,15020",
-                "--log_output_level=default:info",
-            ],
-            &[],
-        )
-        .unwrap();
+        let mut argv = crate::INJECTOR_ARGS.to_vec();
+        argv.push("--log_output_level=default:info");
+        let c = parse(&argv, &[]).unwrap();
         assert_eq!(c.proxy_port, 15001);
         assert_eq!(c.proxy_uids, vec![1337]);
         assert_eq!(c.proxy_gids, vec![1337]);

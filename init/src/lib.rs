@@ -17,6 +17,28 @@ use apply::{ApplyError, Outcome};
 use config::{Config, InterceptionMode};
 use plan::{Family, Plan, PodFacts};
 
+/// The arguments Istio's sidecar injector gives the istio-init container (its
+/// `--log_output_level` flag aside): REDIRECT mode, all outbound and inbound TCP captured except
+/// the proxy's own ports 15090, 15021 and 15020, uid/gid 1337 exempt.
+pub const INJECTOR_ARGS: [&str; 16] = [
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+];
+
 /// Exit code for a failed `--run-validation`, as in Istio (`constants.ValidationErrorCode`).
 pub const VALIDATION_ERROR_CODE: i32 = 126;
 

@@ -71,25 +71,11 @@ mod tests {
         restore_payload(&plan(&cfg, family, &PodFacts::default()))
     }
 
-    const INJECTOR_ARGS: [&str; 17] = [
-        "-p",
-        "15001",
-        "-z",
-        "15006",
-        "-u",
-        "1337",
-        "-m",
-        "REDIRECT",
-        "-i",
-        "*",
-        "-x",
-        "",
-        "-b",
-        "*",
-        "-d",
-        "15090,15021,15020",
-        "--log_output_level=default:info",
-    ];
+    fn injector_args() -> Vec<&'static str> {
+        let mut argv = crate::INJECTOR_ARGS.to_vec();
+        argv.push("--log_output_level=default:info");
+        argv
+    }
 
     /// The rule set Istio derives for the injector's default args (reference §1.3).
     #[test]
@@ -120,13 +106,13 @@ mod tests {
 -A ISTIO_OUTPUT -j ISTIO_REDIRECT
 COMMIT
 ";
-        assert_eq!(payload(&INJECTOR_ARGS, Family::V4), expected);
+        assert_eq!(payload(&injector_args(), Family::V4), expected);
     }
 
     #[test]
     fn ipv6_payload_has_the_same_shape() {
-        let v4 = payload(&INJECTOR_ARGS, Family::V4);
-        let v6 = payload(&INJECTOR_ARGS, Family::V6);
+        let v4 = payload(&injector_args(), Family::V4);
+        let v6 = payload(&injector_args(), Family::V6);
         let normalized = v4
             .replace("127.0.0.6/32", "::6/128")
             .replace("127.0.0.1/32", "::1/128");

@@ -116,55 +116,12 @@ impl XdsServer {
     where
         S: Stream<Item = Result<DiscoveryRequest, Status>> + Send + 'static,
     {
-        let (tx, rx) = mpsc::channel(16);
-        let mut push_rx = self.push.clone();
-        let stats = self.stats.clone();
-        tokio::spawn(async move {
-            let mut requests = Box::pin(requests);
-            let mut conn = Connection {
-                proxy: None,
-                watches: HashMap::new(),
-                next_nonce: 0,
-            };
-            loop {
-                let out: Vec<DiscoveryResponse> = tokio::select! {
-                    req = requests.next() => match req {
-                        Some(Ok(req)) => {
-                            let push = push_rx.borrow_and_update().clone();
-                            match handle_request(&mut conn, &push, req, &stats) {
-                                Ok(out) => out.into_iter().collect(),
-                                Err(status) => {
-                                    let _ = tx.send(Err(status)).await;
-                                    return;
-                                }
-                            }
-                        }
-                        Some(Err(e)) => {
-                            tracing::debug!(error = %e, "xds stream ended with error");
-                            return;
-                        }
-                        None => return,
-                    },
-                    changed = push_rx.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        let push = push_rx.borrow_and_update().clone();
-                        PUSH_ORDER
-                            .iter()
-                            .filter_map(|t| conn.response(&push, t))
-                            .collect()
-                    }
-                };
-                for resp in out {
-                    stats.pushes.fetch_add(1, Ordering::Relaxed);
-                    if tx.send(Ok(resp)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        ReceiverStream::new(rx)
+        let conn = Connection {
+            proxy: None,
+            watches: HashMap::new(),
+            next_nonce: 0,
+        };
+        serve_stream(self.push.clone(), self.stats.clone(), conn, requests)
     }
 
     /// Serves one Delta ADS stream: per type, Envoy's subscriptions and the version of each
@@ -173,51 +130,12 @@ impl XdsServer {
     where
         S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
     {
-        let (tx, rx) = mpsc::channel(16);
-        let mut push_rx = self.push.clone();
-        let stats = self.stats.clone();
-        tokio::spawn(async move {
-            let mut requests = Box::pin(requests);
-            let mut conn = DeltaConnection::default();
-            loop {
-                let out: Vec<DeltaDiscoveryResponse> = tokio::select! {
-                    req = requests.next() => match req {
-                        Some(Ok(req)) => {
-                            let push = push_rx.borrow_and_update().clone();
-                            match conn.handle(&push, req, &stats) {
-                                Ok(out) => out.into_iter().collect(),
-                                Err(status) => {
-                                    let _ = tx.send(Err(status)).await;
-                                    return;
-                                }
-                            }
-                        }
-                        Some(Err(e)) => {
-                            tracing::debug!(error = %e, "delta xds stream ended with error");
-                            return;
-                        }
-                        None => return,
-                    },
-                    changed = push_rx.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        let push = push_rx.borrow_and_update().clone();
-                        PUSH_ORDER
-                            .iter()
-                            .filter_map(|t| conn.response(&push, t, false))
-                            .collect()
-                    }
-                };
-                for resp in out {
-                    stats.pushes.fetch_add(1, Ordering::Relaxed);
-                    if tx.send(Ok(resp)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        ReceiverStream::new(rx)
+        serve_stream(
+            self.push.clone(),
+            self.stats.clone(),
+            DeltaConnection::default(),
+            requests,
+        )
     }
 
     /// The tonic service for serving this over gRPC.
@@ -226,6 +144,106 @@ impl XdsServer {
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
     }
+}
+
+/// The per-stream protocol state of one xDS flavour (state of the world or Delta).
+trait StreamState: Send + 'static {
+    type Request: Send + 'static;
+    type Response: Send + 'static;
+    /// Handles a request from the proxy; may answer it.
+    fn on_request(
+        &mut self,
+        push: &PushContext,
+        req: Self::Request,
+        stats: &XdsStats,
+    ) -> Result<Option<Self::Response>, Status>;
+    /// What to send for `type_url` after a new snapshot, if anything.
+    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Self::Response>;
+}
+
+impl StreamState for Connection {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+    fn on_request(
+        &mut self,
+        push: &PushContext,
+        req: DiscoveryRequest,
+        stats: &XdsStats,
+    ) -> Result<Option<DiscoveryResponse>, Status> {
+        handle_request(self, push, req, stats)
+    }
+    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<DiscoveryResponse> {
+        self.response(push, type_url)
+    }
+}
+
+impl StreamState for DeltaConnection {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+    fn on_request(
+        &mut self,
+        push: &PushContext,
+        req: DeltaDiscoveryRequest,
+        stats: &XdsStats,
+    ) -> Result<Option<DeltaDiscoveryResponse>, Status> {
+        self.handle(push, req, stats)
+    }
+    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<DeltaDiscoveryResponse> {
+        self.response(push, type_url, false)
+    }
+}
+
+/// One stream's task: answers requests and, on every new snapshot, pushes each subscribed type
+/// in `PUSH_ORDER`.
+fn serve_stream<C, S>(
+    mut push_rx: watch::Receiver<Arc<PushContext>>,
+    stats: Arc<XdsStats>,
+    mut conn: C,
+    requests: S,
+) -> ReceiverStream<Result<C::Response, Status>>
+where
+    C: StreamState,
+    S: Stream<Item = Result<C::Request, Status>> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        let mut requests = Box::pin(requests);
+        loop {
+            let out: Vec<C::Response> = tokio::select! {
+                req = requests.next() => match req {
+                    Some(Ok(req)) => {
+                        let push = push_rx.borrow_and_update().clone();
+                        match conn.on_request(&push, req, &stats) {
+                            Ok(out) => out.into_iter().collect(),
+                            Err(status) => {
+                                let _ = tx.send(Err(status)).await;
+                                return;
+                            }
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "xds stream ended with error");
+                        return;
+                    }
+                    None => return,
+                },
+                changed = push_rx.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let push = push_rx.borrow_and_update().clone();
+                    PUSH_ORDER.iter().filter_map(|t| conn.on_push(&push, t)).collect()
+                }
+            };
+            for resp in out {
+                stats.pushes.fetch_add(1, Ordering::Relaxed);
+                if tx.send(Ok(resp)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    ReceiverStream::new(rx)
 }
 
 fn handle_request(

@@ -31,24 +31,7 @@ pub fn pod_ipv4(n: u8) -> Ipv4Addr {
 pub const VIP_RANGE: &str = "10.234.0.0/16";
 
 /// The args Istio's sidecar injector gives the istio-init container (its log flag aside).
-pub const INJECTOR_INIT_ARGS: [&str; 16] = [
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-];
+pub use istio_init::INJECTOR_ARGS as INJECTOR_INIT_ARGS;
 
 /// Runs istio-iptables in `pod` with the injector's args plus `extra`, and fails with its
 /// output unless it succeeds.
