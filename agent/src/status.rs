@@ -157,7 +157,8 @@ async fn handle(
     peer: SocketAddr,
     req: Request<hyper::body::Incoming>,
 ) -> Response<Body> {
-    let local = peer.ip().is_loopback();
+    // IPv4 peers arrive as ::ffff:a.b.c.d on the dual-stack socket.
+    let local = peer.ip().to_canonical().is_loopback();
     // Only the configured probes run; nothing in the request changes what is dialled.
     if let Some(probe) = state.probes.get(req.uri().path()) {
         return match crate::probes::run(probe, state.probe_target).await {
@@ -213,8 +214,22 @@ async fn handle(
 }
 
 /// Binds the status port.
+/// Binds the status port on all interfaces, IPv6 and IPv4 (one dual-stack socket), or IPv4 only
+/// where the host has no IPv6.
 pub async fn bind(port: u16) -> std::io::Result<TcpListener> {
-    TcpListener::bind(("0.0.0.0", port)).await
+    let dual = || -> std::io::Result<TcpListener> {
+        let socket = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)?;
+        socket.set_only_v6(false)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)).into())?;
+        socket.listen(1024)?;
+        socket.set_nonblocking(true)?;
+        TcpListener::from_std(socket.into())
+    };
+    match dual() {
+        Ok(l) => Ok(l),
+        Err(_) => TcpListener::bind(("0.0.0.0", port)).await,
+    }
 }
 
 /// Serves until the drain completes.

@@ -32,16 +32,18 @@ threading.Thread(target=tls.serve_forever, daemon=True).start()
 http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
 "#;
 
+/// Every probe gets 10 s: CI runs many tests at once on 2 cores, and a slow answer is not what
+/// these cases are about.
 const PROBERS: &str = r#"{
-  "/app-health/app/livez": {"httpGet": {"path": "/ok", "port": 8080, "scheme": "HTTP"}, "timeoutSeconds": 2},
-  "/app-health/app/readyz": {"httpGet": {"path": "/same", "port": 8080}},
-  "/app-health/app/startupz": {"httpGet": {"path": "/other", "port": 8080}},
-  "/app-health/loop/livez": {"httpGet": {"path": "/loop", "port": 8080}},
-  "/app-health/big/livez": {"httpGet": {"path": "/big", "port": 8080}, "timeoutSeconds": 5},
-  "/app-health/fail/livez": {"httpGet": {"path": "/nope", "port": 8080}},
-  "/app-health/tcp/livez": {"tcpSocket": {"port": 8080}},
-  "/app-health/closed/livez": {"tcpSocket": {"port": 8081}},
-  "/app-health/tls/livez": {"httpGet": {"path": "/ok", "port": 8443, "scheme": "HTTPS"}}
+  "/app-health/app/livez": {"httpGet": {"path": "/ok", "port": 8080, "scheme": "HTTP"}, "timeoutSeconds": 10},
+  "/app-health/app/readyz": {"httpGet": {"path": "/same", "port": 8080}, "timeoutSeconds": 10},
+  "/app-health/app/startupz": {"httpGet": {"path": "/other", "port": 8080}, "timeoutSeconds": 10},
+  "/app-health/loop/livez": {"httpGet": {"path": "/loop", "port": 8080}, "timeoutSeconds": 10},
+  "/app-health/big/livez": {"httpGet": {"path": "/big", "port": 8080}, "timeoutSeconds": 10},
+  "/app-health/fail/livez": {"httpGet": {"path": "/nope", "port": 8080}, "timeoutSeconds": 10},
+  "/app-health/tcp/livez": {"tcpSocket": {"port": 8080}, "timeoutSeconds": 10},
+  "/app-health/closed/livez": {"tcpSocket": {"port": 8081}, "timeoutSeconds": 10},
+  "/app-health/tls/livez": {"httpGet": {"path": "/ok", "port": 8443, "scheme": "HTTPS"}, "timeoutSeconds": 10}
 }"#;
 
 #[test]
@@ -146,7 +148,13 @@ fn app_probes_run_with_kubelet_semantics_from_127_0_0_6() {
         app_log.lines().all(|l| l.starts_with("127.0.0.6 ")),
         "{app_log}"
     );
-    assert_eq!(app_log.matches("/loop").count(), 11, "{app_log}");
+    // Each run of the loop probe makes exactly 11 requests (the first and 10 redirects), even if a
+    // slow machine made the kubelet side retry.
+    let loops = app_log.matches("/loop").count();
+    assert!(
+        loops > 0 && loops % 11 == 0,
+        "{loops} /loop requests: {app_log}"
+    );
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         !net.pods[1].logs_of("sink").contains("accept"),
