@@ -152,7 +152,7 @@ fn app_probes_run_with_kubelet_semantics_from_127_0_0_6() {
     // slow machine made the kubelet side retry.
     let loops = app_log.matches("/loop").count();
     assert!(
-        loops > 0 && loops % 11 == 0,
+        loops > 0 && loops.is_multiple_of(11),
         "{loops} /loop requests: {app_log}"
     );
     std::thread::sleep(Duration::from_millis(300));
