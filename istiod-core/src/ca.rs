@@ -1,0 +1,407 @@
+//! The mesh CA: a root (generated and kept in a directory, or plugged in from Istio's `cacerts`
+//! files) that signs workload certificates. Mirrors istiod's `security/pkg/pki/ca` and the
+//! `IstioCertificateService.CreateCertificate` rules, stricter where Istio trusts the request:
+//! - the issued certificate's only SAN is the caller's verified identity, whatever the CSR asks;
+//! - the CSR's size is capped before parsing and its signature is verified;
+//! - the TTL is capped, and never outlives the CA; the certificate is never a CA.
+//!
+//! Who the caller is (a JWT or a mesh client certificate) is decided by the server before
+//! `sign` is called; this module never reads identities from the request.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use time::OffsetDateTime;
+
+/// Largest CSR accepted (PEM bytes), checked before parsing.
+pub const MAX_CSR_BYTES: usize = 16 * 1024;
+/// Istio's default workload certificate lifetime (SECRET_TTL).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+const ROOT_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// Issued certificates start a little in the past, for clock skew between machines.
+const BACKDATE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CaError {
+    #[error("CSR of {0} bytes is larger than the {MAX_CSR_BYTES}-byte limit")]
+    CsrTooLarge(usize),
+    #[error("CSR is not a valid PEM certificate request with a correct signature")]
+    BadCsr,
+    #[error("requested lifetime {requested}s is not allowed: at most {max}s")]
+    TtlTooLong { requested: i64, max: u64 },
+    #[error(
+        "invalid identity {0:?}: expected spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
+    )]
+    BadIdentity(String),
+    #[error("CA files in {dir}: {reason}")]
+    Files { dir: String, reason: String },
+    #[error("signing failed: {0}")]
+    Sign(String),
+}
+
+/// A workload's SPIFFE identity: `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    pub trust_domain: String,
+    pub namespace: String,
+    pub service_account: String,
+}
+
+fn valid_segment(s: &str, dots: bool) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.')
+        })
+}
+
+impl Identity {
+    /// Builds an identity, checking every part is a Kubernetes-style name (no '/', no NUL, ...).
+    pub fn new(
+        trust_domain: &str,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<Identity, CaError> {
+        let id = Identity {
+            trust_domain: trust_domain.to_string(),
+            namespace: namespace.to_string(),
+            service_account: service_account.to_string(),
+        };
+        if valid_segment(trust_domain, true)
+            && valid_segment(namespace, false)
+            && valid_segment(service_account, true)
+        {
+            Ok(id)
+        } else {
+            Err(CaError::BadIdentity(id.to_string()))
+        }
+    }
+
+    pub fn parse(uri: &str) -> Result<Identity, CaError> {
+        let bad = || CaError::BadIdentity(uri.to_string());
+        let rest = uri.strip_prefix("spiffe://").ok_or_else(bad)?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        match parts[..] {
+            [td, "ns", ns, "sa", sa] => Identity::new(td, ns, sa).map_err(|_| bad()),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "spiffe://{}/ns/{}/sa/{}",
+            self.trust_domain, self.namespace, self.service_account
+        )
+    }
+}
+
+/// The signing CA.
+pub struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    /// The trust bundle sent with every chain (root last).
+    root_pem: String,
+    /// Intermediates between the signing certificate and the root (Istio's cert-chain.pem).
+    chain_pem: Vec<String>,
+    not_after: OffsetDateTime,
+    max_ttl: Duration,
+}
+
+fn split_pem(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        current.push_str(line);
+        current.push('\n');
+        if line.starts_with("-----END ") {
+            out.push(std::mem::take(&mut current));
+        }
+    }
+    out
+}
+
+impl Ca {
+    /// Loads the CA from `dir`: Istio's plug-in files (`ca-cert.pem`, `ca-key.pem`, `root-cert.pem`,
+    /// optional `cert-chain.pem`), else our own `root-cert.pem` + `root-key.pem`, else generates a
+    /// root there (10 years, key file 0600). Agents sharing the directory share the trust root.
+    pub fn load_or_create(
+        dir: &Path,
+        trust_domain: &str,
+        max_ttl: Duration,
+    ) -> Result<Ca, CaError> {
+        let files = |reason: String| CaError::Files {
+            dir: dir.display().to_string(),
+            reason,
+        };
+        let read = |name: &str| std::fs::read_to_string(dir.join(name));
+        if let (Ok(cert), Ok(key), Ok(root)) = (
+            read("ca-cert.pem"),
+            read("ca-key.pem"),
+            read("root-cert.pem"),
+        ) {
+            let key = KeyPair::from_pem(&key).map_err(|e| files(format!("ca-key.pem: {e}")))?;
+            let issuer = Issuer::from_ca_cert_pem(&cert, key)
+                .map_err(|e| files(format!("ca-cert.pem: {e}")))?;
+            let not_after = not_after_of(&cert).map_err(files)?;
+            let mut chain_pem = vec![cert.clone()];
+            if let Ok(chain) = read("cert-chain.pem") {
+                chain_pem = split_pem(&chain);
+            }
+            chain_pem.retain(|c| c.trim() != root.trim());
+            return Ok(Ca {
+                issuer,
+                root_pem: root,
+                chain_pem,
+                not_after,
+                max_ttl,
+            });
+        }
+        if let (Ok(root), Ok(key)) = (read("root-cert.pem"), read("root-key.pem")) {
+            let key = KeyPair::from_pem(&key).map_err(|e| files(format!("root-key.pem: {e}")))?;
+            let issuer = Issuer::from_ca_cert_pem(&root, key)
+                .map_err(|e| files(format!("root-cert.pem: {e}")))?;
+            let not_after = not_after_of(&root).map_err(files)?;
+            return Ok(Ca {
+                issuer,
+                root_pem: root,
+                chain_pem: Vec::new(),
+                not_after,
+                max_ttl,
+            });
+        }
+        let key = KeyPair::generate().map_err(|e| CaError::Sign(e.to_string()))?;
+        let mut params = CertificateParams::new(Vec::<String>::new())
+            .map_err(|e| CaError::Sign(e.to_string()))?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, trust_domain);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - BACKDATE;
+        params.not_after = now + ROOT_LIFETIME;
+        let cert = params
+            .self_signed(&key)
+            .map_err(|e| CaError::Sign(e.to_string()))?;
+        std::fs::create_dir_all(dir).map_err(|e| files(e.to_string()))?;
+        // The key is created 0600 from the start: no moment where others could read it.
+        let mut key_file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(dir.join("root-key.pem"))
+                .map_err(|e| files(format!("root-key.pem: {e}")))?
+        };
+        std::io::Write::write_all(&mut key_file, key.serialize_pem().as_bytes())
+            .map_err(|e| files(e.to_string()))?;
+        std::fs::write(dir.join("root-cert.pem"), cert.pem()).map_err(|e| files(e.to_string()))?;
+        let root_pem = cert.pem();
+        Ok(Ca {
+            issuer: Issuer::new(params, key),
+            root_pem,
+            chain_pem: Vec::new(),
+            not_after: now + ROOT_LIFETIME,
+            max_ttl,
+        })
+    }
+
+    pub fn root_pem(&self) -> &str {
+        &self.root_pem
+    }
+
+    /// Signs `csr_pem` for `identity` with a lifetime of `ttl_seconds` (0 or less: the default).
+    /// Returns the chain, leaf first and root last, as IstioCertificateResponse carries it.
+    pub fn sign(
+        &self,
+        csr_pem: &str,
+        identity: &Identity,
+        ttl_seconds: i64,
+    ) -> Result<Vec<String>, CaError> {
+        if csr_pem.len() > MAX_CSR_BYTES {
+            return Err(CaError::CsrTooLarge(csr_pem.len()));
+        }
+        let ttl = if ttl_seconds <= 0 {
+            DEFAULT_TTL.min(self.max_ttl)
+        } else {
+            let ttl = Duration::from_secs(ttl_seconds.unsigned_abs());
+            if ttl > self.max_ttl {
+                return Err(CaError::TtlTooLong {
+                    requested: ttl_seconds,
+                    max: self.max_ttl.as_secs(),
+                });
+            }
+            ttl
+        };
+        let csr =
+            CertificateSigningRequestParams::from_pem(csr_pem).map_err(|_| CaError::BadCsr)?;
+        // Nothing of the CSR but its public key is used: subject, SANs and extensions are ours.
+        let mut params = CertificateParams::new(Vec::<String>::new())
+            .map_err(|e| CaError::Sign(e.to_string()))?;
+        let uri = identity.to_string();
+        params.subject_alt_names = vec![SanType::URI(
+            uri.clone()
+                .try_into()
+                .map_err(|_| CaError::BadIdentity(uri))?,
+        )];
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - BACKDATE;
+        params.not_after = (now + ttl).min(self.not_after);
+        let cert = params
+            .signed_by(&csr.public_key, &self.issuer)
+            .map_err(|e| CaError::Sign(e.to_string()))?;
+        let mut chain = vec![cert.pem()];
+        chain.extend(self.chain_pem.iter().cloned());
+        chain.push(self.root_pem.clone());
+        Ok(chain)
+    }
+}
+
+fn not_after_of(pem: &str) -> Result<OffsetDateTime, String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).map_err(|e| e.to_string())?;
+    let cert = pem.parse_x509().map_err(|e| e.to_string())?;
+    Ok(cert.validity().not_after.to_datetime())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+
+    fn csr(sans: Vec<String>, ca: bool) -> (String, KeyPair) {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(sans).unwrap();
+        if ca {
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        }
+        (p.serialize_request(&key).unwrap().pem().unwrap(), key)
+    }
+
+    fn ca(dir: &Path) -> Ca {
+        Ca::load_or_create(dir, "cluster.local", Duration::from_secs(48 * 3600)).unwrap()
+    }
+
+    fn id() -> Identity {
+        Identity::new("cluster.local", "shop", "web").unwrap()
+    }
+
+    #[test]
+    fn issues_only_the_callers_identity_and_never_a_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(dir.path());
+        let (req, _) = csr(
+            vec![
+                "spiffe://cluster.local/ns/kube-system/sa/admin".into(),
+                "evil.example".into(),
+            ],
+            true,
+        );
+        let chain = ca.sign(&req, &id(), 3600).unwrap();
+        assert_eq!(chain.len(), 2);
+        assert_eq!(chain[1], ca.root_pem());
+        let der = ::pem::parse(&chain[0]).unwrap();
+        let (_, cert) = X509Certificate::from_der(der.contents()).unwrap();
+        let san = cert.subject_alternative_name().unwrap().unwrap().value;
+        let names: Vec<String> = san.general_names.iter().map(|n| n.to_string()).collect();
+        assert_eq!(
+            names,
+            vec!["URI(spiffe://cluster.local/ns/shop/sa/web)".to_string()]
+        );
+        assert!(!cert.is_ca());
+        let lifetime =
+            cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp();
+        assert!((3600..=3600 + 61).contains(&lifetime), "{lifetime}");
+        // The leaf chains to the root.
+        let root = ::pem::parse(&chain[1]).unwrap();
+        let (_, root) = X509Certificate::from_der(root.contents()).unwrap();
+        assert!(cert.verify_signature(Some(root.public_key())).is_ok());
+    }
+
+    #[test]
+    fn rejects_bad_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(dir.path());
+        let (req, _) = csr(vec![], false);
+        assert_eq!(
+            ca.sign(&"x".repeat(MAX_CSR_BYTES + 1), &id(), 0),
+            Err(CaError::CsrTooLarge(MAX_CSR_BYTES + 1))
+        );
+        assert!(matches!(
+            ca.sign(&req, &id(), 49 * 3600),
+            Err(CaError::TtlTooLong { .. })
+        ));
+        assert_eq!(
+            ca.sign(
+                "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+                &id(),
+                0
+            ),
+            Err(CaError::BadCsr)
+        );
+        // A CSR whose signature does not match: flip a byte inside the signed body.
+        let mut der = ::pem::parse(&req).unwrap().contents().to_vec();
+        let n = der.len();
+        der[n - 10] ^= 0xff;
+        let tampered = ::pem::encode(&::pem::Pem::new("CERTIFICATE REQUEST", der));
+        assert_eq!(ca.sign(&tampered, &id(), 0), Err(CaError::BadCsr));
+    }
+
+    #[test]
+    fn identities_are_strict() {
+        assert_eq!(
+            Identity::parse("spiffe://cluster.local/ns/shop/sa/web").unwrap(),
+            id()
+        );
+        for bad in [
+            "spiffe://cluster.local/ns/shop/sa/web/extra",
+            "spiffe://cluster.local/ns/Shop/sa/web",
+            "spiffe://cluster.local/ns/sh\0op/sa/web",
+            "https://cluster.local/ns/shop/sa/web",
+            "spiffe://cluster.local/ns//sa/web",
+        ] {
+            assert!(Identity::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn agents_sharing_the_directory_share_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ca(dir.path());
+        let b = ca(dir.path());
+        assert_eq!(a.root_pem(), b.root_pem());
+        let (req, _) = csr(vec![], false);
+        let chain = b.sign(&req, &id(), 0).unwrap();
+        let root = ::pem::parse(a.root_pem()).unwrap();
+        let (_, root) = X509Certificate::from_der(root.contents()).unwrap();
+        let leaf = ::pem::parse(&chain[0]).unwrap();
+        let (_, leaf) = X509Certificate::from_der(leaf.contents()).unwrap();
+        assert!(leaf.verify_signature(Some(root.public_key())).is_ok());
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.path().join("root-key.pem"))
+                .unwrap()
+                .permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}
