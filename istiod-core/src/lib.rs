@@ -5,6 +5,7 @@
 //! [`ControlPlane`] owns the snapshot and publishes each new one to every stream.
 
 pub mod ca;
+pub mod ca_server;
 pub mod config_store;
 pub mod generators;
 pub mod model;

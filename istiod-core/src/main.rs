@@ -36,6 +36,25 @@ enum Command {
         /// Require `authorization: Bearer <contents of this file>` on every xDS stream.
         #[arg(long = "token-file")]
         token_file: Option<PathBuf>,
+        /// Serve the CA (istio.v1.auth.IstioCertificateService) with the root kept in this
+        /// directory (or Istio's cacerts files found there). Requires --jwt-public-key.
+        #[arg(long = "ca-dir", requires = "jwt_public_key")]
+        ca_dir: Option<PathBuf>,
+        /// PEM public key (EC P-256 or RSA) that signs the service-account tokens the CA accepts.
+        #[arg(long = "jwt-public-key", requires = "ca_dir")]
+        jwt_public_key: Option<PathBuf>,
+        /// Issuer the CA requires in those tokens.
+        #[arg(
+            long = "jwt-issuer",
+            default_value = "https://kubernetes.default.svc.cluster.local"
+        )]
+        jwt_issuer: String,
+        /// The mesh trust domain of issued identities.
+        #[arg(long = "trust-domain", default_value = "cluster.local")]
+        trust_domain: String,
+        /// Longest certificate lifetime the CA issues, in seconds.
+        #[arg(long = "max-cert-ttl", default_value_t = 7 * 24 * 3600)]
+        max_cert_ttl: u64,
     },
 }
 
@@ -54,7 +73,36 @@ async fn main() -> anyhow::Result<()> {
         tls_cert,
         tls_key,
         token_file,
+        ca_dir,
+        jwt_public_key,
+        jwt_issuer,
+        trust_domain,
+        max_cert_ttl,
     } = Cli::parse().command;
+    let ca_service = match (&ca_dir, &jwt_public_key) {
+        (Some(dir), Some(key_path)) => {
+            let ca = istiod_core::ca::Ca::load_or_create(
+                dir,
+                &trust_domain,
+                Duration::from_secs(max_cert_ttl),
+            )?;
+            let pem = std::fs::read(key_path).map_err(|e| {
+                anyhow::anyhow!("cannot read --jwt-public-key {}: {e}", key_path.display())
+            })?;
+            let auth = istiod_core::ca_server::JwtAuthenticator::from_pem(
+                &pem,
+                &key_path.display().to_string(),
+                &jwt_issuer,
+                &trust_domain,
+            )?;
+            tracing::info!(dir = %dir.display(), %trust_domain, "serving the CA");
+            Some(istiod_core::ca_server::CaService::new(
+                std::sync::Arc::new(ca),
+                std::sync::Arc::new(auth),
+            ))
+        }
+        _ => None,
+    };
     let cp = istiod_core::ControlPlane::load(&config_dir, &domain_suffix)?;
     tokio::spawn(cp.clone().watch(Duration::from_secs(1)));
     let listener = tokio::net::TcpListener::bind(grpc_addr).await?;
@@ -82,6 +130,7 @@ async fn main() -> anyhow::Result<()> {
         "serving xDS"
     );
     server
+        .add_optional_service(ca_service)
         .add_service(tonic::service::interceptor::InterceptedService::new(
             cp.xds().service(),
             istiod_core::xds_server::bearer_check(token),
