@@ -53,11 +53,18 @@ fn pipe_cluster(name: &str, path: &str, extra: Value) -> Value {
     c
 }
 
-/// A static HTTP listener routing one path prefix to one cluster.
-fn static_listener(port: u16, stat_prefix: &str, prefix: &str, cluster: &str) -> Value {
+/// A static HTTP listener routing one path prefix to one cluster. In a pod with an IPv6
+/// address it listens on `::` and also accepts IPv4 (`ipv4_compat`), so kubelet can probe 15021
+/// over either family.
+fn static_listener(port: u16, stat_prefix: &str, prefix: &str, cluster: &str, ipv6: bool) -> Value {
+    let address = if ipv6 {
+        json!({ "socket_address": { "address": "::", "port_value": port, "ipv4_compat": true } })
+    } else {
+        socket_address("0.0.0.0", port)
+    };
     json!({
         "name": format!("0.0.0.0_{port}"),
-        "address": socket_address("0.0.0.0", port),
+        "address": address,
         "ignore_global_conn_limit": true,
         "bypass_overload_manager": true,
         "filter_chains": [{
@@ -131,6 +138,7 @@ pub fn render(cfg: &Config) -> Value {
 }
 
 fn render_default(cfg: &Config) -> Value {
+    let ipv6 = cfg.instance_ips.iter().any(std::net::IpAddr::is_ipv6);
     let xds_socket = cfg.xds_socket_path().display().to_string();
     let ads_source =
         json!({ "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" });
@@ -199,8 +207,8 @@ fn render_default(cfg: &Config) -> Value {
                 })),
             ],
             "listeners": [
-                static_listener(PROMETHEUS_PORT, "stats", "/stats/prometheus", "prometheus_stats"),
-                static_listener(ENVOY_STATUS_PORT, "agent", "/healthz/ready", "agent"),
+                static_listener(PROMETHEUS_PORT, "stats", "/stats/prometheus", "prometheus_stats", ipv6),
+                static_listener(ENVOY_STATUS_PORT, "agent", "/healthz/ready", "agent", ipv6),
             ]
         }
     })

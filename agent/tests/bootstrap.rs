@@ -71,8 +71,11 @@ fn cases() -> Vec<(&'static str, Config)> {
         },
     );
     let _ = std::fs::remove_dir_all(&dir);
+    let mut dual = base.to_vec();
+    dual[2] = ("INSTANCE_IP", "fd00:1::3,10.1.2.3");
     vec![
         ("default", config(&base)),
+        ("ipv6", config(&dual)),
         ("custom-template", custom),
         ("sotw", config(&sotw)),
         ("hostile", config(&hostile)),
