@@ -246,34 +246,60 @@ where
     ReceiverStream::new(rx)
 }
 
+/// On a stream's first request, learns which proxy is on the other end from its node id.
+fn identify(
+    proxy: &mut Option<Proxy>,
+    node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
+) -> Result<(), Status> {
+    if proxy.is_none() {
+        let node = node.ok_or_else(|| Status::invalid_argument("first request carries no node"))?;
+        let p =
+            Proxy::from_node_id(&node.id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        tracing::info!(proxy = %node.id, "xds stream connected");
+        *proxy = Some(p);
+    }
+    Ok(())
+}
+
+/// Classifies a request that answers one of our responses: true for an ACK of the latest one;
+/// false for a NACK (logged and counted) or an answer to a response since superseded.
+fn acked(
+    nonce: &str,
+    nonce_sent: &str,
+    error: Option<&envoy_types::pb::google::rpc::Status>,
+    type_url: &str,
+    stats: &XdsStats,
+) -> bool {
+    if nonce != nonce_sent {
+        return false;
+    }
+    if let Some(err) = error {
+        stats.nacks.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(type_url, error = %err.message, "proxy rejected config (NACK)");
+        return false;
+    }
+    stats.acks.fetch_add(1, Ordering::Relaxed);
+    true
+}
+
 fn handle_request(
     conn: &mut Connection,
     push: &PushContext,
     req: DiscoveryRequest,
     stats: &XdsStats,
 ) -> Result<Option<DiscoveryResponse>, Status> {
-    if conn.proxy.is_none() {
-        let node = req
-            .node
-            .as_ref()
-            .ok_or_else(|| Status::invalid_argument("first request carries no node"))?;
-        let proxy =
-            Proxy::from_node_id(&node.id).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        tracing::info!(proxy = %node.id, "xds stream connected");
-        conn.proxy = Some(proxy);
-    }
+    identify(&mut conn.proxy, req.node.as_ref())?;
     let watch = conn.watches.entry(req.type_url.clone()).or_default();
     if !req.response_nonce.is_empty() {
-        if req.response_nonce != watch.nonce_sent {
-            // An answer to a response we have since superseded.
+        if !acked(
+            &req.response_nonce,
+            &watch.nonce_sent,
+            req.error_detail.as_ref(),
+            &req.type_url,
+            stats,
+        ) {
             return Ok(None);
         }
-        if let Some(err) = &req.error_detail {
-            stats.nacks.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(type_url = %req.type_url, error = %err.message, "proxy rejected config (NACK)");
-            return Ok(None);
-        }
-        stats.acks.fetch_add(1, Ordering::Relaxed);
         watch.version_acked = Some(req.version_info.clone());
         if watch.names == req.resource_names {
             return Ok(None);
@@ -324,16 +350,7 @@ impl DeltaConnection {
         req: DeltaDiscoveryRequest,
         stats: &XdsStats,
     ) -> Result<Option<DeltaDiscoveryResponse>, Status> {
-        if self.proxy.is_none() {
-            let node = req
-                .node
-                .as_ref()
-                .ok_or_else(|| Status::invalid_argument("first request carries no node"))?;
-            let proxy = Proxy::from_node_id(&node.id)
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
-            tracing::info!(proxy = %node.id, "delta xds stream connected");
-            self.proxy = Some(proxy);
-        }
+        identify(&mut self.proxy, req.node.as_ref())?;
         let first = !self.watches.contains_key(&req.type_url);
         let watch = self.watches.entry(req.type_url.clone()).or_default();
         if first {
@@ -341,16 +358,16 @@ impl DeltaConnection {
                 wildcard_by_default(&req.type_url) && req.resource_names_subscribe.is_empty();
             watch.sent = req.initial_resource_versions.clone().into_iter().collect();
         }
-        if !req.response_nonce.is_empty() {
-            if req.response_nonce != watch.nonce_sent {
-                return Ok(None);
-            }
-            if let Some(err) = &req.error_detail {
-                stats.nacks.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(type_url = %req.type_url, error = %err.message, "proxy rejected config (NACK)");
-                return Ok(None);
-            }
-            stats.acks.fetch_add(1, Ordering::Relaxed);
+        if !req.response_nonce.is_empty()
+            && !acked(
+                &req.response_nonce,
+                &watch.nonce_sent,
+                req.error_detail.as_ref(),
+                &req.type_url,
+                stats,
+            )
+        {
+            return Ok(None);
         }
         let mut changed = first;
         for name in req.resource_names_subscribe {
