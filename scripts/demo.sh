@@ -90,7 +90,9 @@ for pod in client server; do
   echo "   $P-$pod: $(grep -c '^-A' < <(ip netns exec "$P-$pod" iptables-save -t nat)) nat rules"
 done
 
-echo "== pilot-agent proxy sidecar (embedded control plane: examples/demo-mesh)"
+echo "== pilot-agent proxy sidecar (embedded control plane and CA: a copy of examples/demo-mesh)"
+# The embedded CA keeps its root in the config directory (cacerts/): use a copy, not the repo.
+cp -r "$ROOT/examples/demo-mesh" "$WORK/mesh"
 declare -A NAME=([client]=sleep [server]=httpbin)
 n=2
 for pod in client server; do
@@ -99,7 +101,7 @@ for pod in client server; do
      PROXY_CONFIG='{"terminationDrainDuration": "1s"}' \
      ip netns exec "$P-$pod" "$BIN/pilot-agent" proxy sidecar --domain demo.svc.cluster.local \
        --proxyLogLevel=warning --proxyComponentLogLevel=misc:error --log_output_level=default:info \
-       --configDir "$ROOT/examples/demo-mesh" >"$WORK/$pod/agent.log" 2>&1 &)
+       --configDir "$WORK/mesh" >"$WORK/$pod/agent.log" 2>&1 &)
   n=$((n + 1))
 done
 
@@ -123,12 +125,14 @@ echo "   response: $body"
 stat() { ip netns exec "$P-$1" curl -s "http://127.0.0.1:15000/stats?filter=^$2\$" | awk -F': ' '{print $2}'; }
 out="$(stat client "http.outbound_0.0.0.0_${PORT}.downstream_rq_2xx")"
 inb="$(stat server "http.inbound_0.0.0.0_${PORT}.downstream_rq_2xx")"
+tls="$(stat server "listener.0.0.0.0_15006.ssl.handshake")"
 echo
 echo "== summary"
 echo "   client Envoy, outbound listener 0.0.0.0_$PORT: ${out:-0} request(s) 2xx"
 echo "   server Envoy, inbound  listener (virtualInbound :$PORT): ${inb:-0} request(s) 2xx"
-if [ "${out:-0}" -ge 1 ] && [ "${inb:-0}" -ge 1 ] && [ -n "$body" ]; then
-  echo "   the request went app -> client sidecar -> server sidecar -> app"
+echo "   server Envoy, mutual TLS handshakes on virtualInbound: ${tls:-0}"
+if [ "${out:-0}" -ge 1 ] && [ "${inb:-0}" -ge 1 ] && [ "${tls:-0}" -ge 1 ] && [ -n "$body" ]; then
+  echo "   the request went app -> client sidecar =mTLS=> server sidecar -> app"
 else
   echo "   FAILED: the request did not pass through both sidecars"; exit 1
 fi

@@ -36,6 +36,18 @@ pub mod env {
     pub const PROV_CERT: &str = "PROV_CERT";
     pub const XDS_HEADER_PREFIX: &str = "XDS_HEADER_";
     pub const CLUSTER_ID: &str = "ISTIO_META_CLUSTER_ID";
+    pub const TRUST_DOMAIN: &str = "TRUST_DOMAIN";
+    pub const CA_ADDR: &str = "CA_ADDR";
+    pub const CA_ROOT_CA: &str = "CA_ROOT_CA";
+    pub const CA_HEADER_PREFIX: &str = "CA_HEADER_";
+    pub const SECRET_TTL: &str = "SECRET_TTL";
+    pub const SECRET_GRACE_PERIOD_RATIO: &str = "SECRET_GRACE_PERIOD_RATIO";
+    pub const SECRET_GRACE_PERIOD_RATIO_JITTER: &str = "SECRET_GRACE_PERIOD_RATIO_JITTER";
+    pub const ECC_SIGNATURE_ALGORITHM: &str = "ECC_SIGNATURE_ALGORITHM";
+    pub const ECC_CURVE: &str = "ECC_CURVE";
+    pub const WORKLOAD_RSA_KEY_SIZE: &str = "WORKLOAD_RSA_KEY_SIZE";
+    pub const FILE_MOUNTED_CERTS: &str = "FILE_MOUNTED_CERTS";
+    pub const OUTPUT_CERTS: &str = "OUTPUT_CERTS";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +129,24 @@ impl XdsClientConfig {
         lookup: &dyn Fn(&str) -> Option<String>,
         env_vars: &[(String, String)],
     ) -> Result<XdsClientConfig, ConfigError> {
+        Self::for_service(
+            address,
+            lookup,
+            env_vars,
+            env::XDS_ROOT_CA,
+            env::XDS_HEADER_PREFIX,
+        )
+    }
+
+    /// Dial options for the control plane (XDS_ROOT_CA, XDS_HEADER_*) or the CA (CA_ROOT_CA,
+    /// CA_HEADER_*), which share the token, the server name rules and ClusterID.
+    fn for_service(
+        address: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        env_vars: &[(String, String)],
+        root_var: &str,
+        header_prefix: &str,
+    ) -> Result<XdsClientConfig, ConfigError> {
         let (host, port) = address
             .rsplit_once(':')
             .ok_or_else(|| err("discoveryAddress", address, "host:port"))?;
@@ -130,7 +160,7 @@ impl XdsClientConfig {
                 host.to_string()
             }
         });
-        let root_ca = match lookup(env::XDS_ROOT_CA) {
+        let root_ca = match lookup(root_var) {
             Some(v) if v == "SYSTEM" => RootCa::System,
             Some(v) if !v.is_empty() => RootCa::Files(vec![PathBuf::from(v)]),
             _ => {
@@ -147,7 +177,7 @@ impl XdsClientConfig {
             lookup(env::CLUSTER_ID).unwrap_or_else(|| "Kubernetes".to_string()),
         )];
         for (k, v) in env_vars {
-            if let Some(name) = k.strip_prefix(env::XDS_HEADER_PREFIX) {
+            if let Some(name) = k.strip_prefix(header_prefix) {
                 let name = name.to_ascii_lowercase().replace('_', "-");
                 if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
                 {
@@ -164,6 +194,115 @@ impl XdsClientConfig {
             headers,
         })
     }
+}
+
+/// Istio's identity env vars. Stricter and different where documented: ECDSA P-256 is the
+/// default key (ECC_SIGNATURE_ALGORITHM=RSA for RSA), and odd ratios or key sizes are refused.
+fn identity_config(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    env_vars: &[(String, String)],
+    control_plane: &ControlPlaneSource,
+    namespace: &str,
+    service_account: &str,
+) -> Result<crate::identity::IdentityConfig, ConfigError> {
+    use crate::identity::{CertSource, KeyAlgorithm, MountedFiles};
+    let set = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+    let trust_domain = set(env::TRUST_DOMAIN).unwrap_or_else(|| "cluster.local".to_string());
+    let identity = istiod_core::ca::Identity::new(&trust_domain, namespace, service_account)
+        .map_err(|e| {
+            err(
+                "TRUST_DOMAIN/POD_NAMESPACE/SERVICE_ACCOUNT",
+                &format!("{trust_domain}/{namespace}/{service_account}"),
+                &e.to_string(),
+            )
+        })?;
+    let key = match set(env::ECC_SIGNATURE_ALGORITHM).as_deref() {
+        None | Some("ECDSA") => match set(env::ECC_CURVE).as_deref() {
+            None | Some("P256") => KeyAlgorithm::EcdsaP256,
+            Some("P384") => KeyAlgorithm::EcdsaP384,
+            Some(other) => return Err(err(env::ECC_CURVE, other, "P256 or P384")),
+        },
+        Some("RSA") => match set(env::WORKLOAD_RSA_KEY_SIZE).as_deref() {
+            None | Some("2048") => KeyAlgorithm::Rsa(2048),
+            Some("3072") => KeyAlgorithm::Rsa(3072),
+            Some("4096") => KeyAlgorithm::Rsa(4096),
+            Some(other) => {
+                return Err(err(env::WORKLOAD_RSA_KEY_SIZE, other, "2048, 3072 or 4096"));
+            }
+        },
+        Some(other) => return Err(err(env::ECC_SIGNATURE_ALGORITHM, other, "ECDSA or RSA")),
+    };
+    let ttl = match set(env::SECRET_TTL) {
+        Some(raw) => parse_duration(env::SECRET_TTL, &raw)?,
+        None => Duration::from_secs(24 * 3600),
+    };
+    if ttl < Duration::from_secs(10) {
+        return Err(err(env::SECRET_TTL, &format!("{ttl:?}"), "at least 10s"));
+    }
+    let ratio = |name: &str, default: f64, max: f64| -> Result<f64, ConfigError> {
+        match set(name) {
+            None => Ok(default),
+            Some(raw) => raw
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..max).contains(r))
+                .ok_or_else(|| err(name, &raw, &format!("a number from 0 to below {max}"))),
+        }
+    };
+    let grace_ratio = ratio(env::SECRET_GRACE_PERIOD_RATIO, 0.5, 1.0)?;
+    let grace_jitter = ratio(env::SECRET_GRACE_PERIOD_RATIO_JITTER, 0.01, 1.0)?.min(grace_ratio);
+    let output_dir = set(env::OUTPUT_CERTS).map(PathBuf::from);
+    let file_mounted = parse_bool(
+        env::FILE_MOUNTED_CERTS,
+        lookup(env::FILE_MOUNTED_CERTS),
+        false,
+    )?;
+    let spiffe_credentials = MountedFiles::in_dir(std::path::Path::new(
+        "./var/run/secrets/workload-spiffe-credentials",
+    ));
+    let etc_certs = MountedFiles::in_dir(std::path::Path::new("/etc/certs"));
+    let source = if file_mounted {
+        CertSource::Files(MountedFiles::in_dir(std::path::Path::new("./etc/certs")))
+    } else if spiffe_credentials.all_exist() {
+        CertSource::Files(spiffe_credentials)
+    } else if etc_certs.all_exist()
+        && output_dir.as_deref() != Some(std::path::Path::new("/etc/certs"))
+    {
+        CertSource::Files(etc_certs)
+    } else {
+        let remote = |address: String| -> Result<CertSource, ConfigError> {
+            Ok(CertSource::Remote {
+                client: XdsClientConfig::for_service(
+                    &address,
+                    lookup,
+                    env_vars,
+                    env::CA_ROOT_CA,
+                    env::CA_HEADER_PREFIX,
+                )?,
+                address,
+            })
+        };
+        match (set(env::CA_ADDR), control_plane) {
+            (Some(address), _) => remote(address)?,
+            (None, ControlPlaneSource::Remote { address }) => remote(address.clone())?,
+            (None, ControlPlaneSource::Embedded { config_dir }) => CertSource::Embedded {
+                ca_dir: config_dir.join("cacerts"),
+            },
+        }
+    };
+    let mut file_allow_dirs = crate::sds::default_file_dirs();
+    file_allow_dirs.extend(output_dir.clone());
+    Ok(crate::identity::IdentityConfig {
+        identity,
+        key,
+        ttl,
+        grace_ratio,
+        grace_jitter,
+        source,
+        output_dir,
+        file_allow_dirs,
+    })
 }
 
 /// Everything `run` needs.
@@ -223,6 +362,8 @@ pub struct Config {
     pub app_metrics: Option<crate::metrics::AppMetrics>,
     /// The DNS proxy, when ISTIO_META_DNS_CAPTURE or ISTIO_META_ENABLE_DNS_SERVER is true.
     pub dns: Option<DnsConfig>,
+    /// The workload certificate: identity, key type, lifetime, where it comes from.
+    pub identity: crate::identity::IdentityConfig,
 }
 
 /// The DNS proxy's listen address and upstream resolvers.
@@ -706,6 +847,14 @@ impl Config {
             }
             ControlPlaneSource::Embedded { .. } => None,
         };
+        let service_account = lookup(env::SERVICE_ACCOUNT).unwrap_or_else(|| "default".to_string());
+        let identity = identity_config(
+            lookup,
+            env_vars,
+            &control_plane,
+            &pod_namespace,
+            &service_account,
+        )?;
         let envoy_user = lookup(env::ENVOY_USER).unwrap_or_else(|| "istio-proxy".to_string());
         let delta_xds = parse_bool(env::ISTIO_DELTA_XDS, lookup(env::ISTIO_DELTA_XDS), true)?;
         let exit_on_zero_active_connections = parse_bool(
@@ -740,7 +889,7 @@ impl Config {
                 .clone()
                 .or(pc.service_cluster)
                 .unwrap_or_else(|| "istio-proxy".to_string()),
-            service_account: lookup(env::SERVICE_ACCOUNT).unwrap_or_else(|| "default".to_string()),
+            service_account,
             config_path: PathBuf::from(
                 pc.config_path.unwrap_or_else(|| "./etc/istio/proxy".into()),
             ),
@@ -781,6 +930,7 @@ impl Config {
             probe_target,
             app_metrics,
             dns,
+            identity,
         })
     }
 

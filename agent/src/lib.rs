@@ -8,8 +8,10 @@ pub mod config;
 pub mod dns;
 pub mod drain;
 pub mod envoy;
+pub mod identity;
 pub mod metrics;
 pub mod probes;
+pub mod sds;
 pub mod status;
 pub mod xds_proxy;
 
@@ -37,6 +39,10 @@ pub enum AgentError {
     XdsProxy(#[from] xds_proxy::XdsProxyError),
     #[error(transparent)]
     Envoy(#[from] envoy::EnvoyError),
+    #[error("workload identity: {0}")]
+    Identity(String),
+    #[error(transparent)]
+    Sds(#[from] sds::SdsError),
     #[error("Envoy exited unexpectedly ({0}); the agent exits so the container restarts")]
     EnvoyExited(std::process::ExitStatus),
 }
@@ -66,6 +72,39 @@ fn listen_for_signals(drain: Drain) {
         }
         drain.trigger(drain::Shutdown::Graceful);
     });
+}
+
+/// Starts keeping the workload certificate fresh, from the configured source.
+fn start_identity(cfg: &Config) -> Result<identity::CertWatch, AgentError> {
+    use identity::{CertSource, EmbeddedSigner, RemoteSigner};
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let id = std::sync::Arc::new(cfg.identity.clone());
+    match &cfg.identity.source {
+        CertSource::Embedded { ca_dir } => {
+            let ca = istiod_core::ca::Ca::load_or_create(
+                ca_dir,
+                &id.identity.trust_domain,
+                id.ttl.max(istiod_core::ca::DEFAULT_TTL),
+            )
+            .map_err(|e| AgentError::Identity(e.to_string()))?;
+            let signer = EmbeddedSigner {
+                ca: std::sync::Arc::new(ca),
+                identity: id.identity.clone(),
+            };
+            tokio::spawn(identity::run_rotation(id, signer, tx));
+        }
+        CertSource::Remote { address, client } => {
+            let signer = RemoteSigner {
+                address: address.clone(),
+                client: client.clone(),
+            };
+            tokio::spawn(identity::run_rotation(id, signer, tx));
+        }
+        CertSource::Files(files) => {
+            tokio::spawn(identity::run_mounted(id, files.clone(), tx));
+        }
+    }
+    Ok(rx)
 }
 
 /// Runs the sidecar agent until shutdown.
@@ -103,6 +142,39 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     std::fs::set_permissions(&cfg.config_path, std::fs::Permissions::from_mode(0o755))
         .map_err(dir_fail)?;
 
+    let as_root = nix::unistd::geteuid().is_root();
+    let certs = start_identity(&cfg)?;
+    let cert_metrics = metrics.clone();
+    let mut cert_updates = certs.clone();
+    cert_updates.mark_changed();
+    tokio::spawn(async move {
+        while cert_updates.changed().await.is_ok() {
+            let expiry = cert_updates.borrow().as_ref().map(|c| {
+                c.not_after
+                    .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or_default()
+            });
+            cert_metrics
+                .cert_expiry_timestamp
+                .set(expiry.unwrap_or_default());
+        }
+    });
+    let sds_listener = sds::bind(
+        std::path::Path::new(sds::SOCKET_PATH),
+        as_root.then_some(cfg.envoy_uid),
+    )?;
+    let sds_drain = drain.clone();
+    let mut sds_uids = vec![0, cfg.envoy_uid, nix::unistd::geteuid().as_raw()];
+    sds_uids.dedup();
+    tokio::spawn(sds::serve(
+        sds_listener,
+        sds_uids,
+        certs.clone(),
+        cfg.identity.file_allow_dirs.clone(),
+        async move { sds_drain.finished().await },
+    ));
+
     let status_listener =
         status::bind(cfg.status_port)
             .await
@@ -112,10 +184,15 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             })?;
     tokio::spawn(status::serve(
         status_listener,
-        status::State::new(&cfg, drain.clone(), metrics.clone(), status_dns_rx),
+        status::State::new(
+            &cfg,
+            drain.clone(),
+            metrics.clone(),
+            status_dns_rx,
+            certs.clone(),
+        ),
     ));
 
-    let as_root = nix::unistd::geteuid().is_root();
     let xds_listener = xds_proxy::bind(&cfg.xds_socket_path(), as_root.then_some(cfg.envoy_uid))?;
     let xds_drain = drain.clone();
     // The DNS proxy answers from the table the xDS proxy receives over NDS.
@@ -182,6 +259,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     let _ = xds_task.await;
     let _ = std::fs::remove_file(&bootstrap_path);
     let _ = std::fs::remove_file(cfg.xds_socket_path());
+    let _ = std::fs::remove_file(sds::SOCKET_PATH);
     tracing::info!("pilot-agent stopped");
     result
 }

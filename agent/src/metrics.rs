@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
@@ -26,6 +27,9 @@ pub struct Metrics {
     pub startup_duration_seconds: Gauge<f64, AtomicU64>,
     pub dns_requests: Counter,
     resident_memory_bytes: Gauge,
+    /// Unix time the workload certificate expires (0 until there is one).
+    pub cert_expiry_timestamp: Gauge<f64, AtomicU64>,
+    cert_expiry_seconds: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     started: std::time::Instant,
 }
 
@@ -68,8 +72,22 @@ impl Metrics {
             "Resident memory of the agent process",
             resident_memory_bytes.clone(),
         );
+        let cert_expiry_timestamp = Gauge::<f64, AtomicU64>::default();
+        let cert_expiry_seconds = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "cert_expiry_seconds",
+            "The time remaining, in seconds, before the certificate chain will expire; negative once expired",
+            cert_expiry_seconds.clone(),
+        );
+        registry.register(
+            "cert_expiry_timestamp_seconds",
+            "Unix time at which the workload certificate expires",
+            cert_expiry_timestamp.clone(),
+        );
         Metrics {
             registry,
+            cert_expiry_timestamp,
+            cert_expiry_seconds,
             xds_proxy_requests,
             xds_proxy_responses,
             startup_duration_seconds,
@@ -96,6 +114,16 @@ impl Metrics {
                 .and_then(|p| p.parse::<i64>().ok())
         {
             self.resident_memory_bytes.set(pages * 4096);
+        }
+        let expiry = self.cert_expiry_timestamp.get();
+        if expiry > 0.0 {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or_default();
+            self.cert_expiry_seconds
+                .get_or_create(&vec![("resource_name".to_string(), "default".to_string())])
+                .set(expiry - now);
         }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {

@@ -17,12 +17,22 @@ use crate::admin;
 use crate::drain::{Drain, Shutdown};
 
 /// The DNS table readiness waits for: outer `None` while the DNS proxy is off.
+use crate::identity::CertWatch;
+
 pub type DnsReadiness = tokio::sync::watch::Receiver<Option<crate::dns::TableWatch>>;
 
 /// Why the proxy is not ready, as the 503 body names it.
-pub async fn readiness(admin_port: u16, drain: &Drain, dns: &DnsReadiness) -> Result<(), String> {
+pub async fn readiness(
+    admin_port: u16,
+    drain: &Drain,
+    dns: &DnsReadiness,
+    certs: &CertWatch,
+) -> Result<(), String> {
     if drain.is_draining() {
         return Err("the proxy is shutting down".into());
+    }
+    if certs.borrow().is_none() {
+        return Err("workload certificate not issued yet (is the CA reachable?)".into());
     }
     let dns_pending = dns
         .borrow()
@@ -130,6 +140,7 @@ pub struct State {
     metrics: Arc<crate::metrics::Metrics>,
     app_metrics: Option<crate::metrics::AppMetrics>,
     dns: DnsReadiness,
+    certs: CertWatch,
 }
 
 impl State {
@@ -138,6 +149,7 @@ impl State {
         drain: Drain,
         metrics: Arc<crate::metrics::Metrics>,
         dns: DnsReadiness,
+        certs: CertWatch,
     ) -> State {
         State {
             admin_port: cfg.admin_port,
@@ -148,6 +160,7 @@ impl State {
             metrics,
             app_metrics: cfg.app_metrics.clone(),
             dns,
+            certs,
         }
     }
 }
@@ -169,7 +182,7 @@ async fn handle(
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/stats/prometheus" | "/metrics") => stats(&state, &req),
         (&Method::GET, "/healthz/ready") => {
-            match readiness(state.admin_port, &state.drain, &state.dns).await {
+            match readiness(state.admin_port, &state.drain, &state.dns, &state.certs).await {
                 Ok(()) => {
                     state.metrics.mark_ready();
                     text(StatusCode::OK, "")
@@ -177,7 +190,9 @@ async fn handle(
                 Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, why),
             }
         }
-        (_, "/quitquitquit" | "/drain" | "/debug/config" | "/debug/ndsz") if !local => {
+        (_, "/quitquitquit" | "/drain" | "/debug/config" | "/debug/ndsz" | "/debug/certs")
+            if !local =>
+        {
             text(StatusCode::FORBIDDEN, "only from localhost\n")
         }
         (&Method::POST, "/quitquitquit") => {
@@ -199,6 +214,13 @@ async fn handle(
         }
         (_, "/quitquitquit" | "/drain") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         (&Method::GET, "/debug/config") => text(StatusCode::OK, state.config_dump.clone()),
+        (&Method::GET, "/debug/certs") => match state.certs.borrow().as_deref() {
+            Some(c) => text(
+                StatusCode::OK,
+                format!("{:#}\n", crate::identity::summary(c)),
+            ),
+            None => text(StatusCode::NOT_FOUND, "no workload certificate yet\n"),
+        },
         (&Method::GET, "/debug/ndsz") => {
             let table = state.dns.borrow().as_ref().and_then(|t| t.borrow().clone());
             match table {

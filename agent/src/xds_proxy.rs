@@ -148,7 +148,7 @@ pub enum Upstream {
 
 /// Adds the bearer token and the configured metadata to every call.
 #[derive(Clone)]
-struct CallMetadata(Vec<(MetadataKey<Ascii>, MetadataValue<Ascii>)>);
+pub(crate) struct CallMetadata(Vec<(MetadataKey<Ascii>, MetadataValue<Ascii>)>);
 
 impl tonic::service::Interceptor for CallMetadata {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
@@ -159,12 +159,12 @@ impl tonic::service::Interceptor for CallMetadata {
     }
 }
 
-type Channel =
+pub(crate) type Channel =
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, CallMetadata>;
 
 /// Dials the control plane for one Envoy stream. The root certificate and the token are read
 /// on every connect, so rotated files take effect without a restart.
-async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Status> {
+pub(crate) async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Status> {
     let scheme = if cfg.tls { "https" } else { "http" };
     let uri = format!("{scheme}://{address}");
     let mut endpoint = tonic::transport::Endpoint::from_shared(uri.clone())

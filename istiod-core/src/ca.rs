@@ -139,6 +139,28 @@ impl Ca {
             dir: dir.display().to_string(),
             reason,
         };
+        // Agents starting together on one directory: one creates the root, the others load it.
+        std::fs::create_dir_all(dir).map_err(|e| files(e.to_string()))?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(".lock"))
+            .map_err(|e| files(format!(".lock: {e}")))?;
+        let _guard = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| files(format!(".lock: {e}")))?;
+        Self::load_or_create_locked(dir, trust_domain, max_ttl)
+    }
+
+    fn load_or_create_locked(
+        dir: &Path,
+        trust_domain: &str,
+        max_ttl: Duration,
+    ) -> Result<Ca, CaError> {
+        let files = |reason: String| CaError::Files {
+            dir: dir.display().to_string(),
+            reason,
+        };
         let read = |name: &str| std::fs::read_to_string(dir.join(name));
         if let (Ok(cert), Ok(key), Ok(root)) = (
             read("ca-cert.pem"),

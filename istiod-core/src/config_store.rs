@@ -149,15 +149,53 @@ pub enum Resource {
     WorkloadEntry(Metadata, WorkloadEntrySpec),
     Service(Metadata, ServiceSpec),
     Endpoints(Metadata, Vec<EndpointSubset>),
+    PeerAuthentication(Metadata, PeerAuthenticationSpec),
+}
+
+/// security.istio.io PeerAuthentication: which mTLS mode the selected workloads accept.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PeerAuthenticationSpec {
+    #[serde(default)]
+    pub selector: Option<LabelSelector>,
+    #[serde(default)]
+    pub mtls: Option<MtlsSpec>,
+    /// Workload port → mode; only meaningful with a selector, as in Istio.
+    #[serde(default)]
+    pub port_level_mtls: BTreeMap<u16, MtlsSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct LabelSelector {
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MtlsSpec {
+    #[serde(default)]
+    pub mode: Option<MtlsMode>,
+}
+
+/// PeerAuthentication's mTLS modes. UNSET inherits from the enclosing scope.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum MtlsMode {
+    #[default]
+    Unset,
+    Disable,
+    Permissive,
+    Strict,
 }
 
 /// Kinds we read but do not act on yet; accepted so a real mesh's config loads.
-const ACCEPTED_KINDS: [&str; 9] = [
+const ACCEPTED_KINDS: [&str; 8] = [
     "VirtualService",
     "DestinationRule",
     "Sidecar",
     "Gateway",
-    "PeerAuthentication",
     "AuthorizationPolicy",
     "Namespace",
     "EndpointSlice",
@@ -221,6 +259,17 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
                 serde_json::from_value(env.subsets.unwrap_or(serde_json::Value::Array(vec![])))
                     .map_err(|e| format!("{}: {e}", typed("subsets")))?;
             Resource::Endpoints(meta, subsets)
+        }
+        "PeerAuthentication" => {
+            let spec: PeerAuthenticationSpec =
+                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+            if !spec.port_level_mtls.is_empty() && spec.selector.is_none() {
+                return Err(format!(
+                    "{}: portLevelMtls requires a workload selector",
+                    typed("spec")
+                ));
+            }
+            Resource::PeerAuthentication(meta, spec)
         }
         other => return Err(format!("unsupported kind {other:?}")),
     };

@@ -74,7 +74,7 @@ impl ControlPlane {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
         let push = build(&self.config_dir, &self.domain_suffix, generation)?;
-        if push.services != self.tx.borrow().services {
+        if !push.same_content(&self.tx.borrow()) {
             tracing::info!(version = %push.version, services = push.services.len(), "config changed; pushing");
             self.tx.send_replace(Arc::new(push));
         }

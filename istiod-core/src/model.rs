@@ -51,6 +51,31 @@ pub struct Endpoint {
     pub ports: BTreeMap<String, u16>,
     pub labels: BTreeMap<String, String>,
     pub service_account: String,
+    /// Whether the workload has a sidecar that accepts Istio mutual TLS.
+    pub tls_mode: TlsMode,
+}
+
+/// Label Istio's injector puts on workloads with a sidecar (`istio` or `disabled`).
+pub const TLS_MODE_LABEL: &str = "security.istio.io/tlsMode";
+
+/// Istio's endpoint `tlsMode`: auto mTLS sends mutual TLS only to `Istio` endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    Istio,
+    Disabled,
+}
+
+impl TlsMode {
+    /// Istio's rule for WorkloadEntry: the `security.istio.io/tlsMode` label when present,
+    /// otherwise mutual TLS when the entry names a service account.
+    pub fn of_workload(labels: &BTreeMap<String, String>, has_service_account: bool) -> TlsMode {
+        match labels.get(TLS_MODE_LABEL).map(String::as_str) {
+            Some("istio") => TlsMode::Istio,
+            Some(_) => TlsMode::Disabled,
+            None if has_service_account => TlsMode::Istio,
+            None => TlsMode::Disabled,
+        }
+    }
 }
 
 impl Endpoint {
@@ -89,6 +114,8 @@ pub struct Proxy {
     pub id: String,
     pub namespace: String,
     pub dns_domain: String,
+    /// The workload's labels, from the node metadata `LABELS`.
+    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -118,7 +145,24 @@ impl Proxy {
             id: pod.to_string(),
             namespace: namespace.to_string(),
             dns_domain: domain.to_string(),
+            labels: BTreeMap::new(),
         })
+    }
+
+    /// The workload's labels: the node's own, else those of the endpoints it owns.
+    pub fn workload_labels(&self, services: &[Service]) -> BTreeMap<String, String> {
+        if !self.labels.is_empty() {
+            return self.labels.clone();
+        }
+        let mut out = BTreeMap::new();
+        for ep in services
+            .iter()
+            .flat_map(|s| &s.endpoints)
+            .filter(|e| self.owns(e))
+        {
+            out.extend(ep.labels.clone());
+        }
+        out
     }
 
     /// True when `ep` is this proxy's own workload.

@@ -2,15 +2,54 @@
 //! on every change and shared with all streams through a `watch` channel (istiod's
 //! `pilot/pkg/model/push_context.go`). Generators never see a half-updated mesh.
 
-use crate::config_store::ConfigSet;
-use crate::model::Service;
+use std::collections::BTreeMap;
+
+use crate::config_store::{ConfigSet, Metadata, MtlsMode, PeerAuthenticationSpec, Resource};
+use crate::model::{Endpoint, Service, ServicePort, TlsMode};
 use crate::registry::{self, RegistryError};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Istio's root namespace: a PeerAuthentication here without a selector is mesh-wide.
+pub const ROOT_NAMESPACE: &str = "istio-system";
+/// The trust domain of workload identities unless the mesh config says otherwise.
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushContext {
     /// Changes on every rebuild; sent as the xDS `version_info`.
     pub version: String,
     pub services: Vec<Service>,
+    pub peer_authentications: Vec<(Metadata, PeerAuthenticationSpec)>,
+    /// Identities are `spiffe://<trust_domain>/ns/<ns>/sa/<sa>`.
+    pub trust_domain: String,
+}
+
+impl Default for PushContext {
+    fn default() -> Self {
+        PushContext {
+            version: String::new(),
+            services: Vec::new(),
+            peer_authentications: Vec::new(),
+            trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
+        }
+    }
+}
+
+/// The effective mTLS mode of a workload: the default mode and per-port overrides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboundMtls {
+    pub default: MtlsMode,
+    pub ports: BTreeMap<u16, MtlsMode>,
+}
+
+impl InboundMtls {
+    /// Mode on `port`; never `Unset` (which means PERMISSIVE, Istio's default).
+    pub fn on_port(&self, port: u16) -> MtlsMode {
+        self.ports.get(&port).copied().unwrap_or(self.default)
+    }
+}
+
+fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 impl PushContext {
@@ -19,9 +58,162 @@ impl PushContext {
         domain_suffix: &str,
         version: String,
     ) -> Result<Self, RegistryError> {
+        let mut peer_authentications: Vec<_> = config
+            .resources
+            .iter()
+            .filter_map(|r| match r {
+                Resource::PeerAuthentication(m, s) => Some((m.clone(), s.clone())),
+                _ => None,
+            })
+            .collect();
+        // Istio resolves conflicts at one level by the oldest policy; without creation times,
+        // by name, so the outcome does not depend on file order.
+        peer_authentications
+            .sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
         Ok(PushContext {
             version,
             services: registry::services(config, domain_suffix)?,
+            peer_authentications,
+            trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
         })
+    }
+
+    /// Everything but the version: two snapshots with equal content push nothing new.
+    pub fn same_content(&self, other: &PushContext) -> bool {
+        self.services == other.services
+            && self.peer_authentications == other.peer_authentications
+            && self.trust_domain == other.trust_domain
+    }
+
+    /// Auto mTLS: whether a client sends Istio mutual TLS to `ep` on service port `port`: the
+    /// endpoint has a sidecar and its PeerAuthentication does not disable mTLS on that port.
+    pub fn endpoint_mtls(&self, svc: &Service, ep: &Endpoint, port: &ServicePort) -> bool {
+        ep.tls_mode == TlsMode::Istio
+            && self
+                .inbound_mtls(&svc.namespace, &ep.labels)
+                .on_port(ep.target_port(port))
+                != MtlsMode::Disable
+    }
+
+    /// The mTLS mode a workload in `namespace` with `labels` accepts, by Istio's precedence:
+    /// workload selector over namespace-wide over mesh-wide (root namespace), each inheriting
+    /// from the next when UNSET; PERMISSIVE when nothing says otherwise.
+    pub fn inbound_mtls(&self, namespace: &str, labels: &BTreeMap<String, String>) -> InboundMtls {
+        let mode_of = |s: &PeerAuthenticationSpec| {
+            s.mtls
+                .as_ref()
+                .and_then(|m| m.mode)
+                .unwrap_or(MtlsMode::Unset)
+        };
+        let first = |pred: &dyn Fn(&Metadata, &PeerAuthenticationSpec) -> bool| {
+            self.peer_authentications
+                .iter()
+                .find(|(m, s)| pred(m, s))
+                .map(|(_, s)| s)
+        };
+        let mesh = first(&|m, s| m.namespace() == ROOT_NAMESPACE && s.selector.is_none());
+        let ns = first(&|m, s| m.namespace() == namespace && s.selector.is_none());
+        let workload = first(&|m, s| {
+            m.namespace() == namespace
+                && s.selector
+                    .as_ref()
+                    .is_some_and(|sel| selects(&sel.match_labels, labels))
+        });
+        let mut mode = MtlsMode::Permissive;
+        for scope in [mesh, ns, workload].into_iter().flatten() {
+            match mode_of(scope) {
+                MtlsMode::Unset => {}
+                m => mode = m,
+            }
+        }
+        let ports = workload
+            .map(|w| {
+                w.port_level_mtls
+                    .iter()
+                    .filter_map(|(port, m)| match m.mode {
+                        None | Some(MtlsMode::Unset) => None,
+                        Some(mode) => Some((*port, mode)),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        InboundMtls {
+            default: mode,
+            ports,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config_store::parse_file;
+    use std::path::Path;
+
+    fn push(yaml: &str) -> PushContext {
+        let set = ConfigSet {
+            resources: parse_file(Path::new("pa.yaml"), yaml).unwrap(),
+        };
+        PushContext::build(&set, "cluster.local", "1".into()).unwrap()
+    }
+
+    #[test]
+    fn peer_authentication_precedence() {
+        let p = push(
+            r#"
+kind: PeerAuthentication
+metadata: {name: mesh, namespace: istio-system}
+spec: {mtls: {mode: STRICT}}
+---
+kind: PeerAuthentication
+metadata: {name: ns, namespace: legacy}
+spec: {mtls: {mode: PERMISSIVE}}
+---
+kind: PeerAuthentication
+metadata: {name: db, namespace: legacy}
+spec:
+  selector: {matchLabels: {app: db}}
+  mtls: {mode: UNSET}
+  portLevelMtls:
+    5432: {mode: DISABLE}
+"#,
+        );
+        let labels = |app: &str| BTreeMap::from([("app".to_string(), app.to_string())]);
+        assert_eq!(
+            p.inbound_mtls("shop", &labels("web")).default,
+            MtlsMode::Strict
+        );
+        assert_eq!(
+            p.inbound_mtls("legacy", &labels("web")).default,
+            MtlsMode::Permissive
+        );
+        let db = p.inbound_mtls("legacy", &labels("db"));
+        assert_eq!(db.default, MtlsMode::Permissive);
+        assert_eq!(db.on_port(5432), MtlsMode::Disable);
+        assert_eq!(db.on_port(5433), MtlsMode::Permissive);
+        assert_eq!(
+            push("").inbound_mtls("x", &BTreeMap::new()).default,
+            MtlsMode::Permissive
+        );
+    }
+
+    #[test]
+    fn port_level_without_selector_is_rejected() {
+        let e = parse_file(
+            Path::new("pa.yaml"),
+            "kind: PeerAuthentication\nmetadata: {name: p, namespace: n}\nspec:\n  portLevelMtls:\n    80: {mode: STRICT}\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("portLevelMtls requires a workload selector"),
+            "{e}"
+        );
+        let e = parse_file(
+            Path::new("pa.yaml"),
+            "kind: PeerAuthentication\nmetadata: {name: p, namespace: n}\nspec: {mtls: {mode: STRIKT}}\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("pa.yaml: document 1"), "{e}");
     }
 }

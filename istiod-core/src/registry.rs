@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use crate::config_store::{ConfigSet, Metadata, Resource, WorkloadEntrySpec};
-use crate::model::{Endpoint, Protocol, Service, ServicePort};
+use crate::model::{Endpoint, Protocol, Service, ServicePort, TlsMode};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{kind} {namespace}/{name}: {reason}")]
@@ -44,6 +44,7 @@ fn workload_endpoint(
             .service_account
             .clone()
             .unwrap_or_else(|| "default".to_string()),
+        tls_mode: TlsMode::of_workload(&we.labels, we.service_account.is_some()),
     })
 }
 
@@ -152,6 +153,8 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                                 ports: named,
                                 labels: spec.selector.clone(),
                                 service_account: "default".to_string(),
+                                // Without the pod (its tlsMode label) the sidecar is not known.
+                                tls_mode: TlsMode::Disabled,
                             });
                         }
                     }
@@ -164,7 +167,9 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                     endpoints,
                 });
             }
-            Resource::WorkloadEntry(..) | Resource::Endpoints(..) => {}
+            Resource::WorkloadEntry(..)
+            | Resource::Endpoints(..)
+            | Resource::PeerAuthentication(..) => {}
         }
     }
     out.sort_by(|a, b| a.hostname.cmp(&b.hostname));

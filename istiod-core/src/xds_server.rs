@@ -253,12 +253,36 @@ fn identify(
 ) -> Result<(), Status> {
     if proxy.is_none() {
         let node = node.ok_or_else(|| Status::invalid_argument("first request carries no node"))?;
-        let p =
+        let mut p =
             Proxy::from_node_id(&node.id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        p.labels = node_labels(node);
         tracing::info!(proxy = %node.id, "xds stream connected");
         *proxy = Some(p);
     }
     Ok(())
+}
+
+/// The workload labels the agent puts in its node metadata (`LABELS`, a map of strings).
+fn node_labels(
+    node: &envoy_types::pb::envoy::config::core::v3::Node,
+) -> std::collections::BTreeMap<String, String> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let Some(Kind::StructValue(labels)) = node
+        .metadata
+        .as_ref()
+        .and_then(|m| m.fields.get("LABELS"))
+        .and_then(|v| v.kind.as_ref())
+    else {
+        return Default::default();
+    };
+    labels
+        .fields
+        .iter()
+        .filter_map(|(k, v)| match &v.kind {
+            Some(Kind::StringValue(s)) => Some((k.clone(), s.clone())),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Classifies a request that answers one of our responses: true for an ACK of the latest one;

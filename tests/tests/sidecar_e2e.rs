@@ -29,7 +29,7 @@ spec:
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {{name: httpbin-1, namespace: {NAMESPACE}}}
-spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}}
+spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: server}}
 "#
     );
     std::fs::write(dir.join("mesh.yaml"), yaml).unwrap();

@@ -14,7 +14,7 @@ use envoy_types::util::pack_any;
 
 use super::{
     BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_BIND_V4, INBOUND_PASSTHROUGH_CLUSTER, Named,
-    PASSTHROUGH_CLUSTER, ads_config_source, seconds,
+    PASSTHROUGH_CLUSTER, ads_config_source, seconds, tls,
 };
 use crate::model::{Protocol, Proxy, inbound_cluster_name, outbound_cluster_name};
 use crate::push_context::PushContext;
@@ -81,6 +81,24 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
             });
             if matches!(port.protocol, Protocol::Http2 | Protocol::Grpc) {
                 c = with_http2(c);
+            }
+            let sans: BTreeSet<String> = svc
+                .endpoints
+                .iter()
+                .filter(|ep| push.endpoint_mtls(svc, ep, port))
+                .map(|ep| {
+                    format!(
+                        "spiffe://{}/ns/{}/sa/{}",
+                        push.trust_domain, svc.namespace, ep.service_account
+                    )
+                })
+                .collect();
+            if !sans.is_empty() {
+                let sans: Vec<String> = sans.into_iter().collect();
+                c.transport_socket_matches = tls::auto_mtls_matches(
+                    format!("outbound_.{}_._.{}", port.port, svc.hostname),
+                    &sans,
+                );
             }
             clusters.push(c);
         }

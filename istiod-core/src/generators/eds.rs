@@ -5,7 +5,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::util::pack_any;
 
-use super::{Named, socket_address};
+use super::{Named, socket_address, tls};
 use crate::model::outbound_cluster_name;
 use crate::push_context::PushContext;
 
@@ -19,6 +19,9 @@ fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment
                 .endpoints
                 .iter()
                 .map(|ep| LbEndpoint {
+                    metadata: push
+                        .endpoint_mtls(svc, ep, port)
+                        .then(tls::istio_endpoint_metadata),
                     host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
                         address: Some(socket_address(
                             &ep.address.to_string(),

@@ -3,8 +3,9 @@
 //!   listener of its original destination, else passes it through.
 //! - Per service port, a non-binding outbound listener: `0.0.0.0_PORT` with RDS for HTTP ports,
 //!   `VIP_PORT` with tcp_proxy for TCP ports.
-//! - `virtualInbound` on 15006 restores the original destination and has one filter chain per
-//!   inbound port of the proxy's own workload, plus a passthrough chain.
+//! - `virtualInbound` on 15006 restores the original destination and, per inbound port of the
+//!   proxy's own workload, has a mutual-TLS chain (Istio ALPN, client certificate required) and,
+//!   unless a PeerAuthentication says STRICT, a plaintext chain; plus a passthrough chain.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,9 +16,11 @@ use envoy_types::pb::envoy::config::listener::v3::{
 use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::SetCurrentClientCertDetails;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 use envoy_types::pb::google::protobuf::{Any, BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
@@ -25,8 +28,9 @@ use envoy_types::util::pack_any;
 use super::rds::route_to;
 use super::{
     INBOUND_PASSTHROUGH_CLUSTER, Named, PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT,
-    VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT, ads_config_source, socket_address,
+    VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT, ads_config_source, socket_address, tls,
 };
+use crate::config_store::MtlsMode;
 use crate::model::{Protocol, Proxy, inbound_cluster_name, outbound_cluster_name};
 use crate::push_context::PushContext;
 
@@ -50,21 +54,28 @@ fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
     )
 }
 
+fn hcm(
+    stat_prefix: String,
+    routes: http_connection_manager::RouteSpecifier,
+) -> HttpConnectionManager {
+    HttpConnectionManager {
+        stat_prefix,
+        route_specifier: Some(routes),
+        http_filters: vec![HttpFilter {
+            name: "envoy.filters.http.router".to_string(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
+                Router::default(),
+            ))),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
 fn hcm_filter(stat_prefix: String, routes: http_connection_manager::RouteSpecifier) -> Filter {
     network_filter(
         "envoy.filters.network.http_connection_manager",
-        pack_any(HttpConnectionManager {
-            stat_prefix,
-            route_specifier: Some(routes),
-            http_filters: vec![HttpFilter {
-                name: "envoy.filters.http.router".to_string(),
-                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
-                    Router::default(),
-                ))),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
+        pack_any(hcm(stat_prefix, routes)),
     )
 }
 
@@ -152,6 +163,73 @@ fn virtual_outbound() -> Listener {
     }
 }
 
+/// One inbound filter chain per accepted transport: mutual TLS (matched by the Istio ALPN the
+/// peer sidecar offers), plaintext, or both under PERMISSIVE.
+fn inbound_chains(
+    name: &str,
+    port: Option<u16>,
+    mode: MtlsMode,
+    filter: &dyn Fn(bool) -> Filter,
+    alpn: &[&str],
+) -> Vec<FilterChain> {
+    let matching = |transport: &str, alpn: &[&str]| FilterChainMatch {
+        destination_port: port.map(|p| UInt32Value {
+            value: u32::from(p),
+        }),
+        transport_protocol: transport.to_string(),
+        application_protocols: alpn.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let mtls = || FilterChain {
+        filter_chain_match: Some(matching("tls", &tls::ALPN_INBOUND_MATCH)),
+        transport_socket: Some(tls::inbound_mtls_socket(alpn)),
+        ..chain(&format!("{name}-mtls"), vec![filter(true)])
+    };
+    let plain = |transport: &str| FilterChain {
+        filter_chain_match: Some(matching(transport, &[])),
+        ..chain(name, vec![filter(false)])
+    };
+    match mode {
+        MtlsMode::Strict => vec![mtls()],
+        MtlsMode::Disable => vec![plain("")],
+        MtlsMode::Permissive | MtlsMode::Unset => vec![mtls(), plain("raw_buffer")],
+    }
+}
+
+fn inbound_hcm(port: u16, cluster: &str, mtls: bool) -> Filter {
+    let routes = http_connection_manager::RouteSpecifier::RouteConfig(RouteConfiguration {
+        name: cluster.to_string(),
+        virtual_hosts: vec![VirtualHost {
+            name: format!("inbound|http|{port}"),
+            domains: vec!["*".to_string()],
+            routes: vec![route_to(cluster.to_string())],
+            ..Default::default()
+        }],
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    });
+    let mut hcm = hcm(format!("inbound_{WILDCARD}_{port}"), routes);
+    // The app sees exactly the verified peer in x-forwarded-client-cert; a header the client
+    // sent itself is dropped (Istio appends to it, so a client could prefix a forged entry).
+    if mtls {
+        hcm.forward_client_cert_details =
+            http_connection_manager::ForwardClientCertDetails::SanitizeSet as i32;
+        hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
+            subject: Some(BoolValue { value: true }),
+            uri: true,
+            dns: true,
+            ..Default::default()
+        });
+    } else {
+        hcm.forward_client_cert_details =
+            http_connection_manager::ForwardClientCertDetails::Sanitize as i32;
+    }
+    network_filter(
+        "envoy.filters.network.http_connection_manager",
+        pack_any(hcm),
+    )
+}
+
 fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
     // Workload port → protocol; HTTP wins if two services disagree.
     let mut ports: BTreeMap<u16, Protocol> = BTreeMap::new();
@@ -165,53 +243,63 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
             }
         }
     }
-    let mut chains: Vec<FilterChain> = ports
-        .into_iter()
-        .map(|(port, protocol)| {
-            let cluster = inbound_cluster_name(port);
-            let filter = if protocol.is_http() {
-                let routes =
-                    http_connection_manager::RouteSpecifier::RouteConfig(RouteConfiguration {
-                        name: cluster.clone(),
-                        virtual_hosts: vec![VirtualHost {
-                            name: format!("inbound|http|{port}"),
-                            domains: vec!["*".to_string()],
-                            routes: vec![route_to(cluster.clone())],
-                            ..Default::default()
-                        }],
-                        validate_clusters: Some(BoolValue { value: false }),
-                        ..Default::default()
-                    });
-                hcm_filter(format!("inbound_{WILDCARD}_{port}"), routes)
-            } else {
-                tcp_proxy_filter(&cluster, &cluster)
-            };
-            FilterChain {
-                filter_chain_match: Some(FilterChainMatch {
-                    destination_port: Some(UInt32Value {
-                        value: u32::from(port),
-                    }),
-                    ..Default::default()
-                }),
-                ..chain(&format!("{WILDCARD}_{port}"), vec![filter])
-            }
-        })
-        .collect();
-    chains.push(chain(
-        "virtualInbound-catchall-tcp",
-        vec![tcp_proxy_filter(
-            INBOUND_PASSTHROUGH_CLUSTER,
-            INBOUND_PASSTHROUGH_CLUSTER,
-        )],
-    ));
+    let mtls = push.inbound_mtls(&proxy.namespace, &proxy.workload_labels(&push.services));
+    let mut chains: Vec<FilterChain> = Vec::new();
+    for (port, protocol) in ports {
+        let cluster = inbound_cluster_name(port);
+        let name = format!("{WILDCARD}_{port}");
+        if protocol.is_http() {
+            let filter = |m: bool| inbound_hcm(port, &cluster, m);
+            chains.extend(inbound_chains(
+                &name,
+                Some(port),
+                mtls.on_port(port),
+                &filter,
+                &["h2", "http/1.1"],
+            ));
+        } else {
+            let filter = |_: bool| tcp_proxy_filter(&cluster, &cluster);
+            chains.extend(inbound_chains(
+                &name,
+                Some(port),
+                mtls.on_port(port),
+                &filter,
+                &[],
+            ));
+        }
+    }
+    let passthrough =
+        |_: bool| tcp_proxy_filter(INBOUND_PASSTHROUGH_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER);
+    match mtls.default {
+        // Under STRICT, ports no service names also take mutual TLS only.
+        MtlsMode::Strict => chains.extend(inbound_chains(
+            "virtualInbound-catchall-tcp",
+            None,
+            MtlsMode::Strict,
+            &passthrough,
+            &[],
+        )),
+        _ => chains.push(chain(
+            "virtualInbound-catchall-tcp",
+            vec![passthrough(false)],
+        )),
+    }
+    let listener_filter = |name: &str, config: Any| ListenerFilter {
+        name: name.to_string(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(config)),
+        ..Default::default()
+    };
     Listener {
-        listener_filters: vec![ListenerFilter {
-            name: "envoy.filters.listener.original_dst".to_string(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(
-                OriginalDst::default(),
-            ))),
-            ..Default::default()
-        }],
+        listener_filters: vec![
+            listener_filter(
+                "envoy.filters.listener.original_dst",
+                pack_any(OriginalDst::default()),
+            ),
+            listener_filter(
+                "envoy.filters.listener.tls_inspector",
+                pack_any(TlsInspector::default()),
+            ),
+        ],
         traffic_direction: TrafficDirection::Inbound as i32,
         ..listener(
             VIRTUAL_INBOUND.to_string(),
@@ -258,6 +346,7 @@ mod tests {
         let push = PushContext {
             version: "1".into(),
             services: vec![svc("a.example"), svc("b.example")],
+            ..Default::default()
         };
         let proxy = Proxy::from_node_id("sidecar~10.1.1.1~p.ns~ns.svc.cluster.local").unwrap();
         let names: Vec<String> = generate(&push, &proxy)

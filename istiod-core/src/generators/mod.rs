@@ -7,6 +7,7 @@ pub mod eds;
 pub mod lds;
 pub mod nds;
 pub mod rds;
+pub mod tls;
 
 use envoy_types::pb::envoy::config::core::v3::{
     AggregatedConfigSource, ApiVersion, ConfigSource, SocketAddress, address, config_source,

@@ -1,0 +1,784 @@
+//! Workload identity: the agent's key and CSR, the CA it asks (the embedded istiod-core CA or a
+//! remote `IstioCertificateService`), the checks on what comes back, and rotation. Mirrors
+//! Istio's `security/pkg/nodeagent/cache/secretcache.go` and its Citadel CA client.
+//!
+//! The current certificate is published on a `watch` channel; the SDS server, readiness, the
+//! metrics and OUTPUT_CERTS all read it from there. A failed renewal keeps the valid certificate
+//! and retries with capped backoff; a response that fails the checks never replaces it.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use istiod_core::ca::{Ca, Identity};
+use rcgen::{CertificateParams, KeyPair, SanType};
+use tokio::sync::watch;
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+use crate::config::XdsClientConfig;
+
+/// The key type of workload certificates. ECDSA P-256 is the default (as ztunnel; Istio's
+/// default is RSA 2048): smaller keys, cheaper handshakes and a keygen in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyAlgorithm {
+    EcdsaP256,
+    EcdsaP384,
+    Rsa(usize),
+}
+
+/// Where the workload certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertSource {
+    /// The embedded control plane's CA, with its root kept in this directory.
+    Embedded { ca_dir: PathBuf },
+    /// A remote CA (istiod or `istiod-core serve`) at `host:port`.
+    Remote {
+        address: String,
+        client: XdsClientConfig,
+    },
+    /// Certificates mounted as files (FILE_MOUNTED_CERTS, workload-spiffe-credentials, /etc/certs).
+    Files(MountedFiles),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountedFiles {
+    pub cert_chain: PathBuf,
+    pub key: PathBuf,
+    pub root: PathBuf,
+}
+
+impl MountedFiles {
+    pub fn in_dir(dir: &Path) -> MountedFiles {
+        MountedFiles {
+            cert_chain: dir.join("cert-chain.pem"),
+            key: dir.join("key.pem"),
+            root: dir.join("root-cert.pem"),
+        }
+    }
+
+    pub fn all_exist(&self) -> bool {
+        self.cert_chain.is_file() && self.key.is_file() && self.root.is_file()
+    }
+}
+
+/// Identity settings, parsed from Istio's env vars by `config`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdentityConfig {
+    pub identity: Identity,
+    pub key: KeyAlgorithm,
+    /// SECRET_TTL: the lifetime asked of the CA.
+    pub ttl: Duration,
+    /// SECRET_GRACE_PERIOD_RATIO and _JITTER: rotate at expiry − (ratio ± jitter) × lifetime.
+    pub grace_ratio: f64,
+    pub grace_jitter: f64,
+    pub source: CertSource,
+    /// OUTPUT_CERTS: also write key.pem, cert-chain.pem and root-cert.pem here.
+    pub output_dir: Option<PathBuf>,
+    /// Directories whose files SDS `file-cert:`/`file-root:` resources may name.
+    pub file_allow_dirs: Vec<PathBuf>,
+}
+
+/// A certificate the agent serves to Envoy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadCert {
+    /// Leaf first, then intermediates; no root.
+    pub chain_pem: String,
+    pub key_pem: String,
+    /// The trust bundle (ROOTCA).
+    pub root_pem: String,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    /// Hex serial of the leaf, for logs and debug output.
+    pub serial: String,
+}
+
+pub type CertWatch = watch::Receiver<Option<Arc<WorkloadCert>>>;
+
+/// Signs CSRs for the agent's identity.
+pub trait Signer: Send + Sync + 'static {
+    /// Returns the chain, leaf first and root last, or why not.
+    fn sign(
+        &self,
+        csr_pem: String,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Vec<String>, String>> + Send;
+}
+
+/// The embedded CA: the agent's identity is its own configuration (one machine, one operator).
+pub struct EmbeddedSigner {
+    pub ca: Arc<Ca>,
+    pub identity: Identity,
+}
+
+impl Signer for EmbeddedSigner {
+    async fn sign(&self, csr_pem: String, ttl: Duration) -> Result<Vec<String>, String> {
+        let ttl = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+        self.ca
+            .sign(&csr_pem, &self.identity, ttl)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A remote `IstioCertificateService`: TLS (unless :15010), `authorization: Bearer` with the
+/// token re-read for every request, ClusterID and CA_HEADER_* metadata.
+pub struct RemoteSigner {
+    pub address: String,
+    pub client: XdsClientConfig,
+}
+
+impl Signer for RemoteSigner {
+    async fn sign(&self, csr_pem: String, ttl: Duration) -> Result<Vec<String>, String> {
+        use istio_proto::ca::IstioCertificateRequest;
+        use istio_proto::ca::istio_certificate_service_client::IstioCertificateServiceClient;
+        let channel = crate::xds_proxy::dial(&self.address, &self.client)
+            .await
+            .map_err(|s| s.message().to_string())?;
+        let mut client = IstioCertificateServiceClient::new(channel);
+        let request = IstioCertificateRequest {
+            csr: csr_pem,
+            validity_duration: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
+            metadata: None,
+        };
+        let response =
+            tokio::time::timeout(Duration::from_secs(10), client.create_certificate(request))
+                .await
+                .map_err(|_| format!("CA {}: no answer within 10s", self.address))?
+                .map_err(|s| format!("CA {}: {:?}: {}", self.address, s.code(), s.message()))?;
+        Ok(response.into_inner().cert_chain)
+    }
+}
+
+fn generate_key(alg: KeyAlgorithm) -> Result<KeyPair, String> {
+    match alg {
+        KeyAlgorithm::EcdsaP256 => {
+            KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())
+        }
+        KeyAlgorithm::EcdsaP384 => {
+            KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).map_err(|e| e.to_string())
+        }
+        KeyAlgorithm::Rsa(bits) => {
+            use rsa::pkcs8::EncodePrivateKey;
+            let mut rng = rand_core::OsRng;
+            let key = rsa::RsaPrivateKey::new(&mut rng, bits).map_err(|e| e.to_string())?;
+            let pem = key
+                .to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)
+                .map_err(|e| e.to_string())?;
+            KeyPair::from_pem_and_sign_algo(&pem, &rcgen::PKCS_RSA_SHA256)
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// A new key and a CSR carrying our SPIFFE URI (the CA decides the SAN regardless).
+pub fn key_and_csr(alg: KeyAlgorithm, identity: &Identity) -> Result<(KeyPair, String), String> {
+    let key = generate_key(alg)?;
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    let uri = identity.to_string();
+    params.subject_alt_names = vec![SanType::URI(
+        uri.clone()
+            .try_into()
+            .map_err(|_| format!("bad identity {uri}"))?,
+    )];
+    let csr = params
+        .serialize_request(&key)
+        .and_then(|c| c.pem())
+        .map_err(|e| e.to_string())?;
+    Ok((key, csr))
+}
+
+fn parse_pem_chain(chain: &[String]) -> Result<Vec<Vec<u8>>, String> {
+    chain
+        .iter()
+        .enumerate()
+        .map(|(i, pem)| {
+            x509_parser::pem::parse_x509_pem(pem.as_bytes())
+                .map(|(_, p)| p.contents)
+                .map_err(|e| format!("certificate {i} of the chain is not PEM: {e}"))
+        })
+        .collect()
+}
+
+fn to_system_time(t: x509_parser::time::ASN1Time) -> SystemTime {
+    let secs = t.timestamp();
+    if secs >= 0 {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs.unsigned_abs())
+    } else {
+        SystemTime::UNIX_EPOCH
+    }
+}
+
+/// Checks a chain (leaf first, root last) before it may replace what Envoy has:
+/// every link is signed by the next, the last is a self-signed root, the leaf is in date, is not
+/// a CA, carries the key we hold and (when `identity` is given) exactly our SPIFFE identity.
+pub fn verify_chain(
+    chain: &[String],
+    key_pem: &str,
+    identity: Option<&Identity>,
+) -> Result<WorkloadCert, String> {
+    if chain.len() < 2 {
+        return Err(format!(
+            "the CA returned {} certificate(s); expected the leaf and at least the root",
+            chain.len()
+        ));
+    }
+    let ders = parse_pem_chain(chain)?;
+    let certs = ders
+        .iter()
+        .enumerate()
+        .map(|(i, der)| {
+            X509Certificate::from_der(der)
+                .map(|(_, c)| c)
+                .map_err(|e| format!("certificate {i} of the chain does not parse: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for (i, pair) in certs.windows(2).enumerate() {
+        pair[0]
+            .verify_signature(Some(pair[1].public_key()))
+            .map_err(|_| format!("certificate {i} is not signed by certificate {}", i + 1))?;
+    }
+    let root = &certs[certs.len() - 1];
+    root.verify_signature(None)
+        .map_err(|_| "the last certificate of the chain is not a self-signed root".to_string())?;
+    if !root.is_ca() {
+        return Err("the root of the chain is not a CA certificate".into());
+    }
+    let leaf = &certs[0];
+    if leaf.is_ca() {
+        return Err("the leaf certificate is a CA".into());
+    }
+    let key = KeyPair::from_pem(key_pem).map_err(|e| format!("private key: {e}"))?;
+    if leaf.public_key().raw != rcgen::PublicKeyData::subject_public_key_info(&key).as_slice() {
+        return Err("the leaf certificate is not for our private key".into());
+    }
+    let now = SystemTime::now();
+    let not_before = to_system_time(leaf.validity().not_before);
+    let not_after = to_system_time(leaf.validity().not_after);
+    if not_after <= now {
+        return Err("the leaf certificate has expired".into());
+    }
+    if let Some(identity) = identity {
+        let want = identity.to_string();
+        let uris: Vec<String> = leaf
+            .subject_alternative_name()
+            .ok()
+            .flatten()
+            .map(|san| {
+                san.value
+                    .general_names
+                    .iter()
+                    .filter_map(|n| match n {
+                        GeneralName::URI(u) => Some(u.to_string()),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if uris != [want.clone()] {
+            return Err(format!(
+                "the leaf certificate names {uris:?}; expected exactly {want}"
+            ));
+        }
+    }
+    let last = chain.len() - 1;
+    Ok(WorkloadCert {
+        chain_pem: chain[..last].concat(),
+        key_pem: key_pem.to_string(),
+        root_pem: chain[last].clone(),
+        not_before,
+        not_after,
+        serial: leaf.raw_serial_as_string(),
+    })
+}
+
+/// One issuance: key, CSR, signature by the CA, checks.
+pub async fn issue<S: Signer>(cfg: &IdentityConfig, signer: &S) -> Result<WorkloadCert, String> {
+    let alg = cfg.key;
+    let identity = cfg.identity.clone();
+    // RSA keygen takes tens of milliseconds: off the (single-threaded) runtime.
+    let (key, csr) = if matches!(alg, KeyAlgorithm::Rsa(_)) {
+        tokio::task::spawn_blocking(move || key_and_csr(alg, &identity))
+            .await
+            .map_err(|e| e.to_string())??
+    } else {
+        key_and_csr(alg, &identity)?
+    };
+    let chain = signer.sign(csr, cfg.ttl).await?;
+    verify_chain(&chain, &key.serialize_pem(), Some(&cfg.identity))
+}
+
+/// When to renew: at expiry − (ratio ± jitter) × lifetime, counted from `now`. `unit` in
+/// [0, 1) picks the point within the jitter.
+pub fn renew_after(
+    cert: &WorkloadCert,
+    now: SystemTime,
+    ratio: f64,
+    jitter: f64,
+    unit: f64,
+) -> Duration {
+    let lifetime = cert
+        .not_after
+        .duration_since(cert.not_before)
+        .unwrap_or_default();
+    let grace = (ratio + jitter * (2.0 * unit - 1.0)).clamp(0.0, 1.0);
+    let renew_at = cert.not_after - lifetime.mul_f64(grace);
+    renew_at.duration_since(now).unwrap_or_default()
+}
+
+/// Retry delay after `failures` failed renewals: 1 s doubling to 30 s, but never so long that
+/// a still-valid certificate expires before the next try.
+pub fn retry_after(failures: u32, remaining: Option<Duration>) -> Duration {
+    let backoff =
+        Duration::from_secs(1u64 << failures.saturating_sub(1).min(5)).min(Duration::from_secs(30));
+    match remaining {
+        Some(r) => backoff.min((r / 4).max(Duration::from_secs(1))),
+        None => backoff,
+    }
+}
+
+fn unit_random() -> f64 {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    f64::from(nanos % 1_000_000) / 1_000_000.0
+}
+
+/// Keeps a certificate published on `tx`: the first one as soon as possible, then renewals on
+/// schedule. Runs until the process ends.
+pub async fn run_rotation<S: Signer>(
+    cfg: Arc<IdentityConfig>,
+    signer: S,
+    tx: watch::Sender<Option<Arc<WorkloadCert>>>,
+) {
+    let mut failures = 0u32;
+    loop {
+        let delay = match issue(&cfg, &signer).await {
+            Ok(cert) => {
+                failures = 0;
+                let delay = renew_after(
+                    &cert,
+                    SystemTime::now(),
+                    cfg.grace_ratio,
+                    cfg.grace_jitter,
+                    unit_random(),
+                );
+                tracing::info!(
+                    identity = %cfg.identity,
+                    serial = %cert.serial,
+                    renew_in = ?delay,
+                    "workload certificate issued"
+                );
+                publish(&cfg, &tx, cert);
+                delay
+            }
+            Err(e) => {
+                failures += 1;
+                let remaining = tx
+                    .borrow()
+                    .as_ref()
+                    .and_then(|c| c.not_after.duration_since(SystemTime::now()).ok());
+                let delay = retry_after(failures, remaining);
+                tracing::warn!(
+                    error = %e,
+                    failures,
+                    retry_in = ?delay,
+                    keeping_current = remaining.is_some(),
+                    "workload certificate request failed"
+                );
+                delay
+            }
+        };
+        tokio::time::sleep(delay).await;
+    }
+}
+
+fn publish(
+    cfg: &IdentityConfig,
+    tx: &watch::Sender<Option<Arc<WorkloadCert>>>,
+    cert: WorkloadCert,
+) {
+    if let Some(dir) = &cfg.output_dir
+        && let Err(e) = write_output(dir, &cert)
+    {
+        tracing::error!(dir = %dir.display(), error = %e, "cannot write OUTPUT_CERTS");
+    }
+    tx.send_replace(Some(Arc::new(cert)));
+}
+
+/// Writes one file atomically (temporary file in the same directory, then rename).
+fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)?;
+    f.write_all(contents)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// OUTPUT_CERTS: key.pem (0600), cert-chain.pem and root-cert.pem, each replaced atomically.
+pub fn write_output(dir: &Path, cert: &WorkloadCert) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    write_atomic(&dir.join("key.pem"), cert.key_pem.as_bytes(), 0o600)?;
+    write_atomic(
+        &dir.join("cert-chain.pem"),
+        cert.chain_pem.as_bytes(),
+        0o644,
+    )?;
+    write_atomic(&dir.join("root-cert.pem"), cert.root_pem.as_bytes(), 0o644)
+}
+
+/// Reads mounted certificate files into a checked certificate (any identity: the files are the
+/// operator's choice).
+pub fn read_mounted(files: &MountedFiles) -> Result<WorkloadCert, String> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+    };
+    let chain_text = read(&files.cert_chain)?;
+    let key = read(&files.key)?;
+    let root = read(&files.root)?;
+    let mut chain: Vec<String> = split_pem(&chain_text);
+    if chain.is_empty() {
+        return Err(format!("{}: no certificate", files.cert_chain.display()));
+    }
+    let roots = split_pem(&root);
+    let Some(first_root) = roots.first() else {
+        return Err(format!("{}: no certificate", files.root.display()));
+    };
+    if chain.last().map(|c| c.trim()) != Some(first_root.trim()) {
+        chain.push(first_root.clone());
+    }
+    let mut cert = verify_chain(&chain, &key, None)
+        .map_err(|e| format!("{}: {e}", files.cert_chain.display()))?;
+    // The whole bundle file is the trust bundle (it may hold several roots).
+    cert.root_pem = root;
+    Ok(cert)
+}
+
+pub fn split_pem(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with("-----BEGIN ") {
+            inside = true;
+            current.clear();
+        }
+        if inside {
+            current.push_str(line);
+            current.push('\n');
+        }
+        if line.starts_with("-----END ") && inside {
+            inside = false;
+            out.push(std::mem::take(&mut current));
+        }
+    }
+    out
+}
+
+fn fingerprint(files: &MountedFiles) -> Vec<Option<(u64, Option<SystemTime>)>> {
+    [&files.cert_chain, &files.key, &files.root]
+        .iter()
+        .map(|p| {
+            std::fs::metadata(p)
+                .ok()
+                .map(|m| (m.len(), m.modified().ok()))
+        })
+        .collect()
+}
+
+/// File-mounted mode: publishes the files, and again whenever they change. A change that does
+/// not pass the checks (a half-written file, a bundle that does not verify) is logged and the
+/// last good certificate stays.
+pub async fn run_mounted(
+    cfg: Arc<IdentityConfig>,
+    files: MountedFiles,
+    tx: watch::Sender<Option<Arc<WorkloadCert>>>,
+) {
+    let mut last = None;
+    loop {
+        let now = fingerprint(&files);
+        if last.as_ref() != Some(&now) {
+            match read_mounted(&files) {
+                Ok(cert) => {
+                    tracing::info!(serial = %cert.serial, "mounted workload certificate loaded");
+                    last = Some(now);
+                    publish(&cfg, &tx, cert);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "mounted certificate not usable; keeping the last good one")
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// What `/debug/certs` shows: never the key.
+pub fn summary(cert: &WorkloadCert) -> serde_json::Value {
+    let unix = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default()
+    };
+    let names = |pem: &str| -> Vec<String> {
+        split_pem(pem)
+            .iter()
+            .filter_map(|p| x509_parser::pem::parse_x509_pem(p.as_bytes()).ok())
+            .filter_map(|(_, p)| {
+                X509Certificate::from_der(&p.contents)
+                    .ok()
+                    .map(|(_, c)| c.subject().to_string())
+            })
+            .collect()
+    };
+    serde_json::json!({
+        "serial": cert.serial,
+        "not_before_unix": unix(cert.not_before),
+        "not_after_unix": unix(cert.not_after),
+        "seconds_left": seconds_left(cert),
+        "chain_subjects": names(&cert.chain_pem),
+        "roots": names(&cert.root_pem),
+    })
+}
+
+/// Seconds until `cert` expires (negative once expired), for `istio_agent_cert_expiry_seconds`.
+pub fn seconds_left(cert: &WorkloadCert) -> f64 {
+    match cert.not_after.duration_since(SystemTime::now()) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn identity() -> Identity {
+        Identity::new("cluster.local", "shop", "web").unwrap()
+    }
+
+    fn config(ttl: Duration) -> IdentityConfig {
+        IdentityConfig {
+            identity: identity(),
+            key: KeyAlgorithm::EcdsaP256,
+            ttl,
+            grace_ratio: 0.5,
+            grace_jitter: 0.01,
+            source: CertSource::Embedded {
+                ca_dir: PathBuf::new(),
+            },
+            output_dir: None,
+            file_allow_dirs: vec![],
+        }
+    }
+
+    /// The real CA, with a switch to make it fail and a log of when it was asked.
+    struct Switchable {
+        ca: Arc<Ca>,
+        down: Arc<AtomicBool>,
+        calls: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+        identity: Identity,
+    }
+
+    impl Signer for Switchable {
+        async fn sign(&self, csr: String, ttl: Duration) -> Result<Vec<String>, String> {
+            self.calls.lock().unwrap().push(tokio::time::Instant::now());
+            if self.down.load(Ordering::SeqCst) {
+                return Err("CA unavailable".into());
+            }
+            EmbeddedSigner {
+                ca: self.ca.clone(),
+                identity: self.identity.clone(),
+            }
+            .sign(csr, ttl)
+            .await
+        }
+    }
+
+    fn ca(dir: &Path) -> Arc<Ca> {
+        Arc::new(Ca::load_or_create(dir, "cluster.local", Duration::from_secs(48 * 3600)).unwrap())
+    }
+
+    #[test]
+    fn schedule_is_half_the_lifetime_within_the_jitter() {
+        let now = SystemTime::now();
+        let cert = WorkloadCert {
+            chain_pem: String::new(),
+            key_pem: String::new(),
+            root_pem: String::new(),
+            not_before: now,
+            not_after: now + Duration::from_secs(1000),
+            serial: String::new(),
+        };
+        assert_eq!(
+            renew_after(&cert, now, 0.5, 0.01, 0.5),
+            Duration::from_secs(500)
+        );
+        // The grace period is 49% to 51% of the lifetime: renew 490 to 510 s from now.
+        assert_eq!(
+            renew_after(&cert, now, 0.5, 0.01, 0.0),
+            Duration::from_secs(510)
+        );
+        let early = renew_after(&cert, now, 0.5, 0.01, 0.999_999);
+        assert!(early >= Duration::from_secs(490) && early < Duration::from_secs(491));
+        // Already past the point: renew now.
+        assert_eq!(
+            renew_after(&cert, now + Duration::from_secs(900), 0.5, 0.01, 0.5),
+            Duration::ZERO
+        );
+        assert_eq!(retry_after(1, None), Duration::from_secs(1));
+        assert_eq!(retry_after(4, None), Duration::from_secs(8));
+        assert_eq!(retry_after(30, None), Duration::from_secs(30));
+        assert_eq!(
+            retry_after(30, Some(Duration::from_secs(20))),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rotates_on_schedule_and_keeps_the_cert_while_the_ca_is_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let down = Arc::new(AtomicBool::new(false));
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let signer = Switchable {
+            ca: ca(dir.path()),
+            down: down.clone(),
+            calls: calls.clone(),
+            identity: identity(),
+        };
+        let (tx, mut rx) = watch::channel(None);
+        let start = tokio::time::Instant::now();
+        tokio::spawn(run_rotation(
+            Arc::new(config(Duration::from_secs(1000))),
+            signer,
+            tx,
+        ));
+        rx.changed().await.unwrap();
+        let first = rx.borrow().clone().unwrap();
+        // The CA backdates by 60 s, so the lifetime is 1060 s and renewal is due at
+        // not_after - (0.5 ± 0.01) * 1060, i.e. 470 ± 10.6 s from now.
+        rx.changed().await.unwrap();
+        let second = rx.borrow().clone().unwrap();
+        let at = start.elapsed();
+        assert!(
+            at >= Duration::from_secs(459) && at <= Duration::from_secs(481),
+            "{at:?}"
+        );
+        assert_ne!(first.serial, second.serial);
+        assert_ne!(
+            first.key_pem, second.key_pem,
+            "every renewal uses a new key"
+        );
+
+        // CA down at the next renewal: retries with backoff, the valid cert stays published.
+        down.store(true, Ordering::SeqCst);
+        let before = calls.lock().unwrap().len();
+        tokio::time::sleep(Duration::from_secs(560)).await;
+        let failed = calls.lock().unwrap().len() - before;
+        assert!(failed >= 3, "retried {failed} times");
+        assert_eq!(rx.borrow().as_ref().unwrap().serial, second.serial);
+        let gaps: Vec<Duration> = calls.lock().unwrap()[before..]
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .collect();
+        assert!(
+            gaps.windows(2).all(|g| g[1] >= g[0]),
+            "backoff grows: {gaps:?}"
+        );
+        assert!(
+            gaps.iter().all(|g| *g <= Duration::from_secs(30)),
+            "capped: {gaps:?}"
+        );
+
+        // The CA comes back: a new certificate before the old one expires.
+        down.store(false, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(31), rx.changed())
+            .await
+            .expect("renewed within one backoff period")
+            .unwrap();
+        assert_ne!(rx.borrow().as_ref().unwrap().serial, second.serial);
+    }
+
+    #[test]
+    fn rejects_chains_that_do_not_check_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(dir.path());
+        let other = tempfile::tempdir().unwrap();
+        let other_ca = self::ca(other.path());
+        let (key, csr) = key_and_csr(KeyAlgorithm::EcdsaP256, &identity()).unwrap();
+        let key_pem = key.serialize_pem();
+        let chain = ca.sign(&csr, &identity(), 3600).unwrap();
+        assert!(verify_chain(&chain, &key_pem, Some(&identity())).is_ok());
+        // Wrong identity.
+        let theirs = Identity::new("cluster.local", "shop", "admin").unwrap();
+        let e = verify_chain(
+            &ca.sign(&csr, &theirs, 3600).unwrap(),
+            &key_pem,
+            Some(&identity()),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("expected exactly spiffe://cluster.local/ns/shop/sa/web"),
+            "{e}"
+        );
+        // A root that did not sign the leaf.
+        let forged = vec![chain[0].clone(), other_ca.root_pem().to_string()];
+        assert!(verify_chain(&forged, &key_pem, Some(&identity())).is_err());
+        // A leaf for someone else's key.
+        let (other_key, _) = key_and_csr(KeyAlgorithm::EcdsaP256, &identity()).unwrap();
+        let e = verify_chain(&chain, &other_key.serialize_pem(), Some(&identity())).unwrap_err();
+        assert!(e.contains("not for our private key"), "{e}");
+        // Only a leaf, or garbage.
+        assert!(verify_chain(&chain[..1], &key_pem, None).is_err());
+        assert!(verify_chain(&["junk".into(), "junk".into()], &key_pem, None).is_err());
+    }
+
+    #[tokio::test]
+    async fn rsa_keys_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(Duration::from_secs(3600));
+        cfg.key = KeyAlgorithm::Rsa(2048);
+        let signer = EmbeddedSigner {
+            ca: ca(dir.path()),
+            identity: identity(),
+        };
+        let cert = issue(&cfg, &signer).await.unwrap();
+        assert!(cert.key_pem.contains("BEGIN PRIVATE KEY"));
+        let key = KeyPair::from_pem(&cert.key_pem).unwrap();
+        assert!(key.is_compatible(&rcgen::PKCS_RSA_SHA256));
+    }
+
+    #[test]
+    fn output_certs_are_written_with_a_private_key_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(dir.path());
+        let (key, csr) = key_and_csr(KeyAlgorithm::EcdsaP256, &identity()).unwrap();
+        let cert = verify_chain(
+            &ca.sign(&csr, &identity(), 3600).unwrap(),
+            &key.serialize_pem(),
+            None,
+        )
+        .unwrap();
+        let out = dir.path().join("out");
+        write_output(&out, &cert).unwrap();
+        let mode = |f: &str| {
+            std::os::unix::fs::PermissionsExt::mode(
+                &std::fs::metadata(out.join(f)).unwrap().permissions(),
+            ) & 0o777
+        };
+        assert_eq!(mode("key.pem"), 0o600);
+        assert_eq!(mode("cert-chain.pem"), 0o644);
+        // What was written reads back as the same certificate.
+        let back = read_mounted(&MountedFiles::in_dir(&out)).unwrap();
+        assert_eq!(back.serial, cert.serial);
+        assert_eq!(back.root_pem, ca.root_pem());
+    }
+}

@@ -1,0 +1,355 @@
+//! The SDS server Envoy reads its workload certificate from, on the unix socket
+//! `./var/run/secrets/workload-spiffe-uds/socket` (Istio's `security/pkg/nodeagent/sds`).
+//!
+//! Resources: `default` (chain and key), `ROOTCA` (trust bundle), and `file-cert:<cert>~<key>` /
+//! `file-root:<bundle>` for files inside an allow-list of directories. Every stream is pushed
+//! again when the certificate rotates or the root changes.
+//!
+//! Stricter than Istio: the directory is 0700 and the socket 0600, both owned by the proxy uid,
+//! and every connection's peer credentials (SO_PEERCRED) must be the proxy uid or root.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::{DataSource, data_source};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CertificateValidationContext, Secret, TlsCertificate, secret,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_server::{
+    SecretDiscoveryService, SecretDiscoveryServiceServer,
+};
+use envoy_types::util::pack_any;
+use futures::{Stream, StreamExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::identity::CertWatch;
+
+pub const SOCKET_PATH: &str = "./var/run/secrets/workload-spiffe-uds/socket";
+pub const SECRET_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+const DEFAULT: &str = "default";
+const ROOTCA: &str = "ROOTCA";
+const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Directories `file-cert:`/`file-root:` may read from, unless configured otherwise.
+pub fn default_file_dirs() -> Vec<PathBuf> {
+    [
+        "./etc/certs",
+        "./var/run/secrets/workload-spiffe-credentials",
+        "./var/run/secrets/istio",
+        "/etc/certs",
+        "/etc/istio",
+        "/etc/ssl/certs",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("SDS socket {path}: {source}")]
+pub struct SdsError {
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
+/// Creates the socket's directory (0700) and the socket (0600), both owned by `owner`.
+pub fn bind(path: &Path, owner: Option<u32>) -> Result<UnixListener, SdsError> {
+    use std::os::unix::fs::PermissionsExt;
+    let fail = |source| SdsError {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(fail)?;
+    if let Some(uid) = owner {
+        std::os::unix::fs::chown(dir, Some(uid), Some(uid)).map_err(fail)?;
+    }
+    if path.exists() {
+        std::fs::remove_file(path).map_err(fail)?;
+    }
+    let listener = UnixListener::bind(path).map_err(fail)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
+    if let Some(uid) = owner {
+        std::os::unix::fs::chown(path, Some(uid), Some(uid)).map_err(fail)?;
+    }
+    Ok(listener)
+}
+
+/// Accepted connections whose peer is one of `allowed` uids; others are closed and logged.
+pub fn authorized(
+    listener: UnixListener,
+    allowed: Vec<u32>,
+) -> impl Stream<Item = Result<UnixStream, std::io::Error>> {
+    futures::stream::unfold((listener, allowed), |(listener, allowed)| async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => match stream.peer_cred() {
+                    Ok(cred) if allowed.contains(&cred.uid()) => {
+                        return Some((Ok(stream), (listener, allowed)));
+                    }
+                    Ok(cred) => tracing::warn!(
+                        uid = cred.uid(),
+                        pid = ?cred.pid(),
+                        "SDS connection refused: only the proxy uid or root may read certificates"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "SDS connection refused: no peer credentials")
+                    }
+                },
+                Err(e) => return Some((Err(e), (listener, allowed))),
+            }
+        }
+    })
+}
+
+fn inline(bytes: &[u8]) -> Option<DataSource> {
+    Some(DataSource {
+        specifier: Some(data_source::Specifier::InlineBytes(bytes.to_vec())),
+        ..Default::default()
+    })
+}
+
+fn tls_secret(name: &str, chain: &[u8], key: &[u8]) -> Secret {
+    Secret {
+        name: name.to_string(),
+        r#type: Some(secret::Type::TlsCertificate(TlsCertificate {
+            certificate_chain: inline(chain),
+            private_key: inline(key),
+            ..Default::default()
+        })),
+    }
+}
+
+fn root_secret(name: &str, bundle: &[u8]) -> Secret {
+    Secret {
+        name: name.to_string(),
+        r#type: Some(secret::Type::ValidationContext(
+            CertificateValidationContext {
+                trusted_ca: inline(bundle),
+                ..Default::default()
+            },
+        )),
+    }
+}
+
+/// Resolves `raw` and checks it lies inside one of `dirs`.
+fn allowed_file(raw: &str, dirs: &[PathBuf]) -> Result<PathBuf, Status> {
+    let path = std::fs::canonicalize(raw)
+        .map_err(|e| Status::not_found(format!("SDS file {raw:?}: {e}")))?;
+    let inside = dirs
+        .iter()
+        .filter_map(|d| std::fs::canonicalize(d).ok())
+        .any(|d| path.starts_with(d));
+    if inside {
+        Ok(path)
+    } else {
+        Err(Status::permission_denied(format!(
+            "SDS file {raw:?} is outside the allowed directories {dirs:?}"
+        )))
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, Status> {
+    std::fs::read(path).map_err(|e| Status::not_found(format!("SDS file {}: {e}", path.display())))
+}
+
+/// The secrets for `names`; `Ok(None)` while the workload certificate is not there yet.
+fn secrets(
+    names: &[String],
+    certs: &CertWatch,
+    dirs: &[PathBuf],
+) -> Result<Option<Vec<Secret>>, Status> {
+    let cert = certs.borrow().clone();
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        if name == DEFAULT {
+            let Some(c) = &cert else { return Ok(None) };
+            out.push(tls_secret(
+                name,
+                c.chain_pem.as_bytes(),
+                c.key_pem.as_bytes(),
+            ));
+        } else if name == ROOTCA {
+            let Some(c) = &cert else { return Ok(None) };
+            out.push(root_secret(name, c.root_pem.as_bytes()));
+        } else if let Some(spec) = name.strip_prefix("file-cert:") {
+            let (cert_path, key_path) = spec.split_once('~').ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "SDS resource {name:?}: expected file-cert:<cert path>~<key path>"
+                ))
+            })?;
+            let chain = read(&allowed_file(cert_path, dirs)?)?;
+            let key = read(&allowed_file(key_path, dirs)?)?;
+            out.push(tls_secret(name, &chain, &key));
+        } else if let Some(path) = name.strip_prefix("file-root:") {
+            let path = if path == "system" {
+                PathBuf::from(SYSTEM_ROOTS)
+            } else {
+                allowed_file(path, dirs)?
+            };
+            out.push(root_secret(name, &read(&path)?));
+        } else {
+            return Err(Status::invalid_argument(format!(
+                "unknown SDS resource {name:?}: expected default, ROOTCA, file-cert:... or file-root:..."
+            )));
+        }
+    }
+    Ok(Some(out))
+}
+
+fn file_fingerprint(names: &[String]) -> Vec<Option<std::time::SystemTime>> {
+    names
+        .iter()
+        .filter_map(|n| {
+            n.strip_prefix("file-cert:")
+                .or_else(|| n.strip_prefix("file-root:"))
+        })
+        .flat_map(|spec| spec.split('~'))
+        .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .collect()
+}
+
+pub struct SdsService {
+    certs: CertWatch,
+    file_dirs: Arc<Vec<PathBuf>>,
+    version: Arc<AtomicU64>,
+}
+
+impl SdsService {
+    pub fn new(certs: CertWatch, file_dirs: Vec<PathBuf>) -> SecretDiscoveryServiceServer<Self> {
+        SecretDiscoveryServiceServer::new(SdsService {
+            certs,
+            file_dirs: Arc::new(file_dirs),
+            version: Arc::new(AtomicU64::new(0)),
+        })
+    }
+}
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl SecretDiscoveryService for SdsService {
+    type DeltaSecretsStream = ResponseStream<DeltaDiscoveryResponse>;
+    type StreamSecretsStream = ResponseStream<DiscoveryResponse>;
+
+    async fn delta_secrets(
+        &self,
+        _: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaSecretsStream>, Status> {
+        Err(Status::unimplemented("SDS is served over StreamSecrets"))
+    }
+
+    async fn fetch_secrets(
+        &self,
+        _: Request<DiscoveryRequest>,
+    ) -> Result<Response<DiscoveryResponse>, Status> {
+        Err(Status::unimplemented("SDS is served over StreamSecrets"))
+    }
+
+    async fn stream_secrets(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamSecretsStream>, Status> {
+        let mut requests = request.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        let mut certs = self.certs.clone();
+        let dirs = self.file_dirs.clone();
+        let version = self.version.clone();
+        tokio::spawn(async move {
+            let mut names: Vec<String> = Vec::new();
+            let mut nonce_sent = String::new();
+            let mut owed = false;
+            let mut files = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_secs(2));
+            loop {
+                tokio::select! {
+                    req = requests.next() => {
+                        let Some(Ok(req)) = req else { break };
+                        if !req.response_nonce.is_empty() {
+                            if req.response_nonce != nonce_sent {
+                                continue;
+                            }
+                            if let Some(err) = &req.error_detail {
+                                tracing::warn!(resources = ?names, error = %err.message, "Envoy rejected a secret (NACK)");
+                                continue;
+                            }
+                            if req.resource_names == names {
+                                continue;
+                            }
+                        }
+                        names = req.resource_names;
+                        owed = true;
+                    }
+                    changed = certs.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        owed = true;
+                    }
+                    _ = tick.tick() => {
+                        let now = file_fingerprint(&names);
+                        if now != files {
+                            files = now;
+                            owed = !nonce_sent.is_empty() || owed;
+                        }
+                    }
+                }
+                if !owed || names.is_empty() {
+                    continue;
+                }
+                certs.borrow_and_update();
+                match secrets(&names, &certs, &dirs) {
+                    Ok(Some(list)) => {
+                        let n = version.fetch_add(1, Ordering::Relaxed) + 1;
+                        nonce_sent = format!("{n}");
+                        let response = DiscoveryResponse {
+                            version_info: format!("{n}"),
+                            resources: list.into_iter().map(pack_any).collect(),
+                            type_url: SECRET_TYPE.to_string(),
+                            nonce: nonce_sent.clone(),
+                            ..Default::default()
+                        };
+                        owed = false;
+                        if tx.send(Ok(response)).await.is_err() {
+                            break;
+                        }
+                    }
+                    // Not yet: the push follows when the certificate arrives.
+                    Ok(None) => {}
+                    Err(status) => {
+                        tracing::warn!(resources = ?names, error = %status.message(), "SDS request refused");
+                        let _ = tx.send(Err(status)).await;
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// Serves SDS until `shutdown` resolves.
+pub async fn serve(
+    listener: UnixListener,
+    allowed_uids: Vec<u32>,
+    certs: CertWatch,
+    file_dirs: Vec<PathBuf>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(SdsService::new(certs, file_dirs))
+        .serve_with_incoming_shutdown(authorized(listener, allowed_uids), shutdown)
+        .await
+}

@@ -1,0 +1,168 @@
+//! Istio mutual TLS as Envoy config: the SDS references to the agent's `default` certificate
+//! and `ROOTCA` bundle, the client side for outbound clusters (auto mTLS by endpoint tlsMode),
+//! and the server side for inbound filter chains. Names and structure follow what istiod writes.
+
+use std::collections::HashMap;
+
+use envoy_types::pb::envoy::config::cluster::v3::cluster::TransportSocketMatch;
+use envoy_types::pb::envoy::config::core::v3::{
+    ApiConfigSource, ApiVersion, ConfigSource, GrpcService, Metadata, TransportSocket,
+    api_config_source, config_source, grpc_service, transport_socket,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::raw_buffer::v3::RawBuffer;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
+    SubjectAltNameMatcher, TlsParameters, UpstreamTlsContext, common_tls_context,
+    subject_alt_name_matcher, tls_parameters,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
+use envoy_types::pb::google::protobuf::{BoolValue, Duration, Struct, Value, value};
+use envoy_types::util::pack_any;
+
+/// The agent's SDS resource names and the bootstrap cluster that reaches its socket.
+pub const SDS_DEFAULT: &str = "default";
+pub const SDS_ROOT: &str = "ROOTCA";
+pub const SDS_CLUSTER: &str = "sds-grpc";
+
+/// Endpoint metadata key Envoy matches `transport_socket_matches` against.
+pub const TRANSPORT_SOCKET_MATCH: &str = "envoy.transport_socket_match";
+/// ALPN a sidecar offers so the peer's inbound chain recognises Istio mTLS.
+pub const ALPN_ISTIO: [&str; 2] = ["istio-peer-exchange", "istio"];
+/// ALPN values an inbound mTLS filter chain matches (Istio's list, TCP and HTTP clients).
+pub const ALPN_INBOUND_MATCH: [&str; 5] = [
+    "istio-peer-exchange",
+    "istio",
+    "istio-http/1.0",
+    "istio-http/1.1",
+    "istio-h2",
+];
+
+fn sds(name: &str) -> SdsSecretConfig {
+    SdsSecretConfig {
+        name: name.to_string(),
+        sds_config: Some(ConfigSource {
+            config_source_specifier: Some(config_source::ConfigSourceSpecifier::ApiConfigSource(
+                ApiConfigSource {
+                    api_type: api_config_source::ApiType::Grpc as i32,
+                    transport_api_version: ApiVersion::V3 as i32,
+                    grpc_services: vec![GrpcService {
+                        target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+                            grpc_service::EnvoyGrpc {
+                                cluster_name: SDS_CLUSTER.to_string(),
+                                ..Default::default()
+                            },
+                        )),
+                        ..Default::default()
+                    }],
+                    set_node_on_first_message_only: true,
+                    ..Default::default()
+                },
+            )),
+            initial_fetch_timeout: Some(Duration {
+                seconds: 0,
+                nanos: 0,
+            }),
+            resource_api_version: ApiVersion::V3 as i32,
+            ..Default::default()
+        }),
+    }
+}
+
+/// Certificate `default` and trust bundle `ROOTCA` over SDS; `peer_sans` (SPIFFE URIs), when
+/// given, are the only peer identities accepted.
+fn common(peer_sans: &[String], alpn: &[&str]) -> CommonTlsContext {
+    let default_validation_context = CertificateValidationContext {
+        match_typed_subject_alt_names: peer_sans
+            .iter()
+            .map(|san| SubjectAltNameMatcher {
+                san_type: subject_alt_name_matcher::SanType::Uri as i32,
+                matcher: Some(StringMatcher {
+                    match_pattern: Some(string_matcher::MatchPattern::Exact(san.clone())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    CommonTlsContext {
+        tls_params: Some(TlsParameters {
+            tls_minimum_protocol_version: tls_parameters::TlsProtocol::TlSv12 as i32,
+            tls_maximum_protocol_version: tls_parameters::TlsProtocol::TlSv13 as i32,
+            ..Default::default()
+        }),
+        tls_certificate_sds_secret_configs: vec![sds(SDS_DEFAULT)],
+        validation_context_type: Some(
+            common_tls_context::ValidationContextType::CombinedValidationContext(
+                common_tls_context::CombinedCertificateValidationContext {
+                    default_validation_context: Some(default_validation_context),
+                    validation_context_sds_secret_config: Some(sds(SDS_ROOT)),
+                    ..Default::default()
+                },
+            ),
+        ),
+        alpn_protocols: alpn.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn socket(name: &str, config: envoy_types::pb::google::protobuf::Any) -> TransportSocket {
+    TransportSocket {
+        name: name.to_string(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(config)),
+    }
+}
+
+/// Istio's auto mTLS for an outbound cluster: endpoints labelled `tlsMode: istio` get mutual
+/// TLS checked against the service's identities; all others plaintext.
+pub fn auto_mtls_matches(sni: String, peer_sans: &[String]) -> Vec<TransportSocketMatch> {
+    let tls = UpstreamTlsContext {
+        common_tls_context: Some(common(peer_sans, &ALPN_ISTIO)),
+        sni,
+        ..Default::default()
+    };
+    vec![
+        TransportSocketMatch {
+            name: "tlsMode-istio".to_string(),
+            r#match: Some(tls_mode_struct()),
+            transport_socket: Some(socket("envoy.transport_sockets.tls", pack_any(tls))),
+        },
+        TransportSocketMatch {
+            name: "tlsMode-disabled".to_string(),
+            r#match: Some(Struct::default()),
+            transport_socket: Some(socket(
+                "envoy.transport_sockets.raw_buffer",
+                pack_any(RawBuffer::default()),
+            )),
+        },
+    ]
+}
+
+/// The server side of Istio mTLS: a client certificate chaining to ROOTCA is required.
+pub fn inbound_mtls_socket(alpn: &[&str]) -> TransportSocket {
+    let tls = DownstreamTlsContext {
+        common_tls_context: Some(common(&[], alpn)),
+        require_client_certificate: Some(BoolValue { value: true }),
+        ..Default::default()
+    };
+    socket("envoy.transport_sockets.tls", pack_any(tls))
+}
+
+fn tls_mode_struct() -> Struct {
+    Struct {
+        fields: HashMap::from([(
+            "tlsMode".to_string(),
+            Value {
+                kind: Some(value::Kind::StringValue("istio".to_string())),
+            },
+        )]),
+    }
+}
+
+/// Endpoint metadata marking a workload whose sidecar accepts Istio mTLS.
+pub fn istio_endpoint_metadata() -> Metadata {
+    Metadata {
+        filter_metadata: HashMap::from([(TRANSPORT_SOCKET_MATCH.to_string(), tls_mode_struct())]),
+        ..Default::default()
+    }
+}
