@@ -308,9 +308,11 @@ pub async fn issue<S: Signer>(cfg: &IdentityConfig, signer: &S) -> Result<Worklo
 }
 
 /// When to renew: at expiry − (ratio ± jitter) × lifetime, counted from `now`. `unit` in
-/// [0, 1) picks the point within the jitter.
+/// [0, 1) picks the point within the jitter. The lifetime counts from `issued` when the CA
+/// backdated `not_before` (for clock skew), so a short-lived certificate is not renewed at once.
 pub fn renew_after(
     cert: &WorkloadCert,
+    issued: SystemTime,
     now: SystemTime,
     ratio: f64,
     jitter: f64,
@@ -318,7 +320,7 @@ pub fn renew_after(
 ) -> Duration {
     let lifetime = cert
         .not_after
-        .duration_since(cert.not_before)
+        .duration_since(cert.not_before.max(issued))
         .unwrap_or_default();
     let grace = (ratio + jitter * (2.0 * unit - 1.0)).clamp(0.0, 1.0);
     let renew_at = cert.not_after - lifetime.mul_f64(grace);
@@ -356,9 +358,11 @@ pub async fn run_rotation<S: Signer>(
         let delay = match issue(&cfg, &signer).await {
             Ok(cert) => {
                 failures = 0;
+                let now = SystemTime::now();
                 let delay = renew_after(
                     &cert,
-                    SystemTime::now(),
+                    now,
+                    now,
                     cfg.grace_ratio,
                     cfg.grace_jitter,
                     unit_random(),
@@ -619,20 +623,31 @@ mod tests {
             serial: String::new(),
         };
         assert_eq!(
-            renew_after(&cert, now, 0.5, 0.01, 0.5),
+            renew_after(&cert, now, now, 0.5, 0.01, 0.5),
             Duration::from_secs(500)
         );
         // The grace period is 49% to 51% of the lifetime: renew 490 to 510 s from now.
         assert_eq!(
-            renew_after(&cert, now, 0.5, 0.01, 0.0),
+            renew_after(&cert, now, now, 0.5, 0.01, 0.0),
             Duration::from_secs(510)
         );
-        let early = renew_after(&cert, now, 0.5, 0.01, 0.999_999);
+        let early = renew_after(&cert, now, now, 0.5, 0.01, 0.999_999);
         assert!(early >= Duration::from_secs(490) && early < Duration::from_secs(491));
         // Already past the point: renew now.
+        let later = now + Duration::from_secs(900);
         assert_eq!(
-            renew_after(&cert, now + Duration::from_secs(900), 0.5, 0.01, 0.5),
+            renew_after(&cert, now, later, 0.5, 0.01, 0.5),
             Duration::ZERO
+        );
+        // A backdated certificate: the lifetime counts from issuance (100 s, renew at 50 s).
+        let backdated = WorkloadCert {
+            not_before: now - Duration::from_secs(60),
+            not_after: now + Duration::from_secs(100),
+            ..cert.clone()
+        };
+        assert_eq!(
+            renew_after(&backdated, now, now, 0.5, 0.0, 0.5),
+            Duration::from_secs(50)
         );
         assert_eq!(retry_after(1, None), Duration::from_secs(1));
         assert_eq!(retry_after(4, None), Duration::from_secs(8));
@@ -663,13 +678,12 @@ mod tests {
         ));
         rx.changed().await.unwrap();
         let first = rx.borrow().clone().unwrap();
-        // The CA backdates by 60 s, so the lifetime is 1060 s and renewal is due at
-        // not_after - (0.5 ± 0.01) * 1060, i.e. 470 ± 10.6 s from now.
+        // Renewal is due at (0.5 ± 0.01) of the 1000 s lifetime: 490 to 510 s after issuance.
         rx.changed().await.unwrap();
         let second = rx.borrow().clone().unwrap();
         let at = start.elapsed();
         assert!(
-            at >= Duration::from_secs(459) && at <= Duration::from_secs(481),
+            at >= Duration::from_secs(489) && at <= Duration::from_secs(511),
             "{at:?}"
         );
         assert_ne!(first.serial, second.serial);

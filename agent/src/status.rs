@@ -31,9 +31,6 @@ pub async fn readiness(
     if drain.is_draining() {
         return Err("the proxy is shutting down".into());
     }
-    if certs.borrow().is_none() {
-        return Err("workload certificate not issued yet (is the CA reachable?)".into());
-    }
     let dns_pending = dns
         .borrow()
         .as_ref()
@@ -75,6 +72,9 @@ pub async fn readiness(
         return Err(format!(
             "Envoy is not live yet: server.state {server_state:?} (0 = LIVE), workers_started {workers:?}"
         ));
+    }
+    if certs.borrow().is_none() {
+        return Err("workload certificate not issued yet (is the CA reachable?)".into());
     }
     Ok(())
 }

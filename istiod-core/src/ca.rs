@@ -243,6 +243,33 @@ impl Ca {
         &self.root_pem
     }
 
+    /// A serving certificate for the control plane itself (DNS SANs such as
+    /// `istiod.istio-system.svc`), with a fresh key: (chain PEM, key PEM).
+    pub fn serving_cert(
+        &self,
+        dns_names: &[&str],
+        ttl: Duration,
+    ) -> Result<(String, String), CaError> {
+        let key = KeyPair::generate().map_err(|e| CaError::Sign(e.to_string()))?;
+        let mut params =
+            CertificateParams::new(dns_names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .map_err(|e| CaError::Sign(e.to_string()))?;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - BACKDATE;
+        params.not_after = (now + ttl).min(self.not_after);
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| CaError::Sign(e.to_string()))?;
+        let mut chain = cert.pem();
+        for c in &self.chain_pem {
+            chain.push_str(c);
+        }
+        Ok((chain, key.serialize_pem()))
+    }
+
     /// Signs `csr_pem` for `identity` with a lifetime of `ttl_seconds` (0 or less: the default).
     /// Returns the chain, leaf first and root last, as IstioCertificateResponse carries it.
     pub fn sign(

@@ -63,6 +63,45 @@ impl JwtAuthenticator {
         })
     }
 
+    /// From a JWKS file (`{"keys": [...]}`): EC P-256 (ES256) and RSA (RS256) keys. Any key
+    /// that cannot be used is an error, so a broken file fails closed at start.
+    pub fn from_jwks(
+        json: &[u8],
+        path: &str,
+        issuer: &str,
+        trust_domain: &str,
+    ) -> Result<Self, KeyError> {
+        use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
+        let fail = |reason: String| KeyError {
+            path: path.to_string(),
+            reason,
+        };
+        let set: JwkSet =
+            serde_json::from_slice(json).map_err(|e| fail(format!("not a JWKS document: {e}")))?;
+        if set.keys.is_empty() {
+            return Err(fail("the key set is empty".into()));
+        }
+        let mut keys = Vec::new();
+        for (i, jwk) in set.keys.iter().enumerate() {
+            let alg = match &jwk.algorithm {
+                AlgorithmParameters::EllipticCurve(_) => Algorithm::ES256,
+                AlgorithmParameters::RSA(_) => Algorithm::RS256,
+                _ => {
+                    return Err(fail(format!(
+                        "key {i}: only EC P-256 and RSA keys are accepted"
+                    )));
+                }
+            };
+            let key = DecodingKey::from_jwk(jwk).map_err(|e| fail(format!("key {i}: {e}")))?;
+            keys.push((key, alg));
+        }
+        Ok(JwtAuthenticator {
+            keys,
+            issuer: issuer.to_string(),
+            trust_domain: trust_domain.to_string(),
+        })
+    }
+
     /// The identity a token proves, or why it proves nothing.
     pub fn authenticate(&self, token: &str) -> Result<Identity, String> {
         let mut last = "no key".to_string();
@@ -92,6 +131,33 @@ impl JwtAuthenticator {
     }
 }
 
+/// The SPIFFE identity of a client certificate the TLS layer has verified: its only URI SAN.
+fn identity_of_client_cert(der: &[u8]) -> Result<Identity, String> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| e.to_string())?;
+    let uris: Vec<String> = cert
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    GeneralName::URI(u) => Some(u.to_string()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    match uris.as_slice() {
+        [uri] => Identity::parse(uri).map_err(|e| e.to_string()),
+        _ => Err(format!(
+            "expected exactly one SPIFFE URI SAN, found {uris:?}"
+        )),
+    }
+}
+
 /// The gRPC service.
 pub struct CaService {
     ca: Arc<Ca>,
@@ -118,16 +184,24 @@ impl IstioCertificateService for CaService {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| {
-                Status::unauthenticated(
-                    "no bearer token: the CA issues certificates only to authenticated callers",
-                )
-            })?;
-        let identity = self
-            .auth
-            .authenticate(token)
-            .map_err(|why| Status::unauthenticated(format!("token rejected: {why}")))?;
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let identity = match token {
+            Some(token) => self
+                .auth
+                .authenticate(token)
+                .map_err(|why| Status::unauthenticated(format!("token rejected: {why}")))?,
+            // A mesh client certificate (verified against our root by the TLS layer) renews
+            // the identity it already has.
+            None => match request.peer_certs().as_deref().and_then(|c| c.first()) {
+                Some(leaf) => identity_of_client_cert(leaf.as_ref())
+                    .map_err(|why| Status::unauthenticated(format!("client certificate: {why}")))?,
+                None => {
+                    return Err(Status::unauthenticated(
+                        "no bearer token or client certificate: the CA issues certificates only to authenticated callers",
+                    ));
+                }
+            },
+        };
         let req = request.into_inner();
         let chain = self
             .ca

@@ -37,12 +37,22 @@ enum Command {
         #[arg(long = "token-file")]
         token_file: Option<PathBuf>,
         /// Serve the CA (istio.v1.auth.IstioCertificateService) with the root kept in this
-        /// directory (or Istio's cacerts files found there). Requires --jwt-public-key.
-        #[arg(long = "ca-dir", requires = "jwt_public_key")]
+        /// directory (or Istio's cacerts files found there). Requires --jwt-public-key or
+        /// --jwt-jwks. Unless --grpc-addr is on 15010 (Istio's plaintext port) or --tls-cert is
+        /// given, gRPC is served over TLS with a certificate for istiod.istio-system.svc from
+        /// this CA, and mesh client certificates also authenticate CA calls.
+        #[arg(long = "ca-dir")]
         ca_dir: Option<PathBuf>,
         /// PEM public key (EC P-256 or RSA) that signs the service-account tokens the CA accepts.
-        #[arg(long = "jwt-public-key", requires = "ca_dir")]
+        #[arg(
+            long = "jwt-public-key",
+            requires = "ca_dir",
+            conflicts_with = "jwt_jwks"
+        )]
         jwt_public_key: Option<PathBuf>,
+        /// A JWKS file (EC P-256 / RSA keys) instead of --jwt-public-key.
+        #[arg(long = "jwt-jwks", requires = "ca_dir")]
+        jwt_jwks: Option<PathBuf>,
         /// Issuer the CA requires in those tokens.
         #[arg(
             long = "jwt-issuer",
@@ -75,44 +85,79 @@ async fn main() -> anyhow::Result<()> {
         token_file,
         ca_dir,
         jwt_public_key,
+        jwt_jwks,
         jwt_issuer,
         trust_domain,
         max_cert_ttl,
     } = Cli::parse().command;
-    let ca_service = match (&ca_dir, &jwt_public_key) {
-        (Some(dir), Some(key_path)) => {
-            let ca = istiod_core::ca::Ca::load_or_create(
-                dir,
-                &trust_domain,
-                Duration::from_secs(max_cert_ttl),
-            )?;
-            let pem = std::fs::read(key_path).map_err(|e| {
-                anyhow::anyhow!("cannot read --jwt-public-key {}: {e}", key_path.display())
-            })?;
-            let auth = istiod_core::ca_server::JwtAuthenticator::from_pem(
-                &pem,
-                &key_path.display().to_string(),
-                &jwt_issuer,
-                &trust_domain,
-            )?;
-            tracing::info!(dir = %dir.display(), %trust_domain, "serving the CA");
+    let read = |flag: &str, p: &PathBuf| {
+        std::fs::read(p).map_err(|e| anyhow::anyhow!("cannot read {flag} {}: {e}", p.display()))
+    };
+    let ca = match &ca_dir {
+        Some(dir) => Some(std::sync::Arc::new(istiod_core::ca::Ca::load_or_create(
+            dir,
+            &trust_domain,
+            Duration::from_secs(max_cert_ttl),
+        )?)),
+        None => None,
+    };
+    let ca_service = match &ca {
+        Some(ca) => {
+            let auth = match (&jwt_public_key, &jwt_jwks) {
+                (Some(path), _) => istiod_core::ca_server::JwtAuthenticator::from_pem(
+                    &read("--jwt-public-key", path)?,
+                    &path.display().to_string(),
+                    &jwt_issuer,
+                    &trust_domain,
+                )?,
+                (None, Some(path)) => istiod_core::ca_server::JwtAuthenticator::from_jwks(
+                    &read("--jwt-jwks", path)?,
+                    &path.display().to_string(),
+                    &jwt_issuer,
+                    &trust_domain,
+                )?,
+                (None, None) => anyhow::bail!(
+                    "--ca-dir needs --jwt-public-key or --jwt-jwks to verify callers' tokens"
+                ),
+            };
+            tracing::info!(%trust_domain, "serving the CA");
             Some(istiod_core::ca_server::CaService::new(
-                std::sync::Arc::new(ca),
+                ca.clone(),
                 std::sync::Arc::new(auth),
             ))
         }
-        _ => None,
+        None => None,
     };
     let cp = istiod_core::ControlPlane::load(&config_dir, &domain_suffix)?;
     tokio::spawn(cp.clone().watch(Duration::from_secs(1)));
     let listener = tokio::net::TcpListener::bind(grpc_addr).await?;
     let mut server = tonic::transport::Server::builder();
-    if let (Some(cert), Some(key)) = (&tls_cert, &tls_key) {
-        let read = |p: &PathBuf| {
-            std::fs::read(p).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))
-        };
-        let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
-        server = server.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))?;
+    let tls = match (&tls_cert, &tls_key, &ca) {
+        (Some(cert), Some(key), _) => Some((read("--tls-cert", cert)?, read("--tls-key", key)?)),
+        (_, _, Some(ca)) if grpc_addr.port() != 15010 => {
+            let (chain, key) = ca.serving_cert(
+                &[
+                    "istiod.istio-system.svc",
+                    "istiod.istio-system.svc.cluster.local",
+                    "istiod",
+                    "localhost",
+                ],
+                Duration::from_secs(365 * 24 * 3600),
+            )?;
+            Some((chain.into_bytes(), key.into_bytes()))
+        }
+        _ => None,
+    };
+    let serving_tls = tls.is_some();
+    if let Some((cert, key)) = tls {
+        let mut config = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(cert, key));
+        if let Some(ca) = &ca {
+            config = config
+                .client_ca_root(tonic::transport::Certificate::from_pem(ca.root_pem()))
+                .client_auth_optional(true);
+        }
+        server = server.tls_config(config)?;
     }
     let token = match &token_file {
         Some(p) => Some(
@@ -125,7 +170,7 @@ async fn main() -> anyhow::Result<()> {
     };
     tracing::info!(
         addr = %listener.local_addr()?,
-        tls = tls_cert.is_some(),
+        tls = serving_tls,
         token = token.is_some(),
         "serving xDS"
     );

@@ -500,3 +500,73 @@ impl Drop for Network {
         }
     }
 }
+
+/// A mesh CA for tests of a standalone `istiod-core serve`: a root directory and a key that
+/// signs service-account tokens, as a Kubernetes API server would.
+pub struct TestCa {
+    pub dir: PathBuf,
+    pub jwt_public_key: PathBuf,
+    signer: rcgen::KeyPair,
+}
+
+/// The issuer `istiod-core serve` expects by default.
+pub const JWT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+impl TestCa {
+    pub fn new(dir: &Path) -> Result<TestCa> {
+        fs::create_dir_all(dir)?;
+        let signer = rcgen::KeyPair::generate()?;
+        let jwt_public_key = dir.join("sa-signer.pub");
+        fs::write(&jwt_public_key, signer.public_key_pem())?;
+        Ok(TestCa {
+            dir: dir.join("cacerts"),
+            jwt_public_key,
+            signer,
+        })
+    }
+
+    /// `istiod-core serve` flags that turn on the CA.
+    pub fn serve_args(&self) -> Vec<String> {
+        vec![
+            "--ca-dir".into(),
+            self.dir.display().to_string(),
+            "--jwt-public-key".into(),
+            self.jwt_public_key.display().to_string(),
+        ]
+    }
+
+    /// The root certificate, once the server has created it.
+    pub fn root_cert(&self) -> PathBuf {
+        self.dir.join("root-cert.pem")
+    }
+
+    /// A service-account token (audience istio-ca) valid for an hour.
+    pub fn token(&self, namespace: &str, service_account: &str) -> Result<String> {
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs()
+            + 3600;
+        let claims = serde_json::json!({
+            "sub": format!("system:serviceaccount:{namespace}:{service_account}"),
+            "aud": "istio-ca",
+            "iss": JWT_ISSUER,
+            "exp": exp,
+        });
+        Ok(jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_ec_pem(self.signer.serialize_pem().as_bytes())?,
+        )?)
+    }
+
+    /// Writes the token where the agent reads it (`./var/run/secrets/tokens/istio-token`).
+    pub fn give_token(&self, pod: &Pod, namespace: &str, service_account: &str) -> Result<()> {
+        let dir = pod.dir.join("var/run/secrets/tokens");
+        fs::create_dir_all(&dir)?;
+        fs::write(
+            dir.join("istio-token"),
+            self.token(namespace, service_account)?,
+        )?;
+        Ok(())
+    }
+}

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use harness::{Network, binary, require_envoy, require_root};
+use harness::{Network, TestCa, binary, require_envoy, require_root};
 
 const SERVICE: &str = r#"
 kind: ServiceEntry
@@ -42,6 +42,7 @@ fn readiness_follows_the_control_plane_and_config_edits() {
     std::fs::write(mesh.join("web.yaml"), SERVICE).unwrap();
     let agent = binary("pilot-agent");
     let istiod = binary("istiod-core");
+    let net_dir = net.dir().to_path_buf();
     let pod = &mut net.pods[idx];
     pod.spawn(
         "pilot-agent",
@@ -76,21 +77,22 @@ fn readiness_follows_the_control_plane_and_config_edits() {
     );
 
     let mesh_arg = mesh.to_str().unwrap().to_string();
-    pod.spawn(
-        "istiod-core",
-        0,
-        0,
-        &[],
-        &[
-            istiod.to_str().unwrap(),
-            "serve",
-            "--config-dir",
-            &mesh_arg,
-            "--grpc-addr",
-            "127.0.0.1:15010",
-        ],
-    )
-    .unwrap();
+    let ca = TestCa::new(&net_dir.join("ca")).unwrap();
+    ca.give_token(pod, "demo", "default").unwrap();
+    let mut args: Vec<String> = [
+        istiod.to_str().unwrap(),
+        "serve",
+        "--config-dir",
+        &mesh_arg,
+        "--grpc-addr",
+        "127.0.0.1:15010",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(ca.serve_args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    pod.spawn("istiod-core", 0, 0, &[], &args).unwrap();
     let became_ready = pod.wait_http_ok(ready, Duration::from_secs(60));
     assert!(became_ready.is_ok(), "{became_ready:?}\n{}", pod.logs());
 
@@ -171,32 +173,34 @@ fn remote_control_plane_over_tls_with_bearer_token() {
     std::fs::create_dir_all(&certs).unwrap();
     std::fs::write(mesh.join("web.yaml"), SERVICE).unwrap();
     write_server_certs(&certs);
-    std::fs::write(certs.join("token"), "s3cret-token\n").unwrap();
+    // One projected token serves both xDS (compared with --token-file) and the CA (a JWT).
+    let ca = TestCa::new(&net.dir().join("ca")).unwrap();
+    let token = ca.token("demo", "default").unwrap();
+    std::fs::write(certs.join("token"), format!("{token}\n")).unwrap();
     let path = |name: &str| certs.join(name).to_str().unwrap().to_string();
     let istiod = binary("istiod-core");
     let agent = binary("pilot-agent");
     let pod = &mut net.pods[idx];
-    pod.spawn(
-        "istiod-core",
-        0,
-        0,
-        &[],
-        &[
-            istiod.to_str().unwrap(),
-            "serve",
-            "--config-dir",
-            mesh.to_str().unwrap(),
-            "--grpc-addr",
-            "127.0.0.1:15012",
-            "--tls-cert",
-            &path("istiod.pem"),
-            "--tls-key",
-            &path("istiod-key.pem"),
-            "--token-file",
-            &path("token"),
-        ],
-    )
-    .unwrap();
+    let mut args: Vec<String> = [
+        istiod.to_str().unwrap(),
+        "serve",
+        "--config-dir",
+        mesh.to_str().unwrap(),
+        "--grpc-addr",
+        "127.0.0.1:15012",
+        "--tls-cert",
+        &path("istiod.pem"),
+        "--tls-key",
+        &path("istiod-key.pem"),
+        "--token-file",
+        &path("token"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(ca.serve_args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    pod.spawn("istiod-core", 0, 0, &[], &args).unwrap();
     let root = path("root-cert.pem");
     pod.spawn(
         "pilot-agent",
@@ -211,6 +215,7 @@ fn remote_control_plane_over_tls_with_bearer_token() {
                 "{\"discoveryAddress\": \"127.0.0.1:15012\", \"terminationDrainDuration\": \"1s\"}",
             ),
             ("XDS_ROOT_CA", &root),
+            ("CA_ROOT_CA", &root),
             ("ISTIOD_SAN", "istiod.istio-system.svc"),
             ("XDS_HEADER_TENANT", "blue"),
         ],
@@ -236,7 +241,7 @@ fn remote_control_plane_over_tls_with_bearer_token() {
     // The token appears (as a projected token would): the next connect carries it.
     let tokens = pod.dir.join("var/run/secrets/tokens");
     std::fs::create_dir_all(&tokens).unwrap();
-    std::fs::write(tokens.join("istio-token"), "s3cret-token\n").unwrap();
+    std::fs::write(tokens.join("istio-token"), format!("{token}\n")).unwrap();
     let ready = pod.wait_http_ok(
         "http://127.0.0.1:15021/healthz/ready",
         Duration::from_secs(60),

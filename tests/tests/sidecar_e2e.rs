@@ -29,7 +29,7 @@ spec:
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {{name: httpbin-1, namespace: {NAMESPACE}}}
-spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: server}}
+spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}}
 "#
     );
     std::fs::write(dir.join("mesh.yaml"), yaml).unwrap();
@@ -354,14 +354,22 @@ fn control_plane_restart_fails_no_request() {
     ]);
     let cp = net.add_pod("cp", 4).unwrap();
     let istiod = binary("istiod-core");
-    let cp_args = [
+    let ca = harness::TestCa::new(&net.dir().join("ca")).unwrap();
+    ca.give_token(&net.pods[0], NAMESPACE, "sleep").unwrap();
+    ca.give_token(&net.pods[1], NAMESPACE, "httpbin").unwrap();
+    let mut cp_args: Vec<String> = [
         istiod.to_str().unwrap(),
         "serve",
         "--config-dir",
         config_dir.to_str().unwrap(),
         "--grpc-addr",
         "0.0.0.0:15010",
-    ];
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    cp_args.extend(ca.serve_args());
+    let cp_args: Vec<&str> = cp_args.iter().map(String::as_str).collect();
     net.pods[cp]
         .spawn("istiod-core", 0, 0, &[], &cp_args)
         .unwrap();

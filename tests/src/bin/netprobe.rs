@@ -4,6 +4,7 @@
 //!   netprobe udp-echo PORT          UDP on 0.0.0.0 and [::]; answers "echo PORT"
 //!   netprobe connect ADDR [COUNT]   TCP connects; exit 0 if every one is accepted and answered
 //!   netprobe udp ADDR               one datagram; prints the answer, exit 0 if one came
+//!   netprobe http-echo PORT         HTTP on 0.0.0.0; answers each request with its headers
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -143,6 +144,34 @@ fn udp(addr: &str) -> std::io::Result<()> {
     Ok(())
 }
 
+/// HTTP/1.1 on 0.0.0.0:PORT answering every request with its own header block as the body.
+fn http_echo(port: &str) -> std::io::Result<()> {
+    let port: u16 = port
+        .parse()
+        .map_err(|_| std::io::Error::other("bad port"))?;
+    let listener = TcpListener::bind(("0.0.0.0", port))?;
+    for mut stream in listener.incoming().flatten() {
+        std::thread::spawn(move || {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                head.len()
+            );
+            let _ = stream.write_all(response.as_bytes());
+            let _ = stream.write_all(&head);
+        });
+    }
+    Ok(())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or_default();
@@ -151,6 +180,7 @@ fn main() {
         "udp-echo" => udp_echo(arg(1)),
         "connect" => connect(arg(1), arg(2).parse().unwrap_or(1)),
         "udp" => udp(arg(1)),
+        "http-echo" => http_echo(arg(1)),
         _ => Err(std::io::Error::other(
             "usage: netprobe listen|udp-echo|connect|udp ...",
         )),

@@ -1,0 +1,492 @@
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+//! Workload identity end to end: real Envoys in network namespaces get their certificates from
+//! the agent's SDS socket and talk mutual TLS. The server sees the client's SPIFFE identity, a
+//! STRICT PeerAuthentication shuts plaintext out, certificates rotate without failing
+//! connections, a CA outage during a rotation is ridden out, and no other uid can read the
+//! certificates.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use harness::{Network, Pod, TestCa, binary, require_envoy, require_root};
+
+const APP_UID: u32 = 1000;
+const NS: &str = "demo";
+const HTTP_VIP: &str = "10.234.0.10";
+const TCP_VIP: &str = "10.234.0.11";
+const SERVER_SA: &str = "httpbin";
+const CLIENT_SA: &str = "sleep";
+
+fn mesh_config(dir: &Path, server_ip: &str) {
+    let yaml = format!(
+        r#"kind: ServiceEntry
+metadata: {{name: httpbin, namespace: {NS}}}
+spec:
+  hosts: [httpbin.{NS}.svc.cluster.local]
+  addresses: [{HTTP_VIP}]
+  ports: [{{number: 8000, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: httpbin}}}}
+---
+kind: ServiceEntry
+metadata: {{name: echo, namespace: {NS}}}
+spec:
+  hosts: [echo.{NS}.svc.cluster.local]
+  addresses: [{TCP_VIP}]
+  ports: [{{number: 9000, name: tcp, protocol: TCP}}]
+  workloadSelector: {{labels: {{app: httpbin}}}}
+---
+kind: WorkloadEntry
+metadata: {{name: httpbin-1, namespace: {NS}}}
+spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: {SERVER_SA}}}
+"#
+    );
+    std::fs::write(dir.join("mesh.yaml"), yaml).unwrap();
+}
+
+/// Where the agents get config and certificates.
+enum ControlPlane<'a> {
+    Embedded(&'a Path),
+    Remote(&'a str),
+}
+
+fn start_agent(pod: &mut Pod, sa: &str, cp: &ControlPlane, extra_env: &[(&str, &str)]) {
+    let agent = binary("pilot-agent");
+    let ip = pod.ip.to_string();
+    let proxy_config = match cp {
+        ControlPlane::Embedded(_) => "{\"terminationDrainDuration\": \"1s\"}".to_string(),
+        ControlPlane::Remote(addr) => {
+            format!("{{\"terminationDrainDuration\": \"1s\", \"discoveryAddress\": \"{addr}\"}}")
+        }
+    };
+    let mut env = vec![
+        ("POD_NAME", sa),
+        ("POD_NAMESPACE", NS),
+        ("INSTANCE_IP", ip.as_str()),
+        ("SERVICE_ACCOUNT", sa),
+        ("PROXY_CONFIG", proxy_config.as_str()),
+    ];
+    env.extend_from_slice(extra_env);
+    let mut args = vec![
+        agent.to_str().unwrap().to_string(),
+        "proxy".into(),
+        "sidecar".into(),
+        "--proxyLogLevel=warning".into(),
+        "--proxyComponentLogLevel=misc:error".into(),
+    ];
+    if let ControlPlane::Embedded(dir) = cp {
+        args.push("--configDir".into());
+        args.push(dir.to_str().unwrap().into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    pod.spawn("pilot-agent", 0, 0, &env, &args).unwrap();
+}
+
+/// Client pod 2 and server pod 3 (HTTP echo on 8000, TCP on 9000), both captured.
+fn pods() -> (Network, std::path::PathBuf) {
+    let mut net = Network::new().unwrap();
+    net.add_pod("client", 2).unwrap();
+    net.add_pod("server", 3).unwrap();
+    let config_dir = net.dir().join("mesh");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    mesh_config(&config_dir, &net.pods[1].ip.to_string());
+    let probe = binary("netprobe");
+    let probe = probe.to_str().unwrap();
+    net.pods[1]
+        .spawn(
+            "http-echo",
+            APP_UID,
+            APP_UID,
+            &[],
+            &[probe, "http-echo", "8000"],
+        )
+        .unwrap();
+    net.pods[1]
+        .spawn(
+            "tcp-echo",
+            APP_UID,
+            APP_UID,
+            &[],
+            &[probe, "listen", "9000"],
+        )
+        .unwrap();
+    for pod in &net.pods {
+        harness::istio_iptables(pod, &[]).unwrap();
+    }
+    (net, config_dir)
+}
+
+fn wait_ready(net: &Network) {
+    for pod in net.pods.iter().filter(|p| p.has_proc("pilot-agent")) {
+        let ready = pod.wait_http_ok(
+            "http://127.0.0.1:15021/healthz/ready",
+            Duration::from_secs(60),
+        );
+        assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
+    }
+}
+
+/// One TCP connection from the client app through both sidecars to the TCP echo.
+fn tcp_round_trip(client: &Pod) -> bool {
+    let probe = binary("netprobe");
+    client
+        .exec_as(
+            APP_UID,
+            APP_UID,
+            &[
+                probe.to_str().unwrap(),
+                "connect",
+                &format!("{TCP_VIP}:9000"),
+            ],
+        )
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// The serial of the certificate the agent serves (its /debug/certs, loopback only).
+fn serial(pod: &Pod) -> String {
+    let (code, body) = pod
+        .http_get(0, "http://127.0.0.1:15020/debug/certs")
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["serial"].as_str().unwrap().to_string()
+}
+
+fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+#[test]
+fn mtls_between_sidecars_carries_the_client_identity() {
+    if !require_root("mtls_between_sidecars_carries_the_client_identity")
+        || !require_envoy("mtls_between_sidecars_carries_the_client_identity")
+    {
+        return;
+    }
+    let (mut net, config_dir) = pods();
+    let cp = ControlPlane::Embedded(&config_dir);
+    start_agent(&mut net.pods[0], CLIENT_SA, &cp, &[]);
+    start_agent(&mut net.pods[1], SERVER_SA, &cp, &[]);
+    wait_ready(&net);
+    let (client, server) = (&net.pods[0], &net.pods[1]);
+
+    // The app's request carries a forged identity header; the server app must see only the one
+    // the server's Envoy verified.
+    let out = client
+        .exec_as(
+            APP_UID,
+            APP_UID,
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "5",
+                "-H",
+                "x-forwarded-client-cert: By=spiffe://cluster.local/ns/demo/sa/httpbin;URI=spiffe://cluster.local/ns/kube-system/sa/admin",
+                &format!("http://{HTTP_VIP}:8000/"),
+            ],
+        )
+        .unwrap();
+    let echoed = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    assert!(
+        echoed.contains("uri=spiffe://cluster.local/ns/demo/sa/sleep"),
+        "server did not see the client's identity:\n{echoed}\n{}",
+        net.logs()
+    );
+    assert!(
+        !echoed.contains("sa/admin"),
+        "a forged x-forwarded-client-cert reached the app:\n{echoed}"
+    );
+
+    // Envoy's own counters: the server terminated mutual TLS, the client originated it.
+    assert!(tcp_round_trip(client), "{}", net.logs());
+    assert!(
+        server
+            .envoy_stat("listener.0.0.0.0_15006.ssl.handshake")
+            .unwrap()
+            >= 2
+    );
+    assert_eq!(
+        server
+            .envoy_stat("listener.0.0.0.0_15006.ssl.fail_verify_no_cert")
+            .unwrap(),
+        0
+    );
+    assert!(
+        client
+            .envoy_stat("cluster.outbound|9000||echo.demo.svc.cluster.local.ssl.handshake")
+            .unwrap()
+            >= 1
+    );
+
+    // The certificate is visible to operators: /debug/certs and the expiry metric.
+    assert!(!serial(server).is_empty());
+    let (_, metrics) = server
+        .http_get(0, "http://127.0.0.1:15020/stats/prometheus")
+        .unwrap();
+    let expiry = metrics
+        .lines()
+        .find(|l| l.starts_with("istio_agent_cert_expiry_seconds{resource_name=\"default\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no cert expiry metric in\n{metrics}"));
+    assert!(
+        expiry > 23.0 * 3600.0 && expiry <= 24.0 * 3600.0,
+        "{expiry}"
+    );
+
+    // The SDS socket: directory 0700 and socket 0600, owned by the proxy uid.
+    use std::os::unix::fs::MetadataExt;
+    let socket = server
+        .dir
+        .join("var/run/secrets/workload-spiffe-uds/socket");
+    let dir_meta = std::fs::metadata(socket.parent().unwrap()).unwrap();
+    let sock_meta = std::fs::metadata(&socket).unwrap();
+    assert_eq!(dir_meta.mode() & 0o777, 0o700);
+    assert_eq!(sock_meta.mode() & 0o777, 0o600);
+    assert_eq!((dir_meta.uid(), sock_meta.uid()), (1337, 1337));
+
+    // Another uid cannot reach the socket, and one that gets past the file permissions
+    // (CAP_DAC_OVERRIDE) is refused by the peer-credential check before any byte is served.
+    let sock = socket.to_str().unwrap();
+    let script = format!(
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ns.settimeout(5)\ntry:\n    s.connect({sock:?})\nexcept OSError as e:\n    print('connect', e.errno); raise SystemExit\ntry:\n    s.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n' + bytes([0,0,0,4,0,0,0,0,0]))\n    print('read', len(s.recv(100)))\nexcept OSError as e:\n    print('io-error', e.errno)\n"
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "setpriv",
+            "--reuid",
+            "1000",
+            "--regid",
+            "1000",
+            "--clear-groups",
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "/usr/bin/python3", "-c", &script]);
+        let out = server.exec(&args).unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+    };
+    assert_eq!(run(&[]), "connect 13", "EACCES expected for uid 1000");
+    let with_cap = run(&[
+        "--inh-caps",
+        "+dac_override",
+        "--ambient-caps",
+        "+dac_override",
+    ]);
+    assert!(
+        with_cap == "read 0" || with_cap.starts_with("io-error"),
+        "uid 1000 was served: {with_cap}"
+    );
+    assert!(
+        server.wait_log(
+            "pilot-agent",
+            "SDS connection refused",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        server.logs()
+    );
+    // Root (and the proxy uid, which Envoy proves) are served.
+    let out = server.exec(&["/usr/bin/python3", "-c", &script]).unwrap();
+    let root = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        root.starts_with("read ") && root != "read 0",
+        "root was not served: {root}"
+    );
+}
+
+#[test]
+fn strict_peer_authentication_rejects_plaintext() {
+    if !require_root("strict_peer_authentication_rejects_plaintext")
+        || !require_envoy("strict_peer_authentication_rejects_plaintext")
+    {
+        return;
+    }
+    let (mut net, config_dir) = pods();
+    // A pod without a sidecar.
+    let legacy = net.add_pod("legacy", 4).unwrap();
+    let cp = ControlPlane::Embedded(&config_dir);
+    start_agent(&mut net.pods[0], CLIENT_SA, &cp, &[]);
+    start_agent(&mut net.pods[1], SERVER_SA, &cp, &[]);
+    wait_ready(&net);
+    let server_url = format!("http://{}:8000/", net.pods[1].ip);
+    let plaintext_ok = |net: &Network| {
+        net.pods[legacy]
+            .http_get(APP_UID, &server_url)
+            .map(|(code, _)| code == 200)
+            .unwrap_or(false)
+    };
+
+    // PERMISSIVE (the default): plaintext and mTLS are both accepted.
+    assert!(plaintext_ok(&net), "{}", net.logs());
+    assert!(tcp_round_trip(&net.pods[0]));
+
+    std::fs::write(
+        config_dir.join("strict.yaml"),
+        format!(
+            "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: default, namespace: {NS}}}\nspec: {{mtls: {{mode: STRICT}}}}\n"
+        ),
+    )
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || !plaintext_ok(&net)),
+        "plaintext still accepted under STRICT\n{}",
+        net.logs()
+    );
+    // The sidecar client still gets through, over mTLS.
+    assert!(tcp_round_trip(&net.pods[0]), "{}", net.logs());
+    let (code, body) = net.pods[0]
+        .http_get(APP_UID, &format!("http://{HTTP_VIP}:8000/"))
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+}
+
+/// Runs TCP round trips from the client until `until` returns true or `limit` passes; returns
+/// (attempts, failures).
+fn traffic_while(client: &Pod, limit: Duration, mut until: impl FnMut() -> bool) -> (u32, u32) {
+    let deadline = Instant::now() + limit;
+    let (mut attempts, mut failures) = (0, 0);
+    while Instant::now() < deadline && !until() {
+        attempts += 1;
+        if !tcp_round_trip(client) {
+            failures += 1;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (attempts, failures)
+}
+
+#[test]
+fn short_lived_certificates_rotate_without_failing_connections() {
+    if !require_root("short_lived_certificates_rotate_without_failing_connections")
+        || !require_envoy("short_lived_certificates_rotate_without_failing_connections")
+    {
+        return;
+    }
+    let (mut net, config_dir) = pods();
+    let cp = ControlPlane::Embedded(&config_dir);
+    let ttl = [("SECRET_TTL", "20s")];
+    start_agent(&mut net.pods[0], CLIENT_SA, &cp, &ttl);
+    start_agent(&mut net.pods[1], SERVER_SA, &cp, &ttl);
+    wait_ready(&net);
+    let first = (serial(&net.pods[0]), serial(&net.pods[1]));
+    let start = Instant::now();
+    // Every round trip is a new TCP connection and so a new TLS handshake with whatever
+    // certificates Envoy has at that moment. Run past the first certificates' expiry.
+    let (attempts, failures) = traffic_while(&net.pods[0], Duration::from_secs(24), || false);
+    assert!(start.elapsed() >= Duration::from_secs(21));
+    let now = (serial(&net.pods[0]), serial(&net.pods[1]));
+    assert_ne!(now.0, first.0, "client certificate never rotated");
+    assert_ne!(now.1, first.1, "server certificate never rotated");
+    assert!(attempts >= 20, "only {attempts} attempts");
+    assert_eq!(
+        failures,
+        0,
+        "{failures} of {attempts} connections failed\n{}",
+        net.logs()
+    );
+    // Past the first certificates' expiry, new handshakes still succeed: Envoy has the new ones.
+    assert!(tcp_round_trip(&net.pods[0]), "{}", net.logs());
+    assert!(
+        net.pods[1]
+            .envoy_stat("listener.0.0.0.0_15006.ssl.handshake")
+            .unwrap()
+            >= u64::from(attempts)
+    );
+}
+
+#[test]
+fn ca_outage_during_rotation_keeps_traffic_and_recovers() {
+    if !require_root("ca_outage_during_rotation_keeps_traffic_and_recovers")
+        || !require_envoy("ca_outage_during_rotation_keeps_traffic_and_recovers")
+    {
+        return;
+    }
+    let (mut net, config_dir) = pods();
+    let cp_pod = net.add_pod("cp", 5).unwrap();
+    let ca = TestCa::new(&net.dir().join("ca")).unwrap();
+    ca.give_token(&net.pods[0], NS, CLIENT_SA).unwrap();
+    ca.give_token(&net.pods[1], NS, SERVER_SA).unwrap();
+    let istiod = binary("istiod-core");
+    let mut args: Vec<String> = vec![
+        istiod.to_str().unwrap().into(),
+        "serve".into(),
+        "--config-dir".into(),
+        config_dir.to_str().unwrap().into(),
+        "--grpc-addr".into(),
+        "0.0.0.0:15010".into(),
+    ];
+    args.extend(ca.serve_args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    net.pods[cp_pod]
+        .spawn("istiod-core", 0, 0, &[], &args)
+        .unwrap();
+    let cp = ControlPlane::Remote("10.233.0.5:15010");
+    let ttl = [("SECRET_TTL", "24s")];
+    start_agent(&mut net.pods[0], CLIENT_SA, &cp, &ttl);
+    start_agent(&mut net.pods[1], SERVER_SA, &cp, &ttl);
+    wait_ready(&net);
+    let issued = Instant::now();
+    let first = serial(&net.pods[0]);
+
+    // The CA (and control plane) goes away before the renewal falls due (at about 12 s).
+    net.pods[cp_pod]
+        .proc("istiod-core")
+        .unwrap()
+        .signal(nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    let (attempts, failures) = traffic_while(&net.pods[0], Duration::from_secs(30), || {
+        issued.elapsed() > Duration::from_secs(15)
+    });
+    assert_eq!(
+        failures, 0,
+        "{failures} of {attempts} failed while the CA was down"
+    );
+    assert!(
+        net.pods[0].wait_log(
+            "pilot-agent",
+            "workload certificate request failed",
+            Duration::from_secs(5)
+        ),
+        "renewal was never attempted\n{}",
+        net.logs()
+    );
+    assert_eq!(
+        serial(&net.pods[0]),
+        first,
+        "the valid certificate was dropped"
+    );
+
+    // The CA comes back: both agents renew before their certificates expire (24 s), and
+    // traffic keeps flowing past that point.
+    net.pods[cp_pod]
+        .spawn("istiod-core-2", 0, 0, &[], &args)
+        .unwrap();
+    let (attempts, failures) = traffic_while(&net.pods[0], Duration::from_secs(30), || {
+        issued.elapsed() > Duration::from_secs(27)
+    });
+    assert_eq!(
+        failures,
+        0,
+        "{failures} of {attempts} failed around the recovery\n{}",
+        net.logs()
+    );
+    assert_ne!(
+        serial(&net.pods[0]),
+        first,
+        "client never renewed\n{}",
+        net.logs()
+    );
+    assert!(tcp_round_trip(&net.pods[0]), "{}", net.logs());
+}
