@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use istiod_core::ca::{Ca, Identity};
 use rcgen::{CertificateParams, KeyPair, SanType};
 use tokio::sync::watch;
-use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::config::XdsClientConfig;
 
@@ -133,7 +133,7 @@ impl Signer for RemoteSigner {
         use istio_proto::ca::istio_certificate_service_client::IstioCertificateServiceClient;
         let channel = crate::xds_proxy::dial(&self.address, &self.client)
             .await
-            .map_err(|s| s.message().to_string())?;
+            .map_err(|s| format!("CA {}: {}", self.address, s.message()))?;
         let mut client = IstioCertificateServiceClient::new(channel);
         let request = IstioCertificateRequest {
             csr: csr_pem,
@@ -259,21 +259,7 @@ pub fn verify_chain(
     }
     if let Some(identity) = identity {
         let want = identity.to_string();
-        let uris: Vec<String> = leaf
-            .subject_alternative_name()
-            .ok()
-            .flatten()
-            .map(|san| {
-                san.value
-                    .general_names
-                    .iter()
-                    .filter_map(|n| match n {
-                        GeneralName::URI(u) => Some(u.to_string()),
-                        _ => None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let uris = istiod_core::ca::uri_sans(leaf);
         if uris != [want.clone()] {
             return Err(format!(
                 "the leaf certificate names {uris:?}; expected exactly {want}"
@@ -794,5 +780,48 @@ mod tests {
         let back = read_mounted(&MountedFiles::in_dir(&out)).unwrap();
         assert_eq!(back.serial, cert.serial);
         assert_eq!(back.root_pem, ca.root_pem());
+    }
+
+    #[tokio::test]
+    async fn mounted_files_are_watched_and_a_bad_update_keeps_the_good_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(&dir.path().join("ca"));
+        let issue = || {
+            let (key, csr) = key_and_csr(KeyAlgorithm::EcdsaP256, &identity()).unwrap();
+            verify_chain(
+                &ca.sign(&csr, &identity(), 3600).unwrap(),
+                &key.serialize_pem(),
+                None,
+            )
+            .unwrap()
+        };
+        let mounted = dir.path().join("certs");
+        let first = issue();
+        write_output(&mounted, &first).unwrap();
+        let (tx, mut rx) = watch::channel(None);
+        tokio::spawn(run_mounted(
+            Arc::new(config(Duration::from_secs(60))),
+            MountedFiles::in_dir(&mounted),
+            tx,
+        ));
+        rx.changed().await.unwrap();
+        assert_eq!(rx.borrow().as_ref().unwrap().serial, first.serial);
+
+        // A broken chain (as a half-finished copy would leave) is not taken.
+        std::fs::write(
+            mounted.join("cert-chain.pem"),
+            "-----BEGIN CERTIFICATE-----\nAAAA\n",
+        )
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert_eq!(rx.borrow().as_ref().unwrap().serial, first.serial);
+
+        let second = issue();
+        write_output(&mounted, &second).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(rx.borrow().as_ref().unwrap().serial, second.serial);
     }
 }

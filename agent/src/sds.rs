@@ -353,3 +353,154 @@ pub async fn serve(
         .serve_with_incoming_shutdown(authorized(listener, allowed_uids), shutdown)
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{KeyAlgorithm, WorkloadCert, key_and_csr, verify_chain};
+    use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
+    use istiod_core::ca::{Ca, Identity};
+    use prost::Message;
+
+    fn cert(ca: &Ca) -> Arc<WorkloadCert> {
+        let id = Identity::new("cluster.local", "shop", "web").unwrap();
+        let (key, csr) = key_and_csr(KeyAlgorithm::EcdsaP256, &id).unwrap();
+        let chain = ca.sign(&csr, &id, 3600).unwrap();
+        Arc::new(verify_chain(&chain, &key.serialize_pem(), Some(&id)).unwrap())
+    }
+
+    fn request(names: &[&str], nonce: &str, nack: bool) -> DiscoveryRequest {
+        DiscoveryRequest {
+            resource_names: names.iter().map(|s| s.to_string()).collect(),
+            type_url: SECRET_TYPE.to_string(),
+            response_nonce: nonce.to_string(),
+            error_detail: nack.then(|| envoy_types::pb::google::rpc::Status {
+                message: "bad".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn names(resp: &DiscoveryResponse) -> Vec<String> {
+        resp.resources
+            .iter()
+            .map(|a| Secret::decode(a.value.as_slice()).unwrap().name)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn serves_and_pushes_rotations_over_the_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::load_or_create(
+            &dir.path().join("ca"),
+            "cluster.local",
+            Duration::from_secs(7200),
+        )
+        .unwrap();
+        let allowed = dir.path().join("certs");
+        std::fs::create_dir_all(&allowed).unwrap();
+        std::fs::write(allowed.join("root.pem"), ca.root_pem()).unwrap();
+        std::fs::write(dir.path().join("outside.pem"), ca.root_pem()).unwrap();
+
+        let path = dir.path().join("uds/socket");
+        let listener = bind(&path, None).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        assert_eq!(mode(&path), 0o600);
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let me = nix::unistd::geteuid().as_raw();
+        tokio::spawn(serve(
+            listener,
+            vec![me],
+            rx,
+            vec![allowed.clone()],
+            std::future::pending(),
+        ));
+
+        let p = path.clone();
+        let channel = tonic::transport::Endpoint::from_static("http://sds")
+            .connect_with_connector(tower::service_fn(move |_| {
+                let p = p.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(p).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap();
+        let mut client = SecretDiscoveryServiceClient::new(channel);
+        let (req_tx, req_rx) = mpsc::channel(8);
+        let mut responses = client
+            .stream_secrets(tokio_stream::wrappers::ReceiverStream::new(req_rx))
+            .await
+            .unwrap()
+            .into_inner();
+        req_tx
+            .send(request(&["default", "ROOTCA"], "", false))
+            .await
+            .unwrap();
+        // Nothing before the certificate exists; the push follows when it does.
+        let early = tokio::time::timeout(Duration::from_millis(200), responses.next()).await;
+        assert!(early.is_err(), "answered before there was a certificate");
+        let first = cert(&ca);
+        tx.send_replace(Some(first.clone()));
+        let resp = responses.next().await.unwrap().unwrap();
+        assert_eq!(names(&resp), vec!["default", "ROOTCA"]);
+        let secret = Secret::decode(resp.resources[0].value.as_slice()).unwrap();
+        let Some(secret::Type::TlsCertificate(tls)) = secret.r#type else {
+            panic!("default is not a TLS certificate")
+        };
+        assert_eq!(tls.private_key, inline(first.key_pem.as_bytes()));
+
+        // A NACK is not answered with the same thing again.
+        req_tx
+            .send(request(&["default", "ROOTCA"], &resp.nonce, true))
+            .await
+            .unwrap();
+        let again = tokio::time::timeout(Duration::from_millis(200), responses.next()).await;
+        assert!(again.is_err(), "resent after a NACK");
+
+        // Rotation: pushed without being asked.
+        tx.send_replace(Some(cert(&ca)));
+        let pushed = responses.next().await.unwrap().unwrap();
+        assert_ne!(pushed.nonce, resp.nonce);
+        assert_eq!(names(&pushed), vec!["default", "ROOTCA"]);
+
+        // File resources: inside the allow-list served, outside refused with a reason.
+        let inside = format!("file-root:{}", allowed.join("root.pem").display());
+        req_tx
+            .send(request(&[&inside], &pushed.nonce, false))
+            .await
+            .unwrap();
+        let resp = responses.next().await.unwrap().unwrap();
+        assert_eq!(names(&resp), vec![inside]);
+        let outside = format!("file-root:{}", dir.path().join("outside.pem").display());
+        req_tx
+            .send(request(&[&outside], &resp.nonce, false))
+            .await
+            .unwrap();
+        let err = responses.next().await.unwrap().unwrap_err();
+        assert_eq!(
+            err.code(),
+            tonic::Code::PermissionDenied,
+            "{}",
+            err.message()
+        );
+    }
+
+    #[tokio::test]
+    async fn other_uids_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("socket");
+        let listener = bind(&path, None).unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        // Only a uid that is not ours is allowed: our own connection must be dropped.
+        let mut accepted = Box::pin(authorized(listener, vec![me.wrapping_add(4242)]));
+        let _client = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let next = tokio::time::timeout(Duration::from_millis(300), accepted.next()).await;
+        assert!(next.is_err(), "a connection from another uid was accepted");
+    }
+}

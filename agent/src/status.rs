@@ -48,12 +48,22 @@ pub async fn readiness(
     let get = |name: &str| stats.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
     let cds = get("cluster_manager.cds.update_success").unwrap_or(0);
     let lds = get("listener_manager.lds.update_success").unwrap_or(0);
+    // Envoy asks for listeners only once its clusters have their certificates: a missing
+    // certificate is then the cause of missing config, so it is named first.
+    let cert_pending = if certs.borrow().is_none() {
+        "workload certificate not issued yet (is the CA reachable?); "
+    } else {
+        ""
+    };
     if cds == 0 || lds == 0 {
         return Err(format!(
-            "config not received from XDS server (is the control plane running?): cds updates: {cds} successful, {} rejected; lds updates: {lds} successful, {} rejected",
+            "{cert_pending}config not received from XDS server (is the control plane running?): cds updates: {cds} successful, {} rejected; lds updates: {lds} successful, {} rejected",
             get("cluster_manager.cds.update_rejected").unwrap_or(0),
             get("listener_manager.lds.update_rejected").unwrap_or(0),
         ));
+    }
+    if !cert_pending.is_empty() {
+        return Err(cert_pending.trim_end_matches("; ").to_string());
     }
     let filter = admin::encode_query(r"^(server\.state|listener_manager\.workers_started)$");
     let state = admin::get(admin_port, &format!("/stats?usedonly&filter={filter}"))
@@ -72,9 +82,6 @@ pub async fn readiness(
         return Err(format!(
             "Envoy is not live yet: server.state {server_state:?} (0 = LIVE), workers_started {workers:?}"
         ));
-    }
-    if certs.borrow().is_none() {
-        return Err("workload certificate not issued yet (is the CA reachable?)".into());
     }
     Ok(())
 }

@@ -327,6 +327,25 @@ impl Ca {
     }
 }
 
+/// The URI SANs of a certificate, in order.
+pub fn uri_sans(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> {
+    use x509_parser::extensions::GeneralName;
+    cert.subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    GeneralName::URI(u) => Some(u.to_string()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn not_after_of(pem: &str) -> Result<OffsetDateTime, String> {
     let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).map_err(|e| e.to_string())?;
     let cert = pem.parse_x509().map_err(|e| e.to_string())?;

@@ -133,23 +133,9 @@ impl JwtAuthenticator {
 
 /// The SPIFFE identity of a client certificate the TLS layer has verified: its only URI SAN.
 fn identity_of_client_cert(der: &[u8]) -> Result<Identity, String> {
-    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    use x509_parser::prelude::{FromDer, X509Certificate};
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| e.to_string())?;
-    let uris: Vec<String> = cert
-        .subject_alternative_name()
-        .ok()
-        .flatten()
-        .map(|san| {
-            san.value
-                .general_names
-                .iter()
-                .filter_map(|n| match n {
-                    GeneralName::URI(u) => Some(u.to_string()),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let uris = crate::ca::uri_sans(&cert);
     match uris.as_slice() {
         [uri] => Identity::parse(uri).map_err(|e| e.to_string()),
         _ => Err(format!(

@@ -570,3 +570,26 @@ impl TestCa {
         Ok(())
     }
 }
+
+/// Polls `f` every 200 ms until it returns true or `limit` passes.
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+/// Waits until every pod running a pilot-agent answers 200 on Envoy's 15021 readiness port.
+pub fn wait_ready(net: &Network) {
+    for pod in net.pods.iter().filter(|p| p.has_proc("pilot-agent")) {
+        let ready = pod.wait_http_ok(
+            "http://127.0.0.1:15021/healthz/ready",
+            Duration::from_secs(60),
+        );
+        assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
+    }
+}

@@ -3,9 +3,9 @@
 //! reason) while the control plane is down, turns 200 once it serves, config edits reach Envoy
 //! without a restart, and a bad edit keeps the last good config.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use harness::{Network, TestCa, binary, require_envoy, require_root};
+use harness::{Network, TestCa, binary, require_envoy, require_root, wait_until};
 
 const SERVICE: &str = r#"
 kind: ServiceEntry
@@ -16,17 +16,6 @@ spec:
   ports: [{number: 80, name: http, protocol: HTTP}]
   endpoints: [{address: 10.233.0.9}]
 "#;
-
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    false
-}
 
 #[test]
 fn readiness_follows_the_control_plane_and_config_edits() {

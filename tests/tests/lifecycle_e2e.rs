@@ -138,10 +138,24 @@ fn quitquitquit_stops_at_once_and_only_from_loopback() {
         403
     );
     assert_eq!(post(&net.pods[1], "http://10.233.0.2:15020/drain"), 403);
-    let (code, _) = net.pods[1]
-        .http_get(0, "http://10.233.0.2:15020/debug/config")
+    // The same from the peer's IPv6 address, and for the debug pages (certificates included).
+    assert_eq!(
+        post(&net.pods[1], "http://[fd00:233::2]:15020/quitquitquit"),
+        403
+    );
+    for page in ["debug/config", "debug/certs", "debug/ndsz"] {
+        for host in ["10.233.0.2", "[fd00:233::2]"] {
+            let (code, _) = net.pods[1]
+                .http_get(0, &format!("http://{host}:15020/{page}"))
+                .unwrap();
+            assert_eq!(code, 403, "{host} {page}");
+        }
+    }
+    // Loopback over IPv6 is local.
+    let (code, _) = net.pods[0]
+        .http_get(0, "http://[::1]:15020/debug/certs")
         .unwrap();
-    assert_eq!(code, 403);
+    assert_eq!(code, 200);
     let (code, _) = net.pods[0]
         .http_get(0, "http://127.0.0.1:15020/quitquitquit")
         .unwrap();

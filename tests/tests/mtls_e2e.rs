@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use harness::{Network, Pod, TestCa, binary, require_envoy, require_root};
+use harness::{Network, Pod, TestCa, binary, require_envoy, require_root, wait_ready, wait_until};
 
 const APP_UID: u32 = 1000;
 const NS: &str = "demo";
@@ -115,16 +115,6 @@ fn pods() -> (Network, std::path::PathBuf) {
     (net, config_dir)
 }
 
-fn wait_ready(net: &Network) {
-    for pod in net.pods.iter().filter(|p| p.has_proc("pilot-agent")) {
-        let ready = pod.wait_http_ok(
-            "http://127.0.0.1:15021/healthz/ready",
-            Duration::from_secs(60),
-        );
-        assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
-    }
-}
-
 /// One TCP connection from the client app through both sidecars to the TCP echo.
 fn tcp_round_trip(client: &Pod) -> bool {
     let probe = binary("netprobe");
@@ -150,17 +140,6 @@ fn serial(pod: &Pod) -> String {
     assert_eq!(code, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     v["serial"].as_str().unwrap().to_string()
-}
-
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    false
 }
 
 #[test]
@@ -489,4 +468,58 @@ fn ca_outage_during_rotation_keeps_traffic_and_recovers() {
         net.logs()
     );
     assert!(tcp_round_trip(&net.pods[0]), "{}", net.logs());
+}
+
+#[test]
+fn readiness_waits_for_the_workload_certificate() {
+    if !require_root("readiness_waits_for_the_workload_certificate")
+        || !require_envoy("readiness_waits_for_the_workload_certificate")
+    {
+        return;
+    }
+    let (mut net, config_dir) = pods();
+    // Config from the embedded control plane, but a CA nobody answers on.
+    let cp = ControlPlane::Embedded(&config_dir);
+    start_agent(
+        &mut net.pods[1],
+        SERVER_SA,
+        &cp,
+        &[("CA_ADDR", "127.0.0.1:15010")],
+    );
+    let pod = &net.pods[1];
+    let pending = wait_until(Duration::from_secs(30), || {
+        pod.http_get(0, "http://127.0.0.1:15020/healthz/ready")
+            .map(|(code, body)| code == 503 && body.contains("workload certificate not issued"))
+            .unwrap_or(false)
+    });
+    assert!(
+        pending,
+        "readiness never named the certificate: {:?}\n{}",
+        pod.http_get(0, "http://127.0.0.1:15020/healthz/ready"),
+        net.logs()
+    );
+    // Envoy is up and has its clusters; they wait for the certificate.
+    assert!(
+        pod.envoy_stat("cluster_manager.cds.update_success")
+            .unwrap()
+            >= 1
+    );
+    // What kubelet probes is not ready either (Envoy has not opened its listeners yet).
+    for _ in 0..5 {
+        assert_ne!(
+            pod.http_get(0, "http://127.0.0.1:15021/healthz/ready")
+                .unwrap()
+                .0,
+            200
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (code, _) = pod
+        .http_get(0, "http://127.0.0.1:15020/debug/certs")
+        .unwrap();
+    assert_eq!(code, 404);
+    assert!(
+        pod.logs_of("pilot-agent")
+            .contains("workload certificate request failed")
+    );
 }

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use harness::{Network, Pod, binary, require_envoy, require_root};
+use harness::{Network, Pod, binary, require_envoy, require_root, wait_ready};
 
 const APP_UID: u32 = 1000;
 const NAMESPACE: &str = "demo";
@@ -240,16 +240,6 @@ fn mesh(app: &[&str]) -> (Network, std::path::PathBuf) {
         capture(&net.pods[idx]);
     }
     (net, config_dir)
-}
-
-fn wait_ready(net: &Network) {
-    for pod in net.pods.iter().filter(|p| p.has_proc("pilot-agent")) {
-        let ready = pod.wait_http_ok(
-            "http://127.0.0.1:15021/healthz/ready",
-            Duration::from_secs(60),
-        );
-        assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
-    }
 }
 
 const SLOW_APP: &str = r#"
