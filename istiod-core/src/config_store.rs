@@ -293,8 +293,8 @@ pub fn parse_file(path: &Path, contents: &str) -> Result<Vec<Resource>, ConfigEr
     Ok(out)
 }
 
-/// Loads every `.yaml`, `.yml` and `.json` file of `dir` (not recursive), in name order.
-pub fn load_dir(dir: &Path) -> Result<ConfigSet, ConfigError> {
+/// The config files of `dir`: every `.yaml`, `.yml` and `.json` file (not recursive), in name order.
+fn config_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     let entries = std::fs::read_dir(dir).map_err(|source| ConfigError::ReadDir {
         dir: dir.to_path_buf(),
         source,
@@ -310,6 +310,33 @@ pub fn load_dir(dir: &Path) -> Result<ConfigSet, ConfigError> {
         })
         .collect();
     files.sort();
+    Ok(files)
+}
+
+/// Checks every file of `dir` and returns every error (not only the first), with the resources
+/// of the files that did load.
+pub fn validate_dir(dir: &Path) -> (ConfigSet, Vec<ConfigError>) {
+    let mut set = ConfigSet::default();
+    let mut errors = Vec::new();
+    let files = match config_files(dir) {
+        Ok(f) => f,
+        Err(e) => return (set, vec![e]),
+    };
+    for file in files {
+        match std::fs::read_to_string(&file) {
+            Ok(contents) => match parse_file(&file, &contents) {
+                Ok(resources) => set.resources.extend(resources),
+                Err(e) => errors.push(e),
+            },
+            Err(source) => errors.push(ConfigError::ReadFile { file, source }),
+        }
+    }
+    (set, errors)
+}
+
+/// Loads every `.yaml`, `.yml` and `.json` file of `dir` (not recursive), in name order.
+pub fn load_dir(dir: &Path) -> Result<ConfigSet, ConfigError> {
+    let files = config_files(dir)?;
     let mut set = ConfigSet::default();
     for file in files {
         let contents = std::fs::read_to_string(&file).map_err(|source| ConfigError::ReadFile {

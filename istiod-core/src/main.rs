@@ -16,56 +16,96 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve ADS for the mesh described in a config directory.
-    Serve {
-        /// Directory of Kubernetes-style YAML/JSON (ServiceEntry, WorkloadEntry, Service, Endpoints, ...).
-        #[arg(long = "config-dir")]
-        config_dir: PathBuf,
-        /// Address for the gRPC xDS server.
-        #[arg(long = "grpc-addr", default_value = "127.0.0.1:15010")]
-        grpc_addr: SocketAddr,
+    /// Check a config directory: every file parses and validates, and the services build.
+    /// Prints each error (file, document, field) and exits 1 if there is any.
+    Validate {
+        /// The directory `serve --config-dir` would read.
+        dir: PathBuf,
         /// DNS suffix of Kubernetes services.
         #[arg(long = "domain-suffix", default_value = istiod_core::DEFAULT_DOMAIN_SUFFIX)]
         domain_suffix: String,
-        /// Serve TLS with this certificate chain (PEM); requires --tls-key.
-        #[arg(long = "tls-cert", requires = "tls_key")]
-        tls_cert: Option<PathBuf>,
-        /// Private key (PEM) of --tls-cert.
-        #[arg(long = "tls-key", requires = "tls_cert")]
-        tls_key: Option<PathBuf>,
-        /// Require `authorization: Bearer <contents of this file>` on every xDS stream.
-        #[arg(long = "token-file")]
-        token_file: Option<PathBuf>,
-        /// Serve the CA (istio.v1.auth.IstioCertificateService) with the root kept in this
-        /// directory (or Istio's cacerts files found there). Requires --jwt-public-key or
-        /// --jwt-jwks. Unless --grpc-addr is on 15010 (Istio's plaintext port) or --tls-cert is
-        /// given, gRPC is served over TLS with a certificate for istiod.istio-system.svc from
-        /// this CA, and mesh client certificates also authenticate CA calls.
-        #[arg(long = "ca-dir")]
-        ca_dir: Option<PathBuf>,
-        /// PEM public key (EC P-256 or RSA) that signs the service-account tokens the CA accepts.
-        #[arg(
-            long = "jwt-public-key",
-            requires = "ca_dir",
-            conflicts_with = "jwt_jwks"
-        )]
-        jwt_public_key: Option<PathBuf>,
-        /// A JWKS file (EC P-256 / RSA keys) instead of --jwt-public-key.
-        #[arg(long = "jwt-jwks", requires = "ca_dir")]
-        jwt_jwks: Option<PathBuf>,
-        /// Issuer the CA requires in those tokens.
-        #[arg(
-            long = "jwt-issuer",
-            default_value = "https://kubernetes.default.svc.cluster.local"
-        )]
-        jwt_issuer: String,
-        /// The mesh trust domain of issued identities.
-        #[arg(long = "trust-domain", default_value = "cluster.local")]
-        trust_domain: String,
-        /// Longest certificate lifetime the CA issues, in seconds.
-        #[arg(long = "max-cert-ttl", default_value_t = 7 * 24 * 3600)]
-        max_cert_ttl: u64,
     },
+    /// Serve ADS for the mesh described in a config directory.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Directory of Kubernetes-style YAML/JSON (ServiceEntry, WorkloadEntry, Service, Endpoints, ...).
+    #[arg(long = "config-dir")]
+    config_dir: PathBuf,
+    /// Address for the gRPC xDS server.
+    #[arg(long = "grpc-addr", default_value = "127.0.0.1:15010")]
+    grpc_addr: SocketAddr,
+    /// DNS suffix of Kubernetes services.
+    #[arg(long = "domain-suffix", default_value = istiod_core::DEFAULT_DOMAIN_SUFFIX)]
+    domain_suffix: String,
+    /// Serve TLS with this certificate chain (PEM); requires --tls-key.
+    #[arg(long = "tls-cert", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long = "tls-key", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require `authorization: Bearer <contents of this file>` on every xDS stream.
+    #[arg(long = "token-file")]
+    token_file: Option<PathBuf>,
+    /// Serve the CA (istio.v1.auth.IstioCertificateService) with the root kept in this
+    /// directory (or Istio's cacerts files found there). Requires --jwt-public-key or
+    /// --jwt-jwks. Unless --grpc-addr is on 15010 (Istio's plaintext port) or --tls-cert is
+    /// given, gRPC is served over TLS with a certificate for istiod.istio-system.svc from
+    /// this CA, and mesh client certificates also authenticate CA calls.
+    #[arg(long = "ca-dir")]
+    ca_dir: Option<PathBuf>,
+    /// PEM public key (EC P-256 or RSA) that signs the service-account tokens the CA accepts.
+    #[arg(
+        long = "jwt-public-key",
+        requires = "ca_dir",
+        conflicts_with = "jwt_jwks"
+    )]
+    jwt_public_key: Option<PathBuf>,
+    /// A JWKS file (EC P-256 / RSA keys) instead of --jwt-public-key.
+    #[arg(long = "jwt-jwks", requires = "ca_dir")]
+    jwt_jwks: Option<PathBuf>,
+    /// Issuer the CA requires in those tokens.
+    #[arg(
+        long = "jwt-issuer",
+        default_value = "https://kubernetes.default.svc.cluster.local"
+    )]
+    jwt_issuer: String,
+    /// The mesh trust domain of issued identities.
+    #[arg(long = "trust-domain", default_value = "cluster.local")]
+    trust_domain: String,
+    /// Longest certificate lifetime the CA issues, in seconds.
+    #[arg(long = "max-cert-ttl", default_value_t = 7 * 24 * 3600)]
+    max_cert_ttl: u64,
+}
+
+/// `istiod-core validate DIR`: 0 when the directory is good, 1 otherwise.
+fn validate(dir: &std::path::Path, domain_suffix: &str) -> i32 {
+    let (set, mut errors) = istiod_core::config_store::validate_dir(dir);
+    let mut messages: Vec<String> = errors.drain(..).map(|e| e.to_string()).collect();
+    let services =
+        match istiod_core::push_context::PushContext::build(&set, domain_suffix, "0".into()) {
+            Ok(push) => push.services.len(),
+            Err(e) => {
+                messages.push(e.to_string());
+                0
+            }
+        };
+    if messages.is_empty() {
+        println!(
+            "{}: ok ({} resources, {services} services)",
+            dir.display(),
+            set.resources.len()
+        );
+        0
+    } else {
+        for m in &messages {
+            eprintln!("error: {m}");
+        }
+        eprintln!("{}: {} error(s)", dir.display(), messages.len());
+        1
+    }
 }
 
 #[tokio::main]
@@ -76,7 +116,16 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let Command::Serve {
+    match Cli::parse().command {
+        Command::Validate { dir, domain_suffix } => {
+            std::process::exit(validate(&dir, &domain_suffix))
+        }
+        Command::Serve(args) => serve(args).await,
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let ServeArgs {
         config_dir,
         grpc_addr,
         domain_suffix,
@@ -89,7 +138,7 @@ async fn main() -> anyhow::Result<()> {
         jwt_issuer,
         trust_domain,
         max_cert_ttl,
-    } = Cli::parse().command;
+    } = args;
     let read = |flag: &str, p: &PathBuf| {
         std::fs::read(p).map_err(|e| anyhow::anyhow!("cannot read {flag} {}: {e}", p.display()))
     };
