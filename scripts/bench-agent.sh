@@ -66,8 +66,23 @@ start_istiod() { # mesh dir
   in_ns "$BIN/istiod-core" serve --config-dir "$1" --grpc-addr 127.0.0.1:15010 >"$WORK/istiod.log" 2>&1 &
   for _ in $(seq 1 500); do in_ns bash -c 'exec 3<>/dev/tcp/127.0.0.1/15010' 2>/dev/null && return; sleep 0.01; done
 }
+# The workload certificate comes from mounted files (the benchmark's istiod-core has no CA):
+# a throwaway root and a leaf for spiffe://cluster.local/ns/bench/sa/default, made with openssl.
+mint_certs() { # dir
+  mkdir -p "$1"
+  openssl ecparam -name prime256v1 -genkey -noout -out "$WORK/root-key.pem" 2>/dev/null
+  openssl req -x509 -new -key "$WORK/root-key.pem" -subj /O=bench -days 2 -out "$1/root-cert.pem" \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+  openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null | openssl pkcs8 -topk8 -nocrypt -out "$1/key.pem"
+  openssl req -new -key "$1/key.pem" -subj /O=bench -out "$WORK/leaf.csr" 2>/dev/null
+  printf 'subjectAltName=URI:spiffe://cluster.local/ns/bench/sa/default\nbasicConstraints=CA:FALSE\n' > "$WORK/leaf.ext"
+  openssl x509 -req -in "$WORK/leaf.csr" -CA "$1/root-cert.pem" -CAkey "$WORK/root-key.pem" -days 1 \
+    -extfile "$WORK/leaf.ext" -out "$1/cert-chain.pem" 2>/dev/null
+}
 start_agent() {
   mkdir -p "$WORK/pod"; chmod 0755 "$WORK/pod"
+  [ -f "$WORK/pod/var/run/secrets/workload-spiffe-credentials/key.pem" ] || \
+    mint_certs "$WORK/pod/var/run/secrets/workload-spiffe-credentials"
   (cd "$WORK/pod" && env -i PATH="$PATH" POD_NAME=bench POD_NAMESPACE=bench INSTANCE_IP=10.233.0.2 \
     PROXY_CONFIG='{"discoveryAddress": "127.0.0.1:15010", "terminationDrainDuration": "0s"}' \
     ip netns exec "$NS" "$BIN/pilot-agent" proxy sidecar >"$WORK/agent.log" 2>&1 &)

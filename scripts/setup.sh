@@ -15,7 +15,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 need_apt=()
-for pair in iptables:iptables ip:iproute2 setpriv:util-linux curl:curl /usr/bin/python3:python3 dnsmasq:dnsmasq-base; do
+for pair in iptables:iptables ip:iproute2 setpriv:util-linux curl:curl /usr/bin/python3:python3 dnsmasq:dnsmasq-base openssl:openssl; do
   cmd="${pair%%:*}"; pkg="${pair##*:}"
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done

@@ -364,6 +364,8 @@ pub struct Config {
     pub dns: Option<DnsConfig>,
     /// The workload certificate: identity, key type, lifetime, where it comes from.
     pub identity: crate::identity::IdentityConfig,
+    /// PILOT_DEBOUNCE_AFTER/MAX for the embedded control plane's config watch.
+    pub debounce: istiod_core::Debounce,
 }
 
 /// The DNS proxy's listen address and upstream resolvers.
@@ -931,6 +933,8 @@ impl Config {
             app_metrics,
             dns,
             identity,
+            debounce: istiod_core::Debounce::from_env(lookup)
+                .map_err(|e| err("PILOT_DEBOUNCE_AFTER/PILOT_DEBOUNCE_MAX", "", &e))?,
         })
     }
 

@@ -17,7 +17,6 @@ pub mod xds_proxy;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use config::{Config, ControlPlaneSource};
 use drain::Drain;
@@ -114,7 +113,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         ControlPlaneSource::Embedded { config_dir } => {
             let cp =
                 istiod_core::ControlPlane::load(config_dir, istiod_core::DEFAULT_DOMAIN_SUFFIX)?;
-            tokio::spawn(cp.clone().watch(Duration::from_secs(1)));
+            tokio::spawn(cp.clone().watch(cfg.debounce));
             xds_proxy::Upstream::Embedded(cp.xds())
         }
         ControlPlaneSource::Remote { address } => xds_proxy::Upstream::Remote {

@@ -30,7 +30,7 @@ pub enum ConfigError {
     },
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 pub struct Metadata {
     pub name: String,
     #[serde(default)]
@@ -46,7 +46,7 @@ impl Metadata {
 }
 
 /// networking.istio.io ServiceEntry (the fields the registry uses).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceEntrySpec {
     pub hosts: Vec<String>,
@@ -64,7 +64,7 @@ pub struct ServiceEntrySpec {
     pub workload_selector: Option<WorkloadSelector>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct SePort {
     pub number: u16,
@@ -76,14 +76,14 @@ pub struct SePort {
     pub target_port: Option<u16>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 pub struct WorkloadSelector {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
 }
 
 /// networking.istio.io WorkloadEntry, also the shape of ServiceEntry's inline endpoints.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadEntrySpec {
     pub address: String,
@@ -96,7 +96,7 @@ pub struct WorkloadEntrySpec {
 }
 
 /// core/v1 Service.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceSpec {
     #[serde(default, rename = "clusterIP")]
@@ -107,7 +107,7 @@ pub struct ServiceSpec {
     pub selector: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ServicePortSpec {
     #[serde(default)]
@@ -122,7 +122,7 @@ pub struct ServicePortSpec {
 }
 
 /// core/v1 Endpoints.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 pub struct EndpointSubset {
     #[serde(default)]
     pub addresses: Vec<EndpointAddress>,
@@ -130,12 +130,12 @@ pub struct EndpointSubset {
     pub ports: Vec<EndpointPort>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 pub struct EndpointAddress {
     pub ip: String,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 pub struct EndpointPort {
     #[serde(default)]
     pub name: String,
@@ -153,7 +153,7 @@ pub enum Resource {
 }
 
 /// security.istio.io PeerAuthentication: which mTLS mode the selected workloads accept.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PeerAuthenticationSpec {
     #[serde(default)]
@@ -165,14 +165,14 @@ pub struct PeerAuthenticationSpec {
     pub port_level_mtls: BTreeMap<u16, MtlsSpec>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct LabelSelector {
     #[serde(default)]
     pub match_labels: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct MtlsSpec {
     #[serde(default)]
@@ -180,7 +180,7 @@ pub struct MtlsSpec {
 }
 
 /// PeerAuthentication's mTLS modes. UNSET inherits from the enclosing scope.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum MtlsMode {
     #[default]
@@ -188,6 +188,26 @@ pub enum MtlsMode {
     Disable,
     Permissive,
     Strict,
+}
+
+impl Resource {
+    /// The resource as /debug/configz shows it: kind, metadata and spec.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (kind, meta, spec) = match self {
+            Resource::ServiceEntry(m, s) => ("ServiceEntry", m, serde_json::to_value(s)),
+            Resource::WorkloadEntry(m, s) => ("WorkloadEntry", m, serde_json::to_value(s)),
+            Resource::Service(m, s) => ("Service", m, serde_json::to_value(s)),
+            Resource::Endpoints(m, s) => ("Endpoints", m, serde_json::to_value(s)),
+            Resource::PeerAuthentication(m, s) => {
+                ("PeerAuthentication", m, serde_json::to_value(s))
+            }
+        };
+        serde_json::json!({
+            "kind": kind,
+            "metadata": meta,
+            "spec": spec.unwrap_or_default(),
+        })
+    }
 }
 
 /// Kinds we read but do not act on yet; accepted so a real mesh's config loads.

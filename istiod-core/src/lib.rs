@@ -7,6 +7,7 @@
 pub mod ca;
 pub mod ca_server;
 pub mod config_store;
+pub mod debug;
 pub mod generators;
 pub mod model;
 pub mod push_context;
@@ -24,6 +25,61 @@ use push_context::PushContext;
 use registry::RegistryError;
 
 pub const DEFAULT_DOMAIN_SUFFIX: &str = "cluster.local";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn debounce_waits_for_quiet_but_not_forever() {
+        let d = Debounce {
+            after: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        // A burst: events at 0, 50 and 120 ms; settles 100 ms after the last.
+        let start = tokio::time::Instant::now();
+        tokio::spawn({
+            let tx = tx.clone();
+            async move {
+                for at in [50, 120] {
+                    tokio::time::sleep_until(start + Duration::from_millis(at)).await;
+                    let _ = tx.send(()).await;
+                }
+            }
+        });
+        assert!(d.settle(&mut rx).await);
+        assert_eq!(start.elapsed(), Duration::from_millis(220));
+        // A stream that never pauses: settles at the max.
+        let start = tokio::time::Instant::now();
+        let flood = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if tx.send(()).await.is_err() {
+                    return;
+                }
+            }
+        });
+        assert!(d.settle(&mut rx).await);
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        flood.abort();
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("100ms"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_go_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_go_duration("10"), None);
+        assert_eq!(parse_go_duration("-1s"), None);
+        let env = |k: &str| (k == "PILOT_DEBOUNCE_AFTER").then(|| "fast".to_string());
+        assert!(
+            Debounce::from_env(&env)
+                .unwrap_err()
+                .contains("PILOT_DEBOUNCE_AFTER")
+        );
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -73,9 +129,17 @@ impl ControlPlane {
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        let push = build(&self.config_dir, &self.domain_suffix, generation)?;
-        if !push.same_content(&self.tx.borrow()) {
-            tracing::info!(version = %push.version, services = push.services.len(), "config changed; pushing");
+        let mut push = build(&self.config_dir, &self.domain_suffix, generation)?;
+        let old = self.tx.borrow().clone();
+        if !push.same_content(&old) {
+            push.generation = old.generation + 1;
+            push.change = push.change_from(&old);
+            tracing::info!(
+                version = %push.version,
+                services = push.services.len(),
+                change = ?push.change,
+                "config changed; pushing"
+            );
             self.tx.send_replace(Arc::new(push));
         }
         Ok(())
@@ -89,18 +153,141 @@ impl ControlPlane {
         xds_server::XdsServer::new(self.tx.subscribe())
     }
 
-    /// Watches the config directory (by polling file names, sizes and mtimes every `interval`)
-    /// and reloads on change. Runs until the process ends.
-    pub async fn watch(self: Arc<Self>, interval: Duration) {
-        let mut last = fingerprint(&self.config_dir);
-        loop {
-            tokio::time::sleep(interval).await;
-            let now = fingerprint(&self.config_dir);
-            if now != last {
-                last = now;
-                if let Err(e) = self.reload() {
-                    tracing::error!(error = %e, "config rejected; keeping the last good config");
+    pub fn xds_with_limits(
+        &self,
+        max_streams: usize,
+        push_throttle: usize,
+    ) -> xds_server::XdsServer {
+        xds_server::XdsServer::with_limits(self.tx.subscribe(), max_streams, push_throttle)
+    }
+
+    /// Watches the config directory and reloads after each burst of changes has settled
+    /// (`debounce`). Change events come from inotify; a 2 s poll of file names, sizes and
+    /// mtimes backs it up (filesystems without inotify, replaced mounts). Runs until the
+    /// process ends.
+    pub async fn watch(self: Arc<Self>, debounce: Debounce) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1024);
+        let notify_tx = tx.clone();
+        let watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
+            let _ = notify_tx.try_send(());
+        })
+        .and_then(|mut w| {
+            notify::Watcher::watch(
+                &mut w,
+                &self.config_dir,
+                notify::RecursiveMode::NonRecursive,
+            )
+            .map(|_| w)
+        });
+        if let Err(e) = &watcher {
+            tracing::warn!(error = %e, dir = %self.config_dir.display(), "no inotify watch; polling only");
+        }
+        let dir = self.config_dir.clone();
+        tokio::spawn(async move {
+            let mut last = fingerprint(&dir);
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let now = fingerprint(&dir);
+                if now != last {
+                    last = now;
+                    if tx.send(()).await.is_err() {
+                        return;
+                    }
                 }
+            }
+        });
+        let mut last = fingerprint(&self.config_dir);
+        while rx.recv().await.is_some() {
+            if !debounce.settle(&mut rx).await {
+                break;
+            }
+            // Our own writes (the CA's files live in a subdirectory) and touches that change
+            // nothing are not config events.
+            let now = fingerprint(&self.config_dir);
+            if now == last {
+                continue;
+            }
+            last = now;
+            if let Err(e) = self.reload() {
+                tracing::error!(error = %e, "config rejected; keeping the last good config");
+            }
+        }
+        drop(watcher);
+    }
+}
+
+/// Istio's push debounce: a change is acted on once no other has come for `after`
+/// (PILOT_DEBOUNCE_AFTER, 100ms), or `max` after the first (PILOT_DEBOUNCE_MAX, 10s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Debounce {
+    pub after: Duration,
+    pub max: Duration,
+}
+
+impl Default for Debounce {
+    fn default() -> Self {
+        Debounce {
+            after: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Parses a Go-style duration as Istio's env vars take them: `100ms`, `1.5s`, `2m`, `1h`.
+pub fn parse_go_duration(raw: &str) -> Option<Duration> {
+    let raw = raw.trim();
+    let split = raw.find(|c: char| c.is_ascii_alphabetic())?;
+    let (num, unit) = raw.split_at(split);
+    let n: f64 = num
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite() && *n >= 0.0)?;
+    let secs = match unit {
+        "ns" => n / 1e9,
+        "us" | "µs" => n / 1e6,
+        "ms" => n / 1e3,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(secs))
+}
+
+impl Debounce {
+    /// From PILOT_DEBOUNCE_AFTER and PILOT_DEBOUNCE_MAX; an unparsable value is an error
+    /// naming the variable.
+    pub fn from_env(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Debounce, String> {
+        let mut d = Debounce::default();
+        for (name, field) in [
+            ("PILOT_DEBOUNCE_AFTER", &mut d.after),
+            ("PILOT_DEBOUNCE_MAX", &mut d.max),
+        ] {
+            if let Some(raw) = lookup(name).filter(|v| !v.trim().is_empty()) {
+                *field = parse_go_duration(&raw).ok_or_else(|| {
+                    format!("{name}={raw:?}: expected a duration such as 100ms or 10s")
+                })?;
+            }
+        }
+        Ok(d)
+    }
+
+    /// Called after a first event: returns once `after` passes with no new event, or `max`
+    /// after the call; false if the event source closed.
+    pub async fn settle(&self, events: &mut tokio::sync::mpsc::Receiver<()>) -> bool {
+        let deadline = tokio::time::Instant::now() + self.max;
+        loop {
+            let quiet = tokio::time::Instant::now() + self.after;
+            tokio::select! {
+                ev = events.recv() => {
+                    if ev.is_none() {
+                        return false;
+                    }
+                }
+                _ = tokio::time::sleep_until(quiet.min(deadline)) => return true,
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return true;
             }
         }
     }

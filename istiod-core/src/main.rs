@@ -26,7 +26,7 @@ enum Command {
         domain_suffix: String,
     },
     /// Serve ADS for the mesh described in a config directory.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
 }
 
 #[derive(clap::Args)]
@@ -78,6 +78,13 @@ struct ServeArgs {
     /// Longest certificate lifetime the CA issues, in seconds.
     #[arg(long = "max-cert-ttl", default_value_t = 7 * 24 * 3600)]
     max_cert_ttl: u64,
+    /// Serve /debug/syncz, /debug/configz and /debug/registryz (JSON) on this address
+    /// (istiod uses 15014).
+    #[arg(long = "debug-addr")]
+    debug_addr: Option<SocketAddr>,
+    /// Refuse ADS streams beyond this many at once (RESOURCE_EXHAUSTED).
+    #[arg(long = "max-streams", default_value_t = istiod_core::xds_server::DEFAULT_MAX_STREAMS)]
+    max_streams: usize,
 }
 
 /// `istiod-core validate DIR`: 0 when the directory is good, 1 otherwise.
@@ -120,7 +127,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Validate { dir, domain_suffix } => {
             std::process::exit(validate(&dir, &domain_suffix))
         }
-        Command::Serve(args) => serve(args).await,
+        Command::Serve(args) => serve(*args).await,
     }
 }
 
@@ -138,6 +145,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         jwt_issuer,
         trust_domain,
         max_cert_ttl,
+        debug_addr,
+        max_streams,
     } = args;
     let read = |flag: &str, p: &PathBuf| {
         std::fs::read(p).map_err(|e| anyhow::anyhow!("cannot read {flag} {}: {e}", p.display()))
@@ -178,7 +187,26 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let cp = istiod_core::ControlPlane::load(&config_dir, &domain_suffix)?;
-    tokio::spawn(cp.clone().watch(Duration::from_secs(1)));
+    let debounce = istiod_core::Debounce::from_env(&|k| std::env::var(k).ok())
+        .map_err(|e| anyhow::anyhow!(e))?;
+    tokio::spawn(cp.clone().watch(debounce));
+    let throttle = std::env::var("PILOT_PUSH_THROTTLE")
+        .ok()
+        .map(|v| {
+            v.trim()
+                .parse::<usize>()
+                .map_err(|_| anyhow::anyhow!("PILOT_PUSH_THROTTLE={v:?}: expected a whole number"))
+        })
+        .transpose()?
+        .unwrap_or(istiod_core::xds_server::DEFAULT_PUSH_THROTTLE);
+    let xds = cp.xds_with_limits(max_streams, throttle);
+    if let Some(addr) = debug_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on --debug-addr {addr}: {e}"))?;
+        tracing::info!(%addr, "serving /debug");
+        tokio::spawn(istiod_core::debug::serve(listener, cp.clone(), xds.clone()));
+    }
     let listener = tokio::net::TcpListener::bind(grpc_addr).await?;
     let mut server = tonic::transport::Server::builder();
     let tls = match (&tls_cert, &tls_key, &ca) {
@@ -226,7 +254,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     server
         .add_optional_service(ca_service)
         .add_service(tonic::service::interceptor::InterceptedService::new(
-            cp.xds().service(),
+            xds.clone().service(),
             istiod_core::xds_server::bearer_check(token),
         ))
         .serve_with_incoming_shutdown(

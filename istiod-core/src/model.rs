@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 /// Application protocol of a service port, as Istio infers it from the port name or protocol field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum Protocol {
     Http,
     Http2,
@@ -36,7 +36,7 @@ impl Protocol {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ServicePort {
     pub name: String,
     pub port: u16,
@@ -44,7 +44,7 @@ pub struct ServicePort {
 }
 
 /// One workload endpoint of a service.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Endpoint {
     pub address: IpAddr,
     /// Service port name → port the workload listens on.
@@ -59,7 +59,7 @@ pub struct Endpoint {
 pub const TLS_MODE_LABEL: &str = "security.istio.io/tlsMode";
 
 /// Istio's endpoint `tlsMode`: auto mTLS sends mutual TLS only to `Istio` endpoints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum TlsMode {
     Istio,
     Disabled,
@@ -85,7 +85,7 @@ impl Endpoint {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Service {
     /// Fully qualified hostname, e.g. `httpbin.default.svc.cluster.local`.
     pub hostname: String,

@@ -13,23 +13,42 @@ pub const ROOT_NAMESPACE: &str = "istio-system";
 /// The trust domain of workload identities unless the mesh config says otherwise.
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
 
+/// What changed from the previous snapshot (generation − 1) to this one.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Change {
+    /// Anything may have changed: every type is regenerated and pushed.
+    #[default]
+    Full,
+    /// Only the endpoints of these services (by hostname), in ways that leave clusters,
+    /// listeners and routes as they were: the EDS fast path.
+    Endpoints(std::collections::BTreeSet<String>),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushContext {
     /// Changes on every rebuild; sent as the xDS `version_info`.
     pub version: String,
+    /// Counts snapshots; `change` is relative to generation − 1.
+    pub generation: u64,
+    pub change: Change,
     pub services: Vec<Service>,
     pub peer_authentications: Vec<(Metadata, PeerAuthenticationSpec)>,
     /// Identities are `spiffe://<trust_domain>/ns/<ns>/sa/<sa>`.
     pub trust_domain: String,
+    /// The config this snapshot was built from (/debug/configz).
+    pub config: std::sync::Arc<ConfigSet>,
 }
 
 impl Default for PushContext {
     fn default() -> Self {
         PushContext {
             version: String::new(),
+            generation: 0,
+            change: Change::Full,
             services: Vec::new(),
             peer_authentications: Vec::new(),
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
+            config: Default::default(),
         }
     }
 }
@@ -72,9 +91,12 @@ impl PushContext {
             .sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
         Ok(PushContext {
             version,
+            generation: 0,
+            change: Change::Full,
             services: registry::services(config, domain_suffix)?,
             peer_authentications,
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
+            config: std::sync::Arc::new(config.clone()),
         })
     }
 
@@ -83,6 +105,45 @@ impl PushContext {
         self.services == other.services
             && self.peer_authentications == other.peer_authentications
             && self.trust_domain == other.trust_domain
+    }
+
+    /// Classifies the change from `old` to `self`: endpoint-only when every service is the same
+    /// but for its endpoints, and those still have the same identities and TLS modes (which
+    /// clusters carry), and the policies are unchanged.
+    pub fn change_from(&self, old: &PushContext) -> Change {
+        if self.services.len() != old.services.len()
+            || self.peer_authentications != old.peer_authentications
+            || self.trust_domain != old.trust_domain
+        {
+            return Change::Full;
+        }
+        let identities = |s: &Service| {
+            let mut v: Vec<(String, bool)> = s
+                .endpoints
+                .iter()
+                .map(|e| (e.service_account.clone(), e.tls_mode == TlsMode::Istio))
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        let mut hosts = std::collections::BTreeSet::new();
+        for (new, old) in self.services.iter().zip(&old.services) {
+            if new.hostname != old.hostname
+                || new.namespace != old.namespace
+                || new.addresses != old.addresses
+                || new.ports != old.ports
+            {
+                return Change::Full;
+            }
+            if new.endpoints != old.endpoints {
+                if identities(new) != identities(old) {
+                    return Change::Full;
+                }
+                hosts.insert(new.hostname.clone());
+            }
+        }
+        Change::Endpoints(hosts)
     }
 
     /// Auto mTLS: whether a client sends Istio mutual TLS to `ep` on service port `port`: the

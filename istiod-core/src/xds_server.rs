@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::generators::{self, CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
 use crate::model::Proxy;
-use crate::push_context::PushContext;
+use crate::push_context::{Change, PushContext};
 
 /// Order in which types are pushed, so Envoy never sees a reference before its target.
 const PUSH_ORDER: [&str; 5] = [
@@ -49,13 +49,47 @@ pub struct XdsStats {
 pub struct XdsServer {
     push: watch::Receiver<Arc<PushContext>>,
     stats: Arc<XdsStats>,
+    shared: Arc<Shared>,
+}
+
+/// Istio's PILOT_PUSH_THROTTLE: pushes generated at once across all streams.
+pub const DEFAULT_PUSH_THROTTLE: usize = 100;
+/// Concurrent ADS streams accepted before new ones are refused (RESOURCE_EXHAUSTED).
+pub const DEFAULT_MAX_STREAMS: usize = 100_000;
+
+/// State every stream task shares: sync status for /debug/syncz, the push throttle and the
+/// stream limit.
+struct Shared {
+    syncs: std::sync::Mutex<std::collections::BTreeMap<u64, ProxySync>>,
+    next_id: AtomicU64,
+    throttle: tokio::sync::Semaphore,
+    streams: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Debug, Default)]
 struct Watch {
     names: Vec<String>,
     nonce_sent: String,
-    version_acked: Option<String>,
+    sync: TypeSync,
+}
+
+/// One type's sync state with one proxy, as /debug/syncz shows it.
+#[derive(Debug, Default, Clone, serde::Serialize, PartialEq, Eq)]
+pub struct TypeSync {
+    /// Version (snapshot) of the last response sent.
+    pub sent: Option<String>,
+    /// Version of the last response the proxy accepted.
+    pub acked: Option<String>,
+    /// Error detail of the last rejection, if the proxy ever rejected one.
+    pub nacked: Option<String>,
+}
+
+/// One connected proxy's sync state.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProxySync {
+    pub proxy: String,
+    pub delta: bool,
+    pub types: std::collections::BTreeMap<String, TypeSync>,
 }
 
 struct Connection {
@@ -89,6 +123,7 @@ impl Connection {
         self.next_nonce += 1;
         let nonce = format!("{}-{}", push.version, self.next_nonce);
         watch.nonce_sent = nonce.clone();
+        watch.sync.sent = Some(push.version.clone());
         Some(DiscoveryResponse {
             version_info: push.version.clone(),
             resources: resources.into_iter().map(|n| n.resource).collect(),
@@ -101,10 +136,36 @@ impl Connection {
 
 impl XdsServer {
     pub fn new(push: watch::Receiver<Arc<PushContext>>) -> Self {
+        Self::with_limits(push, DEFAULT_MAX_STREAMS, DEFAULT_PUSH_THROTTLE)
+    }
+
+    pub fn with_limits(
+        push: watch::Receiver<Arc<PushContext>>,
+        max_streams: usize,
+        push_throttle: usize,
+    ) -> Self {
         XdsServer {
             push,
             stats: Arc::default(),
+            shared: Arc::new(Shared {
+                syncs: Default::default(),
+                next_id: AtomicU64::new(1),
+                throttle: tokio::sync::Semaphore::new(push_throttle.max(1)),
+                streams: Arc::new(tokio::sync::Semaphore::new(max_streams)),
+            }),
         }
+    }
+
+    /// Every connected proxy's sync state (/debug/syncz), by proxy id.
+    pub fn syncz(&self) -> Vec<ProxySync> {
+        let mut out: Vec<ProxySync> = self
+            .shared
+            .syncs
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
+        out.sort_by(|a, b| a.proxy.cmp(&b.proxy));
+        out
     }
 
     pub fn stats(&self) -> Arc<XdsStats> {
@@ -121,7 +182,13 @@ impl XdsServer {
             watches: HashMap::new(),
             next_nonce: 0,
         };
-        serve_stream(self.push.clone(), self.stats.clone(), conn, requests)
+        serve_stream(
+            self.push.clone(),
+            self.stats.clone(),
+            self.shared.clone(),
+            conn,
+            requests,
+        )
     }
 
     /// Serves one Delta ADS stream: per type, Envoy's subscriptions and the version of each
@@ -133,6 +200,7 @@ impl XdsServer {
         serve_stream(
             self.push.clone(),
             self.stats.clone(),
+            self.shared.clone(),
             DeltaConnection::default(),
             requests,
         )
@@ -159,6 +227,10 @@ trait StreamState: Send + 'static {
     ) -> Result<Option<Self::Response>, Status>;
     /// What to send for `type_url` after a new snapshot, if anything.
     fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Self::Response>;
+    fn proxy(&self) -> Option<&Proxy>;
+    /// Whether the proxy holds or asked for any of `names` of `type_url`.
+    fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool;
+    fn sync(&self) -> Option<ProxySync>;
 }
 
 impl StreamState for Connection {
@@ -174,6 +246,25 @@ impl StreamState for Connection {
     }
     fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<DiscoveryResponse> {
         self.response(push, type_url)
+    }
+    fn proxy(&self) -> Option<&Proxy> {
+        self.proxy.as_ref()
+    }
+    fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool {
+        self.watches
+            .get(type_url)
+            .is_some_and(|w| w.names.iter().any(|n| names.contains(n)))
+    }
+    fn sync(&self) -> Option<ProxySync> {
+        Some(ProxySync {
+            proxy: self.proxy.as_ref()?.id.clone(),
+            delta: false,
+            types: self
+                .watches
+                .iter()
+                .map(|(t, w)| (t.clone(), w.sync.clone()))
+                .collect(),
+        })
     }
 }
 
@@ -191,13 +282,84 @@ impl StreamState for DeltaConnection {
     fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<DeltaDiscoveryResponse> {
         self.response(push, type_url, false)
     }
+    fn proxy(&self) -> Option<&Proxy> {
+        self.proxy.as_ref()
+    }
+    fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool {
+        self.watches.get(type_url).is_some_and(|w| {
+            w.names
+                .iter()
+                .chain(w.sent.keys())
+                .any(|n| names.contains(n))
+        })
+    }
+    fn sync(&self) -> Option<ProxySync> {
+        Some(ProxySync {
+            proxy: self.proxy.as_ref()?.id.clone(),
+            delta: true,
+            types: self
+                .watches
+                .iter()
+                .map(|(t, w)| (t.clone(), w.sync.clone()))
+                .collect(),
+        })
+    }
 }
 
-/// One stream's task: answers requests and, on every new snapshot, pushes each subscribed type
-/// in `PUSH_ORDER`.
+/// The types to push to one proxy for the step from `last` to `push`. Full pushes send every
+/// subscribed type in `PUSH_ORDER`. On the EDS fast path (only endpoints changed, and this
+/// stream saw the previous snapshot) a proxy gets only EDS, and only if it watches a changed
+/// cluster; a proxy whose own workload is among the changed endpoints gets a full push (its
+/// inbound listeners and clusters follow its endpoints).
+fn push_types<C: StreamState>(
+    conn: &C,
+    last: &PushContext,
+    push: &PushContext,
+) -> Vec<&'static str> {
+    let Change::Endpoints(hosts) = &push.change else {
+        return PUSH_ORDER.to_vec();
+    };
+    if push.generation != last.generation + 1 {
+        return PUSH_ORDER.to_vec();
+    }
+    let Some(proxy) = conn.proxy() else {
+        return Vec::new();
+    };
+    let owns_changed = [last, push].iter().any(|snapshot| {
+        snapshot
+            .services
+            .iter()
+            .filter(|s| hosts.contains(&s.hostname))
+            .flat_map(|s| &s.endpoints)
+            .any(|e| proxy.owns(e))
+    });
+    if owns_changed {
+        return PUSH_ORDER.to_vec();
+    }
+    let clusters: std::collections::BTreeSet<String> = push
+        .services
+        .iter()
+        .filter(|s| hosts.contains(&s.hostname))
+        .flat_map(|s| {
+            s.ports
+                .iter()
+                .map(|p| crate::model::outbound_cluster_name(p.port, &s.hostname))
+        })
+        .collect();
+    if conn.watches_any(ENDPOINT_TYPE, &clusters) {
+        vec![ENDPOINT_TYPE]
+    } else {
+        Vec::new()
+    }
+}
+
+/// One stream's task: answers requests and, on every new snapshot, pushes what changed for this
+/// proxy (`push_types`). A stream that falls behind sees only the latest snapshot: pending
+/// pushes of one proxy merge into one.
 fn serve_stream<C, S>(
     mut push_rx: watch::Receiver<Arc<PushContext>>,
     stats: Arc<XdsStats>,
+    shared: Arc<Shared>,
     mut conn: C,
     requests: S,
 ) -> ReceiverStream<Result<C::Response, Status>>
@@ -206,41 +368,62 @@ where
     S: Stream<Item = Result<C::Request, Status>> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(16);
+    let Ok(permit) = shared.streams.clone().try_acquire_owned() else {
+        tracing::warn!("ADS stream refused: stream limit reached");
+        let _ = tx.try_send(Err(Status::resource_exhausted(
+            "too many xDS streams on this control plane; retry later or elsewhere",
+        )));
+        return ReceiverStream::new(rx);
+    };
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     tokio::spawn(async move {
+        let _permit = permit;
         let mut requests = Box::pin(requests);
-        loop {
+        let mut last = push_rx.borrow_and_update().clone();
+        'stream: loop {
             let out: Vec<C::Response> = tokio::select! {
                 req = requests.next() => match req {
                     Some(Ok(req)) => {
-                        let push = push_rx.borrow_and_update().clone();
+                        // Not marked seen: a snapshot that arrived meanwhile is still pushed
+                        // in full below, even if this request was answered from it.
+                        let push = push_rx.borrow().clone();
                         match conn.on_request(&push, req, &stats) {
                             Ok(out) => out.into_iter().collect(),
                             Err(status) => {
                                 let _ = tx.send(Err(status)).await;
-                                return;
+                                break;
                             }
                         }
                     }
                     Some(Err(e)) => {
                         tracing::debug!(error = %e, "xds stream ended with error");
-                        return;
+                        break;
                     }
-                    None => return,
+                    None => break,
                 },
                 changed = push_rx.changed() => {
                     if changed.is_err() {
-                        return;
+                        break;
                     }
                     let push = push_rx.borrow_and_update().clone();
-                    PUSH_ORDER.iter().filter_map(|t| conn.on_push(&push, t)).collect()
+                    let types = push_types(&conn, &last, &push);
+                    last = push.clone();
+                    let _throttle = shared.throttle.acquire().await;
+                    types.iter().filter_map(|t| conn.on_push(&push, t)).collect()
                 }
             };
+            if let (Some(sync), Ok(mut syncs)) = (conn.sync(), shared.syncs.lock()) {
+                syncs.insert(id, sync);
+            }
             for resp in out {
                 stats.pushes.fetch_add(1, Ordering::Relaxed);
                 if tx.send(Ok(resp)).await.is_err() {
-                    return;
+                    break 'stream;
                 }
             }
+        }
+        if let Ok(mut syncs) = shared.syncs.lock() {
+            syncs.remove(&id);
         }
     });
     ReceiverStream::new(rx)
@@ -285,25 +468,34 @@ fn node_labels(
         .collect()
 }
 
-/// Classifies a request that answers one of our responses: true for an ACK of the latest one;
-/// false for a NACK (logged and counted) or an answer to a response since superseded.
-fn acked(
+/// How a request relates to our last response of its type.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    Ack,
+    /// Rejected, with Envoy's error detail (logged and counted).
+    Nack(String),
+    /// Answers a response since superseded.
+    Stale,
+}
+
+/// Classifies a request that answers one of our responses.
+fn answer(
     nonce: &str,
     nonce_sent: &str,
     error: Option<&envoy_types::pb::google::rpc::Status>,
     type_url: &str,
     stats: &XdsStats,
-) -> bool {
+) -> Answer {
     if nonce != nonce_sent {
-        return false;
+        return Answer::Stale;
     }
     if let Some(err) = error {
         stats.nacks.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(type_url, error = %err.message, "proxy rejected config (NACK)");
-        return false;
+        return Answer::Nack(err.message.clone());
     }
     stats.acks.fetch_add(1, Ordering::Relaxed);
-    true
+    Answer::Ack
 }
 
 fn handle_request(
@@ -315,16 +507,20 @@ fn handle_request(
     identify(&mut conn.proxy, req.node.as_ref())?;
     let watch = conn.watches.entry(req.type_url.clone()).or_default();
     if !req.response_nonce.is_empty() {
-        if !acked(
+        match answer(
             &req.response_nonce,
             &watch.nonce_sent,
             req.error_detail.as_ref(),
             &req.type_url,
             stats,
         ) {
-            return Ok(None);
+            Answer::Ack => watch.sync.acked = watch.sync.sent.clone(),
+            Answer::Nack(why) => {
+                watch.sync.nacked = Some(why);
+                return Ok(None);
+            }
+            Answer::Stale => return Ok(None),
         }
-        watch.version_acked = Some(req.version_info.clone());
         if watch.names == req.resource_names {
             return Ok(None);
         }
@@ -358,6 +554,7 @@ struct DeltaWatch {
     nonce_sent: String,
     /// The first response for a type is sent even when empty, so Envoy's init completes.
     responded: bool,
+    sync: TypeSync,
 }
 
 #[derive(Default)]
@@ -382,16 +579,21 @@ impl DeltaConnection {
                 wildcard_by_default(&req.type_url) && req.resource_names_subscribe.is_empty();
             watch.sent = req.initial_resource_versions.clone().into_iter().collect();
         }
-        if !req.response_nonce.is_empty()
-            && !acked(
+        if !req.response_nonce.is_empty() {
+            match answer(
                 &req.response_nonce,
                 &watch.nonce_sent,
                 req.error_detail.as_ref(),
                 &req.type_url,
                 stats,
-            )
-        {
-            return Ok(None);
+            ) {
+                Answer::Ack => watch.sync.acked = watch.sync.sent.clone(),
+                Answer::Nack(why) => {
+                    watch.sync.nacked = Some(why);
+                    return Ok(None);
+                }
+                Answer::Stale => return Ok(None),
+            }
         }
         let mut changed = first;
         for name in req.resource_names_subscribe {
@@ -460,6 +662,7 @@ impl DeltaConnection {
         self.next_nonce += 1;
         let nonce = format!("{}-{}", push.version, self.next_nonce);
         watch.nonce_sent = nonce.clone();
+        watch.sync.sent = Some(push.version.clone());
         Some(DeltaDiscoveryResponse {
             system_version_info: push.version.clone(),
             resources,

@@ -47,8 +47,14 @@ fn reports_every_bad_file_and_exits_nonzero() {
     let (code, _, err) = validate(dir.path());
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("a.yaml: document 1: ServiceEntry x"), "{err}");
-    assert!(err.contains("b.yaml: document 1: PeerAuthentication p"), "{err}");
+    assert!(
+        err.contains("b.yaml: document 1: PeerAuthentication p"),
+        "{err}"
+    );
     assert!(err.contains("STRIKT"), "{err}");
-    assert!(err.contains("WorkloadEntry n/w: \"10.0.0.300\" is not an IP address"), "{err}");
+    assert!(
+        err.contains("WorkloadEntry n/w: \"10.0.0.300\" is not an IP address"),
+        "{err}"
+    );
     assert!(err.contains("3 error(s)"), "{err}");
 }

@@ -1,0 +1,69 @@
+//! The debug HTTP port of `istiod-core serve` (istiod's 15014 `/debug/*`):
+//! - `/debug/syncz`: per connected proxy and type, the version last sent and last ACKed, and the
+//!   last NACK's error;
+//! - `/debug/configz`: the config resources in force (kind, metadata, spec);
+//! - `/debug/registryz`: the services and endpoints built from them.
+//!
+//! JSON only, read only; bind it to loopback unless the network is trusted.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::ControlPlane;
+use crate::xds_server::XdsServer;
+
+fn json(value: serde_json::Value) -> Response<Full<Bytes>> {
+    let body = serde_json::to_vec_pretty(&value).unwrap_or_default();
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>> {
+    let push = cp.snapshot();
+    match path {
+        "/debug/syncz" => json(serde_json::to_value(xds.syncz()).unwrap_or_default()),
+        "/debug/configz" => json(serde_json::Value::Array(
+            push.config.resources.iter().map(|r| r.to_json()).collect(),
+        )),
+        "/debug/registryz" => json(serde_json::json!({
+            "version": push.version,
+            "services": push.services,
+        })),
+        _ => {
+            let mut resp = Response::new(Full::new(Bytes::from_static(
+                b"not found: /debug/syncz, /debug/configz, /debug/registryz\n",
+            )));
+            *resp.status_mut() = StatusCode::NOT_FOUND;
+            resp
+        }
+    }
+}
+
+/// Serves until the process ends.
+pub async fn serve(listener: TcpListener, cp: Arc<ControlPlane>, xds: XdsServer) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (cp, xds) = (cp.clone(), xds.clone());
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let resp = route(req.uri().path(), &cp, &xds);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}

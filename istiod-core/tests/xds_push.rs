@@ -1,0 +1,231 @@
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+//! Pushes as proxies see them, over the in-process ADS server: the EDS fast path (an
+//! endpoint-only change reaches a proxy as EDS alone, and not at all if it watches none of the
+//! changed clusters), full pushes for the proxy whose own workload changed, /debug/syncz, the
+//! stream limit and the debug port.
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use futures::StreamExt;
+use istiod_core::ControlPlane;
+use istiod_core::generators::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+fn mesh(web_ips: &[&str]) -> String {
+    let mut yaml = String::from(
+        "kind: ServiceEntry\nmetadata: {name: web, namespace: shop}\nspec:\n  hosts: [web.shop.svc.cluster.local]\n  addresses: [10.96.0.1]\n  ports: [{number: 80, name: http}]\n  workloadSelector: {labels: {app: web}}\n---\nkind: ServiceEntry\nmetadata: {name: db, namespace: shop}\nspec:\n  hosts: [db.shop.svc.cluster.local]\n  addresses: [10.96.0.2]\n  ports: [{number: 5432, name: tcp}]\n  endpoints: [{address: 10.1.0.9, serviceAccount: db}]\n",
+    );
+    for (i, ip) in web_ips.iter().enumerate() {
+        yaml.push_str(&format!(
+            "---\nkind: WorkloadEntry\nmetadata: {{name: web-{i}, namespace: shop}}\nspec: {{address: {ip}, labels: {{app: web}}, serviceAccount: web}}\n"
+        ));
+    }
+    yaml
+}
+
+struct Client {
+    tx: mpsc::Sender<Result<DiscoveryRequest, Status>>,
+    rx: std::pin::Pin<Box<dyn futures::Stream<Item = Result<DiscoveryResponse, Status>> + Send>>,
+    node: Node,
+    /// What this client subscribed to per type (repeated in every ACK, as Envoy does).
+    names: std::collections::HashMap<String, Vec<String>>,
+}
+
+impl Client {
+    fn new(server: &istiod_core::xds_server::XdsServer, ip: &str) -> Client {
+        let (tx, rx) = mpsc::channel(16);
+        let responses = server.stream(ReceiverStream::new(rx));
+        Client {
+            tx,
+            rx: Box::pin(responses),
+            node: Node {
+                id: format!("sidecar~{ip}~p-{ip}.shop~shop.svc.cluster.local"),
+                ..Default::default()
+            },
+            names: Default::default(),
+        }
+    }
+
+    async fn request(&self, type_url: &str, names: &[&str], nonce: &str) {
+        self.tx
+            .send(Ok(DiscoveryRequest {
+                node: Some(self.node.clone()),
+                type_url: type_url.to_string(),
+                resource_names: names.iter().map(|s| s.to_string()).collect(),
+                response_nonce: nonce.to_string(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap();
+    }
+
+    async fn next(&mut self) -> Option<DiscoveryResponse> {
+        tokio::time::timeout(Duration::from_millis(500), self.rx.next())
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.unwrap())
+    }
+
+    /// Subscribes to CDS, LDS and the web cluster's EDS, ACKing each.
+    async fn subscribe(&mut self, eds: &[&str]) {
+        for (t, names) in [
+            (CLUSTER_TYPE, &[][..]),
+            (ENDPOINT_TYPE, eds),
+            (LISTENER_TYPE, &[][..]),
+        ] {
+            self.names
+                .insert(t.to_string(), names.iter().map(|s| s.to_string()).collect());
+            self.request(t, names, "").await;
+            let resp = self.next().await.unwrap();
+            self.request(t, names, &resp.nonce).await;
+        }
+    }
+
+    /// Type URLs of everything pushed within half a second.
+    async fn pushed(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some(resp) = self.next().await {
+            let names = self.names.get(&resp.type_url).cloned().unwrap_or_default();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            self.request(&resp.type_url, &names, &resp.nonce).await;
+            out.push(resp.type_url);
+        }
+        out
+    }
+}
+
+#[tokio::test]
+async fn endpoint_changes_take_the_eds_fast_path() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
+    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let server = cp.xds();
+    let web = "outbound|80||web.shop.svc.cluster.local";
+    let db = "outbound|5432||db.shop.svc.cluster.local";
+    // A client of web, a proxy that only talks to db, and web's own workload (10.1.0.1).
+    let mut client = Client::new(&server, "10.1.0.50");
+    client.subscribe(&[web, db]).await;
+    let mut db_only = Client::new(&server, "10.1.0.51");
+    db_only.subscribe(&[db]).await;
+    let mut owner = Client::new(&server, "10.1.0.1");
+    owner.subscribe(&[web, db]).await;
+
+    // A second web endpoint with the same identity: endpoints only.
+    std::fs::write(
+        dir.path().join("mesh.yaml"),
+        mesh(&["10.1.0.1", "10.1.0.2"]),
+    )
+    .unwrap();
+    cp.reload().unwrap();
+    assert!(matches!(
+        cp.snapshot().change,
+        istiod_core::push_context::Change::Endpoints(_)
+    ));
+    assert_eq!(client.pushed().await, vec![ENDPOINT_TYPE]);
+    assert_eq!(db_only.pushed().await, Vec::<String>::new());
+    let owner_types = owner.pushed().await;
+    assert!(
+        owner_types.contains(&LISTENER_TYPE.to_string()),
+        "{owner_types:?}"
+    );
+
+    // Removing web's own workload changes its inbound: still endpoints-only globally, but the
+    // proxy that was the endpoint gets a full push.
+    std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.2"])).unwrap();
+    cp.reload().unwrap();
+    assert_eq!(client.pushed().await, vec![ENDPOINT_TYPE]);
+    assert!(owner.pushed().await.contains(&CLUSTER_TYPE.to_string()));
+
+    // A new service is a full push for everyone.
+    let mut yaml = mesh(&["10.1.0.2"]);
+    yaml.push_str("---\nkind: ServiceEntry\nmetadata: {name: api, namespace: shop}\nspec: {hosts: [api.example], ports: [{number: 8080, name: http}]}\n");
+    std::fs::write(dir.path().join("mesh.yaml"), yaml).unwrap();
+    cp.reload().unwrap();
+    let types = db_only.pushed().await;
+    assert!(types.contains(&CLUSTER_TYPE.to_string()), "{types:?}");
+    assert!(types.contains(&LISTENER_TYPE.to_string()), "{types:?}");
+
+    client.pushed().await;
+    owner.pushed().await;
+    // syncz: every type ACKed at the version sent.
+    let syncz = server.syncz();
+    assert_eq!(syncz.len(), 3);
+    for proxy in &syncz {
+        for (t, s) in &proxy.types {
+            assert_eq!(s.acked, s.sent, "{} {t}", proxy.proxy);
+            assert!(s.nacked.is_none());
+        }
+    }
+}
+
+#[tokio::test]
+async fn streams_beyond_the_limit_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
+    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let server = cp.xds_with_limits(1, 10);
+    let mut first = Client::new(&server, "10.1.0.50");
+    first.request(CLUSTER_TYPE, &[], "").await;
+    assert!(first.next().await.is_some());
+    let mut second = Client::new(&server, "10.1.0.51");
+    let err = second.rx.next().await.unwrap().unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    // The slot frees when the first stream ends.
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut third = Client::new(&server, "10.1.0.52");
+    third.request(CLUSTER_TYPE, &[], "").await;
+    assert!(third.next().await.is_some());
+}
+
+#[tokio::test]
+async fn debug_port_serves_syncz_configz_and_registryz() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
+    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let server = cp.xds();
+    let mut client = Client::new(&server, "10.1.0.50");
+    client.subscribe(&[]).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(istiod_core::debug::serve(
+        listener,
+        cp.clone(),
+        server.clone(),
+    ));
+    let get = |path: &'static str| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let body = out.split_once("\r\n\r\n").unwrap().1.to_string();
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let syncz = get("/debug/syncz").await;
+    assert_eq!(syncz[0]["proxy"], "p-10.1.0.50.shop");
+    assert!(syncz[0]["types"][CLUSTER_TYPE]["acked"].is_string());
+    let configz = get("/debug/configz").await;
+    assert_eq!(configz.as_array().unwrap().len(), 3);
+    assert_eq!(configz[0]["kind"], "ServiceEntry");
+    let registryz = get("/debug/registryz").await;
+    let hosts: Vec<&str> = registryz["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["hostname"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        hosts,
+        vec!["db.shop.svc.cluster.local", "web.shop.svc.cluster.local"]
+    );
+}
