@@ -106,7 +106,7 @@ fn build(dir: &Path, domain: &str, generation: u64) -> Result<PushContext, Error
             .map(|d| d.as_secs())
             .unwrap_or_default()
     );
-    Ok(PushContext::build(&set, domain, version)?)
+    Ok(PushContext::build(Arc::new(set), domain, version)?)
 }
 
 impl ControlPlane {

@@ -90,9 +90,11 @@ struct ServeArgs {
 /// `istiod-core validate DIR`: 0 when the directory is good, 1 otherwise.
 fn validate(dir: &std::path::Path, domain_suffix: &str) -> i32 {
     let (set, mut errors) = istiod_core::config_store::validate_dir(dir);
+    let set = std::sync::Arc::new(set);
     let mut messages: Vec<String> = errors.drain(..).map(|e| e.to_string()).collect();
     let services =
-        match istiod_core::push_context::PushContext::build(&set, domain_suffix, "0".into()) {
+        match istiod_core::push_context::PushContext::build(set.clone(), domain_suffix, "0".into())
+        {
             Ok(push) => push.services.len(),
             Err(e) => {
                 messages.push(e.to_string());

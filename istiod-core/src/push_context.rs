@@ -37,6 +37,8 @@ pub struct PushContext {
     pub trust_domain: String,
     /// The config this snapshot was built from (/debug/configz).
     pub config: std::sync::Arc<ConfigSet>,
+    /// `outbound|PORT||HOST` → (service index, port index), for EDS lookups.
+    pub clusters: std::collections::HashMap<String, (usize, usize)>,
 }
 
 impl Default for PushContext {
@@ -49,6 +51,7 @@ impl Default for PushContext {
             peer_authentications: Vec::new(),
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
             config: Default::default(),
+            clusters: Default::default(),
         }
     }
 }
@@ -72,8 +75,9 @@ fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String
 }
 
 impl PushContext {
+    /// Builds a snapshot from `config`, which it keeps (shared, not copied) for /debug/configz.
     pub fn build(
-        config: &ConfigSet,
+        config: std::sync::Arc<ConfigSet>,
         domain_suffix: &str,
         version: String,
     ) -> Result<Self, RegistryError> {
@@ -89,14 +93,28 @@ impl PushContext {
         // by name, so the outcome does not depend on file order.
         peer_authentications
             .sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
+        let services = registry::services(&config, domain_suffix)?;
+        let clusters = services
+            .iter()
+            .enumerate()
+            .flat_map(|(si, s)| {
+                s.ports.iter().enumerate().map(move |(pi, p)| {
+                    (
+                        crate::model::outbound_cluster_name(p.port, &s.hostname),
+                        (si, pi),
+                    )
+                })
+            })
+            .collect();
         Ok(PushContext {
             version,
             generation: 0,
             change: Change::Full,
-            services: registry::services(config, domain_suffix)?,
+            clusters,
+            services,
             peer_authentications,
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
-            config: std::sync::Arc::new(config.clone()),
+            config,
         })
     }
 
@@ -215,7 +233,7 @@ mod tests {
         let set = ConfigSet {
             resources: parse_file(Path::new("pa.yaml"), yaml).unwrap(),
         };
-        PushContext::build(&set, "cluster.local", "1".into()).unwrap()
+        PushContext::build(std::sync::Arc::new(set), "cluster.local", "1".into()).unwrap()
     }
 
     #[test]

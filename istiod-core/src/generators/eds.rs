@@ -6,43 +6,37 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::util::pack_any;
 
 use super::{Named, socket_address, tls};
-use crate::model::outbound_cluster_name;
 use crate::push_context::PushContext;
 
 fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment> {
-    for svc in &push.services {
-        for port in &svc.ports {
-            if outbound_cluster_name(port.port, &svc.hostname) != cluster {
-                continue;
-            }
-            let lb_endpoints = svc
-                .endpoints
-                .iter()
-                .map(|ep| LbEndpoint {
-                    metadata: push
-                        .endpoint_mtls(svc, ep, port)
-                        .then(tls::istio_endpoint_metadata),
-                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-                        address: Some(socket_address(
-                            &ep.address.to_string(),
-                            ep.target_port(port),
-                        )),
-                        ..Default::default()
-                    })),
-                    ..Default::default()
-                })
-                .collect();
-            return Some(ClusterLoadAssignment {
-                cluster_name: cluster.to_string(),
-                endpoints: vec![LocalityLbEndpoints {
-                    lb_endpoints,
-                    ..Default::default()
-                }],
+    let &(si, pi) = push.clusters.get(cluster)?;
+    let svc = push.services.get(si)?;
+    let port = svc.ports.get(pi)?;
+    let lb_endpoints = svc
+        .endpoints
+        .iter()
+        .map(|ep| LbEndpoint {
+            metadata: push
+                .endpoint_mtls(svc, ep, port)
+                .then(tls::istio_endpoint_metadata),
+            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                address: Some(socket_address(
+                    &ep.address.to_string(),
+                    ep.target_port(port),
+                )),
                 ..Default::default()
-            });
-        }
-    }
-    None
+            })),
+            ..Default::default()
+        })
+        .collect();
+    Some(ClusterLoadAssignment {
+        cluster_name: cluster.to_string(),
+        endpoints: vec![LocalityLbEndpoints {
+            lb_endpoints,
+            ..Default::default()
+        }],
+        ..Default::default()
+    })
 }
 
 /// The requested assignments; an unknown cluster gets an empty assignment so Envoy stops waiting.
