@@ -200,7 +200,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .map_err(|_| anyhow::anyhow!("PILOT_PUSH_THROTTLE={v:?}: expected a whole number"))
         })
         .transpose()?
-        .unwrap_or(istiod_core::xds_server::DEFAULT_PUSH_THROTTLE);
+        .filter(|n| *n > 0)
+        .unwrap_or_else(istiod_core::xds_server::default_push_throttle);
     let xds = cp.xds_with_limits(max_streams, throttle);
     if let Some(addr) = debug_addr {
         let listener = tokio::net::TcpListener::bind(addr)

@@ -39,6 +39,42 @@ pub struct PushContext {
     pub config: std::sync::Arc<ConfigSet>,
     /// `outbound|PORT||HOST` → (service index, port index), for EDS lookups.
     pub clusters: std::collections::HashMap<String, (usize, usize)>,
+    /// Encoded resources that are the same for every proxy of this snapshot.
+    pub cache: GenCache,
+}
+
+/// Resources generated once per snapshot and shared by every proxy's push: outbound clusters
+/// and listeners, and each EDS assignment and route configuration. The key of every entry is
+/// (this snapshot, resource name): a new config is a new snapshot with an empty cache, so an
+/// entry can never be stale, and entries are written once (`OnceLock`), never replaced.
+#[derive(Default)]
+pub struct GenCache {
+    pub outbound_clusters: std::sync::OnceLock<Vec<crate::generators::Named>>,
+    pub outbound_listeners: std::sync::OnceLock<Vec<crate::generators::Named>>,
+    pub endpoints: std::sync::OnceLock<std::collections::HashMap<String, crate::generators::Named>>,
+    pub routes: std::sync::OnceLock<std::collections::HashMap<String, crate::generators::Named>>,
+}
+
+impl Clone for GenCache {
+    /// A copied snapshot starts with an empty cache (it may be modified).
+    fn clone(&self) -> Self {
+        GenCache::default()
+    }
+}
+
+impl PartialEq for GenCache {
+    /// Derived data: never part of a snapshot's identity.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for GenCache {}
+
+impl std::fmt::Debug for GenCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GenCache")
+    }
 }
 
 impl Default for PushContext {
@@ -52,6 +88,7 @@ impl Default for PushContext {
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
             config: Default::default(),
             clusters: Default::default(),
+            cache: GenCache::default(),
         }
     }
 }
@@ -111,6 +148,7 @@ impl PushContext {
             generation: 0,
             change: Change::Full,
             clusters,
+            cache: GenCache::default(),
             services,
             peer_authentications,
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),

@@ -52,8 +52,13 @@ pub struct XdsServer {
     shared: Arc<Shared>,
 }
 
-/// Istio's PILOT_PUSH_THROTTLE: pushes generated at once across all streams.
-pub const DEFAULT_PUSH_THROTTLE: usize = 100;
+/// Istio's PILOT_PUSH_THROTTLE when left at 0 (auto): `min(15 + 5 × cores, 100)`.
+pub fn default_push_throttle() -> usize {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    (15 + 5 * cores).min(100)
+}
 /// Concurrent ADS streams accepted before new ones are refused (RESOURCE_EXHAUSTED).
 pub const DEFAULT_MAX_STREAMS: usize = 100_000;
 
@@ -136,7 +141,7 @@ impl Connection {
 
 impl XdsServer {
     pub fn new(push: watch::Receiver<Arc<PushContext>>) -> Self {
-        Self::with_limits(push, DEFAULT_MAX_STREAMS, DEFAULT_PUSH_THROTTLE)
+        Self::with_limits(push, DEFAULT_MAX_STREAMS, default_push_throttle())
     }
 
     pub fn with_limits(
@@ -367,7 +372,9 @@ where
     C: StreamState,
     S: Stream<Item = Result<C::Request, Status>> + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel(16);
+    // Small: a response waits here only until tonic takes it for encoding, so the memory a
+    // push holds is bounded by the throttle, not by how slowly a proxy reads.
+    let (tx, rx) = mpsc::channel(1);
     let Ok(permit) = shared.streams.clone().try_acquire_owned() else {
         tracing::warn!("ADS stream refused: stream limit reached");
         let _ = tx.try_send(Err(Status::resource_exhausted(
@@ -380,21 +387,14 @@ where
         let _permit = permit;
         let mut requests = Box::pin(requests);
         let mut last = push_rx.borrow_and_update().clone();
+        enum Step<R> {
+            Request(R),
+            Push(Arc<PushContext>, Vec<&'static str>),
+        }
         'stream: loop {
-            let out: Vec<C::Response> = tokio::select! {
+            let step = tokio::select! {
                 req = requests.next() => match req {
-                    Some(Ok(req)) => {
-                        // Not marked seen: a snapshot that arrived meanwhile is still pushed
-                        // in full below, even if this request was answered from it.
-                        let push = push_rx.borrow().clone();
-                        match conn.on_request(&push, req, &stats) {
-                            Ok(out) => out.into_iter().collect(),
-                            Err(status) => {
-                                let _ = tx.send(Err(status)).await;
-                                break;
-                            }
-                        }
-                    }
+                    Some(Ok(req)) => Step::Request(req),
                     Some(Err(e)) => {
                         tracing::debug!(error = %e, "xds stream ended with error");
                         break;
@@ -408,10 +408,39 @@ where
                     let push = push_rx.borrow_and_update().clone();
                     let types = push_types(&conn, &last, &push);
                     last = push.clone();
-                    let _throttle = shared.throttle.acquire().await;
-                    types.iter().filter_map(|t| conn.on_push(&push, t)).collect()
+                    Step::Push(push, types)
                 }
             };
+            // Istio's push throttle: at most this many streams generate and hand over
+            // responses at once; each response is sent before the next is generated.
+            let Ok(_throttle) = shared.throttle.acquire().await else {
+                break;
+            };
+            let mut out: Vec<C::Response> = Vec::new();
+            match step {
+                Step::Request(req) => {
+                    // Not marked seen: a snapshot that arrived meanwhile is still pushed in
+                    // full later, even if this request was answered from it.
+                    let push = push_rx.borrow().clone();
+                    match conn.on_request(&push, req, &stats) {
+                        Ok(resp) => out.extend(resp),
+                        Err(status) => {
+                            let _ = tx.send(Err(status)).await;
+                            break;
+                        }
+                    }
+                }
+                Step::Push(push, types) => {
+                    for t in types {
+                        if let Some(resp) = conn.on_push(&push, t) {
+                            stats.pushes.fetch_add(1, Ordering::Relaxed);
+                            if tx.send(Ok(resp)).await.is_err() {
+                                break 'stream;
+                            }
+                        }
+                    }
+                }
+            }
             if let (Some(sync), Ok(mut syncs)) = (conn.sync(), shared.syncs.lock()) {
                 syncs.insert(id, sync);
             }

@@ -66,8 +66,29 @@ fn with_http2(mut c: Cluster) -> Cluster {
     c
 }
 
-/// All clusters for `proxy` (CDS is requested as a wildcard).
+/// All clusters for `proxy` (CDS is requested as a wildcard): the snapshot's outbound clusters
+/// (built once, shared by every proxy) and the proxy's own inbound and fixed clusters.
 pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
+    let mut out = push
+        .cache
+        .outbound_clusters
+        .get_or_init(|| outbound(push))
+        .clone();
+    out.extend(own(push, proxy));
+    out
+}
+
+fn named(clusters: Vec<Cluster>) -> Vec<Named> {
+    clusters
+        .into_iter()
+        .map(|c| Named {
+            name: c.name.clone(),
+            resource: pack_any(c),
+        })
+        .collect()
+}
+
+fn outbound(push: &PushContext) -> Vec<Named> {
     let mut clusters = Vec::new();
     for svc in &push.services {
         for port in &svc.ports {
@@ -103,6 +124,11 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
             clusters.push(c);
         }
     }
+    named(clusters)
+}
+
+fn own(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
+    let mut clusters = Vec::new();
     let mut inbound_ports = BTreeSet::new();
     for svc in &push.services {
         for ep in svc.endpoints.iter().filter(|e| proxy.owns(e)) {
@@ -126,11 +152,5 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
         BLACKHOLE_CLUSTER.to_string(),
         cluster::DiscoveryType::Static,
     ));
-    clusters
-        .into_iter()
-        .map(|c| Named {
-            name: c.name.clone(),
-            resource: pack_any(c),
-        })
-        .collect()
+    named(clusters)
 }

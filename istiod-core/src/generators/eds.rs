@@ -41,17 +41,31 @@ fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment
 
 /// The requested assignments; an unknown cluster gets an empty assignment so Envoy stops waiting.
 pub fn generate(push: &PushContext, names: &[String]) -> Vec<Named> {
+    let all = push.cache.endpoints.get_or_init(|| {
+        push.clusters
+            .keys()
+            .filter_map(|name| {
+                let cla = assignment(push, name)?;
+                Some((
+                    name.clone(),
+                    Named {
+                        name: name.clone(),
+                        resource: pack_any(cla),
+                    },
+                ))
+            })
+            .collect()
+    });
     names
         .iter()
         .map(|name| {
-            let cla = assignment(push, name).unwrap_or_else(|| ClusterLoadAssignment {
-                cluster_name: name.clone(),
-                ..Default::default()
-            });
-            Named {
+            all.get(name).cloned().unwrap_or_else(|| Named {
                 name: name.clone(),
-                resource: pack_any(cla),
-            }
+                resource: pack_any(ClusterLoadAssignment {
+                    cluster_name: name.clone(),
+                    ..Default::default()
+                }),
+            })
         })
         .collect()
 }

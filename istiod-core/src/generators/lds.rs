@@ -313,16 +313,21 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
 
 /// All listeners for `proxy` (LDS is requested as a wildcard).
 pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
-    let mut listeners = outbound_listeners(push);
-    listeners.push(virtual_outbound());
-    listeners.push(virtual_inbound(push, proxy));
-    listeners
-        .into_iter()
-        .map(|l| Named {
-            name: l.name.clone(),
-            resource: pack_any(l),
+    let named = |l: Listener| Named {
+        name: l.name.clone(),
+        resource: pack_any(l),
+    };
+    let mut out = push
+        .cache
+        .outbound_listeners
+        .get_or_init(|| {
+            let mut shared: Vec<Named> = outbound_listeners(push).into_iter().map(named).collect();
+            shared.push(named(virtual_outbound()));
+            shared
         })
-        .collect()
+        .clone();
+    out.push(named(virtual_inbound(push, proxy)));
+    out
 }
 
 #[cfg(test)]

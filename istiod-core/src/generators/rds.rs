@@ -82,11 +82,35 @@ fn route_config(push: &PushContext, name: &str) -> RouteConfiguration {
 }
 
 pub fn generate(push: &PushContext, names: &[String]) -> Vec<Named> {
+    let all = push.cache.routes.get_or_init(|| {
+        let mut ports: Vec<u16> = push
+            .services
+            .iter()
+            .flat_map(|s| {
+                s.ports
+                    .iter()
+                    .filter(|p| p.protocol.is_http())
+                    .map(|p| p.port)
+            })
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+            .into_iter()
+            .map(|p| {
+                let name = p.to_string();
+                let resource = pack_any(route_config(push, &name));
+                (name.clone(), Named { name, resource })
+            })
+            .collect()
+    });
     names
         .iter()
-        .map(|n| Named {
-            name: n.clone(),
-            resource: pack_any(route_config(push, n)),
+        .map(|n| {
+            all.get(n).cloned().unwrap_or_else(|| Named {
+                name: n.clone(),
+                resource: pack_any(route_config(push, n)),
+            })
         })
         .collect()
 }
