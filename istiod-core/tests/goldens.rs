@@ -1,0 +1,111 @@
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+//! Golden generation tests: each `tests/golden/NAME.yaml` (first line `# proxy: <node id>`) is
+//! turned into CDS, LDS, RDS (the route names LDS refers to), EDS (every EDS cluster) and NDS for
+//! that proxy, printed as the decoded protos, and compared with `NAME.golden`.
+//! `UPDATE_GOLDENS=1 cargo test -p istiod-core --test goldens` rewrites them.
+
+use std::fmt::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use istiod_core::config_store::{ConfigSet, parse_file};
+use istiod_core::generators::{Named, cds, eds, lds, nds, rds};
+use istiod_core::model::Proxy;
+use istiod_core::push_context::PushContext;
+use prost::Message;
+
+/// Decodes and pretty-prints. (prost prints map fields in hash order; every map the
+/// generators emit has a single entry, so the output is stable.)
+fn show<M: Message + Default + std::fmt::Debug>(named: &[Named]) -> String {
+    let mut out = String::new();
+    for n in named {
+        let m = M::decode(n.resource.value.as_slice()).unwrap();
+        writeln!(out, "--- {}\n{m:#?}", n.name).unwrap();
+    }
+    out
+}
+
+fn render(yaml_path: &Path) -> String {
+    let text = std::fs::read_to_string(yaml_path).unwrap();
+    let node = text
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("# proxy: "))
+        .expect("first line: # proxy: <node id>");
+    let proxy = Proxy::from_node_id(node).unwrap();
+    let set = ConfigSet {
+        resources: parse_file(yaml_path, &text).unwrap(),
+    };
+    let push = PushContext::build(Arc::new(set), "cluster.local", "golden".into()).unwrap();
+    let clusters = cds::generate(&push, &proxy);
+    let listeners = lds::generate(&push, &proxy);
+    let eds_names: Vec<String> = clusters
+        .iter()
+        .filter(|n| {
+            Cluster::decode(n.resource.value.as_slice())
+                .unwrap()
+                .eds_cluster_config
+                .is_some()
+        })
+        .map(|n| n.name.clone())
+        .collect();
+    let mut route_names: Vec<String> = listeners
+        .iter()
+        .filter_map(|n| n.name.strip_prefix("0.0.0.0_").map(str::to_string))
+        .filter(|p| p.parse::<u16>().is_ok())
+        .collect();
+    route_names.sort();
+    let mut out = String::new();
+    writeln!(out, "### CDS").unwrap();
+    out.push_str(&show::<Cluster>(&clusters));
+    writeln!(out, "### EDS").unwrap();
+    out.push_str(&show::<ClusterLoadAssignment>(&eds::generate(&push, &eds_names)));
+    writeln!(out, "### LDS").unwrap();
+    out.push_str(&show::<Listener>(&listeners));
+    writeln!(out, "### RDS").unwrap();
+    out.push_str(&show::<RouteConfiguration>(&rds::generate(&push, &route_names)));
+    writeln!(out, "### NDS").unwrap();
+    for n in nds::generate(&push) {
+        let table = istio_proto::nds::NameTable::decode(n.resource.value.as_slice()).unwrap();
+        let mut names: Vec<_> = table.table.iter().collect();
+        names.sort_by(|a, b| a.0.cmp(b.0));
+        for (name, info) in names {
+            writeln!(out, "{name} -> {:?}", info.ips).unwrap();
+        }
+    }
+    out
+}
+
+#[test]
+fn generated_config_matches_goldens() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let mut cases: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 5, "golden cases missing in {}", dir.display());
+    let update = std::env::var("UPDATE_GOLDENS").is_ok_and(|v| v == "1");
+    let mut mismatched = Vec::new();
+    for case in cases {
+        let got = render(&case);
+        let golden = case.with_extension("golden");
+        if update {
+            std::fs::write(&golden, &got).unwrap();
+            continue;
+        }
+        let want = std::fs::read_to_string(&golden).unwrap_or_default();
+        if got != want {
+            mismatched.push(golden.display().to_string());
+        }
+    }
+    assert!(
+        mismatched.is_empty(),
+        "generated config differs from {mismatched:?}; review and rerun with UPDATE_GOLDENS=1"
+    );
+}
