@@ -150,7 +150,37 @@ pub enum Resource {
     Service(Metadata, ServiceSpec),
     Endpoints(Metadata, Vec<EndpointSubset>),
     PeerAuthentication(Metadata, PeerAuthenticationSpec),
+    EndpointSlice(Metadata, EndpointSliceSpec),
 }
+
+/// discovery.k8s.io/v1 EndpointSlice (top-level `endpoints` and `ports`, as Kubernetes has them).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointSliceSpec {
+    #[serde(default)]
+    pub address_type: Option<String>,
+    #[serde(default)]
+    pub endpoints: Vec<SliceEndpoint>,
+    #[serde(default)]
+    pub ports: Vec<EndpointPort>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    pub addresses: Vec<String>,
+    #[serde(default)]
+    pub conditions: SliceConditions,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct SliceConditions {
+    /// Absent means ready, as Kubernetes defines it.
+    #[serde(default)]
+    pub ready: Option<bool>,
+}
+
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// security.istio.io PeerAuthentication: which mTLS mode the selected workloads accept.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
@@ -201,6 +231,7 @@ impl Resource {
             Resource::PeerAuthentication(m, s) => {
                 ("PeerAuthentication", m, serde_json::to_value(s))
             }
+            Resource::EndpointSlice(m, s) => ("EndpointSlice", m, serde_json::to_value(s)),
         };
         serde_json::json!({
             "kind": kind,
@@ -211,14 +242,13 @@ impl Resource {
 }
 
 /// Kinds we read but do not act on yet; accepted so a real mesh's config loads.
-const ACCEPTED_KINDS: [&str; 8] = [
+const ACCEPTED_KINDS: [&str; 7] = [
     "VirtualService",
     "DestinationRule",
     "Sidecar",
     "Gateway",
     "AuthorizationPolicy",
     "Namespace",
-    "EndpointSlice",
     "MeshConfig",
 ];
 
@@ -232,6 +262,12 @@ struct Envelope {
     spec: Option<serde_json::Value>,
     #[serde(default)]
     subsets: Option<serde_json::Value>,
+    #[serde(default)]
+    endpoints: Option<serde_json::Value>,
+    #[serde(default)]
+    ports: Option<serde_json::Value>,
+    #[serde(default, rename = "addressType")]
+    address_type: Option<String>,
 }
 
 /// The parsed contents of a config directory.
@@ -290,6 +326,26 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
                 ));
             }
             Resource::PeerAuthentication(meta, spec)
+        }
+        "EndpointSlice" => {
+            let slice = EndpointSliceSpec {
+                address_type: env.address_type,
+                endpoints: serde_json::from_value(
+                    env.endpoints.unwrap_or(serde_json::Value::Array(vec![])),
+                )
+                .map_err(|e| format!("{}: {e}", typed("endpoints")))?,
+                ports: serde_json::from_value(
+                    env.ports.unwrap_or(serde_json::Value::Array(vec![])),
+                )
+                .map_err(|e| format!("{}: {e}", typed("ports")))?,
+            };
+            if !meta.labels.contains_key(SERVICE_NAME_LABEL) {
+                return Err(format!(
+                    "EndpointSlice {}: missing label {SERVICE_NAME_LABEL}",
+                    meta.name
+                ));
+            }
+            Resource::EndpointSlice(meta, slice)
         }
         other => return Err(format!("unsupported kind {other:?}")),
     };

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::config_store::{ConfigSet, Metadata, Resource, WorkloadEntrySpec};
+use crate::config_store::{ConfigSet, Metadata, Resource, SERVICE_NAME_LABEL, WorkloadEntrySpec};
 use crate::model::{Endpoint, Protocol, Service, ServicePort, TlsMode};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -159,6 +159,48 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                         }
                     }
                 }
+                // EndpointSlices of this Service (label kubernetes.io/service-name); an
+                // address already known from Endpoints is not added twice.
+                for r in &config.resources {
+                    let Resource::EndpointSlice(sm, slice) = r else {
+                        continue;
+                    };
+                    if sm.namespace() != meta.namespace()
+                        || sm.labels.get(SERVICE_NAME_LABEL) != Some(&meta.name)
+                        || slice.address_type.as_deref().is_some_and(|t| t == "FQDN")
+                    {
+                        continue;
+                    }
+                    for ep in slice
+                        .endpoints
+                        .iter()
+                        .filter(|e| e.conditions.ready != Some(false))
+                    {
+                        for addr in &ep.addresses {
+                            let address = parse_ip("EndpointSlice", sm, addr)?;
+                            if endpoints.iter().any(|e: &Endpoint| e.address == address) {
+                                continue;
+                            }
+                            let mut named = BTreeMap::new();
+                            for sp in &ports {
+                                let target =
+                                    slice.ports.iter().find(|p| p.name == sp.name).or_else(|| {
+                                        (slice.ports.len() == 1).then(|| &slice.ports[0])
+                                    });
+                                if let Some(t) = target {
+                                    named.insert(sp.name.clone(), t.port);
+                                }
+                            }
+                            endpoints.push(Endpoint {
+                                address,
+                                ports: named,
+                                labels: spec.selector.clone(),
+                                service_account: "default".to_string(),
+                                tls_mode: TlsMode::Disabled,
+                            });
+                        }
+                    }
+                }
                 out.push(Service {
                     hostname: format!("{}.{}.svc.{domain_suffix}", meta.name, meta.namespace()),
                     namespace: meta.namespace().to_string(),
@@ -169,6 +211,7 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
             }
             Resource::WorkloadEntry(..)
             | Resource::Endpoints(..)
+            | Resource::EndpointSlice(..)
             | Resource::PeerAuthentication(..) => {}
         }
     }
@@ -206,6 +249,52 @@ subsets:
         assert_eq!(s[0].ports[0].protocol, Protocol::Http);
         assert_eq!(s[0].endpoints.len(), 2);
         assert_eq!(s[0].endpoints[0].target_port(&s[0].ports[0]), 8080);
+    }
+
+    #[test]
+    fn endpoint_slices_add_ready_endpoints_of_their_service() {
+        let yaml = r#"
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 10.96.1.1
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-abc, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints:
+- addresses: [10.1.0.5]
+- addresses: [10.1.0.6]
+  conditions: {ready: false}
+- addresses: [10.1.0.7]
+  conditions: {ready: true}
+ports: [{name: http, port: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: other, namespace: shop, labels: {kubernetes.io/service-name: api}}
+addressType: IPv4
+endpoints: [{addresses: [10.1.0.9]}]
+"#;
+        let set = ConfigSet {
+            resources: parse_file(Path::new("k.yaml"), yaml).unwrap(),
+        };
+        let s = services(&set, "cluster.local").unwrap();
+        let ips: Vec<String> = s[0]
+            .endpoints
+            .iter()
+            .map(|e| e.address.to_string())
+            .collect();
+        assert_eq!(ips, vec!["10.1.0.5", "10.1.0.7"]);
+        assert_eq!(s[0].endpoints[0].target_port(&s[0].ports[0]), 8080);
+        let e = parse_file(
+            Path::new("k.yaml"),
+            "kind: EndpointSlice\nmetadata: {name: x, namespace: shop}\nendpoints: []\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("kubernetes.io/service-name"), "{e}");
     }
 
     #[test]

@@ -63,11 +63,16 @@ fn render(yaml_path: &Path) -> String {
     writeln!(out, "### CDS").unwrap();
     out.push_str(&show::<Cluster>(&clusters));
     writeln!(out, "### EDS").unwrap();
-    out.push_str(&show::<ClusterLoadAssignment>(&eds::generate(&push, &eds_names)));
+    out.push_str(&show::<ClusterLoadAssignment>(&eds::generate(
+        &push, &eds_names,
+    )));
     writeln!(out, "### LDS").unwrap();
     out.push_str(&show::<Listener>(&listeners));
     writeln!(out, "### RDS").unwrap();
-    out.push_str(&show::<RouteConfiguration>(&rds::generate(&push, &route_names)));
+    out.push_str(&show::<RouteConfiguration>(&rds::generate(
+        &push,
+        &route_names,
+    )));
     writeln!(out, "### NDS").unwrap();
     for n in nds::generate(&push) {
         let table = istio_proto::nds::NameTable::decode(n.resource.value.as_slice()).unwrap();
@@ -89,7 +94,11 @@ fn generated_config_matches_goldens() {
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();
     cases.sort();
-    assert!(cases.len() >= 5, "golden cases missing in {}", dir.display());
+    assert!(
+        cases.len() >= 5,
+        "golden cases missing in {}",
+        dir.display()
+    );
     let update = std::env::var("UPDATE_GOLDENS").is_ok_and(|v| v == "1");
     let mut mismatched = Vec::new();
     for case in cases {
