@@ -152,7 +152,7 @@ fn main() {
         if !routes.is_empty() {
             let (d, r) = time(|| {
                 push.cache = GenCache::default();
-                rds::generate(&push, &routes)
+                rds::generate(&push, &proxy, &routes)
             });
             row(name, "RDS", d, Some(&r), istio_route);
         }

@@ -151,6 +151,32 @@ pub enum Resource {
     Endpoints(Metadata, Vec<EndpointSubset>),
     PeerAuthentication(Metadata, PeerAuthenticationSpec),
     EndpointSlice(Metadata, EndpointSliceSpec),
+    Sidecar(Metadata, SidecarSpec),
+}
+
+/// networking.istio.io Sidecar: which services a workload's sidecar sees (egress hosts) and
+/// what happens to traffic for anything else.
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarSpec {
+    #[serde(default)]
+    pub workload_selector: Option<WorkloadSelector>,
+    #[serde(default)]
+    pub egress: Vec<SidecarEgress>,
+    #[serde(default)]
+    pub outbound_traffic_policy: Option<OutboundTrafficPolicy>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct SidecarEgress {
+    pub hosts: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct OutboundTrafficPolicy {
+    /// `REGISTRY_ONLY` or `ALLOW_ANY` (the default).
+    #[serde(default)]
+    pub mode: Option<String>,
 }
 
 /// discovery.k8s.io/v1 EndpointSlice (top-level `endpoints` and `ports`, as Kubernetes has them).
@@ -232,6 +258,7 @@ impl Resource {
                 ("PeerAuthentication", m, serde_json::to_value(s))
             }
             Resource::EndpointSlice(m, s) => ("EndpointSlice", m, serde_json::to_value(s)),
+            Resource::Sidecar(m, s) => ("Sidecar", m, serde_json::to_value(s)),
         };
         serde_json::json!({
             "kind": kind,
@@ -242,10 +269,9 @@ impl Resource {
 }
 
 /// Kinds we read but do not act on yet; accepted so a real mesh's config loads.
-const ACCEPTED_KINDS: [&str; 7] = [
+const ACCEPTED_KINDS: [&str; 6] = [
     "VirtualService",
     "DestinationRule",
-    "Sidecar",
     "Gateway",
     "AuthorizationPolicy",
     "Namespace",
@@ -326,6 +352,33 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
                 ));
             }
             Resource::PeerAuthentication(meta, spec)
+        }
+        "Sidecar" => {
+            let spec: SidecarSpec =
+                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+            for host in spec.egress.iter().flat_map(|e| &e.hosts) {
+                if host
+                    .split_once('/')
+                    .is_none_or(|(ns, name)| ns.is_empty() || name.is_empty())
+                {
+                    return Err(format!(
+                        "{}: egress host {host:?} must be <namespace>/<dns name> (namespace may be *, . or ~)",
+                        typed("spec")
+                    ));
+                }
+            }
+            if let Some(mode) = spec
+                .outbound_traffic_policy
+                .as_ref()
+                .and_then(|p| p.mode.as_deref())
+                && !matches!(mode, "REGISTRY_ONLY" | "ALLOW_ANY")
+            {
+                return Err(format!(
+                    "{}: outboundTrafficPolicy.mode {mode:?} must be REGISTRY_ONLY or ALLOW_ANY",
+                    typed("spec")
+                ));
+            }
+            Resource::Sidecar(meta, spec)
         }
         "EndpointSlice" => {
             let slice = EndpointSliceSpec {

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::config_store::{ConfigSet, Metadata, MtlsMode, PeerAuthenticationSpec, Resource};
+use crate::config_store::{
+    ConfigSet, Metadata, MtlsMode, PeerAuthenticationSpec, Resource, SidecarSpec,
+};
 use crate::model::{Endpoint, Service, ServicePort, TlsMode};
 use crate::registry::{self, RegistryError};
 
@@ -33,6 +35,7 @@ pub struct PushContext {
     pub change: Change,
     pub services: Vec<Service>,
     pub peer_authentications: Vec<(Metadata, PeerAuthenticationSpec)>,
+    pub sidecars: Vec<(Metadata, SidecarSpec)>,
     /// Identities are `spiffe://<trust_domain>/ns/<ns>/sa/<sa>`.
     pub trust_domain: String,
     /// The config this snapshot was built from (/debug/configz).
@@ -85,6 +88,7 @@ impl Default for PushContext {
             change: Change::Full,
             services: Vec::new(),
             peer_authentications: Vec::new(),
+            sidecars: Vec::new(),
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
             config: Default::default(),
             clusters: Default::default(),
@@ -104,6 +108,31 @@ impl InboundMtls {
     /// Mode on `port`; never `Unset` (which means PERMISSIVE, Istio's default).
     pub fn on_port(&self, port: u16) -> MtlsMode {
         self.ports.get(&port).copied().unwrap_or(self.default)
+    }
+}
+
+/// What a Sidecar resource lets one proxy see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidecarScope {
+    /// `namespace/name` of the Sidecar.
+    pub name: String,
+    /// Egress hosts: (namespace or `*`/`~`, DNS name or `*`/`*.suffix`).
+    pub hosts: Vec<(String, String)>,
+    /// outboundTrafficPolicy REGISTRY_ONLY: unknown destinations go to the BlackHoleCluster.
+    pub registry_only: bool,
+}
+
+impl SidecarScope {
+    pub fn sees(&self, svc: &Service) -> bool {
+        self.hosts.iter().any(|(ns, name)| {
+            let ns_ok = ns == "*" || (ns != "~" && *ns == svc.namespace);
+            let name_ok = name == "*"
+                || *name == svc.hostname
+                || name
+                    .strip_prefix('*')
+                    .is_some_and(|suffix| svc.hostname.ends_with(suffix));
+            ns_ok && name_ok
+        })
     }
 }
 
@@ -143,8 +172,18 @@ impl PushContext {
                 })
             })
             .collect();
+        let mut sidecars: Vec<_> = config
+            .resources
+            .iter()
+            .filter_map(|r| match r {
+                Resource::Sidecar(m, s) => Some((m.clone(), s.clone())),
+                _ => None,
+            })
+            .collect();
+        sidecars.sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
         Ok(PushContext {
             version,
+            sidecars,
             generation: 0,
             change: Change::Full,
             clusters,
@@ -160,6 +199,7 @@ impl PushContext {
     pub fn same_content(&self, other: &PushContext) -> bool {
         self.services == other.services
             && self.peer_authentications == other.peer_authentications
+            && self.sidecars == other.sidecars
             && self.trust_domain == other.trust_domain
     }
 
@@ -169,6 +209,7 @@ impl PushContext {
     pub fn change_from(&self, old: &PushContext) -> Change {
         if self.services.len() != old.services.len()
             || self.peer_authentications != old.peer_authentications
+            || self.sidecars != old.sidecars
             || self.trust_domain != old.trust_domain
         {
             return Change::Full;
@@ -200,6 +241,59 @@ impl PushContext {
             }
         }
         Change::Endpoints(hosts)
+    }
+
+    /// The Sidecar that applies to `proxy`, as Istio picks it: one in the proxy's namespace
+    /// whose workload selector matches, else one there without a selector, else the root
+    /// namespace's default. `None`: the proxy sees every service (no Sidecar applies).
+    pub fn sidecar_scope(&self, proxy: &crate::model::Proxy) -> Option<SidecarScope> {
+        if self.sidecars.is_empty() {
+            return None;
+        }
+        let labels = proxy.workload_labels(&self.services);
+        let own_ns = proxy.namespace.as_str();
+        let chosen = self
+            .sidecars
+            .iter()
+            .find(|(m, s)| {
+                m.namespace() == own_ns
+                    && s.workload_selector
+                        .as_ref()
+                        .is_some_and(|sel| !sel.labels.is_empty() && selects(&sel.labels, &labels))
+            })
+            .or_else(|| {
+                self.sidecars
+                    .iter()
+                    .find(|(m, s)| m.namespace() == own_ns && s.workload_selector.is_none())
+            })
+            .or_else(|| {
+                self.sidecars
+                    .iter()
+                    .find(|(m, s)| m.namespace() == ROOT_NAMESPACE && s.workload_selector.is_none())
+            })?;
+        let (meta, spec) = chosen;
+        let hosts = spec
+            .egress
+            .iter()
+            .flat_map(|e| &e.hosts)
+            .filter_map(|h| h.split_once('/'))
+            .map(|(ns, name)| {
+                let ns = match ns {
+                    "." => proxy.namespace.clone(),
+                    other => other.to_string(),
+                };
+                (ns, name.to_string())
+            })
+            .collect();
+        Some(SidecarScope {
+            name: format!("{}/{}", meta.namespace(), meta.name),
+            hosts,
+            registry_only: spec
+                .outbound_traffic_policy
+                .as_ref()
+                .and_then(|p| p.mode.as_deref())
+                == Some("REGISTRY_ONLY"),
+        })
     }
 
     /// Auto mTLS: whether a client sends Istio mutual TLS to `ep` on service port `port`: the
@@ -312,6 +406,54 @@ spec:
             push("").inbound_mtls("x", &BTreeMap::new()).default,
             MtlsMode::Permissive
         );
+    }
+
+    #[test]
+    fn sidecar_scope_precedence() {
+        let p = push(
+            r#"
+kind: Sidecar
+metadata: {name: mesh, namespace: istio-system}
+spec: {egress: [{hosts: ["./*"]}]}
+---
+kind: Sidecar
+metadata: {name: ns, namespace: shop}
+spec: {egress: [{hosts: ["*/*"]}]}
+---
+kind: Sidecar
+metadata: {name: web, namespace: shop}
+spec:
+  workloadSelector: {labels: {app: web}}
+  egress: [{hosts: ["db/*"]}]
+  outboundTrafficPolicy: {mode: REGISTRY_ONLY}
+"#,
+        );
+        let proxy = |ns: &str, app: &str| {
+            let mut p = crate::model::Proxy::from_node_id(&format!(
+                "sidecar~10.0.0.1~p.{ns}~{ns}.svc.cluster.local"
+            ))
+            .unwrap();
+            p.labels.insert("app".into(), app.into());
+            p
+        };
+        let web = p.sidecar_scope(&proxy("shop", "web")).unwrap();
+        assert_eq!(web.name, "shop/web");
+        assert!(web.registry_only);
+        assert_eq!(
+            p.sidecar_scope(&proxy("shop", "cart")).unwrap().name,
+            "shop/ns"
+        );
+        let other = p.sidecar_scope(&proxy("blog", "x")).unwrap();
+        assert_eq!(other.name, "istio-system/mesh");
+        // "./*" means the proxy's own namespace.
+        assert_eq!(other.hosts, vec![("blog".to_string(), "*".to_string())]);
+        assert!(push("").sidecar_scope(&proxy("shop", "web")).is_none());
+        let bad = parse_file(
+            Path::new("s.yaml"),
+            "kind: Sidecar\nmetadata: {name: s, namespace: n}\nspec: {egress: [{hosts: [web]}]}\n",
+        )
+        .unwrap_err();
+        assert!(bad.to_string().contains("<namespace>/<dns name>"), "{bad}");
     }
 
     #[test]

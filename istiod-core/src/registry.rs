@@ -212,6 +212,7 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
             Resource::WorkloadEntry(..)
             | Resource::Endpoints(..)
             | Resource::EndpointSlice(..)
+            | Resource::Sidecar(..)
             | Resource::PeerAuthentication(..) => {}
         }
     }

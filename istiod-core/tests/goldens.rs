@@ -71,10 +71,11 @@ fn render(yaml_path: &Path) -> String {
     writeln!(out, "### RDS").unwrap();
     out.push_str(&show::<RouteConfiguration>(&rds::generate(
         &push,
+        &proxy,
         &route_names,
     )));
     writeln!(out, "### NDS").unwrap();
-    for n in nds::generate(&push) {
+    for n in nds::generate(&push, &proxy) {
         let table = istio_proto::nds::NameTable::decode(n.resource.value.as_slice()).unwrap();
         let mut names: Vec<_> = table.table.iter().collect();
         names.sort_by(|a, b| a.0.cmp(b.0));

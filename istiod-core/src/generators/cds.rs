@@ -16,7 +16,7 @@ use super::{
     BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_BIND_V4, INBOUND_PASSTHROUGH_CLUSTER, Named,
     PASSTHROUGH_CLUSTER, ads_config_source, seconds, tls,
 };
-use crate::model::{Protocol, Proxy, inbound_cluster_name, outbound_cluster_name};
+use crate::model::{Protocol, Proxy, Service, inbound_cluster_name, outbound_cluster_name};
 use crate::push_context::PushContext;
 
 const CONNECT_TIMEOUT_SECS: i64 = 10;
@@ -68,12 +68,16 @@ fn with_http2(mut c: Cluster) -> Cluster {
 
 /// All clusters for `proxy` (CDS is requested as a wildcard): the snapshot's outbound clusters
 /// (built once, shared by every proxy) and the proxy's own inbound and fixed clusters.
+/// A proxy under a Sidecar resource sees only its egress hosts (generated for it, uncached).
 pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
-    let mut out = push
-        .cache
-        .outbound_clusters
-        .get_or_init(|| outbound(push))
-        .clone();
+    let mut out = match push.sidecar_scope(proxy) {
+        None => push
+            .cache
+            .outbound_clusters
+            .get_or_init(|| outbound(push, &|_| true))
+            .clone(),
+        Some(scope) => outbound(push, &|s| scope.sees(s)),
+    };
     out.extend(own(push, proxy));
     out
 }
@@ -88,9 +92,9 @@ fn named(clusters: Vec<Cluster>) -> Vec<Named> {
         .collect()
 }
 
-fn outbound(push: &PushContext) -> Vec<Named> {
+fn outbound(push: &PushContext, visible: &dyn Fn(&Service) -> bool) -> Vec<Named> {
     let mut clusters = Vec::new();
-    for svc in &push.services {
+    for svc in push.services.iter().filter(|s| visible(s)) {
         for port in &svc.ports {
             let mut c = base(
                 outbound_cluster_name(port.port, &svc.hostname),

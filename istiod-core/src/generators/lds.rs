@@ -27,11 +27,12 @@ use envoy_types::util::pack_any;
 
 use super::rds::route_to;
 use super::{
-    INBOUND_PASSTHROUGH_CLUSTER, Named, PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT,
-    VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT, ads_config_source, socket_address, tls,
+    BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, Named, PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND,
+    VIRTUAL_INBOUND_PORT, VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT, ads_config_source,
+    socket_address, tls,
 };
 use crate::config_store::MtlsMode;
-use crate::model::{Protocol, Proxy, inbound_cluster_name, outbound_cluster_name};
+use crate::model::{Protocol, Proxy, Service, inbound_cluster_name, outbound_cluster_name};
 use crate::push_context::PushContext;
 
 const WILDCARD: &str = "0.0.0.0";
@@ -98,11 +99,11 @@ fn chain(name: &str, filters: Vec<Filter>) -> FilterChain {
     }
 }
 
-fn outbound_listeners(push: &PushContext) -> Vec<Listener> {
+fn outbound_listeners(push: &PushContext, visible: &dyn Fn(&Service) -> bool) -> Vec<Listener> {
     let mut out = Vec::new();
     let mut http_ports = BTreeSet::new();
     let mut seen = BTreeSet::new();
-    for svc in &push.services {
+    for svc in push.services.iter().filter(|s| visible(s)) {
         for port in &svc.ports {
             if port.protocol.is_http() {
                 http_ports.insert(port.port);
@@ -147,7 +148,13 @@ fn outbound_listeners(push: &PushContext) -> Vec<Listener> {
     out
 }
 
-fn virtual_outbound() -> Listener {
+/// The capture listener; with REGISTRY_ONLY, unknown destinations go to the BlackHoleCluster.
+fn virtual_outbound(registry_only: bool) -> Listener {
+    let fallback = if registry_only {
+        BLACKHOLE_CLUSTER
+    } else {
+        PASSTHROUGH_CLUSTER
+    };
     Listener {
         use_original_dst: Some(BoolValue { value: true }),
         ..listener(
@@ -156,7 +163,7 @@ fn virtual_outbound() -> Listener {
             VIRTUAL_OUTBOUND_PORT,
             vec![chain(
                 "virtualOutbound-catchall-tcp",
-                vec![tcp_proxy_filter(PASSTHROUGH_CLUSTER, PASSTHROUGH_CLUSTER)],
+                vec![tcp_proxy_filter(fallback, fallback)],
             )],
             true,
         )
@@ -317,15 +324,29 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
         name: l.name.clone(),
         resource: pack_any(l),
     };
-    let mut out = push
-        .cache
-        .outbound_listeners
-        .get_or_init(|| {
-            let mut shared: Vec<Named> = outbound_listeners(push).into_iter().map(named).collect();
-            shared.push(named(virtual_outbound()));
-            shared
-        })
-        .clone();
+    let mut out = match push.sidecar_scope(proxy) {
+        None => push
+            .cache
+            .outbound_listeners
+            .get_or_init(|| {
+                let mut shared: Vec<Named> = outbound_listeners(push, &|_| true)
+                    .into_iter()
+                    .map(named)
+                    .collect();
+                shared.push(named(virtual_outbound(false)));
+                shared
+            })
+            .clone(),
+        // Under a Sidecar resource: only its egress hosts (generated for this proxy).
+        Some(scope) => {
+            let mut own: Vec<Named> = outbound_listeners(push, &|s| scope.sees(s))
+                .into_iter()
+                .map(named)
+                .collect();
+            own.push(named(virtual_outbound(scope.registry_only)));
+            own
+        }
+    };
     out.push(named(virtual_inbound(push, proxy)));
     out
 }

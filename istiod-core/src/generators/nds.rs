@@ -8,11 +8,19 @@ use istio_proto::nds::{NameTable, name_table::NameInfo};
 use prost::Message;
 
 use super::Named;
+use crate::model::Proxy;
 use crate::push_context::PushContext;
 
-pub fn generate(push: &PushContext) -> Vec<Named> {
+/// The table for `proxy`: under a Sidecar resource, only its egress hosts.
+pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
+    let scope = push.sidecar_scope(proxy);
     let mut table = NameTable::default();
-    for svc in push.services.iter().filter(|s| !s.addresses.is_empty()) {
+    for svc in push
+        .services
+        .iter()
+        .filter(|s| !s.addresses.is_empty())
+        .filter(|s| scope.as_ref().is_none_or(|sc| sc.sees(s)))
+    {
         let kube_suffix = format!(".{}.svc.", svc.namespace);
         let (registry, shortname) = match svc.hostname.find(&kube_suffix) {
             Some(i) => ("Kubernetes", svc.hostname[..i].to_string()),

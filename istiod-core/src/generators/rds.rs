@@ -8,8 +8,8 @@ use envoy_types::pb::envoy::config::route::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
-use super::{Named, PASSTHROUGH_CLUSTER, seconds};
-use crate::model::{Service, ServicePort, outbound_cluster_name};
+use super::{BLACKHOLE_CLUSTER, Named, PASSTHROUGH_CLUSTER, seconds};
+use crate::model::{Proxy, Service, ServicePort, outbound_cluster_name};
 use crate::push_context::PushContext;
 
 pub(crate) fn route_to(cluster: String) -> Route {
@@ -48,10 +48,15 @@ fn domains(svc: &Service, port: &ServicePort) -> Vec<String> {
     names
 }
 
-fn route_config(push: &PushContext, name: &str) -> RouteConfiguration {
+fn route_config(
+    push: &PushContext,
+    name: &str,
+    visible: &dyn Fn(&Service) -> bool,
+    registry_only: bool,
+) -> RouteConfiguration {
     let mut virtual_hosts = Vec::new();
     if let Ok(port_number) = name.parse::<u16>() {
-        for svc in &push.services {
+        for svc in push.services.iter().filter(|s| visible(s)) {
             for port in svc
                 .ports
                 .iter()
@@ -66,12 +71,22 @@ fn route_config(push: &PushContext, name: &str) -> RouteConfiguration {
             }
         }
     }
-    // Unknown hosts pass through, as with Istio's default outboundTrafficPolicy ALLOW_ANY.
-    virtual_hosts.push(VirtualHost {
-        name: "allow_any".to_string(),
-        domains: vec!["*".to_string()],
-        routes: vec![route_to(PASSTHROUGH_CLUSTER.to_string())],
-        ..Default::default()
+    // Unknown hosts pass through, as with Istio's default outboundTrafficPolicy ALLOW_ANY;
+    // under REGISTRY_ONLY they are refused.
+    virtual_hosts.push(if registry_only {
+        VirtualHost {
+            name: "block_all".to_string(),
+            domains: vec!["*".to_string()],
+            routes: vec![route_to(BLACKHOLE_CLUSTER.to_string())],
+            ..Default::default()
+        }
+    } else {
+        VirtualHost {
+            name: "allow_any".to_string(),
+            domains: vec!["*".to_string()],
+            routes: vec![route_to(PASSTHROUGH_CLUSTER.to_string())],
+            ..Default::default()
+        }
     });
     RouteConfiguration {
         name: name.to_string(),
@@ -81,7 +96,22 @@ fn route_config(push: &PushContext, name: &str) -> RouteConfiguration {
     }
 }
 
-pub fn generate(push: &PushContext, names: &[String]) -> Vec<Named> {
+/// Route configurations `names` for `proxy`; under a Sidecar resource only its egress hosts.
+pub fn generate(push: &PushContext, proxy: &Proxy, names: &[String]) -> Vec<Named> {
+    if let Some(scope) = push.sidecar_scope(proxy) {
+        return names
+            .iter()
+            .map(|n| Named {
+                name: n.clone(),
+                resource: pack_any(route_config(
+                    push,
+                    n,
+                    &|s| scope.sees(s),
+                    scope.registry_only,
+                )),
+            })
+            .collect();
+    }
     let all = push.cache.routes.get_or_init(|| {
         let mut ports: Vec<u16> = push
             .services
@@ -99,7 +129,7 @@ pub fn generate(push: &PushContext, names: &[String]) -> Vec<Named> {
             .into_iter()
             .map(|p| {
                 let name = p.to_string();
-                let resource = pack_any(route_config(push, &name));
+                let resource = pack_any(route_config(push, &name, &|_| true, false));
                 (name.clone(), Named { name, resource })
             })
             .collect()
@@ -109,7 +139,7 @@ pub fn generate(push: &PushContext, names: &[String]) -> Vec<Named> {
         .map(|n| {
             all.get(n).cloned().unwrap_or_else(|| Named {
                 name: n.clone(),
-                resource: pack_any(route_config(push, n)),
+                resource: pack_any(route_config(push, n, &|_| true, false)),
             })
         })
         .collect()
