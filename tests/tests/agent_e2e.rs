@@ -301,3 +301,90 @@ fn rejected_listeners_keep_the_proxy_unready() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Every golden config of istiod-core's generator tests, served to a real Envoy through the
+/// agent: Envoy accepts all of it (CDS and LDS updated, nothing rejected) and becomes ready.
+#[test]
+fn envoy_accepts_every_golden_config() {
+    if !require_root("envoy_accepts_every_golden_config")
+        || !require_envoy("envoy_accepts_every_golden_config")
+    {
+        return;
+    }
+    let goldens =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../istiod-core/tests/golden");
+    let mut cases: Vec<_> = std::fs::read_dir(&goldens)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 6);
+    let agent = binary("pilot-agent");
+    for case in cases {
+        let text = std::fs::read_to_string(&case).unwrap();
+        // `# proxy: sidecar~IP~POD.NS~NS.svc.cluster.local`
+        let node = text.lines().next().unwrap().trim_start_matches("# proxy: ");
+        let parts: Vec<&str> = node.split('~').collect();
+        let (ip, pod_ns) = (parts[1], parts[2]);
+        let (pod, ns) = pod_ns.split_once('.').unwrap();
+        let mut net = Network::new().unwrap();
+        let idx = net.add_pod("pod", 2).unwrap();
+        let mesh = net.dir().join("mesh");
+        std::fs::create_dir_all(&mesh).unwrap();
+        std::fs::copy(&case, mesh.join("mesh.yaml")).unwrap();
+        let pod_ref = &mut net.pods[idx];
+        pod_ref
+            .spawn(
+                "pilot-agent",
+                0,
+                0,
+                &[
+                    ("POD_NAME", pod),
+                    ("POD_NAMESPACE", ns),
+                    ("INSTANCE_IP", ip),
+                    ("SERVICE_ACCOUNT", "web"),
+                    ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"0s\"}"),
+                ],
+                &[
+                    agent.to_str().unwrap(),
+                    "proxy",
+                    "sidecar",
+                    "--configDir",
+                    mesh.to_str().unwrap(),
+                ],
+            )
+            .unwrap();
+        let ready = pod_ref.wait_http_ok(
+            "http://127.0.0.1:15021/healthz/ready",
+            Duration::from_secs(60),
+        );
+        assert!(
+            ready.is_ok(),
+            "{}: {ready:?}\n{}",
+            case.display(),
+            pod_ref.logs()
+        );
+        for stat in [
+            "cluster_manager.cds.update_rejected",
+            "listener_manager.lds.update_rejected",
+        ] {
+            assert_eq!(
+                pod_ref.envoy_stat(stat).unwrap(),
+                0,
+                "{}: {stat}",
+                case.display()
+            );
+        }
+        for stat in [
+            "cluster_manager.cds.update_success",
+            "listener_manager.lds.update_success",
+        ] {
+            assert!(
+                pod_ref.envoy_stat(stat).unwrap() >= 1,
+                "{}: {stat}",
+                case.display()
+            );
+        }
+    }
+}
