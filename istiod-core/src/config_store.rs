@@ -247,6 +247,30 @@ pub enum MtlsMode {
 }
 
 impl Resource {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Resource::ServiceEntry(..) => "ServiceEntry",
+            Resource::WorkloadEntry(..) => "WorkloadEntry",
+            Resource::Service(..) => "Service",
+            Resource::Endpoints(..) => "Endpoints",
+            Resource::PeerAuthentication(..) => "PeerAuthentication",
+            Resource::EndpointSlice(..) => "EndpointSlice",
+            Resource::Sidecar(..) => "Sidecar",
+        }
+    }
+
+    pub fn metadata(&self) -> &Metadata {
+        match self {
+            Resource::ServiceEntry(m, _)
+            | Resource::WorkloadEntry(m, _)
+            | Resource::Service(m, _)
+            | Resource::Endpoints(m, _)
+            | Resource::PeerAuthentication(m, _)
+            | Resource::EndpointSlice(m, _)
+            | Resource::Sidecar(m, _) => m,
+        }
+    }
+
     /// The resource as /debug/configz shows it: kind, metadata and spec.
     pub fn to_json(&self) -> serde_json::Value {
         let (kind, meta, spec) = match self {

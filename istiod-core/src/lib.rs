@@ -12,6 +12,7 @@ pub mod generators;
 pub mod model;
 pub mod push_context;
 pub mod registry;
+pub mod store;
 pub mod xds_server;
 
 use std::path::{Path, PathBuf};
@@ -89,16 +90,23 @@ pub enum Error {
     Registry(#[from] RegistryError),
 }
 
-/// The control plane: the current snapshot and the means to replace it.
+/// The control plane: the current snapshot and the means to replace it. Config comes from an
+/// aggregate of the watched directory (if any) and an in-memory store (`memory()`).
 pub struct ControlPlane {
-    config_dir: PathBuf,
+    config_dir: Option<PathBuf>,
+    store: store::AggregateStore,
+    memory: Arc<store::MemoryStore>,
     domain_suffix: String,
     tx: watch::Sender<Arc<PushContext>>,
     generation: std::sync::atomic::AtomicU64,
 }
 
-fn build(dir: &Path, domain: &str, generation: u64) -> Result<PushContext, Error> {
-    let set = config_store::load_dir(dir)?;
+fn build(
+    store: &dyn store::ConfigStore,
+    domain: &str,
+    generation: u64,
+) -> Result<PushContext, Error> {
+    let set = store::config_set(store)?;
     let version = format!(
         "{}.{generation}",
         SystemTime::now()
@@ -112,15 +120,44 @@ fn build(dir: &Path, domain: &str, generation: u64) -> Result<PushContext, Error
 impl ControlPlane {
     /// Loads `config_dir`; fails if it does not load, so a bad start is loud.
     pub fn load(config_dir: &Path, domain_suffix: &str) -> Result<Arc<ControlPlane>, Error> {
-        let push = build(config_dir, domain_suffix, 1)?;
-        tracing::info!(dir = %config_dir.display(), services = push.services.len(), "config loaded");
+        Self::with_sources(Some(config_dir), domain_suffix)
+    }
+
+    /// A control plane fed only by its in-memory store (tests, embedders).
+    pub fn in_memory(domain_suffix: &str) -> Result<Arc<ControlPlane>, Error> {
+        Self::with_sources(None, domain_suffix)
+    }
+
+    fn with_sources(
+        config_dir: Option<&Path>,
+        domain_suffix: &str,
+    ) -> Result<Arc<ControlPlane>, Error> {
+        let memory = store::MemoryStore::new();
+        let mut sources: Vec<Arc<dyn store::ConfigStore>> = Vec::new();
+        if let Some(dir) = config_dir {
+            sources.push(Arc::new(store::FileStore {
+                dir: dir.to_path_buf(),
+            }));
+        }
+        sources.push(memory.clone());
+        let store = store::AggregateStore { sources };
+        let push = build(&store, domain_suffix, 1)?;
+        tracing::info!(dir = ?config_dir, services = push.services.len(), "config loaded");
         let (tx, _) = watch::channel(Arc::new(push));
         Ok(Arc::new(ControlPlane {
-            config_dir: config_dir.to_path_buf(),
+            config_dir: config_dir.map(Path::to_path_buf),
+            store,
+            memory,
             domain_suffix: domain_suffix.to_string(),
             tx,
             generation: 1.into(),
         }))
+    }
+
+    /// The in-memory source: what is applied here joins the directory's config on the next
+    /// reload (`watch` reloads on every change, debounced).
+    pub fn memory(&self) -> &Arc<store::MemoryStore> {
+        &self.memory
     }
 
     /// Re-reads the directory. On error the last good snapshot stays in force.
@@ -129,7 +166,7 @@ impl ControlPlane {
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        let mut push = build(&self.config_dir, &self.domain_suffix, generation)?;
+        let mut push = build(&self.store, &self.domain_suffix, generation)?;
         let old = self.tx.borrow().clone();
         if !push.same_content(&old) {
             push.generation = old.generation + 1;
@@ -167,43 +204,58 @@ impl ControlPlane {
     /// process ends.
     pub async fn watch(self: Arc<Self>, debounce: Debounce) {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1024);
-        let notify_tx = tx.clone();
-        let watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
-            let _ = notify_tx.try_send(());
-        })
-        .and_then(|mut w| {
-            notify::Watcher::watch(
-                &mut w,
-                &self.config_dir,
-                notify::RecursiveMode::NonRecursive,
-            )
-            .map(|_| w)
-        });
-        if let Err(e) = &watcher {
-            tracing::warn!(error = %e, dir = %self.config_dir.display(), "no inotify watch; polling only");
-        }
-        let dir = self.config_dir.clone();
-        tokio::spawn(async move {
-            let mut last = fingerprint(&dir);
-            loop {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                let now = fingerprint(&dir);
-                if now != last {
-                    last = now;
-                    if tx.send(()).await.is_err() {
-                        return;
+        let mut watcher = None;
+        if let Some(dir) = self.config_dir.clone() {
+            let notify_tx = tx.clone();
+            let w = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
+                let _ = notify_tx.try_send(());
+            })
+            .and_then(|mut w| {
+                notify::Watcher::watch(&mut w, &dir, notify::RecursiveMode::NonRecursive).map(|_| w)
+            });
+            match w {
+                Ok(w) => watcher = Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, dir = %dir.display(), "no inotify watch; polling only")
+                }
+            }
+            let poll_tx = tx.clone();
+            tokio::spawn(async move {
+                let mut last = fingerprint(&dir);
+                loop {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let now = fingerprint(&dir);
+                    if now != last {
+                        last = now;
+                        if poll_tx.send(()).await.is_err() {
+                            return;
+                        }
                     }
+                }
+            });
+        }
+        let mut memory_changes = self.memory.subscribe();
+        tokio::spawn(async move {
+            while memory_changes.changed().await.is_ok() {
+                if tx.send(()).await.is_err() {
+                    return;
                 }
             }
         });
-        let mut last = fingerprint(&self.config_dir);
+        let fingerprint_now = |cp: &ControlPlane| {
+            (
+                cp.config_dir.as_deref().map(fingerprint),
+                *cp.memory.subscribe().borrow(),
+            )
+        };
+        let mut last = fingerprint_now(&self);
         while rx.recv().await.is_some() {
             if !debounce.settle(&mut rx).await {
                 break;
             }
             // Our own writes (the CA's files live in a subdirectory) and touches that change
             // nothing are not config events.
-            let now = fingerprint(&self.config_dir);
+            let now = fingerprint_now(&self);
             if now == last {
                 continue;
             }

@@ -229,3 +229,44 @@ async fn debug_port_serves_syncz_configz_and_registryz() {
         vec!["db.shop.svc.cluster.local", "web.shop.svc.cluster.local"]
     );
 }
+
+#[tokio::test]
+async fn the_in_memory_store_drives_pushes_through_the_debounce() {
+    let cp = ControlPlane::in_memory("cluster.local").unwrap();
+    tokio::spawn(cp.clone().watch(istiod_core::Debounce {
+        after: Duration::from_millis(20),
+        max: Duration::from_secs(1),
+    }));
+    let server = cp.xds();
+    let mut client = Client::new(&server, "10.1.0.50");
+    client.subscribe(&[]).await;
+    let se = |host: &str| {
+        istiod_core::config_store::parse_file(
+            std::path::Path::new("mem.yaml"),
+            &format!(
+                "kind: ServiceEntry\nmetadata: {{name: {host}, namespace: shop}}\nspec: {{hosts: [{host}.example], ports: [{{number: 80, name: http}}]}}\n"
+            ),
+        )
+        .unwrap()
+        .remove(0)
+    };
+    // Two applies in one burst: one push.
+    cp.memory().apply(se("a"));
+    cp.memory().apply(se("b"));
+    let types = client.pushed().await;
+    assert_eq!(
+        types.iter().filter(|t| *t == CLUSTER_TYPE).count(),
+        1,
+        "{types:?}"
+    );
+    let hosts: Vec<String> = cp
+        .snapshot()
+        .services
+        .iter()
+        .map(|s| s.hostname.clone())
+        .collect();
+    assert_eq!(hosts, vec!["a.example", "b.example"]);
+    assert!(cp.memory().delete("ServiceEntry", "shop", "a"));
+    assert!(client.pushed().await.contains(&CLUSTER_TYPE.to_string()));
+    assert_eq!(cp.snapshot().services.len(), 1);
+}

@@ -1,0 +1,189 @@
+//! Config sources behind one interface (istiod's `model.ConfigStore` and its aggregate): the
+//! watched directory (`FileStore`), an in-memory store that tests and embedders write to
+//! (`MemoryStore`), and `AggregateStore`, which lists them all as one. The control plane reads
+//! only through `ConfigStore`, so a source never needs to know about snapshots or pushes.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::watch;
+
+use crate::config_store::{ConfigError, ConfigSet, Resource, load_dir};
+
+/// A source of config resources.
+pub trait ConfigStore: Send + Sync {
+    /// Every resource, as one consistent view; an error leaves the caller's last good config.
+    fn list(&self) -> Result<Vec<Resource>, ConfigError>;
+
+    /// The resources of one kind (`ServiceEntry`, `Sidecar`, ...).
+    fn list_kind(&self, kind: &str) -> Result<Vec<Resource>, ConfigError> {
+        Ok(self
+            .list()?
+            .into_iter()
+            .filter(|r| r.kind() == kind)
+            .collect())
+    }
+
+    /// One resource by kind, namespace and name.
+    fn get(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Resource>, ConfigError> {
+        Ok(self.list()?.into_iter().find(|r| {
+            r.kind() == kind && r.metadata().namespace() == namespace && r.metadata().name == name
+        }))
+    }
+}
+
+/// The directory of YAML/JSON files (watched by the control plane).
+pub struct FileStore {
+    pub dir: PathBuf,
+}
+
+impl ConfigStore for FileStore {
+    fn list(&self) -> Result<Vec<Resource>, ConfigError> {
+        Ok(load_dir(&self.dir)?.resources)
+    }
+}
+
+/// Resources held in memory. Every change bumps `changes`, which the control plane watches.
+#[derive(Default)]
+pub struct MemoryStore {
+    resources: RwLock<Vec<Resource>>,
+    changes: watch::Sender<u64>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Arc<MemoryStore> {
+        Arc::new(MemoryStore::default())
+    }
+
+    /// Adds `resource`, or replaces the one with its kind, namespace and name.
+    pub fn apply(&self, resource: Resource) {
+        if let Ok(mut all) = self.resources.write() {
+            let key = |r: &Resource| {
+                (
+                    r.kind(),
+                    r.metadata().namespace().to_string(),
+                    r.metadata().name.clone(),
+                )
+            };
+            let k = key(&resource);
+            match all.iter_mut().find(|r| key(r) == k) {
+                Some(slot) => *slot = resource,
+                None => all.push(resource),
+            }
+        }
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Removes a resource; true if there was one.
+    pub fn delete(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        let removed = self.resources.write().is_ok_and(|mut all| {
+            let before = all.len();
+            all.retain(|r| {
+                !(r.kind() == kind
+                    && r.metadata().namespace() == namespace
+                    && r.metadata().name == name)
+            });
+            all.len() != before
+        });
+        if removed {
+            self.changes.send_modify(|n| *n += 1);
+        }
+        removed
+    }
+
+    /// Notified on every change.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+}
+
+impl ConfigStore for MemoryStore {
+    fn list(&self) -> Result<Vec<Resource>, ConfigError> {
+        Ok(self.resources.read().map(|r| r.clone()).unwrap_or_default())
+    }
+}
+
+/// All sources as one, in order. An error from any source fails the whole listing, so a broken
+/// source can never make resources disappear from the mesh.
+#[derive(Default)]
+pub struct AggregateStore {
+    pub sources: Vec<Arc<dyn ConfigStore>>,
+}
+
+impl ConfigStore for AggregateStore {
+    fn list(&self) -> Result<Vec<Resource>, ConfigError> {
+        let mut out = Vec::new();
+        for source in &self.sources {
+            out.extend(source.list()?);
+        }
+        Ok(out)
+    }
+}
+
+/// Everything a store lists, as the registry and snapshot take it.
+pub fn config_set(store: &dyn ConfigStore) -> Result<ConfigSet, ConfigError> {
+    Ok(ConfigSet {
+        resources: store.list()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config_store::parse_file;
+    use std::path::Path;
+
+    fn one(yaml: &str) -> Resource {
+        parse_file(Path::new("mem.yaml"), yaml)
+            .unwrap()
+            .into_iter()
+            .next()
+            .unwrap()
+    }
+
+    #[test]
+    fn memory_and_files_aggregate() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("a.yaml"),
+            "kind: ServiceEntry\nmetadata: {name: web, namespace: shop}\nspec: {hosts: [web.example]}\n",
+        )
+        .unwrap();
+        let mem = MemoryStore::new();
+        let mut changes = mem.subscribe();
+        let agg = AggregateStore {
+            sources: vec![
+                Arc::new(FileStore {
+                    dir: dir.path().to_path_buf(),
+                }),
+                mem.clone(),
+            ],
+        };
+        assert_eq!(agg.list().unwrap().len(), 1);
+        mem.apply(one(
+            "kind: WorkloadEntry\nmetadata: {name: w, namespace: shop}\nspec: {address: 10.0.0.1}\n",
+        ));
+        assert!(changes.has_changed().unwrap());
+        changes.mark_unchanged();
+        mem.apply(one(
+            "kind: WorkloadEntry\nmetadata: {name: w, namespace: shop}\nspec: {address: 10.0.0.2}\n",
+        ));
+        assert_eq!(
+            agg.list_kind("WorkloadEntry").unwrap().len(),
+            1,
+            "replaced, not added"
+        );
+        assert!(agg.get("ServiceEntry", "shop", "web").unwrap().is_some());
+        assert!(mem.delete("WorkloadEntry", "shop", "w"));
+        assert!(!mem.delete("WorkloadEntry", "shop", "w"));
+        assert_eq!(agg.list().unwrap().len(), 1);
+        // A broken file fails the whole aggregate listing.
+        std::fs::write(dir.path().join("b.yaml"), "kind: [").unwrap();
+        assert!(agg.list().is_err());
+    }
+}
