@@ -59,6 +59,8 @@ pub fn default_push_throttle() -> usize {
         .unwrap_or(1);
     (15 + 5 * cores).min(100)
 }
+/// Largest xDS request accepted (Istio's ISTIO_GPRC_MAXRECVMSGSIZE default).
+pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 /// Concurrent ADS streams accepted before new ones are refused (RESOURCE_EXHAUSTED).
 pub const DEFAULT_MAX_STREAMS: usize = 100_000;
 
@@ -213,8 +215,10 @@ impl XdsServer {
 
     /// The tonic service for serving this over gRPC.
     pub fn service(self) -> AggregatedDiscoveryServiceServer<AdsService> {
+        // Requests are small (Istio caps them at 4 MiB, ISTIO_GPRC_MAXRECVMSGSIZE); responses
+        // carry whole meshes and are bounded only by what we generate.
         AggregatedDiscoveryServiceServer::new(AdsService { server: self })
-            .max_decoding_message_size(usize::MAX)
+            .max_decoding_message_size(MAX_REQUEST_BYTES)
             .max_encoding_message_size(usize::MAX)
     }
 }
@@ -372,9 +376,7 @@ where
     C: StreamState,
     S: Stream<Item = Result<C::Request, Status>> + Send + 'static,
 {
-    // Small: a response waits here only until tonic takes it for encoding, so the memory a
-    // push holds is bounded by the throttle, not by how slowly a proxy reads.
-    let (tx, rx) = mpsc::channel(1);
+    let (tx, rx) = mpsc::channel(4);
     let Ok(permit) = shared.streams.clone().try_acquire_owned() else {
         tracing::warn!("ADS stream refused: stream limit reached");
         let _ = tx.try_send(Err(Status::resource_exhausted(
@@ -411,10 +413,12 @@ where
                     Step::Push(push, types)
                 }
             };
-            // Istio's push throttle: at most this many streams generate and hand over
-            // responses at once; each response is sent before the next is generated.
-            let Ok(_throttle) = shared.throttle.acquire().await else {
-                break;
+            // Istio's push throttle: at most this many streams generate at once. The permit
+            // is released before sending, so a proxy that stops reading blocks only its own
+            // stream, never the pushes to others.
+            let throttle = match shared.throttle.acquire().await {
+                Ok(permit) => permit,
+                Err(_) => break,
             };
             let mut out: Vec<C::Response> = Vec::new();
             match step {
@@ -425,22 +429,17 @@ where
                     match conn.on_request(&push, req, &stats) {
                         Ok(resp) => out.extend(resp),
                         Err(status) => {
+                            drop(throttle);
                             let _ = tx.send(Err(status)).await;
                             break;
                         }
                     }
                 }
                 Step::Push(push, types) => {
-                    for t in types {
-                        if let Some(resp) = conn.on_push(&push, t) {
-                            stats.pushes.fetch_add(1, Ordering::Relaxed);
-                            if tx.send(Ok(resp)).await.is_err() {
-                                break 'stream;
-                            }
-                        }
-                    }
+                    out.extend(types.iter().filter_map(|t| conn.on_push(&push, t)));
                 }
             }
+            drop(throttle);
             if let (Some(sync), Ok(mut syncs)) = (conn.sync(), shared.syncs.lock()) {
                 syncs.insert(id, sync);
             }

@@ -270,3 +270,32 @@ async fn the_in_memory_store_drives_pushes_through_the_debounce() {
     assert!(client.pushed().await.contains(&CLUSTER_TYPE.to_string()));
     assert_eq!(cp.snapshot().services.len(), 1);
 }
+
+#[tokio::test]
+async fn a_proxy_that_stops_reading_does_not_stall_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
+    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    // One push may be generated at a time: a stuck stream holding it would stall everyone.
+    let server = cp.xds_with_limits(100, 1);
+    let stuck = Client::new(&server, "10.1.0.60");
+    stuck.request(CLUSTER_TYPE, &[], "").await;
+    stuck.request(LISTENER_TYPE, &[], "").await;
+    let mut healthy = Client::new(&server, "10.1.0.61");
+    healthy.subscribe(&[]).await;
+    // Several full pushes: the stuck stream's buffer fills and its sends block.
+    for i in 0..6 {
+        let mut yaml = mesh(&["10.1.0.1"]);
+        yaml.push_str(&format!(
+            "---\nkind: ServiceEntry\nmetadata: {{name: x{i}, namespace: shop}}\nspec: {{hosts: [x{i}.example], ports: [{{number: 80, name: http}}]}}\n"
+        ));
+        std::fs::write(dir.path().join("mesh.yaml"), yaml).unwrap();
+        cp.reload().unwrap();
+        let types = healthy.pushed().await;
+        assert!(
+            types.contains(&CLUSTER_TYPE.to_string()),
+            "push {i}: {types:?}"
+        );
+    }
+    drop(stuck);
+}
