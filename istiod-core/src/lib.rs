@@ -4,6 +4,7 @@
 //! (`push_context`) → per-proxy resources (`generators`) → streams (`xds_server`).
 //! [`ControlPlane`] owns the snapshot and publishes each new one to every stream.
 
+pub mod ads_http;
 pub mod ca;
 pub mod ca_server;
 pub mod config_store;

@@ -4,6 +4,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc rather than the system allocator: a push to many proxies allocates and frees large
+/// buffers in bursts, and glibc keeps the high-water mark resident; mimalloc returns freed
+/// memory to the system.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "istiod-core",
@@ -257,7 +263,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     server
         .add_optional_service(ca_service)
         .add_service(tonic::service::interceptor::InterceptedService::new(
-            xds.clone().service(),
+            istiod_core::ads_http::AdsHttp {
+                server: xds.clone(),
+            },
             istiod_core::xds_server::bearer_check(token),
         ))
         .serve_with_incoming_shutdown(

@@ -59,6 +59,9 @@ pub fn default_push_throttle() -> usize {
         .unwrap_or(1);
     (15 + 5 * cores).min(100)
 }
+/// How long a push may keep its throttle permit while a slow proxy takes its responses.
+const THROTTLE_HOLD: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Largest xDS request accepted (Istio's ISTIO_GPRC_MAXRECVMSGSIZE default).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 /// Concurrent ADS streams accepted before new ones are refused (RESOURCE_EXHAUSTED).
@@ -376,7 +379,7 @@ where
     C: StreamState,
     S: Stream<Item = Result<C::Request, Status>> + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel(4);
+    let (tx, rx) = mpsc::channel(1);
     let Ok(permit) = shared.streams.clone().try_acquire_owned() else {
         tracing::warn!("ADS stream refused: stream limit reached");
         let _ = tx.try_send(Err(Status::resource_exhausted(
@@ -439,16 +442,30 @@ where
                     out.extend(types.iter().filter_map(|t| conn.on_push(&push, t)));
                 }
             }
-            drop(throttle);
             if let (Some(sync), Ok(mut syncs)) = (conn.sync(), shared.syncs.lock()) {
                 syncs.insert(id, sync);
             }
+            // The permit is kept while the responses are handed to the proxy's connection, so
+            // the memory of pushes in flight stays bounded by the throttle; but only for
+            // THROTTLE_HOLD: a proxy that stops reading then loses it and blocks only itself.
+            let mut throttle = Some(throttle);
+            let hold_until = tokio::time::Instant::now() + THROTTLE_HOLD;
             for resp in out {
                 stats.pushes.fetch_add(1, Ordering::Relaxed);
-                if tx.send(Ok(resp)).await.is_err() {
+                let send = tx.send(Ok(resp));
+                tokio::pin!(send);
+                if throttle.is_some() {
+                    match tokio::time::timeout_at(hold_until, &mut send).await {
+                        Ok(Ok(())) => continue,
+                        Ok(Err(_)) => break 'stream,
+                        Err(_) => throttle = None,
+                    }
+                }
+                if send.await.is_err() {
                     break 'stream;
                 }
             }
+            drop(throttle);
         }
         if let Ok(mut syncs) = shared.syncs.lock() {
             syncs.remove(&id);

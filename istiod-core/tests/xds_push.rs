@@ -64,7 +64,11 @@ impl Client {
     }
 
     async fn next(&mut self) -> Option<DiscoveryResponse> {
-        tokio::time::timeout(Duration::from_millis(500), self.rx.next())
+        self.next_within(Duration::from_secs(2)).await
+    }
+
+    async fn next_within(&mut self, limit: Duration) -> Option<DiscoveryResponse> {
+        tokio::time::timeout(limit, self.rx.next())
             .await
             .ok()
             .flatten()
@@ -86,10 +90,12 @@ impl Client {
         }
     }
 
-    /// Type URLs of everything pushed within half a second.
+    /// Type URLs of everything pushed: the first response within 2 s, each next within 0.6 s.
     async fn pushed(&mut self) -> Vec<String> {
         let mut out = Vec::new();
-        while let Some(resp) = self.next().await {
+        let mut limit = Duration::from_secs(2);
+        while let Some(resp) = self.next_within(limit).await {
+            limit = Duration::from_millis(600);
             let names = self.names.get(&resp.type_url).cloned().unwrap_or_default();
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             self.request(&resp.type_url, &names, &resp.nonce).await;
