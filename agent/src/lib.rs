@@ -111,8 +111,11 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     tracing::info!(config = ?cfg, "starting pilot-agent");
     let upstream = match &cfg.control_plane {
         ControlPlaneSource::Embedded { config_dir } => {
-            let cp =
-                istiod_core::ControlPlane::load(config_dir, istiod_core::DEFAULT_DOMAIN_SUFFIX)?;
+            let cp = istiod_core::ControlPlane::load_with_trust_domain(
+                config_dir,
+                istiod_core::DEFAULT_DOMAIN_SUFFIX,
+                &cfg.identity.identity.trust_domain,
+            )?;
             tokio::spawn(cp.clone().watch(cfg.debounce));
             xds_proxy::Upstream::Embedded(cp.xds())
         }

@@ -98,6 +98,7 @@ pub struct ControlPlane {
     store: store::AggregateStore,
     memory: Arc<store::MemoryStore>,
     domain_suffix: String,
+    trust_domain: String,
     tx: watch::Sender<Arc<PushContext>>,
     generation: std::sync::atomic::AtomicU64,
 }
@@ -105,6 +106,7 @@ pub struct ControlPlane {
 fn build(
     store: &dyn store::ConfigStore,
     domain: &str,
+    trust_domain: &str,
     generation: u64,
 ) -> Result<PushContext, Error> {
     let set = store::config_set(store)?;
@@ -115,23 +117,40 @@ fn build(
             .map(|d| d.as_secs())
             .unwrap_or_default()
     );
-    Ok(PushContext::build(Arc::new(set), domain, version)?)
+    let mut push = PushContext::build(Arc::new(set), domain, version)?;
+    push.trust_domain = trust_domain.to_string();
+    Ok(push)
 }
 
 impl ControlPlane {
     /// Loads `config_dir`; fails if it does not load, so a bad start is loud.
     pub fn load(config_dir: &Path, domain_suffix: &str) -> Result<Arc<ControlPlane>, Error> {
-        Self::with_sources(Some(config_dir), domain_suffix)
+        Self::with_sources(
+            Some(config_dir),
+            domain_suffix,
+            push_context::DEFAULT_TRUST_DOMAIN,
+        )
+    }
+
+    /// As `load`, for a mesh whose identities are `spiffe://<trust_domain>/...` (the SANs
+    /// clients expect of their peers).
+    pub fn load_with_trust_domain(
+        config_dir: &Path,
+        domain_suffix: &str,
+        trust_domain: &str,
+    ) -> Result<Arc<ControlPlane>, Error> {
+        Self::with_sources(Some(config_dir), domain_suffix, trust_domain)
     }
 
     /// A control plane fed only by its in-memory store (tests, embedders).
     pub fn in_memory(domain_suffix: &str) -> Result<Arc<ControlPlane>, Error> {
-        Self::with_sources(None, domain_suffix)
+        Self::with_sources(None, domain_suffix, push_context::DEFAULT_TRUST_DOMAIN)
     }
 
     fn with_sources(
         config_dir: Option<&Path>,
         domain_suffix: &str,
+        trust_domain: &str,
     ) -> Result<Arc<ControlPlane>, Error> {
         let memory = store::MemoryStore::new();
         let mut sources: Vec<Arc<dyn store::ConfigStore>> = Vec::new();
@@ -142,7 +161,7 @@ impl ControlPlane {
         }
         sources.push(memory.clone());
         let store = store::AggregateStore { sources };
-        let push = build(&store, domain_suffix, 1)?;
+        let push = build(&store, domain_suffix, trust_domain, 1)?;
         tracing::info!(dir = ?config_dir, services = push.services.len(), "config loaded");
         let (tx, _) = watch::channel(Arc::new(push));
         Ok(Arc::new(ControlPlane {
@@ -150,6 +169,7 @@ impl ControlPlane {
             store,
             memory,
             domain_suffix: domain_suffix.to_string(),
+            trust_domain: trust_domain.to_string(),
             tx,
             generation: 1.into(),
         }))
@@ -167,7 +187,12 @@ impl ControlPlane {
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        let mut push = build(&self.store, &self.domain_suffix, generation)?;
+        let mut push = build(
+            &self.store,
+            &self.domain_suffix,
+            &self.trust_domain,
+            generation,
+        )?;
         let old = self.tx.borrow().clone();
         if !push.same_content(&old) {
             push.generation = old.generation + 1;

@@ -194,7 +194,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let cp = istiod_core::ControlPlane::load(&config_dir, &domain_suffix)?;
+    let cp = istiod_core::ControlPlane::load_with_trust_domain(
+        &config_dir,
+        &domain_suffix,
+        &trust_domain,
+    )?;
     let debounce = istiod_core::Debounce::from_env(&|k| std::env::var(k).ok())
         .map_err(|e| anyhow::anyhow!(e))?;
     tokio::spawn(cp.clone().watch(debounce));

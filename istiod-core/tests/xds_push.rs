@@ -305,3 +305,25 @@ async fn a_proxy_that_stops_reading_does_not_stall_the_others() {
     }
     drop(stuck);
 }
+
+#[test]
+fn peer_identities_follow_the_trust_domain() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
+    let cp =
+        ControlPlane::load_with_trust_domain(dir.path(), "cluster.local", "example.org").unwrap();
+    let proxy =
+        istiod_core::model::Proxy::from_node_id("sidecar~10.1.0.50~c.shop~shop.svc.cluster.local")
+            .unwrap();
+    let clusters = istiod_core::generators::cds::generate(&cp.snapshot(), &proxy);
+    let web = clusters
+        .iter()
+        .find(|n| n.name == "outbound|80||web.shop.svc.cluster.local")
+        .unwrap();
+    let bytes = String::from_utf8_lossy(&web.resource.value).to_string();
+    assert!(
+        bytes.contains("spiffe://example.org/ns/shop/sa/web"),
+        "{bytes:?}"
+    );
+    assert!(!bytes.contains("spiffe://cluster.local/"));
+}
