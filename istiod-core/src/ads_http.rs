@@ -4,7 +4,9 @@
 //! reuses, so each long-lived xDS stream holds a buffer as large as the largest message it ever
 //! sent (about 1 MB per proxy for a 1000-service CDS; heaptrack put most of `istiod-core
 //! serve`'s memory there). Here each response is encoded once into its own exactly-sized
-//! frame, which is freed when it has been written. Requests are still decoded by tonic.
+//! frame, which is freed when it has been written; requests are decoded from their own frames
+//! too, and the receive buffer is let go whenever it empties (tonic's decoder likewise kept a
+//! buffer as large as the largest request, such as an EDS subscription to every cluster).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -17,7 +19,6 @@ use futures::{Stream, StreamExt};
 use http_body::Frame;
 use prost::Message;
 use tonic::Status;
-use tonic::codec::{BufferSettings, Streaming};
 use tonic::server::NamedService;
 
 use crate::xds_server::{MAX_REQUEST_BYTES, XdsServer};
@@ -54,6 +55,70 @@ fn trailers(status: &Status) -> http::HeaderMap {
         map.insert("grpc-status", http::HeaderValue::from_static("13"));
     }
     map
+}
+
+/// The requests of one stream, decoded from gRPC frames (uncompressed; Envoy does not compress).
+fn requests<M: Message + Default + 'static>(
+    body: tonic::body::Body,
+) -> impl Stream<Item = Result<M, Status>> + Send + 'static {
+    let frames = http_body_util::BodyStream::new(body);
+    futures::stream::unfold(
+        (frames, BytesMut::new(), false),
+        |(mut frames, mut buf, failed)| async move {
+            if failed {
+                return None;
+            }
+            loop {
+                if buf.len() >= 5 {
+                    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+                    let refused = if buf[0] != 0 {
+                        Some(Status::unimplemented(
+                            "compressed xDS requests are not accepted",
+                        ))
+                    } else if len > MAX_REQUEST_BYTES {
+                        Some(Status::resource_exhausted(format!(
+                            "xDS request of {len} bytes is over the {MAX_REQUEST_BYTES}-byte limit"
+                        )))
+                    } else {
+                        None
+                    };
+                    if let Some(status) = refused {
+                        return Some((Err(status), (frames, BytesMut::new(), true)));
+                    }
+                    if buf.len() >= 5 + len {
+                        let _ = buf.split_to(5);
+                        let msg = buf.split_to(len).freeze();
+                        if buf.is_empty() {
+                            buf = BytesMut::new();
+                        }
+                        return match M::decode(msg) {
+                            Ok(m) => Some((Ok(m), (frames, buf, false))),
+                            Err(e) => Some((
+                                Err(Status::invalid_argument(format!(
+                                    "undecodable xDS request: {e}"
+                                ))),
+                                (frames, BytesMut::new(), true),
+                            )),
+                        };
+                    }
+                }
+                match frames.next().await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            buf.extend_from_slice(&data);
+                        }
+                    }
+                    Some(Err(e)) => {
+                        return Some((
+                            Err(Status::unavailable(format!("request stream: {e}"))),
+                            (frames, BytesMut::new(), true),
+                        ));
+                    }
+                    None => return None,
+                }
+            }
+        },
+    )
 }
 
 /// The response body: a frame per message, then the trailers with the stream's status.
@@ -107,28 +172,84 @@ impl tower::Service<http::Request<tonic::body::Body>> for AdsHttp {
         Box::pin(async move {
             let path = req.uri().path().to_string();
             let body = req.into_body();
-            let settings = BufferSettings::default();
             Ok(match path.as_str() {
-                SOTW => {
-                    let requests = Streaming::<DiscoveryRequest>::new_request(
-                        tonic_prost::ProstDecoder::<DiscoveryRequest>::new(settings),
-                        body,
-                        None,
-                        Some(MAX_REQUEST_BYTES),
-                    );
-                    grpc_response(self::body(server.stream(requests)))
-                }
-                DELTA => {
-                    let requests = Streaming::<DeltaDiscoveryRequest>::new_request(
-                        tonic_prost::ProstDecoder::<DeltaDiscoveryRequest>::new(settings),
-                        body,
-                        None,
-                        Some(MAX_REQUEST_BYTES),
-                    );
-                    grpc_response(self::body(server.delta_stream(requests)))
-                }
+                SOTW => grpc_response(self::body(
+                    server.stream(requests::<DiscoveryRequest>(body)),
+                )),
+                DELTA => grpc_response(self::body(
+                    server.delta_stream(requests::<DeltaDiscoveryRequest>(body)),
+                )),
                 _ => Status::unimplemented(format!("no method {path}")).into_http(),
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(chunks: Vec<Bytes>) -> tonic::body::Body {
+        let frames = futures::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, Infallible>(Frame::data(c))),
+        );
+        tonic::body::Body::new(http_body_util::StreamBody::new(frames))
+    }
+
+    fn request(names: usize) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: "t".into(),
+            resource_names: (0..names).map(|i| format!("cluster-{i}")).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_split_across_frames_decode_and_limits_hold() {
+        // Two messages, cut at awkward places (inside the header, inside the body).
+        let a = frame(&request(3));
+        let b = frame(&request(500));
+        let mut all = BytesMut::new();
+        all.extend_from_slice(&a);
+        all.extend_from_slice(&b);
+        let all = all.freeze();
+        let cuts = [2, a.len() + 7, all.len()];
+        let mut chunks = Vec::new();
+        let mut at = 0;
+        for c in cuts {
+            chunks.push(all.slice(at..c));
+            at = c;
+        }
+        let got: Vec<DiscoveryRequest> = requests::<DiscoveryRequest>(body(chunks))
+            .map(|r| r.unwrap())
+            .collect()
+            .await;
+        assert_eq!(got, vec![request(3), request(500)]);
+
+        // A length over the limit is refused before anything is buffered for it.
+        let mut huge = BytesMut::new();
+        huge.put_u8(0);
+        huge.put_u32(u32::try_from(MAX_REQUEST_BYTES + 1).unwrap());
+        let got: Vec<_> = requests::<DiscoveryRequest>(body(vec![huge.freeze()]))
+            .collect()
+            .await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            got[0].as_ref().unwrap_err().code(),
+            tonic::Code::ResourceExhausted
+        );
+
+        // Compressed messages are refused with a reason.
+        let mut compressed = BytesMut::from(&a[..]);
+        compressed[0] = 1;
+        let got: Vec<_> = requests::<DiscoveryRequest>(body(vec![compressed.freeze()]))
+            .collect()
+            .await;
+        assert_eq!(
+            got[0].as_ref().unwrap_err().code(),
+            tonic::Code::Unimplemented
+        );
     }
 }
