@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use istiod_core::ca::{Ca, Identity};
+use istiod_core::ca::{Ca, Identity, split_pem};
 use rcgen::{CertificateParams, KeyPair, SanType};
 use tokio::sync::watch;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -449,27 +449,6 @@ pub fn read_mounted(files: &MountedFiles) -> Result<WorkloadCert, String> {
     // The whole bundle file is the trust bundle (it may hold several roots).
     cert.root_pem = root;
     Ok(cert)
-}
-
-pub fn split_pem(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    let mut inside = false;
-    for line in text.lines() {
-        if line.starts_with("-----BEGIN ") {
-            inside = true;
-            current.clear();
-        }
-        if inside {
-            current.push_str(line);
-            current.push('\n');
-        }
-        if line.starts_with("-----END ") && inside {
-            inside = false;
-            out.push(std::mem::take(&mut current));
-        }
-    }
-    out
 }
 
 fn fingerprint(files: &MountedFiles) -> Vec<Option<(u64, Option<SystemTime>)>> {

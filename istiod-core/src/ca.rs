@@ -113,13 +113,23 @@ pub struct Ca {
     max_ttl: Duration,
 }
 
-fn split_pem(text: &str) -> Vec<String> {
+/// The PEM blocks of `text`, each with its BEGIN and END lines; text between blocks (such as
+/// openssl's `subject=` lines) is dropped.
+pub fn split_pem(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
+    let mut inside = false;
     for line in text.lines() {
-        current.push_str(line);
-        current.push('\n');
-        if line.starts_with("-----END ") {
+        if line.starts_with("-----BEGIN ") {
+            inside = true;
+            current.clear();
+        }
+        if inside {
+            current.push_str(line);
+            current.push('\n');
+        }
+        if line.starts_with("-----END ") && inside {
+            inside = false;
             out.push(std::mem::take(&mut current));
         }
     }

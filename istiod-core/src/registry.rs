@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::config_store::{ConfigSet, Metadata, Resource, SERVICE_NAME_LABEL, WorkloadEntrySpec};
+use crate::config_store::{
+    ConfigSet, EndpointPort, Metadata, Resource, SERVICE_NAME_LABEL, ServiceSpec, WorkloadEntrySpec,
+};
 use crate::model::{Endpoint, Protocol, Service, ServicePort, TlsMode};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -46,6 +48,34 @@ fn workload_endpoint(
             .unwrap_or_else(|| "default".to_string()),
         tls_mode: TlsMode::of_workload(&we.labels, we.service_account.is_some()),
     })
+}
+
+/// A Kubernetes endpoint (from Endpoints or an EndpointSlice): each service port maps to the
+/// endpoint port of the same name, or to the only one there is.
+fn kube_endpoint(
+    address: IpAddr,
+    service_ports: &[ServicePort],
+    endpoint_ports: &[EndpointPort],
+    spec: &ServiceSpec,
+) -> Endpoint {
+    let mut named = BTreeMap::new();
+    for sp in service_ports {
+        let target = endpoint_ports
+            .iter()
+            .find(|ep| ep.name == sp.name)
+            .or_else(|| (endpoint_ports.len() == 1).then(|| &endpoint_ports[0]));
+        if let Some(t) = target {
+            named.insert(sp.name.clone(), t.port);
+        }
+    }
+    Endpoint {
+        address,
+        ports: named,
+        labels: spec.selector.clone(),
+        service_account: "default".to_string(),
+        // Without the pod (its tlsMode label) the sidecar is not known.
+        tls_mode: TlsMode::Disabled,
+    }
 }
 
 fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
@@ -138,24 +168,8 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                     }
                     for subset in subsets {
                         for addr in &subset.addresses {
-                            let mut named = BTreeMap::new();
-                            for sp in &ports {
-                                let target =
-                                    subset.ports.iter().find(|ep| ep.name == sp.name).or_else(
-                                        || (subset.ports.len() == 1).then(|| &subset.ports[0]),
-                                    );
-                                if let Some(t) = target {
-                                    named.insert(sp.name.clone(), t.port);
-                                }
-                            }
-                            endpoints.push(Endpoint {
-                                address: parse_ip("Endpoints", em, &addr.ip)?,
-                                ports: named,
-                                labels: spec.selector.clone(),
-                                service_account: "default".to_string(),
-                                // Without the pod (its tlsMode label) the sidecar is not known.
-                                tls_mode: TlsMode::Disabled,
-                            });
+                            let address = parse_ip("Endpoints", em, &addr.ip)?;
+                            endpoints.push(kube_endpoint(address, &ports, &subset.ports, spec));
                         }
                     }
                 }
@@ -181,23 +195,7 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                             if endpoints.iter().any(|e: &Endpoint| e.address == address) {
                                 continue;
                             }
-                            let mut named = BTreeMap::new();
-                            for sp in &ports {
-                                let target =
-                                    slice.ports.iter().find(|p| p.name == sp.name).or_else(|| {
-                                        (slice.ports.len() == 1).then(|| &slice.ports[0])
-                                    });
-                                if let Some(t) = target {
-                                    named.insert(sp.name.clone(), t.port);
-                                }
-                            }
-                            endpoints.push(Endpoint {
-                                address,
-                                ports: named,
-                                labels: spec.selector.clone(),
-                                service_account: "default".to_string(),
-                                tls_mode: TlsMode::Disabled,
-                            });
+                            endpoints.push(kube_endpoint(address, &ports, &slice.ports, spec));
                         }
                     }
                 }

@@ -94,6 +94,23 @@ pub struct TypeSync {
     pub nacked: Option<String>,
 }
 
+impl TypeSync {
+    /// Records the proxy's answer to our last response; true for an ACK.
+    fn record(&mut self, answer: Answer) -> bool {
+        match answer {
+            Answer::Ack => {
+                self.acked = self.sent.clone();
+                true
+            }
+            Answer::Nack(why) => {
+                self.nacked = Some(why);
+                false
+            }
+            Answer::Stale => false,
+        }
+    }
+}
+
 /// One connected proxy's sync state.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ProxySync {
@@ -268,15 +285,7 @@ impl StreamState for Connection {
             .is_some_and(|w| w.names.iter().any(|n| names.contains(n)))
     }
     fn sync(&self) -> Option<ProxySync> {
-        Some(ProxySync {
-            proxy: self.proxy.as_ref()?.id.clone(),
-            delta: false,
-            types: self
-                .watches
-                .iter()
-                .map(|(t, w)| (t.clone(), w.sync.clone()))
-                .collect(),
-        })
+        proxy_sync(self.proxy.as_ref(), false, &self.watches, |w| &w.sync)
     }
 }
 
@@ -306,15 +315,7 @@ impl StreamState for DeltaConnection {
         })
     }
     fn sync(&self) -> Option<ProxySync> {
-        Some(ProxySync {
-            proxy: self.proxy.as_ref()?.id.clone(),
-            delta: true,
-            types: self
-                .watches
-                .iter()
-                .map(|(t, w)| (t.clone(), w.sync.clone()))
-                .collect(),
-        })
+        proxy_sync(self.proxy.as_ref(), true, &self.watches, |w| &w.sync)
     }
 }
 
@@ -474,6 +475,23 @@ where
     ReceiverStream::new(rx)
 }
 
+/// A stream's sync state for /debug/syncz, once the proxy is known.
+fn proxy_sync<W>(
+    proxy: Option<&Proxy>,
+    delta: bool,
+    watches: &HashMap<String, W>,
+    sync: impl Fn(&W) -> &TypeSync,
+) -> Option<ProxySync> {
+    Some(ProxySync {
+        proxy: proxy?.id.clone(),
+        delta,
+        types: watches
+            .iter()
+            .map(|(t, w)| (t.clone(), sync(w).clone()))
+            .collect(),
+    })
+}
+
 /// On a stream's first request, learns which proxy is on the other end from its node id.
 fn identify(
     proxy: &mut Option<Proxy>,
@@ -552,19 +570,15 @@ fn handle_request(
     identify(&mut conn.proxy, req.node.as_ref())?;
     let watch = conn.watches.entry(req.type_url.clone()).or_default();
     if !req.response_nonce.is_empty() {
-        match answer(
+        let answer = answer(
             &req.response_nonce,
             &watch.nonce_sent,
             req.error_detail.as_ref(),
             &req.type_url,
             stats,
-        ) {
-            Answer::Ack => watch.sync.acked = watch.sync.sent.clone(),
-            Answer::Nack(why) => {
-                watch.sync.nacked = Some(why);
-                return Ok(None);
-            }
-            Answer::Stale => return Ok(None),
+        );
+        if !watch.sync.record(answer) {
+            return Ok(None);
         }
         if watch.names == req.resource_names {
             return Ok(None);
@@ -625,19 +639,15 @@ impl DeltaConnection {
             watch.sent = req.initial_resource_versions.clone().into_iter().collect();
         }
         if !req.response_nonce.is_empty() {
-            match answer(
+            let answer = answer(
                 &req.response_nonce,
                 &watch.nonce_sent,
                 req.error_detail.as_ref(),
                 &req.type_url,
                 stats,
-            ) {
-                Answer::Ack => watch.sync.acked = watch.sync.sent.clone(),
-                Answer::Nack(why) => {
-                    watch.sync.nacked = Some(why);
-                    return Ok(None);
-                }
-                Answer::Stale => return Ok(None),
+            );
+            if !watch.sync.record(answer) {
+                return Ok(None);
             }
         }
         let mut changed = first;
