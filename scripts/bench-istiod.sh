@@ -6,10 +6,13 @@
 #      a config edit -> debounce -> push -> every proxy has it, p50/p90/p99 after the debounce;
 #   3. memory: the server's RSS with 1000 services and 10000 endpoints and 500 connected sidecars.
 # Usage: ./scripts/bench-istiod.sh [rounds] (default 10). Loopback only.
+# PARTS="generation convergence memory" (the default) picks the parts to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS="${1:-10}"
 CLIENTS="${CLIENTS:-500}"
+PARTS="${PARTS:-generation convergence memory}"
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 cargo build --release --quiet -p istiod-core --bin istiod-core --example bench-generation --example xds-load
 BIN="$PWD/target/release"
 WORK="$(mktemp -d /tmp/istbench-istiod.XXXXXX)"
@@ -18,8 +21,10 @@ cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-echo "## generation (one core)"
-taskset -c 0 "$BIN/examples/bench-generation"
+if part generation; then
+  echo "## generation (one core)"
+  taskset -c 0 "$BIN/examples/bench-generation"
+fi
 
 gen_mesh() { # file services endpoints
   python3 - "$1" "$2" "$3" <<'PY'
@@ -55,9 +60,13 @@ run() { # services endpoints-per-service rounds
   kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=""
 }
 
-echo
-echo "## convergence: 50 services x 10 endpoints, $CLIENTS sidecars, $ROUNDS rounds"
-run 50 10 "$ROUNDS"
-echo
-echo "## memory: 1000 services x 10 endpoints, $CLIENTS sidecars"
-run 1000 10 2
+if part convergence; then
+  echo
+  echo "## convergence: 50 services x 10 endpoints, $CLIENTS sidecars, $ROUNDS rounds"
+  run 50 10 "$ROUNDS"
+fi
+if part memory; then
+  echo
+  echo "## memory: 1000 services x 10 endpoints, $CLIENTS sidecars"
+  run 1000 10 2
+fi

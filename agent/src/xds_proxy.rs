@@ -226,11 +226,11 @@ impl Upstream {
     ) -> Result<ByteStream, Status> {
         match self {
             Upstream::Embedded(server) => Ok(if delta {
-                let out = server.delta_stream(decoded::<DeltaDiscoveryRequest>(requests));
-                Box::pin(out.map(|r| r.map(|m| Bytes::from(m.encode_to_vec()))))
+                let out = server.delta_stream_wire(decoded::<DeltaDiscoveryRequest>(requests));
+                Box::pin(out.map(|r| r.map(|m| m.to_bytes())))
             } else {
-                let out = server.stream(decoded::<DiscoveryRequest>(requests));
-                Box::pin(out.map(|r| r.map(|m| Bytes::from(m.encode_to_vec()))))
+                let out = server.stream_wire(decoded::<DiscoveryRequest>(requests));
+                Box::pin(out.map(|r| r.map(|m| m.to_bytes())))
             }),
             Upstream::Remote { address, client } => {
                 let channel = dial(address, client).await?;

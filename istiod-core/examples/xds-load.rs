@@ -126,11 +126,20 @@ fn percentiles(mut v: Vec<Duration>) -> String {
 }
 
 fn rss_mib(pid: &str) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+/// The server's peak RSS so far (VmHWM).
+fn peak_mib(pid: &str) -> f64 {
+    status_mib(pid, "VmHWM:")
+}
+
+fn status_mib(pid: &str, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
         })
         .and_then(|kb| kb.parse::<f64>().ok())
@@ -176,9 +185,10 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     while seen_rx.try_recv().is_ok() {}
     println!(
-        "{clients} clients connected and configured in {:.1} s; server RSS {:.1} MiB",
+        "{clients} clients connected and configured in {:.1} s; server RSS {:.1} MiB (peak {:.1} MiB)",
         start.elapsed().as_secs_f64(),
-        rss_mib(&pid)
+        rss_mib(&pid),
+        peak_mib(&pid)
     );
     let original = std::fs::read_to_string(&file).expect("config file");
     let mut eds_times = Vec::new();
@@ -249,5 +259,9 @@ async fn main() {
         "new service -> CDS+EDS+LDS at every proxy, after the debounce: {}",
         percentiles(full_times)
     );
-    println!("server RSS after the rounds: {:.1} MiB", rss_mib(&pid));
+    println!(
+        "server RSS after the rounds: {:.1} MiB; peak RSS of the whole run: {:.1} MiB",
+        rss_mib(&pid),
+        peak_mib(&pid)
+    );
 }

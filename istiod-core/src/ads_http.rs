@@ -13,7 +13,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::BytesMut;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use futures::{Stream, StreamExt};
 use http_body::Frame;
@@ -21,6 +21,7 @@ use prost::Message;
 use tonic::Status;
 use tonic::server::NamedService;
 
+use crate::wire::{self, Outgoing};
 use crate::xds_server::{MAX_REQUEST_BYTES, XdsServer};
 
 const SOTW: &str =
@@ -36,17 +37,6 @@ pub struct AdsHttp {
 
 impl NamedService for AdsHttp {
     const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
-}
-
-/// One gRPC message frame: compression flag 0, big-endian length, the message.
-fn frame<M: Message>(msg: &M) -> Bytes {
-    let len = msg.encoded_len();
-    let mut buf = BytesMut::with_capacity(5 + len);
-    buf.put_u8(0);
-    buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-    // Cannot fail: the buffer has exactly the room the message needs.
-    let _ = msg.encode(&mut buf);
-    buf.freeze()
 }
 
 fn trailers(status: &Status) -> http::HeaderMap {
@@ -121,19 +111,24 @@ fn requests<M: Message + Default + 'static>(
     )
 }
 
-/// The response body: a frame per message, then the trailers with the stream's status.
-fn body<M, S>(responses: S) -> tonic::body::Body
+/// The response body: each message in pieces of about `wire::CHUNK` bytes, each encoded only
+/// when the connection asks for more, then the trailers with the stream's status.
+fn body<S>(responses: S) -> tonic::body::Body
 where
-    M: Message + 'static,
-    S: Stream<Item = Result<M, Status>> + Send + 'static,
+    S: Stream<Item = Result<Outgoing, Status>> + Send + 'static,
 {
     let frames = responses
-        .map(Some)
+        .flat_map(|item| match item {
+            Ok(out) => futures::stream::iter(out.chunks(true, wire::CHUNK))
+                .map(|piece| Some(Ok(piece)))
+                .left_stream(),
+            Err(status) => futures::stream::once(async { Some(Err(status)) }).right_stream(),
+        })
         .chain(futures::stream::once(async { None }))
         .scan(false, |done, item| {
             let out = match (*done, item) {
                 (true, _) => None,
-                (false, Some(Ok(msg))) => Some(Frame::data(frame(&msg))),
+                (false, Some(Ok(piece))) => Some(Frame::data(piece)),
                 (false, Some(Err(status))) => {
                     *done = true;
                     Some(Frame::trailers(trailers(&status)))
@@ -174,11 +169,13 @@ impl tower::Service<http::Request<tonic::body::Body>> for AdsHttp {
             let body = req.into_body();
             Ok(match path.as_str() {
                 SOTW => grpc_response(self::body(
-                    server.stream(requests::<DiscoveryRequest>(body)),
+                    server.stream_wire(requests::<DiscoveryRequest>(body)),
                 )),
-                DELTA => grpc_response(self::body(
-                    server.delta_stream(requests::<DeltaDiscoveryRequest>(body)),
-                )),
+                DELTA => grpc_response(self::body(server.delta_stream_wire(requests::<
+                    DeltaDiscoveryRequest,
+                >(
+                    body
+                )))),
                 _ => Status::unimplemented(format!("no method {path}")).into_http(),
             })
         })
@@ -188,6 +185,18 @@ impl tower::Service<http::Request<tonic::body::Body>> for AdsHttp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::{BufMut, Bytes};
+
+    /// One gRPC message frame: compression flag 0, big-endian length, the message.
+    fn frame<M: Message>(msg: &M) -> Bytes {
+        let len = msg.encoded_len();
+        let mut buf = BytesMut::with_capacity(5 + len);
+        buf.put_u8(0);
+        buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+        // Cannot fail: the buffer has exactly the room the message needs.
+        let _ = msg.encode(&mut buf);
+        buf.freeze()
+    }
 
     fn body(chunks: Vec<Bytes>) -> tonic::body::Body {
         let frames = futures::stream::iter(
@@ -250,6 +259,83 @@ mod tests {
         assert_eq!(
             got[0].as_ref().unwrap_err().code(),
             tonic::Code::Unimplemented
+        );
+    }
+
+    /// A response larger than a piece goes out as several data frames that a gRPC reader
+    /// joins into the same message the typed stream gives.
+    #[tokio::test]
+    async fn large_responses_go_out_in_pieces_of_one_message() {
+        use envoy_types::pb::envoy::config::core::v3::Node;
+        use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+        use tower::Service;
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut yaml = String::new();
+        for i in 0..2000 {
+            yaml.push_str(&format!(
+                "---\nkind: ServiceEntry\nmetadata: {{name: s{i}, namespace: n}}\nspec: {{hosts: [s{i}.n.svc.cluster.local], ports: [{{number: 80, name: http}}], endpoints: [{{address: 10.0.{}.{}}}]}}\n",
+                i / 256,
+                i % 256
+            ));
+        }
+        std::fs::write(dir.path().join("mesh.yaml"), yaml).unwrap();
+        let cp = crate::ControlPlane::load(dir.path(), "cluster.local").unwrap();
+        let request = DiscoveryRequest {
+            node: Some(Node {
+                id: "sidecar~10.9.0.1~p.n~n.svc.cluster.local".into(),
+                ..Default::default()
+            }),
+            type_url: crate::generators::CLUSTER_TYPE.into(),
+            ..Default::default()
+        };
+
+        let mut service = AdsHttp { server: cp.xds() };
+        let http_request = http::Request::builder()
+            .uri(SOTW)
+            .body(body(vec![frame(&request)]))
+            .unwrap();
+        let response = service.call(http_request).await.unwrap();
+        let mut frames = http_body_util::BodyStream::new(response.into_body());
+        let mut data = BytesMut::new();
+        let mut pieces = 0;
+        let mut status = None;
+        while let Some(frame) = frames.next().await {
+            let frame = frame.unwrap();
+            if frame.is_data() {
+                pieces += 1;
+                data.extend_from_slice(&frame.into_data().unwrap());
+            } else if let Ok(trailers) = frame.into_trailers() {
+                status = trailers.get("grpc-status").cloned();
+            }
+        }
+        assert_eq!(status.unwrap(), "0");
+        let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+        assert_eq!(data[0], 0);
+        assert_eq!(
+            len,
+            data.len() - 5,
+            "one message, as long as its header says"
+        );
+        assert!(
+            len > 3 * wire::CHUNK,
+            "the mesh makes a large CDS ({len} bytes)"
+        );
+        assert!(pieces > 3, "sent in pieces, got {pieces}");
+        let got = DiscoveryResponse::decode(&data[5..]).unwrap();
+
+        let typed: Vec<DiscoveryResponse> = cp
+            .xds()
+            .stream(futures::stream::iter([Ok(request)]))
+            .map(|r| r.unwrap())
+            .collect()
+            .await;
+        assert_eq!(typed.len(), 1);
+        assert_eq!(got, typed[0]);
+        assert_eq!(
+            got.resources.len(),
+            2003,
+            "2000 outbound clusters and 3 of its own"
         );
     }
 }

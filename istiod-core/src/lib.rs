@@ -14,6 +14,7 @@ pub mod model;
 pub mod push_context;
 pub mod registry;
 pub mod store;
+pub mod wire;
 pub mod xds_server;
 
 use std::path::{Path, PathBuf};

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::generators::{self, CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
 use crate::model::Proxy;
 use crate::push_context::{Change, PushContext};
+use crate::wire::Outgoing;
 
 /// Order in which types are pushed, so Envoy never sees a reference before its target.
 const PUSH_ORDER: [&str; 5] = [
@@ -34,8 +35,11 @@ const PUSH_ORDER: [&str; 5] = [
     istio_proto::nds::TYPE_URL,
 ];
 
-pub type ResponseStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
-pub type DeltaResponseStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+/// A stream's responses as they go on the wire (resources shared with the snapshot).
+pub type WireStream = ReceiverStream<Result<Outgoing, Status>>;
+pub type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+pub type DeltaResponseStream =
+    Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
 
 /// Counters of the server's ACK/NACK traffic, for tests and debugging.
 #[derive(Debug, Default)]
@@ -143,21 +147,21 @@ fn generate(
 }
 
 impl Connection {
-    fn response(&mut self, push: &PushContext, type_url: &str) -> Option<DiscoveryResponse> {
+    fn response(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing> {
         let proxy = self.proxy.as_ref()?;
         let watch = self.watches.get_mut(type_url)?;
         let resources = generate(push, proxy, type_url, &watch.names)?;
         self.next_nonce += 1;
         let nonce = format!("{}-{}", push.version, self.next_nonce);
-        watch.nonce_sent = nonce.clone();
+        let out = Outgoing::sotw(
+            &push.version,
+            type_url,
+            &nonce,
+            resources.into_iter().map(|n| n.resource).collect(),
+        );
+        watch.nonce_sent = nonce;
         watch.sync.sent = Some(push.version.clone());
-        Some(DiscoveryResponse {
-            version_info: push.version.clone(),
-            resources: resources.into_iter().map(|n| n.resource).collect(),
-            type_url: type_url.to_string(),
-            nonce,
-            ..Default::default()
-        })
+        Some(out)
     }
 }
 
@@ -204,6 +208,22 @@ impl XdsServer {
     where
         S: Stream<Item = Result<DiscoveryRequest, Status>> + Send + 'static,
     {
+        Box::pin(self.stream_wire(requests).map(decoded))
+    }
+
+    /// Serves one Delta ADS stream (see `delta_stream_wire`).
+    pub fn delta_stream<S>(&self, requests: S) -> DeltaResponseStream
+    where
+        S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
+    {
+        Box::pin(self.delta_stream_wire(requests).map(decoded))
+    }
+
+    /// Serves one ADS stream, its responses left to be encoded when written.
+    pub fn stream_wire<S>(&self, requests: S) -> WireStream
+    where
+        S: Stream<Item = Result<DiscoveryRequest, Status>> + Send + 'static,
+    {
         let conn = Connection {
             proxy: None,
             watches: HashMap::new(),
@@ -220,7 +240,7 @@ impl XdsServer {
 
     /// Serves one Delta ADS stream: per type, Envoy's subscriptions and the version of each
     /// resource it holds; a push sends only what changed, plus the names that went away.
-    pub fn delta_stream<S>(&self, requests: S) -> DeltaResponseStream
+    pub fn delta_stream_wire<S>(&self, requests: S) -> WireStream
     where
         S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
     {
@@ -243,19 +263,24 @@ impl XdsServer {
     }
 }
 
+/// A wire response decoded as the typed message.
+fn decoded<M: prost::Message + Default>(r: Result<Outgoing, Status>) -> Result<M, Status> {
+    r?.decode()
+        .map_err(|e| Status::internal(format!("encoding our own response: {e}")))
+}
+
 /// The per-stream protocol state of one xDS flavour (state of the world or Delta).
 trait StreamState: Send + 'static {
     type Request: Send + 'static;
-    type Response: Send + 'static;
     /// Handles a request from the proxy; may answer it.
     fn on_request(
         &mut self,
         push: &PushContext,
         req: Self::Request,
         stats: &XdsStats,
-    ) -> Result<Option<Self::Response>, Status>;
+    ) -> Result<Option<Outgoing>, Status>;
     /// What to send for `type_url` after a new snapshot, if anything.
-    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Self::Response>;
+    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing>;
     fn proxy(&self) -> Option<&Proxy>;
     /// Whether the proxy holds or asked for any of `names` of `type_url`.
     fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool;
@@ -264,16 +289,15 @@ trait StreamState: Send + 'static {
 
 impl StreamState for Connection {
     type Request = DiscoveryRequest;
-    type Response = DiscoveryResponse;
     fn on_request(
         &mut self,
         push: &PushContext,
         req: DiscoveryRequest,
         stats: &XdsStats,
-    ) -> Result<Option<DiscoveryResponse>, Status> {
+    ) -> Result<Option<Outgoing>, Status> {
         handle_request(self, push, req, stats)
     }
-    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<DiscoveryResponse> {
+    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing> {
         self.response(push, type_url)
     }
     fn proxy(&self) -> Option<&Proxy> {
@@ -291,16 +315,15 @@ impl StreamState for Connection {
 
 impl StreamState for DeltaConnection {
     type Request = DeltaDiscoveryRequest;
-    type Response = DeltaDiscoveryResponse;
     fn on_request(
         &mut self,
         push: &PushContext,
         req: DeltaDiscoveryRequest,
         stats: &XdsStats,
-    ) -> Result<Option<DeltaDiscoveryResponse>, Status> {
+    ) -> Result<Option<Outgoing>, Status> {
         self.handle(push, req, stats)
     }
-    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<DeltaDiscoveryResponse> {
+    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing> {
         self.response(push, type_url, false)
     }
     fn proxy(&self) -> Option<&Proxy> {
@@ -375,7 +398,7 @@ fn serve_stream<C, S>(
     shared: Arc<Shared>,
     mut conn: C,
     requests: S,
-) -> ReceiverStream<Result<C::Response, Status>>
+) -> ReceiverStream<Result<Outgoing, Status>>
 where
     C: StreamState,
     S: Stream<Item = Result<C::Request, Status>> + Send + 'static,
@@ -424,7 +447,7 @@ where
                 Ok(permit) => permit,
                 Err(_) => break,
             };
-            let mut out: Vec<C::Response> = Vec::new();
+            let mut out: Vec<Outgoing> = Vec::new();
             match step {
                 Step::Request(req) => {
                     // Not marked seen: a snapshot that arrived meanwhile is still pushed in
@@ -566,7 +589,7 @@ fn handle_request(
     push: &PushContext,
     req: DiscoveryRequest,
     stats: &XdsStats,
-) -> Result<Option<DiscoveryResponse>, Status> {
+) -> Result<Option<Outgoing>, Status> {
     identify(&mut conn.proxy, req.node.as_ref())?;
     let watch = conn.watches.entry(req.type_url.clone()).or_default();
     if !req.response_nonce.is_empty() {
@@ -629,7 +652,7 @@ impl DeltaConnection {
         push: &PushContext,
         req: DeltaDiscoveryRequest,
         stats: &XdsStats,
-    ) -> Result<Option<DeltaDiscoveryResponse>, Status> {
+    ) -> Result<Option<Outgoing>, Status> {
         identify(&mut self.proxy, req.node.as_ref())?;
         let first = !self.watches.contains_key(&req.type_url);
         let watch = self.watches.entry(req.type_url.clone()).or_default();
@@ -679,7 +702,7 @@ impl DeltaConnection {
         push: &PushContext,
         type_url: &str,
         requested: bool,
-    ) -> Option<DeltaDiscoveryResponse> {
+    ) -> Option<Outgoing> {
         let proxy = self.proxy.as_ref()?;
         let watch = self.watches.get_mut(type_url)?;
         let names: Vec<String> = watch.names.iter().cloned().collect();
@@ -692,12 +715,7 @@ impl DeltaConnection {
             let version = resource_version(&named.resource);
             if watch.sent.get(&named.name) != Some(&version) {
                 watch.sent.insert(named.name.clone(), version.clone());
-                resources.push(envoy_types::pb::envoy::service::discovery::v3::Resource {
-                    name: named.name,
-                    version,
-                    resource: Some(named.resource),
-                    ..Default::default()
-                });
+                resources.push((named.name, version, named.resource));
             }
         }
         let mut removed: Vec<String> = watch
@@ -716,16 +734,10 @@ impl DeltaConnection {
         watch.responded = true;
         self.next_nonce += 1;
         let nonce = format!("{}-{}", push.version, self.next_nonce);
-        watch.nonce_sent = nonce.clone();
+        let out = Outgoing::delta(&push.version, type_url, &nonce, resources, &removed);
+        watch.nonce_sent = nonce;
         watch.sync.sent = Some(push.version.clone());
-        Some(DeltaDiscoveryResponse {
-            system_version_info: push.version.clone(),
-            resources,
-            type_url: type_url.to_string(),
-            removed_resources: removed,
-            nonce,
-            ..Default::default()
-        })
+        Some(out)
     }
 }
 
@@ -737,8 +749,7 @@ pub struct AdsService {
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for AdsService {
     type StreamAggregatedResourcesStream = ResponseStream;
-    type DeltaAggregatedResourcesStream =
-        Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+    type DeltaAggregatedResourcesStream = DeltaResponseStream;
 
     async fn stream_aggregated_resources(
         &self,
@@ -751,9 +762,9 @@ impl AggregatedDiscoveryService for AdsService {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(Response::new(Box::pin(
+        Ok(Response::new(
             self.server.delta_stream(request.into_inner()),
-        )))
+        ))
     }
 }
 

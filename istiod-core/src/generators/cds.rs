@@ -85,10 +85,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
 fn named(clusters: Vec<Cluster>) -> Vec<Named> {
     clusters
         .into_iter()
-        .map(|c| Named {
-            name: c.name.clone(),
-            resource: pack_any(c),
-        })
+        .map(|c| Named::new(c.name.clone(), pack_any(c)))
         .collect()
 }
 

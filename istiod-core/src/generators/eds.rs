@@ -46,25 +46,21 @@ pub fn generate(push: &PushContext, names: &[String]) -> Vec<Named> {
             .keys()
             .filter_map(|name| {
                 let cla = assignment(push, name)?;
-                Some((
-                    name.clone(),
-                    Named {
-                        name: name.clone(),
-                        resource: pack_any(cla),
-                    },
-                ))
+                Some((name.clone(), Named::new(name.clone(), pack_any(cla))))
             })
             .collect()
     });
     names
         .iter()
         .map(|name| {
-            all.get(name).cloned().unwrap_or_else(|| Named {
-                name: name.clone(),
-                resource: pack_any(ClusterLoadAssignment {
-                    cluster_name: name.clone(),
-                    ..Default::default()
-                }),
+            all.get(name).cloned().unwrap_or_else(|| {
+                Named::new(
+                    name.clone(),
+                    pack_any(ClusterLoadAssignment {
+                        cluster_name: name.clone(),
+                        ..Default::default()
+                    }),
+                )
             })
         })
         .collect()

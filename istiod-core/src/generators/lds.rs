@@ -320,10 +320,7 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
 
 /// All listeners for `proxy` (LDS is requested as a wildcard).
 pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
-    let named = |l: Listener| Named {
-        name: l.name.clone(),
-        resource: pack_any(l),
-    };
+    let named = |l: Listener| Named::new(l.name.clone(), pack_any(l));
     let mut out = match push.sidecar_scope(proxy) {
         None => push
             .cache

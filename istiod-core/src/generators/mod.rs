@@ -35,11 +35,21 @@ pub const VIRTUAL_INBOUND_PORT: u16 = 15006;
 /// Source address Envoy uses towards the local app, exempted from capture by istio-init.
 pub const INBOUND_PASSTHROUGH_BIND_V4: &str = "127.0.0.6";
 
-/// A generated resource with its name, ready to be sent.
+/// A generated resource with its name, ready to be sent. The resource is shared: the
+/// snapshot's cache and every response that carries it hold the same one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Named {
     pub name: String,
-    pub resource: Any,
+    pub resource: std::sync::Arc<Any>,
+}
+
+impl Named {
+    pub fn new(name: String, resource: Any) -> Self {
+        Named {
+            name,
+            resource: std::sync::Arc::new(resource),
+        }
+    }
 }
 
 pub(crate) fn ads_config_source() -> ConfigSource {

@@ -37,11 +37,11 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
             },
         );
     }
-    vec![Named {
-        name: String::new(),
-        resource: Any {
+    vec![Named::new(
+        String::new(),
+        Any {
             type_url: istio_proto::nds::TYPE_URL.to_string(),
             value: table.encode_to_vec(),
         },
-    }]
+    )]
 }

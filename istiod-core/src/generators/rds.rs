@@ -101,14 +101,16 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[String]) -> Vec<Name
     if let Some(scope) = push.sidecar_scope(proxy) {
         return names
             .iter()
-            .map(|n| Named {
-                name: n.clone(),
-                resource: pack_any(route_config(
-                    push,
-                    n,
-                    &|s| scope.sees(s),
-                    scope.registry_only,
-                )),
+            .map(|n| {
+                Named::new(
+                    n.clone(),
+                    pack_any(route_config(
+                        push,
+                        n,
+                        &|s| scope.sees(s),
+                        scope.registry_only,
+                    )),
+                )
             })
             .collect();
     }
@@ -130,16 +132,15 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[String]) -> Vec<Name
             .map(|p| {
                 let name = p.to_string();
                 let resource = pack_any(route_config(push, &name, &|_| true, false));
-                (name.clone(), Named { name, resource })
+                (name.clone(), Named::new(name, resource))
             })
             .collect()
     });
     names
         .iter()
         .map(|n| {
-            all.get(n).cloned().unwrap_or_else(|| Named {
-                name: n.clone(),
-                resource: pack_any(route_config(push, n, &|_| true, false)),
+            all.get(n).cloned().unwrap_or_else(|| {
+                Named::new(n.clone(), pack_any(route_config(push, n, &|_| true, false)))
             })
         })
         .collect()
