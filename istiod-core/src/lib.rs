@@ -10,6 +10,7 @@ pub mod ca_server;
 pub mod config_store;
 pub mod debug;
 pub mod generators;
+pub mod intern;
 pub mod model;
 pub mod push_context;
 pub mod registry;

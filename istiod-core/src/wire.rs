@@ -28,31 +28,32 @@ const RESOURCE_VERSION: u32 = 1;
 const RESOURCE_ANY: u32 = 2;
 const RESOURCE_NAME: u32 = 3;
 
-/// One resource of a response: for Delta, the `Resource` wrapper's key, length, version and
-/// name; then the shared `Any`, encoded as field 2 (of the response or of the wrapper).
-#[derive(Debug, Clone)]
-struct Item {
-    prefix: Bytes,
-    any: Arc<Any>,
-}
-
 /// A DiscoveryResponse or DeltaDiscoveryResponse whose resources are shared, not copied.
 #[derive(Debug, Clone)]
 pub struct Outgoing {
     /// Fields before the resources (the version).
     head: Bytes,
-    items: Vec<Item>,
+    /// The resources, each encoded as field 2 (of the response, or for Delta of its
+    /// `Resource` wrapper).
+    resources: Vec<Arc<Any>>,
+    /// Delta only, one per resource: the wrapper's key, length, version and name.
+    prefixes: Vec<Bytes>,
     /// Fields after the resources (type URL, nonce and, for Delta, the removed names).
     tail: Bytes,
     len: usize,
 }
 
+/// A singular string field (proto3: left out when empty).
 fn string_field(tag: u32, value: &str, buf: &mut BytesMut) {
     if !value.is_empty() {
-        encoding::encode_key(tag, WireType::LengthDelimited, buf);
-        encoding::encode_varint(value.len() as u64, buf);
-        buf.put_slice(value.as_bytes());
+        put_string(tag, value, buf);
     }
+}
+
+fn put_string(tag: u32, value: &str, buf: &mut BytesMut) {
+    encoding::encode_key(tag, WireType::LengthDelimited, buf);
+    encoding::encode_varint(value.len() as u64, buf);
+    buf.put_slice(value.as_bytes());
 }
 
 fn string_len(tag: u32, value: &str) -> usize {
@@ -64,16 +65,18 @@ fn string_len(tag: u32, value: &str) -> usize {
 }
 
 impl Outgoing {
-    fn new(head: Bytes, items: Vec<Item>, tail: Bytes) -> Self {
+    fn new(head: Bytes, resources: Vec<Arc<Any>>, prefixes: Vec<Bytes>, tail: Bytes) -> Self {
         let len = head.len()
             + tail.len()
-            + items
+            + prefixes.iter().map(Bytes::len).sum::<usize>()
+            + resources
                 .iter()
-                .map(|i| i.prefix.len() + encoding::message::encoded_len(RESOURCES, &*i.any))
+                .map(|any| encoding::message::encoded_len(RESOURCES, &**any))
                 .sum::<usize>();
         Outgoing {
             head,
-            items,
+            resources,
+            prefixes,
             tail,
             len,
         }
@@ -86,14 +89,7 @@ impl Outgoing {
         let mut tail = BytesMut::new();
         string_field(TYPE_URL, type_url, &mut tail);
         string_field(NONCE, nonce, &mut tail);
-        let items = resources
-            .into_iter()
-            .map(|any| Item {
-                prefix: Bytes::new(),
-                any,
-            })
-            .collect();
-        Outgoing::new(head.freeze(), items, tail.freeze())
+        Outgoing::new(head.freeze(), resources, Vec::new(), tail.freeze())
     }
 
     /// A `DeltaDiscoveryResponse`; `resources` are (name, version, resource).
@@ -102,11 +98,11 @@ impl Outgoing {
         type_url: &str,
         nonce: &str,
         resources: Vec<(String, String, Arc<Any>)>,
-        removed: &[String],
+        removed: &[impl AsRef<str>],
     ) -> Self {
         let mut head = BytesMut::new();
         string_field(VERSION, version, &mut head);
-        let items = resources
+        let (prefixes, resources) = resources
             .into_iter()
             .map(|(name, version, any)| {
                 let body = string_len(RESOURCE_VERSION, &version)
@@ -120,19 +116,17 @@ impl Outgoing {
                 // written here, before it, which any protobuf reader accepts, so that the
                 // shared resource can end the item.
                 string_field(RESOURCE_NAME, &name, &mut prefix);
-                Item {
-                    prefix: prefix.freeze(),
-                    any,
-                }
+                (prefix.freeze(), any)
             })
-            .collect();
+            .unzip();
         let mut tail = BytesMut::new();
         string_field(TYPE_URL, type_url, &mut tail);
         string_field(NONCE, nonce, &mut tail);
         for name in removed {
-            encoding::string::encode(REMOVED, name, &mut tail);
+            // Repeated: an empty element is still an element.
+            put_string(REMOVED, name.as_ref(), &mut tail);
         }
-        Outgoing::new(head.freeze(), items, tail.freeze())
+        Outgoing::new(head.freeze(), resources, prefixes, tail.freeze())
     }
 
     /// Size of the encoded message.
@@ -142,7 +136,7 @@ impl Outgoing {
 
     /// Number of resources carried.
     pub fn resource_count(&self) -> usize {
-        self.items.len()
+        self.resources.len()
     }
 
     /// The encoded message in pieces of about `chunk` bytes (one resource larger than that is
@@ -158,7 +152,8 @@ impl Outgoing {
         Chunks {
             chunk: chunk.max(1),
             first: Some(first),
-            items: self.items.into_iter(),
+            resources: self.resources.into_iter(),
+            prefixes: self.prefixes.into_iter(),
             tail: Some(self.tail),
         }
     }
@@ -184,7 +179,8 @@ pub struct Chunks {
     chunk: usize,
     /// The gRPC header and the leading fields, until the first piece is taken.
     first: Option<BytesMut>,
-    items: std::vec::IntoIter<Item>,
+    resources: std::vec::IntoIter<Arc<Any>>,
+    prefixes: std::vec::IntoIter<Bytes>,
     /// The trailing fields, until the last piece is taken.
     tail: Option<Bytes>,
 }
@@ -194,15 +190,35 @@ impl Iterator for Chunks {
 
     fn next(&mut self) -> Option<Bytes> {
         let tail = self.tail.as_ref()?;
-        let mut buf = self.first.take().unwrap_or_default();
-        while buf.len() < self.chunk {
-            let Some(item) = self.items.next() else {
-                buf.extend_from_slice(tail);
-                self.tail = None;
+        let first = self.first.take().unwrap_or_default();
+        // This piece's resources: as many as fit in `chunk`, and at least one.
+        let prefixes = self.prefixes.as_slice();
+        let mut size = first.len();
+        let mut count = 0;
+        for (i, any) in self.resources.as_slice().iter().enumerate() {
+            let len = prefixes.get(i).map_or(0, Bytes::len)
+                + encoding::message::encoded_len(RESOURCES, &**any);
+            if count > 0 && size + len > self.chunk {
                 break;
-            };
-            buf.extend_from_slice(&item.prefix);
-            encoding::message::encode(RESOURCES, &*item.any, &mut buf);
+            }
+            size += len;
+            count += 1;
+        }
+        let last = count == self.resources.len();
+        if last {
+            size += tail.len();
+        }
+        let mut buf = BytesMut::with_capacity(size);
+        buf.extend_from_slice(&first);
+        for any in self.resources.by_ref().take(count) {
+            if let Some(prefix) = self.prefixes.next() {
+                buf.extend_from_slice(&prefix);
+            }
+            encoding::message::encode(RESOURCES, &*any, &mut buf);
+        }
+        if last {
+            buf.extend_from_slice(tail);
+            self.tail = None;
         }
         Some(buf.freeze())
     }
@@ -261,6 +277,11 @@ mod tests {
                 );
             }
         }
+        // Pieces stay within the target when every resource is smaller than it (the last
+        // one may carry the trailing fields too).
+        let sizes: Vec<usize> = out.clone().chunks(true, 10_000).map(|p| p.len()).collect();
+        assert!(sizes.len() > 5);
+        assert!(sizes.iter().all(|&n| n <= 10_000 + 100), "{sizes:?}");
         // With the gRPC header: flag 0 and the big-endian length, then the message.
         let (framed, _) = joined(out, true, 1000);
         assert_eq!(framed[0], 0);

@@ -22,6 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::generators::{self, CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
+use crate::intern;
 use crate::model::Proxy;
 use crate::push_context::{Change, PushContext};
 use crate::wire::Outgoing;
@@ -82,7 +83,7 @@ struct Shared {
 
 #[derive(Debug, Default)]
 struct Watch {
-    names: Vec<String>,
+    names: Vec<Arc<str>>,
     nonce_sent: String,
     sync: TypeSync,
 }
@@ -123,6 +124,60 @@ pub struct ProxySync {
     pub types: std::collections::BTreeMap<String, TypeSync>,
 }
 
+/// A state-of-the-world request as a stream keeps it: its names interned (`crate::intern`)
+/// as soon as it is read, so requests waiting for the push throttle hold no copies.
+struct SotwRequest {
+    node: Option<envoy_types::pb::envoy::config::core::v3::Node>,
+    type_url: String,
+    names: Vec<Arc<str>>,
+    nonce: String,
+    error: Option<envoy_types::pb::google::rpc::Status>,
+}
+
+impl From<DiscoveryRequest> for SotwRequest {
+    fn from(req: DiscoveryRequest) -> Self {
+        SotwRequest {
+            node: req.node,
+            type_url: req.type_url,
+            names: intern::intern_all(req.resource_names),
+            nonce: req.response_nonce,
+            error: req.error_detail,
+        }
+    }
+}
+
+/// A Delta request as a stream keeps it (names interned).
+struct DeltaRequest {
+    node: Option<envoy_types::pb::envoy::config::core::v3::Node>,
+    type_url: String,
+    subscribe: Vec<Arc<str>>,
+    unsubscribe: Vec<Arc<str>>,
+    /// What Envoy already holds (on reconnection): name and our version, if it is one of ours.
+    initial: Vec<(Arc<str>, Option<u64>)>,
+    nonce: String,
+    error: Option<envoy_types::pb::google::rpc::Status>,
+}
+
+impl From<DeltaDiscoveryRequest> for DeltaRequest {
+    fn from(req: DeltaDiscoveryRequest) -> Self {
+        DeltaRequest {
+            node: req.node,
+            type_url: req.type_url,
+            subscribe: intern::intern_all(req.resource_names_subscribe),
+            unsubscribe: intern::intern_all(req.resource_names_unsubscribe),
+            initial: req
+                .initial_resource_versions
+                .iter()
+                .map(|(name, version)| {
+                    (intern::intern(name), u64::from_str_radix(version, 16).ok())
+                })
+                .collect(),
+            nonce: req.response_nonce,
+            error: req.error_detail,
+        }
+    }
+}
+
 struct Connection {
     proxy: Option<Proxy>,
     watches: HashMap<String, Watch>,
@@ -134,7 +189,7 @@ fn generate(
     push: &PushContext,
     proxy: &Proxy,
     type_url: &str,
-    names: &[String],
+    names: &[Arc<str>],
 ) -> Option<Vec<generators::Named>> {
     Some(match type_url {
         CLUSTER_TYPE => generators::cds::generate(push, proxy),
@@ -224,6 +279,7 @@ impl XdsServer {
     where
         S: Stream<Item = Result<DiscoveryRequest, Status>> + Send + 'static,
     {
+        let requests = requests.map(|r| r.map(SotwRequest::from));
         let conn = Connection {
             proxy: None,
             watches: HashMap::new(),
@@ -244,6 +300,7 @@ impl XdsServer {
     where
         S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
     {
+        let requests = requests.map(|r| r.map(DeltaRequest::from));
         serve_stream(
             self.push.clone(),
             self.stats.clone(),
@@ -288,11 +345,11 @@ trait StreamState: Send + 'static {
 }
 
 impl StreamState for Connection {
-    type Request = DiscoveryRequest;
+    type Request = SotwRequest;
     fn on_request(
         &mut self,
         push: &PushContext,
-        req: DiscoveryRequest,
+        req: SotwRequest,
         stats: &XdsStats,
     ) -> Result<Option<Outgoing>, Status> {
         handle_request(self, push, req, stats)
@@ -306,7 +363,7 @@ impl StreamState for Connection {
     fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool {
         self.watches
             .get(type_url)
-            .is_some_and(|w| w.names.iter().any(|n| names.contains(n)))
+            .is_some_and(|w| w.names.iter().any(|n| names.contains(&**n)))
     }
     fn sync(&self) -> Option<ProxySync> {
         proxy_sync(self.proxy.as_ref(), false, &self.watches, |w| &w.sync)
@@ -314,11 +371,11 @@ impl StreamState for Connection {
 }
 
 impl StreamState for DeltaConnection {
-    type Request = DeltaDiscoveryRequest;
+    type Request = DeltaRequest;
     fn on_request(
         &mut self,
         push: &PushContext,
-        req: DeltaDiscoveryRequest,
+        req: DeltaRequest,
         stats: &XdsStats,
     ) -> Result<Option<Outgoing>, Status> {
         self.handle(push, req, stats)
@@ -334,7 +391,7 @@ impl StreamState for DeltaConnection {
             w.names
                 .iter()
                 .chain(w.sent.keys())
-                .any(|n| names.contains(n))
+                .any(|n| names.contains(&**n))
         })
     }
     fn sync(&self) -> Option<ProxySync> {
@@ -587,27 +644,27 @@ fn answer(
 fn handle_request(
     conn: &mut Connection,
     push: &PushContext,
-    req: DiscoveryRequest,
+    req: SotwRequest,
     stats: &XdsStats,
 ) -> Result<Option<Outgoing>, Status> {
     identify(&mut conn.proxy, req.node.as_ref())?;
     let watch = conn.watches.entry(req.type_url.clone()).or_default();
-    if !req.response_nonce.is_empty() {
+    if !req.nonce.is_empty() {
         let answer = answer(
-            &req.response_nonce,
+            &req.nonce,
             &watch.nonce_sent,
-            req.error_detail.as_ref(),
+            req.error.as_ref(),
             &req.type_url,
             stats,
         );
         if !watch.sync.record(answer) {
             return Ok(None);
         }
-        if watch.names == req.resource_names {
+        if watch.names == req.names {
             return Ok(None);
         }
     }
-    watch.names = req.resource_names;
+    watch.names = req.names;
     Ok(conn.response(push, &req.type_url))
 }
 
@@ -620,19 +677,21 @@ fn wildcard_by_default(type_url: &str) -> bool {
 }
 
 /// A resource's version: a digest of its encoded bytes, so an unchanged resource is not resent.
-fn resource_version(resource: &envoy_types::pb::google::protobuf::Any) -> String {
+/// Sent to Envoy as 16 hex digits.
+fn resource_version(resource: &envoy_types::pb::google::protobuf::Any) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     resource.value.hash(&mut h);
-    format!("{:016x}", h.finish())
+    h.finish()
 }
 
 #[derive(Debug, Default)]
 struct DeltaWatch {
     wildcard: bool,
-    names: std::collections::BTreeSet<String>,
-    /// What Envoy holds: name → version.
-    sent: HashMap<String, String>,
+    names: std::collections::BTreeSet<Arc<str>>,
+    /// What Envoy holds: name → version (`None`: a version that is not ours, from before a
+    /// reconnection).
+    sent: HashMap<Arc<str>, Option<u64>>,
     nonce_sent: String,
     /// The first response for a type is sent even when empty, so Envoy's init completes.
     responded: bool,
@@ -650,22 +709,21 @@ impl DeltaConnection {
     fn handle(
         &mut self,
         push: &PushContext,
-        req: DeltaDiscoveryRequest,
+        req: DeltaRequest,
         stats: &XdsStats,
     ) -> Result<Option<Outgoing>, Status> {
         identify(&mut self.proxy, req.node.as_ref())?;
         let first = !self.watches.contains_key(&req.type_url);
         let watch = self.watches.entry(req.type_url.clone()).or_default();
         if first {
-            watch.wildcard =
-                wildcard_by_default(&req.type_url) && req.resource_names_subscribe.is_empty();
-            watch.sent = req.initial_resource_versions.clone().into_iter().collect();
+            watch.wildcard = wildcard_by_default(&req.type_url) && req.subscribe.is_empty();
+            watch.sent = req.initial.into_iter().collect();
         }
-        if !req.response_nonce.is_empty() {
+        if !req.nonce.is_empty() {
             let answer = answer(
-                &req.response_nonce,
+                &req.nonce,
                 &watch.nonce_sent,
-                req.error_detail.as_ref(),
+                req.error.as_ref(),
                 &req.type_url,
                 stats,
             );
@@ -674,16 +732,16 @@ impl DeltaConnection {
             }
         }
         let mut changed = first;
-        for name in req.resource_names_subscribe {
-            if name == "*" {
+        for name in req.subscribe {
+            if &*name == "*" {
                 changed |= !watch.wildcard;
                 watch.wildcard = true;
             } else {
                 changed |= watch.names.insert(name);
             }
         }
-        for name in req.resource_names_unsubscribe {
-            if name == "*" {
+        for name in req.unsubscribe {
+            if &*name == "*" {
                 watch.wildcard = false;
             } else {
                 watch.names.remove(&name);
@@ -705,20 +763,21 @@ impl DeltaConnection {
     ) -> Option<Outgoing> {
         let proxy = self.proxy.as_ref()?;
         let watch = self.watches.get_mut(type_url)?;
-        let names: Vec<String> = watch.names.iter().cloned().collect();
+        let names: Vec<Arc<str>> = watch.names.iter().cloned().collect();
         let generated = generate(push, proxy, type_url, &names)?;
         let wanted = |name: &str| watch.wildcard || watch.names.contains(name);
         let mut resources = Vec::new();
         let mut present = std::collections::HashSet::new();
         for named in generated.into_iter().filter(|n| wanted(&n.name)) {
-            present.insert(named.name.clone());
+            let name = intern::intern(&named.name);
+            present.insert(name.clone());
             let version = resource_version(&named.resource);
-            if watch.sent.get(&named.name) != Some(&version) {
-                watch.sent.insert(named.name.clone(), version.clone());
-                resources.push((named.name, version, named.resource));
+            if watch.sent.get(&name) != Some(&Some(version)) {
+                watch.sent.insert(name, Some(version));
+                resources.push((named.name, format!("{version:016x}"), named.resource));
             }
         }
-        let mut removed: Vec<String> = watch
+        let mut removed: Vec<Arc<str>> = watch
             .sent
             .keys()
             .filter(|n| !present.contains(*n))

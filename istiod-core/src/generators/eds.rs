@@ -40,7 +40,7 @@ fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment
 }
 
 /// The requested assignments; an unknown cluster gets an empty assignment so Envoy stops waiting.
-pub fn generate(push: &PushContext, names: &[String]) -> Vec<Named> {
+pub fn generate(push: &PushContext, names: &[impl AsRef<str>]) -> Vec<Named> {
     let all = push.cache.endpoints.get_or_init(|| {
         push.clusters
             .keys()
@@ -53,11 +53,12 @@ pub fn generate(push: &PushContext, names: &[String]) -> Vec<Named> {
     names
         .iter()
         .map(|name| {
+            let name = name.as_ref();
             all.get(name).cloned().unwrap_or_else(|| {
                 Named::new(
-                    name.clone(),
+                    name.to_string(),
                     pack_any(ClusterLoadAssignment {
-                        cluster_name: name.clone(),
+                        cluster_name: name.to_string(),
                         ..Default::default()
                     }),
                 )

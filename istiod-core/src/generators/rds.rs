@@ -97,13 +97,14 @@ fn route_config(
 }
 
 /// Route configurations `names` for `proxy`; under a Sidecar resource only its egress hosts.
-pub fn generate(push: &PushContext, proxy: &Proxy, names: &[String]) -> Vec<Named> {
+pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> Vec<Named> {
     if let Some(scope) = push.sidecar_scope(proxy) {
         return names
             .iter()
             .map(|n| {
+                let n = n.as_ref();
                 Named::new(
-                    n.clone(),
+                    n.to_string(),
                     pack_any(route_config(
                         push,
                         n,
@@ -139,8 +140,12 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[String]) -> Vec<Name
     names
         .iter()
         .map(|n| {
+            let n = n.as_ref();
             all.get(n).cloned().unwrap_or_else(|| {
-                Named::new(n.clone(), pack_any(route_config(push, n, &|_| true, false)))
+                Named::new(
+                    n.to_string(),
+                    pack_any(route_config(push, n, &|_| true, false)),
+                )
             })
         })
         .collect()
