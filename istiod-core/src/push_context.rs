@@ -2,7 +2,8 @@
 //! on every change and shared with all streams through a `watch` channel (istiod's
 //! `pilot/pkg/model/push_context.go`). Generators never see a half-updated mesh.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::config_store::{
     ConfigSet, Metadata, MtlsMode, PeerAuthenticationSpec, Resource, SidecarSpec,
@@ -50,12 +51,18 @@ pub struct PushContext {
 /// and listeners, and each EDS assignment and route configuration. The key of every entry is
 /// (this snapshot, resource name): a new config is a new snapshot with an empty cache, so an
 /// entry can never be stale, and entries are written once (`OnceLock`), never replaced.
+/// Sidecar scopes by (proxy id, node labels).
+pub type ScopeMemo = HashMap<(String, BTreeMap<String, String>), Option<Arc<SidecarScope>>>;
+
 #[derive(Default)]
 pub struct GenCache {
     pub outbound_clusters: std::sync::OnceLock<Vec<crate::generators::Named>>,
     pub outbound_listeners: std::sync::OnceLock<Vec<crate::generators::Named>>,
     pub endpoints: std::sync::OnceLock<std::collections::HashMap<String, crate::generators::Named>>,
     pub routes: std::sync::OnceLock<std::collections::HashMap<String, crate::generators::Named>>,
+    /// Each proxy's Sidecar scope (by proxy id and node labels), worked out once per snapshot
+    /// rather than once per generator.
+    pub scopes: std::sync::Mutex<ScopeMemo>,
 }
 
 impl Clone for GenCache {
@@ -246,10 +253,28 @@ impl PushContext {
     /// The Sidecar that applies to `proxy`, as Istio picks it: one in the proxy's namespace
     /// whose workload selector matches, else one there without a selector, else the root
     /// namespace's default. `None`: the proxy sees every service (no Sidecar applies).
-    pub fn sidecar_scope(&self, proxy: &crate::model::Proxy) -> Option<SidecarScope> {
+    pub fn sidecar_scope(&self, proxy: &crate::model::Proxy) -> Option<Arc<SidecarScope>> {
         if self.sidecars.is_empty() {
             return None;
         }
+        let key = (proxy.id.clone(), proxy.labels.clone());
+        if let Some(known) = self
+            .cache
+            .scopes
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return known;
+        }
+        let scope = self.find_sidecar_scope(proxy).map(Arc::new);
+        if let Ok(mut m) = self.cache.scopes.lock() {
+            m.insert(key, scope.clone());
+        }
+        scope
+    }
+
+    fn find_sidecar_scope(&self, proxy: &crate::model::Proxy) -> Option<SidecarScope> {
         let labels = proxy.workload_labels(&self.services);
         let own_ns = proxy.namespace.as_str();
         let chosen = self
@@ -439,6 +464,11 @@ spec:
         let web = p.sidecar_scope(&proxy("shop", "web")).unwrap();
         assert_eq!(web.name, "shop/web");
         assert!(web.registry_only);
+        // Worked out once per snapshot: the generators of one push share it.
+        assert!(Arc::ptr_eq(
+            &web,
+            &p.sidecar_scope(&proxy("shop", "web")).unwrap()
+        ));
         assert_eq!(
             p.sidecar_scope(&proxy("shop", "cart")).unwrap().name,
             "shop/ns"
