@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod traffic;
+pub use traffic::{AuthorizationPolicySpec, DestinationRuleSpec, GatewaySpec, VirtualServiceSpec};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config directory {dir}: {source}")]
@@ -152,6 +155,11 @@ pub enum Resource {
     PeerAuthentication(Metadata, PeerAuthenticationSpec),
     EndpointSlice(Metadata, EndpointSliceSpec),
     Sidecar(Metadata, SidecarSpec),
+    VirtualService(Metadata, VirtualServiceSpec),
+    DestinationRule(Metadata, DestinationRuleSpec),
+    Gateway(Metadata, GatewaySpec),
+    AuthorizationPolicy(Metadata, AuthorizationPolicySpec),
+    Namespace(Metadata),
 }
 
 /// networking.istio.io Sidecar: which services a workload's sidecar sees (egress hosts) and
@@ -256,6 +264,11 @@ impl Resource {
             Resource::PeerAuthentication(..) => "PeerAuthentication",
             Resource::EndpointSlice(..) => "EndpointSlice",
             Resource::Sidecar(..) => "Sidecar",
+            Resource::VirtualService(..) => "VirtualService",
+            Resource::DestinationRule(..) => "DestinationRule",
+            Resource::Gateway(..) => "Gateway",
+            Resource::AuthorizationPolicy(..) => "AuthorizationPolicy",
+            Resource::Namespace(..) => "Namespace",
         }
     }
 
@@ -267,7 +280,12 @@ impl Resource {
             | Resource::Endpoints(m, _)
             | Resource::PeerAuthentication(m, _)
             | Resource::EndpointSlice(m, _)
-            | Resource::Sidecar(m, _) => m,
+            | Resource::Sidecar(m, _)
+            | Resource::VirtualService(m, _)
+            | Resource::DestinationRule(m, _)
+            | Resource::Gateway(m, _)
+            | Resource::AuthorizationPolicy(m, _)
+            | Resource::Namespace(m) => m,
         }
     }
 
@@ -283,6 +301,13 @@ impl Resource {
             }
             Resource::EndpointSlice(m, s) => ("EndpointSlice", m, serde_json::to_value(s)),
             Resource::Sidecar(m, s) => ("Sidecar", m, serde_json::to_value(s)),
+            Resource::VirtualService(m, s) => ("VirtualService", m, serde_json::to_value(s)),
+            Resource::DestinationRule(m, s) => ("DestinationRule", m, serde_json::to_value(s)),
+            Resource::Gateway(m, s) => ("Gateway", m, serde_json::to_value(s)),
+            Resource::AuthorizationPolicy(m, s) => {
+                ("AuthorizationPolicy", m, serde_json::to_value(s))
+            }
+            Resource::Namespace(m) => ("Namespace", m, Ok(serde_json::Value::Null)),
         };
         serde_json::json!({
             "kind": kind,
@@ -292,15 +317,8 @@ impl Resource {
     }
 }
 
-/// Kinds we read but do not act on yet; accepted so a real mesh's config loads.
-const ACCEPTED_KINDS: [&str; 6] = [
-    "VirtualService",
-    "DestinationRule",
-    "Gateway",
-    "AuthorizationPolicy",
-    "Namespace",
-    "MeshConfig",
-];
+/// Kinds we read but neither check nor act on; accepted so a real mesh's config loads.
+const ACCEPTED_KINDS: [&str; 1] = ["MeshConfig"];
 
 #[derive(Deserialize)]
 struct Envelope {
@@ -424,6 +442,34 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             }
             Resource::EndpointSlice(meta, slice)
         }
+        "VirtualService" => {
+            let spec: VirtualServiceSpec =
+                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+            traffic::validate_virtual_service(&spec)
+                .map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+            Resource::VirtualService(meta, spec)
+        }
+        "DestinationRule" => {
+            let spec: DestinationRuleSpec =
+                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+            traffic::validate_destination_rule(&spec)
+                .map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+            Resource::DestinationRule(meta, spec)
+        }
+        "Gateway" => {
+            let spec: GatewaySpec =
+                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+            traffic::validate_gateway(&spec).map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+            Resource::Gateway(meta, spec)
+        }
+        "AuthorizationPolicy" => {
+            let spec: AuthorizationPolicySpec =
+                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+            traffic::validate_authorization_policy(&spec)
+                .map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+            Resource::AuthorizationPolicy(meta, spec)
+        }
+        "Namespace" => Resource::Namespace(meta),
         other => return Err(format!("unsupported kind {other:?}")),
     };
     Ok(Some(resource))
@@ -524,11 +570,25 @@ spec: {address: 10.0.0.2, labels: {app: httpbin}}
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
+metadata: {name: httpbin, namespace: demo}
+spec:
+  hosts: [httpbin]
+  http:
+  - route: [{destination: {host: httpbin, subset: v1}}]
+    timeout: 2s
+    corsPolicy: {allowOrigins: [{exact: "https://a.example"}]}
+---
+kind: MeshConfig
 metadata: {name: ignored}
-spec: {}
 "#;
         let r = parse_file(Path::new("x.yaml"), yaml).unwrap();
-        assert_eq!(r.len(), 2);
+        assert_eq!(r.len(), 3);
+        // Fields we do not type are kept as written.
+        let shown = r[2].to_json();
+        assert_eq!(
+            shown["spec"]["http"][0]["corsPolicy"]["allowOrigins"][0]["exact"],
+            "https://a.example"
+        );
         assert!(
             matches!(&r[0], Resource::ServiceEntry(m, s) if m.name == "httpbin" && s.ports[0].number == 8000)
         );
@@ -549,5 +609,119 @@ spec: {}
         )
         .unwrap_err();
         assert!(e.to_string().contains("unsupported kind \"Frobnicator\""));
+    }
+
+    /// Each traffic kind's checks, by the field they name.
+    #[test]
+    fn traffic_kinds_are_checked_and_errors_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a]}",
+                "spec.http, tcp or tls: at least one route",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: \"\"}}]}]}",
+                "spec.http[0].route[0].destination.host",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}, weight: -5}]}]}",
+                "spec.http[0].route[0].weight: -5 must not be negative",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}], redirect: {uri: /x}}]}",
+                "spec.http[0]: route, redirect, directResponse and delegate exclude each other",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}], timeout: soon}]}",
+                "spec.http[0].timeout",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], tcp: [{route: [{destination: {host: a, port: {number: 70000}}}]}]}",
+                "spec.tcp[0].route[0].destination.port: port number 70000",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], tls: [{route: [{destination: {host: a}}]}]}",
+                "spec.tls[0].match",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {gateways: [gw], http: [{route: [{destination: {host: a}}]}]}",
+                "spec.gateways: a delegate",
+            ),
+            (
+                "kind: DestinationRule\nmetadata: {name: d}\nspec: {subsets: []}",
+                "spec.host: required",
+            ),
+            (
+                "kind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, subsets: [{name: V1, labels: {version: v1}}]}",
+                "spec.subsets[0].name: \"V1\" is not a valid subset name",
+            ),
+            (
+                "kind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, subsets: [{name: v1}, {name: v1}]}",
+                "spec.subsets[1].name: subset \"v1\" is defined twice",
+            ),
+            (
+                "kind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, trafficPolicy: {tls: {mode: MUTUAL}}}",
+                "spec.trafficPolicy.tls: MUTUAL needs",
+            ),
+            (
+                "kind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, subsets: [{name: v1, trafficPolicy: {loadBalancer: {simple: FASTEST}}}]}",
+                "spec.subsets[0].trafficPolicy.loadBalancer.simple: \"FASTEST\"",
+            ),
+            (
+                "kind: Gateway\nmetadata: {name: g}\nspec: {selector: {istio: ingressgateway}}",
+                "spec.servers: at least one server",
+            ),
+            (
+                "kind: Gateway\nmetadata: {name: g}\nspec: {servers: [{port: {number: 80, name: http, protocol: HTTP}}]}",
+                "spec.servers[0].hosts: at least one host",
+            ),
+            (
+                "kind: Gateway\nmetadata: {name: g}\nspec: {servers: [{port: {number: 0, name: http, protocol: HTTP}, hosts: [\"*\"]}]}",
+                "spec.servers[0].port: port number 0",
+            ),
+            (
+                "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {action: PERMIT}",
+                "spec.action: \"PERMIT\" is not ALLOW, DENY, AUDIT or CUSTOM",
+            ),
+            (
+                "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {action: CUSTOM}",
+                "spec.provider: a CUSTOM policy must name its provider",
+            ),
+            (
+                "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {rules: [{when: [{key: \"request.auth.claims[iss]\"}]}]}",
+                "spec.rules[0].when[0]: values or notValues is required",
+            ),
+            (
+                "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {rules: \"all\"}",
+                "AuthorizationPolicy p: invalid spec",
+            ),
+        ];
+        for (doc, expected) in cases {
+            let err = parse_file(Path::new("t.yaml"), doc)
+                .expect_err(doc)
+                .to_string();
+            assert!(
+                err.contains(expected),
+                "{doc}\n  gave: {err}\n  expected: {expected}"
+            );
+            assert!(err.starts_with("t.yaml: document 1"), "{err}");
+        }
+        // The valid forms of each kind load.
+        let good = "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a, subset: v1}, weight: 90}, {destination: {host: a, subset: v2}, weight: 10}]}]}\n---\nkind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, trafficPolicy: {tls: {mode: ISTIO_MUTUAL}, loadBalancer: {simple: LEAST_REQUEST}}, subsets: [{name: v1, labels: {version: v1}}, {name: v2, labels: {version: v2}}]}\n---\nkind: Gateway\nmetadata: {name: g}\nspec: {selector: {istio: ingressgateway}, servers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: [\"ns/*.example.com\"], tls: {mode: SIMPLE, credentialName: c}}]}\n---\nkind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {action: DENY, rules: [{from: [{source: {notNamespaces: [x]}}], when: [{key: \"request.headers[x]\", values: [\"1\"]}]}]}\n---\nkind: Namespace\nmetadata: {name: shop, labels: {istio-injection: enabled}}\n";
+        let kinds: Vec<&str> = parse_file(Path::new("g.yaml"), good)
+            .unwrap()
+            .iter()
+            .map(Resource::kind)
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "VirtualService",
+                "DestinationRule",
+                "Gateway",
+                "AuthorizationPolicy",
+                "Namespace"
+            ]
+        );
     }
 }

@@ -211,7 +211,12 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
             | Resource::Endpoints(..)
             | Resource::EndpointSlice(..)
             | Resource::Sidecar(..)
-            | Resource::PeerAuthentication(..) => {}
+            | Resource::PeerAuthentication(..)
+            | Resource::VirtualService(..)
+            | Resource::DestinationRule(..)
+            | Resource::Gateway(..)
+            | Resource::AuthorizationPolicy(..)
+            | Resource::Namespace(..) => {}
         }
     }
     out.sort_by(|a, b| a.hostname.cmp(&b.hostname));
