@@ -101,6 +101,26 @@ pub fn outbound_cluster_name(port: u16, hostname: &str) -> String {
     format!("outbound|{port}||{hostname}")
 }
 
+/// The cluster of one DestinationRule subset of a service port: `outbound|PORT|SUBSET|HOST`.
+pub fn subset_cluster_name(port: u16, subset: &str, hostname: &str) -> String {
+    format!("outbound|{port}|{subset}|{hostname}")
+}
+
+/// A DestinationRule subset: the endpoints of a service that carry all of `labels`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Subset {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Subset {
+    pub fn selects(&self, endpoint: &Endpoint) -> bool {
+        self.labels
+            .iter()
+            .all(|(k, v)| endpoint.labels.get(k) == Some(v))
+    }
+}
+
 /// The Envoy cluster name Istio uses for a workload's inbound port: `inbound|PORT||`.
 pub fn inbound_cluster_name(port: u16) -> String {
     format!("inbound|{port}||")

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::config_store::{
     ConfigSet, Metadata, MtlsMode, PeerAuthenticationSpec, Resource, SidecarSpec,
 };
-use crate::model::{Endpoint, Service, ServicePort, TlsMode};
+use crate::model::{Endpoint, Service, ServicePort, Subset, TlsMode};
 use crate::registry::{self, RegistryError};
 
 /// Istio's root namespace: a PeerAuthentication here without a selector is mesh-wide.
@@ -41,10 +41,21 @@ pub struct PushContext {
     pub trust_domain: String,
     /// The config this snapshot was built from (/debug/configz).
     pub config: std::sync::Arc<ConfigSet>,
-    /// `outbound|PORT||HOST` → (service index, port index), for EDS lookups.
-    pub clusters: std::collections::HashMap<String, (usize, usize)>,
+    /// Each service's DestinationRule subsets, by hostname.
+    pub subsets: HashMap<String, Vec<Subset>>,
+    /// `outbound|PORT|SUBSET|HOST` → which service, port and subset, for EDS lookups.
+    pub clusters: HashMap<String, ClusterRef>,
     /// Encoded resources that are the same for every proxy of this snapshot.
     pub cache: GenCache,
+}
+
+/// What an outbound cluster name stands for (indices into the snapshot's services, their
+/// ports and their subsets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterRef {
+    pub service: usize,
+    pub port: usize,
+    pub subset: Option<usize>,
 }
 
 /// Resources generated once per snapshot and shared by every proxy's push: outbound clusters
@@ -99,6 +110,7 @@ impl Default for PushContext {
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
             config: Default::default(),
             clusters: Default::default(),
+            subsets: Default::default(),
             cache: GenCache::default(),
         }
     }
@@ -147,6 +159,63 @@ fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
+/// DestinationRule subsets per service hostname. A rule's short host (no dot) is taken in the
+/// rule's namespace, as Istio does; a wildcard host (`*.example.com`) applies to the services it
+/// matches that have no rule of their own. Rules for one host merge in (namespace, name) order,
+/// a subset name defined again being ignored. Rules with a workloadSelector apply to some
+/// clients only and are not used here.
+fn subsets(
+    config: &ConfigSet,
+    domain_suffix: &str,
+    services: &[Service],
+) -> HashMap<String, Vec<Subset>> {
+    let mut rules: Vec<_> = config
+        .resources
+        .iter()
+        .filter_map(|r| match r {
+            Resource::DestinationRule(m, s) if !s.rest.contains_key("workloadSelector") => {
+                Some((m, s))
+            }
+            _ => None,
+        })
+        .collect();
+    rules.sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
+    let mut by_host: BTreeMap<String, Vec<Subset>> = BTreeMap::new();
+    for (meta, spec) in rules {
+        let host = if spec.host.contains('.') || spec.host.starts_with('*') {
+            spec.host.clone()
+        } else {
+            format!("{}.{}.svc.{domain_suffix}", spec.host, meta.namespace())
+        };
+        let merged = by_host.entry(host).or_default();
+        for s in &spec.subsets {
+            if !merged.iter().any(|m| m.name == s.name) {
+                merged.push(Subset {
+                    name: s.name.clone(),
+                    labels: s.labels.clone(),
+                });
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    for svc in services {
+        let rule = by_host.get(&svc.hostname).or_else(|| {
+            by_host
+                .iter()
+                .filter(|(h, _)| {
+                    h.strip_prefix('*')
+                        .is_some_and(|suffix| svc.hostname.ends_with(suffix))
+                })
+                .max_by_key(|(h, _)| h.len())
+                .map(|(_, s)| s)
+        });
+        if let Some(subsets) = rule.filter(|s| !s.is_empty()) {
+            out.insert(svc.hostname.clone(), subsets.clone());
+        }
+    }
+    out
+}
+
 impl PushContext {
     /// Builds a snapshot from `config`, which it keeps (shared, not copied) for /debug/configz.
     pub fn build(
@@ -167,18 +236,31 @@ impl PushContext {
         peer_authentications
             .sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
         let services = registry::services(&config, domain_suffix)?;
-        let clusters = services
-            .iter()
-            .enumerate()
-            .flat_map(|(si, s)| {
-                s.ports.iter().enumerate().map(move |(pi, p)| {
-                    (
-                        crate::model::outbound_cluster_name(p.port, &s.hostname),
-                        (si, pi),
-                    )
-                })
-            })
-            .collect();
+        let subsets = subsets(&config, domain_suffix, &services);
+        let mut clusters = HashMap::new();
+        for (si, s) in services.iter().enumerate() {
+            let own = subsets
+                .get(&s.hostname)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            for (pi, p) in s.ports.iter().enumerate() {
+                let at = |subset| ClusterRef {
+                    service: si,
+                    port: pi,
+                    subset,
+                };
+                clusters.insert(
+                    crate::model::outbound_cluster_name(p.port, &s.hostname),
+                    at(None),
+                );
+                for (i, subset) in own.iter().enumerate() {
+                    clusters.insert(
+                        crate::model::subset_cluster_name(p.port, &subset.name, &s.hostname),
+                        at(Some(i)),
+                    );
+                }
+            }
+        }
         let mut sidecars: Vec<_> = config
             .resources
             .iter()
@@ -194,6 +276,7 @@ impl PushContext {
             generation: 0,
             change: Change::Full,
             clusters,
+            subsets,
             cache: GenCache::default(),
             services,
             peer_authentications,
@@ -205,6 +288,7 @@ impl PushContext {
     /// Everything but the version: two snapshots with equal content push nothing new.
     pub fn same_content(&self, other: &PushContext) -> bool {
         self.services == other.services
+            && self.subsets == other.subsets
             && self.peer_authentications == other.peer_authentications
             && self.sidecars == other.sidecars
             && self.trust_domain == other.trust_domain
@@ -215,6 +299,7 @@ impl PushContext {
     /// clusters carry), and the policies are unchanged.
     pub fn change_from(&self, old: &PushContext) -> Change {
         if self.services.len() != old.services.len()
+            || self.subsets != old.subsets
             || self.peer_authentications != old.peer_authentications
             || self.sidecars != old.sidecars
             || self.trust_domain != old.trust_domain
@@ -430,6 +515,68 @@ spec:
         assert_eq!(
             push("").inbound_mtls("x", &BTreeMap::new()).default,
             MtlsMode::Permissive
+        );
+    }
+
+    #[test]
+    fn destination_rule_subsets_by_host() {
+        let p = push(
+            r#"
+kind: ServiceEntry
+metadata: {name: a, namespace: shop}
+spec: {hosts: [a.shop.svc.cluster.local], ports: [{number: 80, name: http}]}
+---
+kind: ServiceEntry
+metadata: {name: ext, namespace: shop}
+spec: {hosts: [api.example.com], ports: [{number: 443, name: tls}]}
+---
+kind: DestinationRule
+metadata: {name: a1, namespace: shop}
+spec: {host: a, subsets: [{name: v1, labels: {version: v1}}]}
+---
+kind: DestinationRule
+metadata: {name: a2, namespace: shop}
+spec: {host: a.shop.svc.cluster.local, subsets: [{name: v1, labels: {version: other}}, {name: v2, labels: {version: v2}}]}
+---
+kind: DestinationRule
+metadata: {name: a-other-ns, namespace: blog}
+spec: {host: a, subsets: [{name: blog, labels: {x: y}}]}
+---
+kind: DestinationRule
+metadata: {name: some-clients, namespace: shop}
+spec: {host: a, workloadSelector: {matchLabels: {app: c}}, subsets: [{name: only-c}]}
+---
+kind: DestinationRule
+metadata: {name: wild, namespace: shop}
+spec: {host: "*.example.com", subsets: [{name: eu, labels: {region: eu}}]}
+"#,
+        );
+        let names = |host: &str| -> Vec<(String, String)> {
+            p.subsets[host]
+                .iter()
+                .map(|s| {
+                    (
+                        s.name.clone(),
+                        s.labels.values().cloned().collect::<Vec<_>>().join(","),
+                    )
+                })
+                .collect()
+        };
+        // The short host in shop and the full one merge; the first definition of v1 stands;
+        // the rule in blog means a.blog, and the per-client rule is not used.
+        assert_eq!(
+            names("a.shop.svc.cluster.local"),
+            [("v1".into(), "v1".into()), ("v2".into(), "v2".into())]
+        );
+        assert_eq!(names("api.example.com"), [("eu".into(), "eu".into())]);
+        assert!(
+            p.clusters
+                .contains_key("outbound|80|v2|a.shop.svc.cluster.local")
+        );
+        assert!(p.clusters.contains_key("outbound|443|eu|api.example.com"));
+        assert!(
+            !p.clusters
+                .contains_key("outbound|80|only-c|a.shop.svc.cluster.local")
         );
     }
 

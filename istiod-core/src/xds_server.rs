@@ -434,9 +434,14 @@ fn push_types<C: StreamState>(
         .iter()
         .filter(|s| hosts.contains(&s.hostname))
         .flat_map(|s| {
-            s.ports
-                .iter()
-                .map(|p| crate::model::outbound_cluster_name(p.port, &s.hostname))
+            let subsets = push.subsets.get(&s.hostname);
+            s.ports.iter().flat_map(move |p| {
+                std::iter::once(crate::model::outbound_cluster_name(p.port, &s.hostname)).chain(
+                    subsets.into_iter().flatten().map(move |sub| {
+                        crate::model::subset_cluster_name(p.port, &sub.name, &s.hostname)
+                    }),
+                )
+            })
         })
         .collect();
     if conn.watches_any(ENDPOINT_TYPE, &clusters) {

@@ -16,7 +16,9 @@ use super::{
     BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_BIND_V4, INBOUND_PASSTHROUGH_CLUSTER, Named,
     PASSTHROUGH_CLUSTER, ads_config_source, seconds, tls,
 };
-use crate::model::{Protocol, Proxy, Service, inbound_cluster_name, outbound_cluster_name};
+use crate::model::{
+    Protocol, Proxy, Service, inbound_cluster_name, outbound_cluster_name, subset_cluster_name,
+};
 use crate::push_context::PushContext;
 
 const CONNECT_TIMEOUT_SECS: i64 = 10;
@@ -115,14 +117,24 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service) -> bool) -> Vec<Named
                     )
                 })
                 .collect();
-            if !sans.is_empty() {
-                let sans: Vec<String> = sans.into_iter().collect();
-                c.transport_socket_matches = tls::auto_mtls_matches(
-                    format!("outbound_.{}_._.{}", port.port, svc.hostname),
-                    &sans,
-                );
+            let sans: Vec<String> = sans.into_iter().collect();
+            let with_mtls = |mut c: Cluster, subset: &str| {
+                if !sans.is_empty() {
+                    c.transport_socket_matches = tls::auto_mtls_matches(
+                        format!("outbound_.{}_.{subset}_.{}", port.port, svc.hostname),
+                        &sans,
+                    );
+                }
+                c
+            };
+            clusters.push(with_mtls(c.clone(), ""));
+            // One cluster per DestinationRule subset, `outbound|PORT|SUBSET|HOST`, whose
+            // endpoints EDS narrows to the subset's labels.
+            for subset in push.subsets.get(&svc.hostname).into_iter().flatten() {
+                let mut sc = c.clone();
+                sc.name = subset_cluster_name(port.port, &subset.name, &svc.hostname);
+                clusters.push(with_mtls(sc, &subset.name));
             }
-            clusters.push(c);
         }
     }
     named(clusters)

@@ -9,12 +9,17 @@ use super::{Named, socket_address, tls};
 use crate::push_context::PushContext;
 
 fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment> {
-    let &(si, pi) = push.clusters.get(cluster)?;
-    let svc = push.services.get(si)?;
-    let port = svc.ports.get(pi)?;
+    let at = push.clusters.get(cluster)?;
+    let svc = push.services.get(at.service)?;
+    let port = svc.ports.get(at.port)?;
+    let subset = match at.subset {
+        Some(i) => Some(push.subsets.get(&svc.hostname)?.get(i)?),
+        None => None,
+    };
     let lb_endpoints = svc
         .endpoints
         .iter()
+        .filter(|ep| subset.is_none_or(|s| s.selects(ep)))
         .map(|ep| LbEndpoint {
             metadata: push
                 .endpoint_mtls(svc, ep, port)
