@@ -11,6 +11,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 use futures::StreamExt;
 use istiod_core::ControlPlane;
 use istiod_core::generators::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE};
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
@@ -167,6 +168,57 @@ async fn endpoint_changes_take_the_eds_fast_path() {
             assert!(s.nacked.is_none());
         }
     }
+}
+
+/// A proxy that watches only a DestinationRule subset's cluster gets the EDS fast path too,
+/// with the subset's endpoints only.
+#[tokio::test]
+async fn subset_clusters_take_the_eds_fast_path() {
+    let rule = "---\nkind: DestinationRule\nmetadata: {name: web, namespace: shop}\nspec: {host: web, subsets: [{name: v1, labels: {version: v1}}]}\n";
+    let with = |ips: &[&str]| {
+        // Every web workload but 10.1.0.9 is version v1.
+        format!("{}{rule}", mesh(ips)).replace(
+            "labels: {app: web}, serviceAccount: web}",
+            "labels: {app: web, version: v1}, serviceAccount: web}",
+        ) + "---\nkind: WorkloadEntry\nmetadata: {name: web-v2, namespace: shop}\nspec: {address: 10.1.0.9, labels: {app: web, version: v2}, serviceAccount: web}\n"
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), with(&["10.1.0.1"])).unwrap();
+    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let server = cp.xds();
+    let v1 = "outbound|80|v1|web.shop.svc.cluster.local";
+    let mut client = Client::new(&server, "10.1.0.50");
+    client.subscribe(&[v1]).await;
+
+    std::fs::write(
+        dir.path().join("mesh.yaml"),
+        with(&["10.1.0.1", "10.1.0.2"]),
+    )
+    .unwrap();
+    cp.reload().unwrap();
+    assert!(matches!(
+        cp.snapshot().change,
+        istiod_core::push_context::Change::Endpoints(_)
+    ));
+    let resp = client
+        .next()
+        .await
+        .expect("EDS push for the subset cluster");
+    assert_eq!(resp.type_url, ENDPOINT_TYPE);
+    let cla = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment::decode(
+        resp.resources[0].value.as_slice(),
+    )
+    .unwrap();
+    assert_eq!(cla.cluster_name, v1);
+    let text = format!("{cla:?}");
+    assert!(
+        text.contains("10.1.0.1") && text.contains("10.1.0.2"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("10.1.0.9"),
+        "the v2 workload is not in v1: {text}"
+    );
 }
 
 #[tokio::test]
