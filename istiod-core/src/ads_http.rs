@@ -21,6 +21,7 @@ use prost::Message;
 use tonic::Status;
 use tonic::server::NamedService;
 
+use crate::autoregister::Caller;
 use crate::wire::{self, Outgoing};
 use crate::xds_server::{MAX_REQUEST_BYTES, XdsServer};
 
@@ -144,6 +145,22 @@ where
     tonic::body::Body::new(http_body_util::StreamBody::new(frames))
 }
 
+/// The peer of a request: the identity of its mesh client certificate, when the TLS layer
+/// verified one.
+fn caller<B>(req: &http::Request<B>) -> Caller {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let identity = req
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|info| info.peer_certs())
+        .and_then(|certs| {
+            certs
+                .first()
+                .and_then(|leaf| crate::ca_server::identity_of_client_cert(leaf.as_ref()).ok())
+        });
+    Caller::Peer(identity)
+}
+
 fn grpc_response(body: tonic::body::Body) -> http::Response<tonic::body::Body> {
     let mut resp = http::Response::new(body);
     resp.headers_mut().insert(
@@ -166,16 +183,15 @@ impl tower::Service<http::Request<tonic::body::Body>> for AdsHttp {
         let server = self.server.clone();
         Box::pin(async move {
             let path = req.uri().path().to_string();
+            let caller = caller(&req);
             let body = req.into_body();
             Ok(match path.as_str() {
                 SOTW => grpc_response(self::body(
-                    server.stream_wire(requests::<DiscoveryRequest>(body)),
+                    server.stream_wire_from(requests::<DiscoveryRequest>(body), caller),
                 )),
-                DELTA => grpc_response(self::body(server.delta_stream_wire(requests::<
-                    DeltaDiscoveryRequest,
-                >(
-                    body
-                )))),
+                DELTA => grpc_response(self::body(
+                    server.delta_stream_wire_from(requests::<DeltaDiscoveryRequest>(body), caller),
+                )),
                 _ => Status::unimplemented(format!("no method {path}")).into_http(),
             })
         })

@@ -132,7 +132,7 @@ impl JwtAuthenticator {
 }
 
 /// The SPIFFE identity of a client certificate the TLS layer has verified: its only URI SAN.
-fn identity_of_client_cert(der: &[u8]) -> Result<Identity, String> {
+pub(crate) fn identity_of_client_cert(der: &[u8]) -> Result<Identity, String> {
     use x509_parser::prelude::{FromDer, X509Certificate};
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| e.to_string())?;
     let uris = crate::ca::uri_sans(&cert);

@@ -98,6 +98,41 @@ pub struct WorkloadEntrySpec {
     pub service_account: Option<String>,
 }
 
+/// networking.istio.io WorkloadGroup: the template of the WorkloadEntries that proxies of the
+/// group register for themselves when they connect (auto-registration, for VMs).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct WorkloadGroupSpec {
+    #[serde(default)]
+    pub metadata: WorkloadGroupMetadata,
+    pub template: WorkloadTemplate,
+    #[serde(default)]
+    pub probe: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct WorkloadGroupMetadata {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A WorkloadEntry without its address (each registering proxy brings its own).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadTemplate {
+    #[serde(default)]
+    pub address: Option<String>,
+    #[serde(default)]
+    pub ports: BTreeMap<String, u16>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub service_account: Option<String>,
+    #[serde(default)]
+    pub network: Option<String>,
+}
+
 /// core/v1 Service.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -160,6 +195,7 @@ pub enum Resource {
     Gateway(Metadata, GatewaySpec),
     AuthorizationPolicy(Metadata, AuthorizationPolicySpec),
     Namespace(Metadata),
+    WorkloadGroup(Metadata, WorkloadGroupSpec),
 }
 
 /// networking.istio.io Sidecar: which services a workload's sidecar sees (egress hosts) and
@@ -269,6 +305,7 @@ impl Resource {
             Resource::Gateway(..) => "Gateway",
             Resource::AuthorizationPolicy(..) => "AuthorizationPolicy",
             Resource::Namespace(..) => "Namespace",
+            Resource::WorkloadGroup(..) => "WorkloadGroup",
         }
     }
 
@@ -285,6 +322,7 @@ impl Resource {
             | Resource::DestinationRule(m, _)
             | Resource::Gateway(m, _)
             | Resource::AuthorizationPolicy(m, _)
+            | Resource::WorkloadGroup(m, _)
             | Resource::Namespace(m) => m,
         }
     }
@@ -308,6 +346,7 @@ impl Resource {
                 ("AuthorizationPolicy", m, serde_json::to_value(s))
             }
             Resource::Namespace(m) => ("Namespace", m, Ok(serde_json::Value::Null)),
+            Resource::WorkloadGroup(m, s) => ("WorkloadGroup", m, serde_json::to_value(s)),
         };
         serde_json::json!({
             "kind": kind,
@@ -470,6 +509,17 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             Resource::AuthorizationPolicy(meta, spec)
         }
         "Namespace" => Resource::Namespace(meta),
+        "WorkloadGroup" => {
+            let spec: WorkloadGroupSpec =
+                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+            if spec.template.address.is_some() {
+                return Err(format!(
+                    "{}: spec.template.address: not allowed (each proxy registers its own address)",
+                    typed("spec")
+                ));
+            }
+            Resource::WorkloadGroup(meta, spec)
+        }
         other => return Err(format!("unsupported kind {other:?}")),
     };
     Ok(Some(resource))

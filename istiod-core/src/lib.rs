@@ -5,6 +5,7 @@
 //! [`ControlPlane`] owns the snapshot and publishes each new one to every stream.
 
 pub mod ads_http;
+pub mod autoregister;
 pub mod ca;
 pub mod ca_server;
 pub mod config_store;
@@ -103,6 +104,7 @@ pub struct ControlPlane {
     trust_domain: String,
     tx: watch::Sender<Arc<PushContext>>,
     generation: std::sync::atomic::AtomicU64,
+    autoregister: Arc<autoregister::AutoRegistration>,
 }
 
 fn build(
@@ -169,11 +171,15 @@ impl ControlPlane {
         Ok(Arc::new(ControlPlane {
             config_dir: config_dir.map(Path::to_path_buf),
             store,
-            memory,
             domain_suffix: domain_suffix.to_string(),
             trust_domain: trust_domain.to_string(),
             tx,
             generation: 1.into(),
+            autoregister: autoregister::AutoRegistration::new(
+                memory.clone(),
+                autoregister::DEFAULT_GRACE,
+            ),
+            memory,
         }))
     }
 
@@ -216,6 +222,12 @@ impl ControlPlane {
 
     pub fn xds(&self) -> xds_server::XdsServer {
         xds_server::XdsServer::new(self.tx.subscribe())
+            .with_auto_registration(self.autoregister.clone())
+    }
+
+    /// WorkloadEntry auto-registration into the in-memory store (`autoregister`).
+    pub fn auto_registration(&self) -> &Arc<autoregister::AutoRegistration> {
+        &self.autoregister
     }
 
     pub fn xds_with_limits(
@@ -224,6 +236,7 @@ impl ControlPlane {
         push_throttle: usize,
     ) -> xds_server::XdsServer {
         xds_server::XdsServer::with_limits(self.tx.subscribe(), max_streams, push_throttle)
+            .with_auto_registration(self.autoregister.clone())
     }
 
     /// Watches the config directory and reloads after each burst of changes has settled

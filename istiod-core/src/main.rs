@@ -202,6 +202,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let debounce = istiod_core::Debounce::from_env(&|k| std::env::var(k).ok())
         .map_err(|e| anyhow::anyhow!(e))?;
     tokio::spawn(cp.clone().watch(debounce));
+    cp.auto_registration().set_grace(
+        istiod_core::autoregister::grace_from_env(&|k| std::env::var(k).ok())
+            .map_err(|e| anyhow::anyhow!(e))?,
+    );
     let throttle = std::env::var("PILOT_PUSH_THROTTLE")
         .ok()
         .map(|v| {

@@ -136,6 +136,8 @@ pub struct Proxy {
     pub dns_domain: String,
     /// The workload's labels, from the node metadata `LABELS`.
     pub labels: BTreeMap<String, String>,
+    /// The WorkloadGroup this proxy registers itself in (node metadata `AUTO_REGISTER_GROUP`).
+    pub auto_register_group: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -166,6 +168,7 @@ impl Proxy {
             namespace: namespace.to_string(),
             dns_domain: domain.to_string(),
             labels: BTreeMap::new(),
+            auto_register_group: None,
         })
     }
 

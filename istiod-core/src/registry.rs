@@ -216,7 +216,8 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
             | Resource::DestinationRule(..)
             | Resource::Gateway(..)
             | Resource::AuthorizationPolicy(..)
-            | Resource::Namespace(..) => {}
+            | Resource::Namespace(..)
+            | Resource::WorkloadGroup(..) => {}
         }
     }
     out.sort_by(|a, b| a.hostname.cmp(&b.hostname));

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::autoregister::{AutoRegistration, Caller};
 use crate::generators::{self, CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
 use crate::intern;
 use crate::model::Proxy;
@@ -55,6 +56,7 @@ pub struct XdsServer {
     push: watch::Receiver<Arc<PushContext>>,
     stats: Arc<XdsStats>,
     shared: Arc<Shared>,
+    autoregister: Option<Arc<AutoRegistration>>,
 }
 
 /// Istio's PILOT_PUSH_THROTTLE when left at 0 (auto): `min(15 + 5 × cores, 100)`.
@@ -232,6 +234,7 @@ impl XdsServer {
     ) -> Self {
         XdsServer {
             push,
+            autoregister: None,
             stats: Arc::default(),
             shared: Arc::new(Shared {
                 syncs: Default::default(),
@@ -240,6 +243,12 @@ impl XdsServer {
                 streams: Arc::new(tokio::sync::Semaphore::new(max_streams)),
             }),
         }
+    }
+
+    /// Lets proxies register their own WorkloadEntry (`autoregister`).
+    pub fn with_auto_registration(mut self, registration: Arc<AutoRegistration>) -> Self {
+        self.autoregister = Some(registration);
+        self
     }
 
     /// Every connected proxy's sync state (/debug/syncz), by proxy id.
@@ -274,8 +283,17 @@ impl XdsServer {
         Box::pin(self.delta_stream_wire(requests).map(decoded))
     }
 
-    /// Serves one ADS stream, its responses left to be encoded when written.
+    /// Serves one ADS stream from a proxy in this process, its responses left to be encoded
+    /// when written.
     pub fn stream_wire<S>(&self, requests: S) -> WireStream
+    where
+        S: Stream<Item = Result<DiscoveryRequest, Status>> + Send + 'static,
+    {
+        self.stream_wire_from(requests, Caller::InProcess)
+    }
+
+    /// Serves one ADS stream from `caller`.
+    pub fn stream_wire_from<S>(&self, requests: S, caller: Caller) -> WireStream
     where
         S: Stream<Item = Result<DiscoveryRequest, Status>> + Send + 'static,
     {
@@ -285,13 +303,7 @@ impl XdsServer {
             watches: HashMap::new(),
             next_nonce: 0,
         };
-        serve_stream(
-            self.push.clone(),
-            self.stats.clone(),
-            self.shared.clone(),
-            conn,
-            requests,
-        )
+        serve_stream(self, caller, conn, requests)
     }
 
     /// Serves one Delta ADS stream: per type, Envoy's subscriptions and the version of each
@@ -300,14 +312,16 @@ impl XdsServer {
     where
         S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
     {
+        self.delta_stream_wire_from(requests, Caller::InProcess)
+    }
+
+    /// Serves one Delta ADS stream from `caller`.
+    pub fn delta_stream_wire_from<S>(&self, requests: S, caller: Caller) -> WireStream
+    where
+        S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
+    {
         let requests = requests.map(|r| r.map(DeltaRequest::from));
-        serve_stream(
-            self.push.clone(),
-            self.stats.clone(),
-            self.shared.clone(),
-            DeltaConnection::default(),
-            requests,
-        )
+        serve_stream(self, caller, DeltaConnection::default(), requests)
     }
 
     /// The tonic service for serving this over gRPC.
@@ -455,9 +469,8 @@ fn push_types<C: StreamState>(
 /// proxy (`push_types`). A stream that falls behind sees only the latest snapshot: pending
 /// pushes of one proxy merge into one.
 fn serve_stream<C, S>(
-    mut push_rx: watch::Receiver<Arc<PushContext>>,
-    stats: Arc<XdsStats>,
-    shared: Arc<Shared>,
+    server: &XdsServer,
+    caller: Caller,
     mut conn: C,
     requests: S,
 ) -> ReceiverStream<Result<Outgoing, Status>>
@@ -465,6 +478,10 @@ where
     C: StreamState,
     S: Stream<Item = Result<C::Request, Status>> + Send + 'static,
 {
+    let mut push_rx = server.push.clone();
+    let stats = server.stats.clone();
+    let shared = server.shared.clone();
+    let autoregister = server.autoregister.clone();
     let (tx, rx) = mpsc::channel(1);
     let Ok(permit) = shared.streams.clone().try_acquire_owned() else {
         tracing::warn!("ADS stream refused: stream limit reached");
@@ -476,6 +493,8 @@ where
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     tokio::spawn(async move {
         let _permit = permit;
+        // This stream's WorkloadEntry registration, once its proxy is known.
+        let mut registration: Option<Option<crate::autoregister::Registration>> = None;
         let mut requests = Box::pin(requests);
         let mut last = push_rx.borrow_and_update().clone();
         enum Step<R> {
@@ -515,7 +534,18 @@ where
                     // Not marked seen: a snapshot that arrived meanwhile is still pushed in
                     // full later, even if this request was answered from it.
                     let push = push_rx.borrow().clone();
-                    match conn.on_request(&push, req, &stats) {
+                    let mut handled = conn.on_request(&push, req, &stats);
+                    if let (Ok(_), None, Some(proxy)) = (&handled, &registration, conn.proxy()) {
+                        let registered = match &autoregister {
+                            Some(reg) => reg.connect(&push, proxy, &caller),
+                            None => Ok(None),
+                        };
+                        match registered {
+                            Ok(r) => registration = Some(r),
+                            Err(status) => handled = Err(status),
+                        }
+                    }
+                    match handled {
                         Ok(resp) => out.extend(resp),
                         Err(status) => {
                             drop(throttle);
@@ -587,10 +617,25 @@ fn identify(
         let mut p =
             Proxy::from_node_id(&node.id).map_err(|e| Status::invalid_argument(e.to_string()))?;
         p.labels = node_labels(node);
+        p.auto_register_group = node_string(node, "AUTO_REGISTER_GROUP");
         tracing::info!(proxy = %node.id, "xds stream connected");
         *proxy = Some(p);
     }
     Ok(())
+}
+
+/// A string field of the node metadata.
+fn node_string(node: &envoy_types::pb::envoy::config::core::v3::Node, key: &str) -> Option<String> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    match node
+        .metadata
+        .as_ref()
+        .and_then(|m| m.fields.get(key))
+        .and_then(|v| v.kind.as_ref())
+    {
+        Some(Kind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
+        _ => None,
+    }
 }
 
 /// The workload labels the agent puts in its node metadata (`LABELS`, a map of strings).
@@ -819,17 +864,32 @@ impl AggregatedDiscoveryService for AdsService {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        Ok(Response::new(self.server.stream(request.into_inner())))
+        let caller = peer(&request);
+        let out = self.server.stream_wire_from(request.into_inner(), caller);
+        Ok(Response::new(Box::pin(out.map(decoded))))
     }
 
     async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(Response::new(
-            self.server.delta_stream(request.into_inner()),
-        ))
+        let caller = peer(&request);
+        let out = self
+            .server
+            .delta_stream_wire_from(request.into_inner(), caller);
+        Ok(Response::new(Box::pin(out.map(decoded))))
     }
+}
+
+/// A tonic request's peer, by its verified client certificate.
+fn peer<T>(request: &Request<T>) -> Caller {
+    Caller::Peer(
+        request
+            .peer_certs()
+            .as_deref()
+            .and_then(|c| c.first())
+            .and_then(|leaf| crate::ca_server::identity_of_client_cert(leaf.as_ref()).ok()),
+    )
 }
 
 /// A gRPC interceptor that, given a token, admits only streams carrying

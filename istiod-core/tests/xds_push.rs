@@ -379,3 +379,131 @@ fn peer_identities_follow_the_trust_domain() {
     );
     assert!(!bytes.contains("spiffe://cluster.local/"));
 }
+
+fn group_mesh() -> &'static str {
+    "kind: ServiceEntry\nmetadata: {name: vm-svc, namespace: vms}\nspec:\n  hosts: [vm-svc.vms.svc.cluster.local]\n  ports: [{number: 8080, name: http}]\n  workloadSelector: {labels: {app: vm}}\n---\nkind: WorkloadGroup\nmetadata: {name: vm, namespace: vms}\nspec:\n  metadata: {labels: {app: vm}}\n  template: {serviceAccount: vm-sa, ports: {http: 18080}}\n"
+}
+
+fn registering_node(ip: &str, group: &str) -> Node {
+    use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+    Node {
+        id: format!("sidecar~{ip}~vm-1.vms~vms.svc.cluster.local"),
+        metadata: Some(Struct {
+            fields: [(
+                "AUTO_REGISTER_GROUP".to_string(),
+                Value {
+                    kind: Some(Kind::StringValue(group.to_string())),
+                },
+            )]
+            .into(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn vm_endpoints(cp: &ControlPlane) -> Vec<String> {
+    cp.snapshot()
+        .services
+        .iter()
+        .filter(|s| s.hostname == "vm-svc.vms.svc.cluster.local")
+        .flat_map(|s| &s.endpoints)
+        .map(|e| format!("{} {:?} {}", e.address, e.ports, e.service_account))
+        .collect()
+}
+
+/// WorkloadEntry auto-registration: a proxy naming a WorkloadGroup becomes an endpoint of the
+/// services selecting the group while it is connected, and for a grace period after.
+#[tokio::test]
+async fn proxies_register_themselves_in_their_workload_group() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), group_mesh()).unwrap();
+    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    cp.auto_registration().set_grace(Duration::from_millis(300));
+    let server = cp.xds();
+    assert!(vm_endpoints(&cp).is_empty());
+
+    let mut vm = Client::new(&server, "10.2.0.7");
+    vm.node = registering_node("10.2.0.7", "vm");
+    vm.request(CLUSTER_TYPE, &[], "").await;
+    assert!(vm.next().await.is_some());
+    cp.reload().unwrap();
+    assert_eq!(
+        vm_endpoints(&cp),
+        ["10.2.0.7 {\"http\": 18080} vm-sa".to_string()]
+    );
+
+    // Gone for longer than the grace period: removed.
+    drop(vm);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    cp.reload().unwrap();
+    assert!(vm_endpoints(&cp).is_empty());
+
+    // Back within the grace period: kept.
+    let mut again = Client::new(&server, "10.2.0.7");
+    again.node = registering_node("10.2.0.7", "vm");
+    again.request(CLUSTER_TYPE, &[], "").await;
+    assert!(again.next().await.is_some());
+    drop(again);
+    let mut back = Client::new(&server, "10.2.0.7");
+    back.node = registering_node("10.2.0.7", "vm");
+    back.request(CLUSTER_TYPE, &[], "").await;
+    assert!(back.next().await.is_some());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    cp.reload().unwrap();
+    assert_eq!(vm_endpoints(&cp).len(), 1);
+
+    // A group that does not exist ends the stream with the reason.
+    let mut lost = Client::new(&server, "10.2.0.8");
+    lost.node = registering_node("10.2.0.8", "nope");
+    lost.request(CLUSTER_TYPE, &[], "").await;
+    let err = lost.rx.next().await.unwrap().unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(err.message().contains("vms/nope"), "{}", err.message());
+}
+
+/// Over the network only the group's own identity may register.
+#[tokio::test]
+async fn only_the_groups_identity_may_register_over_the_network() {
+    use istiod_core::autoregister::Caller;
+    use istiod_core::ca::Identity;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), group_mesh()).unwrap();
+    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let server = cp.xds();
+    let first = |ip: &str| {
+        Ok(DiscoveryRequest {
+            node: Some(registering_node(ip, "vm")),
+            type_url: CLUSTER_TYPE.to_string(),
+            ..Default::default()
+        })
+    };
+    let id = |ns: &str, sa: &str| Some(Identity::new("cluster.local", ns, sa).unwrap());
+    for (caller, allowed) in [
+        (Caller::Peer(None), false),
+        (Caller::Peer(id("vms", "other-sa")), false),
+        (Caller::Peer(id("default", "vm-sa")), false),
+        (Caller::Peer(id("vms", "vm-sa")), true),
+    ] {
+        let (tx, rx) = mpsc::channel(1);
+        tx.send(first("10.2.0.9")).await.unwrap();
+        let mut out = server.stream_wire_from(ReceiverStream::new(rx), caller.clone());
+        let got = tokio::time::timeout(Duration::from_secs(2), out.next())
+            .await
+            .unwrap()
+            .unwrap();
+        match got {
+            Ok(_) => assert!(allowed, "{caller:?} registered"),
+            Err(status) => {
+                assert!(!allowed, "{caller:?} refused: {status}");
+                assert_eq!(status.code(), tonic::Code::PermissionDenied);
+                assert!(
+                    status
+                        .message()
+                        .contains("spiffe://cluster.local/ns/vms/sa/vm-sa")
+                );
+            }
+        }
+    }
+    cp.reload().unwrap();
+    assert_eq!(vm_endpoints(&cp).len(), 1);
+}

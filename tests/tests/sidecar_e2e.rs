@@ -460,3 +460,120 @@ fn control_plane_restart_fails_no_request() {
         );
     }
 }
+
+/// WorkloadEntry auto-registration on a VM: no WorkloadEntry in the config, only a
+/// WorkloadGroup; the agent runs with `ISTIO_META_AUTO_REGISTER_GROUP` (as `istioctl x workload
+/// entry configure --autoregister` sets it) and its workload becomes the service's endpoint, so
+/// a call to the service VIP reaches the app through both of the proxy's listeners.
+#[test]
+fn a_vm_registers_itself_in_its_workload_group() {
+    if !require_root("a_vm_registers_itself_in_its_workload_group")
+        || !require_envoy("a_vm_registers_itself_in_its_workload_group")
+    {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    let vm = net.add_pod("vm", 2).unwrap();
+    let config_dir = net.dir().join("mesh");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    std::fs::write(
+        config_dir.join("mesh.yaml"),
+        format!(
+            r#"kind: ServiceEntry
+metadata: {{name: vm-svc, namespace: {NAMESPACE}}}
+spec:
+  hosts: [vm-svc.{NAMESPACE}.svc.cluster.local]
+  addresses: [{VIP}]
+  ports: [{{number: {PORT}, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: vm}}}}
+---
+kind: WorkloadGroup
+metadata: {{name: vm, namespace: {NAMESPACE}}}
+spec:
+  metadata: {{labels: {{app: vm}}}}
+  template: {{serviceAccount: vm}}
+"#
+        ),
+    )
+    .unwrap();
+    let www = net.pods[vm].dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), "from the vm").unwrap();
+    let www = www.to_str().unwrap().to_string();
+    net.pods[vm]
+        .spawn(
+            "app",
+            APP_UID,
+            APP_UID,
+            &[],
+            &[
+                "/usr/bin/python3",
+                "-m",
+                "http.server",
+                &PORT.to_string(),
+                "--bind",
+                "0.0.0.0",
+                "--directory",
+                &www,
+            ],
+        )
+        .unwrap();
+    capture(&net.pods[vm]);
+    let agent = binary("pilot-agent");
+    let ip = net.pods[vm].ip.to_string();
+    net.pods[vm]
+        .spawn(
+            "pilot-agent",
+            0,
+            0,
+            &[
+                ("POD_NAME", "vm"),
+                ("POD_NAMESPACE", NAMESPACE),
+                ("INSTANCE_IP", &ip),
+                ("SERVICE_ACCOUNT", "vm"),
+                ("ISTIO_META_AUTO_REGISTER_GROUP", "vm"),
+                ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"0s\"}"),
+            ],
+            &[
+                agent.to_str().unwrap(),
+                "proxy",
+                "sidecar",
+                "--configDir",
+                config_dir.to_str().unwrap(),
+            ],
+        )
+        .unwrap();
+    let ready = net.pods[vm].wait_http_ok(
+        "http://127.0.0.1:15021/healthz/ready",
+        Duration::from_secs(60),
+    );
+    assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
+    assert!(
+        net.pods[vm].wait_log(
+            "pilot-agent",
+            "auto-registered workload",
+            Duration::from_secs(10)
+        ),
+        "{}",
+        net.logs()
+    );
+    // The registration reaches Envoy after the debounce as an endpoint of the service.
+    let url = format!("http://{VIP}:{PORT}/");
+    let served = harness::wait_until(
+        Duration::from_secs(20),
+        || matches!(net.pods[vm].http_get(APP_UID, &url), Ok((200, ref body)) if body == "from the vm"),
+    );
+    assert!(
+        served,
+        "{:?}\n{}",
+        net.pods[vm].http_get(APP_UID, &url),
+        net.logs()
+    );
+    let inbound = net.pods[vm]
+        .envoy_stat(&format!("http.inbound_0.0.0.0_{PORT}.downstream_rq_2xx"))
+        .unwrap();
+    assert!(
+        inbound >= 1,
+        "the call did not come in through the inbound listener"
+    );
+}
