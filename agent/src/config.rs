@@ -91,7 +91,12 @@ pub const DEFAULT_DISCOVERY_ADDRESS: &str = "istiod.istio-system.svc:15012";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControlPlaneSource {
     /// istiod-core in process, reading this config directory.
-    Embedded { config_dir: PathBuf },
+    /// The embedded control plane on `config_dir`, with the agent's mesh config file (when
+    /// there is one) as its MeshConfig.
+    Embedded {
+        config_dir: PathBuf,
+        mesh_file: Option<PathBuf>,
+    },
     /// A remote control plane over plaintext gRPC (`host:port`).
     Remote { address: String },
 }
@@ -286,7 +291,7 @@ fn identity_config(
         match (set(env::CA_ADDR), control_plane) {
             (Some(address), _) => remote(address)?,
             (None, ControlPlaneSource::Remote { address }) => remote(address.clone())?,
-            (None, ControlPlaneSource::Embedded { config_dir }) => CertSource::Embedded {
+            (None, ControlPlaneSource::Embedded { config_dir, .. }) => CertSource::Embedded {
                 ca_dir: config_dir.join("cacerts"),
             },
         }
@@ -819,6 +824,7 @@ impl Config {
         let control_plane = match (&args.config_dir, &pc.discovery_address) {
             (Some(dir), _) => ControlPlaneSource::Embedded {
                 config_dir: dir.clone(),
+                mesh_file: args.mesh_config.clone().filter(|p| p.is_file()),
             },
             (None, Some(addr)) => ControlPlaneSource::Remote {
                 address: addr.clone(),

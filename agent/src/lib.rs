@@ -110,9 +110,13 @@ fn start_identity(cfg: &Config) -> Result<identity::CertWatch, AgentError> {
 pub async fn run(cfg: Config) -> Result<(), AgentError> {
     tracing::info!(config = ?cfg, "starting pilot-agent");
     let upstream = match &cfg.control_plane {
-        ControlPlaneSource::Embedded { config_dir } => {
-            let cp = istiod_core::ControlPlane::load_with_trust_domain(
-                config_dir,
+        ControlPlaneSource::Embedded {
+            config_dir,
+            mesh_file,
+        } => {
+            let cp = istiod_core::ControlPlane::load_with_mesh_config(
+                Some(config_dir),
+                mesh_file.as_deref(),
                 istiod_core::DEFAULT_DOMAIN_SUFFIX,
                 &cfg.identity.identity.trust_domain,
             )?;

@@ -133,6 +133,88 @@ pub struct WorkloadTemplate {
     pub network: Option<String>,
 }
 
+/// The mesh-wide settings istiod reads from its mesh config (the `mesh` key of the `istio`
+/// ConfigMap, or the `--meshConfig` file). Acted on: trustDomain (checked against the control
+/// plane's), rootNamespace, enableAutoMtls and outboundTrafficPolicy; the rest is kept as written.
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MeshConfigSpec {
+    #[serde(default)]
+    pub trust_domain: Option<String>,
+    #[serde(default)]
+    pub root_namespace: Option<String>,
+    #[serde(default)]
+    pub enable_auto_mtls: Option<bool>,
+    #[serde(default)]
+    pub outbound_traffic_policy: Option<OutboundTrafficPolicy>,
+    #[serde(flatten)]
+    pub rest: BTreeMap<String, serde_json::Value>,
+}
+
+impl MeshConfigSpec {
+    /// `other`'s fields over ours (a later source overrides an earlier one field by field).
+    pub fn merge(&mut self, other: &MeshConfigSpec) {
+        if other.trust_domain.is_some() {
+            self.trust_domain.clone_from(&other.trust_domain);
+        }
+        if other.root_namespace.is_some() {
+            self.root_namespace.clone_from(&other.root_namespace);
+        }
+        if other.enable_auto_mtls.is_some() {
+            self.enable_auto_mtls = other.enable_auto_mtls;
+        }
+        if other.outbound_traffic_policy.is_some() {
+            self.outbound_traffic_policy
+                .clone_from(&other.outbound_traffic_policy);
+        }
+        self.rest
+            .extend(other.rest.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if let Some(mode) = self
+            .outbound_traffic_policy
+            .as_ref()
+            .and_then(|p| p.mode.as_deref())
+            && !matches!(mode, "REGISTRY_ONLY" | "ALLOW_ANY")
+        {
+            return Err(format!(
+                "outboundTrafficPolicy.mode: {mode:?} is not REGISTRY_ONLY or ALLOW_ANY"
+            ));
+        }
+        if let Some(ns) = &self.root_namespace
+            && !traffic::is_dns1123_label(ns)
+        {
+            return Err(format!("rootNamespace: {ns:?} is not a namespace name"));
+        }
+        if let Some(td) = &self.trust_domain
+            && (td.is_empty() || td.contains('/') || td.contains(char::is_whitespace))
+        {
+            return Err(format!("trustDomain: {td:?} is not a trust domain"));
+        }
+        Ok(())
+    }
+}
+
+/// Parses a mesh config file (plain MeshConfig YAML, as istiod's `--meshConfig`).
+pub fn parse_mesh_config(path: &Path, contents: &str) -> Result<MeshConfigSpec, ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid {
+        file: path.to_path_buf(),
+        doc: 1,
+        reason,
+    };
+    let value: serde_json::Value = if contents.trim().is_empty() {
+        serde_json::Value::Object(Default::default())
+    } else {
+        serde_yaml_ng::from_str(contents).map_err(|e| invalid(e.to_string()))?
+    };
+    let spec: MeshConfigSpec =
+        serde_json::from_value(value).map_err(|e| invalid(format!("MeshConfig: {e}")))?;
+    spec.validate()
+        .map_err(|e| invalid(format!("MeshConfig: {e}")))?;
+    Ok(spec)
+}
+
 /// core/v1 Service.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -196,6 +278,7 @@ pub enum Resource {
     AuthorizationPolicy(Metadata, AuthorizationPolicySpec),
     Namespace(Metadata),
     WorkloadGroup(Metadata, WorkloadGroupSpec),
+    MeshConfig(Metadata, MeshConfigSpec),
 }
 
 /// networking.istio.io Sidecar: which services a workload's sidecar sees (egress hosts) and
@@ -306,6 +389,7 @@ impl Resource {
             Resource::AuthorizationPolicy(..) => "AuthorizationPolicy",
             Resource::Namespace(..) => "Namespace",
             Resource::WorkloadGroup(..) => "WorkloadGroup",
+            Resource::MeshConfig(..) => "MeshConfig",
         }
     }
 
@@ -323,6 +407,7 @@ impl Resource {
             | Resource::Gateway(m, _)
             | Resource::AuthorizationPolicy(m, _)
             | Resource::WorkloadGroup(m, _)
+            | Resource::MeshConfig(m, _)
             | Resource::Namespace(m) => m,
         }
     }
@@ -347,6 +432,7 @@ impl Resource {
             }
             Resource::Namespace(m) => ("Namespace", m, Ok(serde_json::Value::Null)),
             Resource::WorkloadGroup(m, s) => ("WorkloadGroup", m, serde_json::to_value(s)),
+            Resource::MeshConfig(m, s) => ("MeshConfig", m, serde_json::to_value(s)),
         };
         serde_json::json!({
             "kind": kind,
@@ -355,9 +441,6 @@ impl Resource {
         })
     }
 }
-
-/// Kinds we read but neither check nor act on; accepted so a real mesh's config loads.
-const ACCEPTED_KINDS: [&str; 1] = ["MeshConfig"];
 
 #[derive(Deserialize)]
 struct Envelope {
@@ -375,6 +458,8 @@ struct Envelope {
     ports: Option<serde_json::Value>,
     #[serde(default, rename = "addressType")]
     address_type: Option<String>,
+    #[serde(default)]
+    data: Option<BTreeMap<String, String>>,
 }
 
 /// The parsed contents of a config directory.
@@ -389,9 +474,6 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
     }
     let env: Envelope = serde_json::from_value(value).map_err(|e| e.to_string())?;
     let kind = env.kind.ok_or("missing field `kind`")?;
-    if ACCEPTED_KINDS.contains(&kind.as_str()) {
-        return Ok(None);
-    }
     let meta = env.metadata.ok_or("missing field `metadata`")?;
     if meta.name.is_empty() {
         return Err("metadata.name must not be empty".into());
@@ -509,6 +591,33 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             Resource::AuthorizationPolicy(meta, spec)
         }
         "Namespace" => Resource::Namespace(meta),
+        // Istio's mesh config lives in the `mesh` key of the `istio` (or `istio-<revision>`)
+        // ConfigMap; other ConfigMaps are not config of ours.
+        "ConfigMap" if meta.name == "istio" || meta.name.starts_with("istio-") => {
+            let Some(text) = env.data.as_ref().and_then(|d| d.get("mesh")) else {
+                return Ok(None);
+            };
+            let spec = parse_mesh_config(Path::new(""), text).map_err(|e| match e {
+                ConfigError::Invalid { reason, .. } => {
+                    format!("ConfigMap {}: data.mesh: {reason}", meta.name)
+                }
+                other => other.to_string(),
+            })?;
+            Resource::MeshConfig(meta, spec)
+        }
+        "ConfigMap" => return Ok(None),
+        "MeshConfig" => {
+            let spec = if spec.is_null() {
+                serde_json::json!({})
+            } else {
+                spec
+            };
+            let spec: MeshConfigSpec =
+                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+            spec.validate()
+                .map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+            Resource::MeshConfig(meta, spec)
+        }
         "WorkloadGroup" => {
             let spec: WorkloadGroupSpec =
                 serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
@@ -629,10 +738,14 @@ spec:
     corsPolicy: {allowOrigins: [{exact: "https://a.example"}]}
 ---
 kind: MeshConfig
-metadata: {name: ignored}
+metadata: {name: mesh}
+---
+kind: ConfigMap
+metadata: {name: not-ours}
+data: {mesh: "whatever: 1"}
 "#;
         let r = parse_file(Path::new("x.yaml"), yaml).unwrap();
-        assert_eq!(r.len(), 3);
+        assert_eq!(r.len(), 4);
         // Fields we do not type are kept as written.
         let shown = r[2].to_json();
         assert_eq!(
@@ -773,5 +886,51 @@ metadata: {name: ignored}
                 "Namespace"
             ]
         );
+    }
+
+    /// Istio's mesh config: the `mesh` key of the `istio` ConfigMap, a MeshConfig document, or
+    /// a plain file; checked field by field.
+    #[test]
+    fn mesh_config_sources_and_checks() {
+        let cm = "kind: ConfigMap\nmetadata: {name: istio, namespace: istio-system}\ndata:\n  mesh: |-\n    rootNamespace: mesh-root\n    enableAutoMtls: false\n    outboundTrafficPolicy: {mode: REGISTRY_ONLY}\n    defaultConfig: {discoveryAddress: istiod:15012}\n";
+        let r = parse_file(Path::new("cm.yaml"), cm).unwrap();
+        let Resource::MeshConfig(_, mesh) = &r[0] else {
+            panic!("{r:?}")
+        };
+        assert_eq!(mesh.root_namespace.as_deref(), Some("mesh-root"));
+        assert_eq!(mesh.enable_auto_mtls, Some(false));
+        assert!(mesh.rest.contains_key("defaultConfig"), "kept as written");
+
+        let bad = cm.replace("REGISTRY_ONLY", "DENY_ALL");
+        let e = parse_file(Path::new("cm.yaml"), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "ConfigMap istio: data.mesh: MeshConfig: outboundTrafficPolicy.mode: \"DENY_ALL\""
+            ),
+            "{e}"
+        );
+        let e = parse_mesh_config(
+            Path::new("/etc/istio/config/mesh"),
+            "rootNamespace: Not_A_Name\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("/etc/istio/config/mesh: document 1: MeshConfig: rootNamespace"),
+            "{e}"
+        );
+        assert_eq!(
+            parse_mesh_config(Path::new("m"), "").unwrap(),
+            MeshConfigSpec::default()
+        );
+        let e = parse_file(
+            Path::new("d.yaml"),
+            "kind: MeshConfig\nmetadata: {name: m}\nspec: {enableAutoMtls: sometimes}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("MeshConfig m: invalid spec"), "{e}");
     }
 }

@@ -35,6 +35,50 @@ pub const DEFAULT_DOMAIN_SUFFIX: &str = "cluster.local";
 mod tests {
     use super::*;
 
+    /// The mesh config file overrides the directory's MeshConfig field by field; a trust
+    /// domain other than the control plane's is refused and the last good config stays.
+    #[test]
+    fn mesh_config_file_overrides_and_trust_domain_is_fixed() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mesh_dir = dir.path().join("mesh");
+        std::fs::create_dir(&mesh_dir).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(
+            mesh_dir.join("m.yaml"),
+            "kind: MeshConfig\nmetadata: {name: m}\nspec: {rootNamespace: from-dir, enableAutoMtls: false}\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("mesh-config");
+        std::fs::write(&file, "rootNamespace: from-file\n").unwrap_or_else(|e| panic!("{e}"));
+        let cp = ControlPlane::load_with_mesh_config(
+            Some(&mesh_dir),
+            Some(&file),
+            "cluster.local",
+            "example.org",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let push = cp.snapshot();
+        assert_eq!(push.root_namespace(), "from-file");
+        assert!(
+            !push.auto_mtls(),
+            "the directory's field stays where the file is silent"
+        );
+
+        std::fs::write(&file, "trustDomain: other.org\n").unwrap_or_else(|e| panic!("{e}"));
+        let e = cp.reload().unwrap_err().to_string();
+        assert!(
+            e.contains("\"other.org\"") && e.contains("\"example.org\""),
+            "{e}"
+        );
+        assert_eq!(
+            cp.snapshot().root_namespace(),
+            "from-file",
+            "last good config kept"
+        );
+        std::fs::write(&file, "trustDomain: example.org\n").unwrap_or_else(|e| panic!("{e}"));
+        cp.reload().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cp.snapshot().root_namespace(), "from-dir");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn debounce_waits_for_quiet_but_not_forever() {
         let d = Debounce {
@@ -92,12 +136,18 @@ pub enum Error {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    #[error(
+        "mesh config trustDomain {found:?} differs from the control plane's {expected:?} \
+         (fixed at startup by --trust-domain / TRUST_DOMAIN or the mesh config file)"
+    )]
+    TrustDomain { found: String, expected: String },
 }
 
 /// The control plane: the current snapshot and the means to replace it. Config comes from an
 /// aggregate of the watched directory (if any) and an in-memory store (`memory()`).
 pub struct ControlPlane {
     config_dir: Option<PathBuf>,
+    mesh_file: Option<PathBuf>,
     store: store::AggregateStore,
     memory: Arc<store::MemoryStore>,
     domain_suffix: String,
@@ -122,6 +172,14 @@ fn build(
             .unwrap_or_default()
     );
     let mut push = PushContext::build(Arc::new(set), domain, version)?;
+    if let Some(found) = &push.mesh.trust_domain
+        && found != trust_domain
+    {
+        return Err(Error::TrustDomain {
+            found: found.clone(),
+            expected: trust_domain.to_string(),
+        });
+    }
     push.trust_domain = trust_domain.to_string();
     Ok(push)
 }
@@ -131,6 +189,7 @@ impl ControlPlane {
     pub fn load(config_dir: &Path, domain_suffix: &str) -> Result<Arc<ControlPlane>, Error> {
         Self::with_sources(
             Some(config_dir),
+            None,
             domain_suffix,
             push_context::DEFAULT_TRUST_DOMAIN,
         )
@@ -143,16 +202,33 @@ impl ControlPlane {
         domain_suffix: &str,
         trust_domain: &str,
     ) -> Result<Arc<ControlPlane>, Error> {
-        Self::with_sources(Some(config_dir), domain_suffix, trust_domain)
+        Self::with_sources(Some(config_dir), None, domain_suffix, trust_domain)
     }
 
     /// A control plane fed only by its in-memory store (tests, embedders).
     pub fn in_memory(domain_suffix: &str) -> Result<Arc<ControlPlane>, Error> {
-        Self::with_sources(None, domain_suffix, push_context::DEFAULT_TRUST_DOMAIN)
+        Self::with_sources(
+            None,
+            None,
+            domain_suffix,
+            push_context::DEFAULT_TRUST_DOMAIN,
+        )
+    }
+
+    /// As `load_with_trust_domain`, with a mesh config file (istiod's `--meshConfig`: plain
+    /// MeshConfig YAML) read after the directory, its fields overriding any MeshConfig there.
+    pub fn load_with_mesh_config(
+        config_dir: Option<&Path>,
+        mesh_file: Option<&Path>,
+        domain_suffix: &str,
+        trust_domain: &str,
+    ) -> Result<Arc<ControlPlane>, Error> {
+        Self::with_sources(config_dir, mesh_file, domain_suffix, trust_domain)
     }
 
     fn with_sources(
         config_dir: Option<&Path>,
+        mesh_file: Option<&Path>,
         domain_suffix: &str,
         trust_domain: &str,
     ) -> Result<Arc<ControlPlane>, Error> {
@@ -164,12 +240,18 @@ impl ControlPlane {
             }));
         }
         sources.push(memory.clone());
+        if let Some(path) = mesh_file {
+            sources.push(Arc::new(store::MeshConfigFile {
+                path: path.to_path_buf(),
+            }));
+        }
         let store = store::AggregateStore { sources };
         let push = build(&store, domain_suffix, trust_domain, 1)?;
         tracing::info!(dir = ?config_dir, services = push.services.len(), "config loaded");
         let (tx, _) = watch::channel(Arc::new(push));
         Ok(Arc::new(ControlPlane {
             config_dir: config_dir.map(Path::to_path_buf),
+            mesh_file: mesh_file.map(Path::to_path_buf),
             store,
             domain_suffix: domain_suffix.to_string(),
             trust_domain: trust_domain.to_string(),
@@ -260,12 +342,15 @@ impl ControlPlane {
                     tracing::warn!(error = %e, dir = %dir.display(), "no inotify watch; polling only")
                 }
             }
+        }
+        if self.config_dir.is_some() || self.mesh_file.is_some() {
             let poll_tx = tx.clone();
+            let (dir, mesh) = (self.config_dir.clone(), self.mesh_file.clone());
             tokio::spawn(async move {
-                let mut last = fingerprint(&dir);
+                let mut last = files_fingerprint(dir.as_deref(), mesh.as_deref());
                 loop {
                     tokio::time::sleep(Duration::from_secs(2)).await;
-                    let now = fingerprint(&dir);
+                    let now = files_fingerprint(dir.as_deref(), mesh.as_deref());
                     if now != last {
                         last = now;
                         if poll_tx.send(()).await.is_err() {
@@ -285,7 +370,7 @@ impl ControlPlane {
         });
         let fingerprint_now = |cp: &ControlPlane| {
             (
-                cp.config_dir.as_deref().map(fingerprint),
+                files_fingerprint(cp.config_dir.as_deref(), cp.mesh_file.as_deref()),
                 *cp.memory.subscribe().borrow(),
             )
         };
@@ -384,6 +469,20 @@ impl Debounce {
             }
         }
     }
+}
+
+/// What the watch compares: the directory's files and the mesh config file.
+type FilesFingerprint = (
+    Option<Vec<(PathBuf, u64, Option<SystemTime>)>>,
+    Option<(u64, Option<SystemTime>)>,
+);
+
+fn files_fingerprint(dir: Option<&Path>, mesh: Option<&Path>) -> FilesFingerprint {
+    (
+        dir.map(fingerprint),
+        mesh.and_then(|p| std::fs::metadata(p).ok())
+            .map(|m| (m.len(), m.modified().ok())),
+    )
 }
 
 fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {

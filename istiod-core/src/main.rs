@@ -78,9 +78,14 @@ struct ServeArgs {
         default_value = "https://kubernetes.default.svc.cluster.local"
     )]
     jwt_issuer: String,
-    /// The mesh trust domain of issued identities.
-    #[arg(long = "trust-domain", default_value = "cluster.local")]
-    trust_domain: String,
+    /// The mesh trust domain of issued identities [default: the mesh config's trustDomain,
+    /// else cluster.local].
+    #[arg(long = "trust-domain")]
+    trust_domain: Option<String>,
+    /// Mesh config file (MeshConfig YAML, as istiod's --meshConfig): rootNamespace,
+    /// enableAutoMtls, outboundTrafficPolicy and trustDomain are acted on. Watched.
+    #[arg(long = "mesh-config", alias = "meshConfig")]
+    mesh_config: Option<PathBuf>,
     /// Longest certificate lifetime the CA issues, in seconds.
     #[arg(long = "max-cert-ttl", default_value_t = 7 * 24 * 3600)]
     max_cert_ttl: u64,
@@ -155,7 +160,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_cert_ttl,
         debug_addr,
         max_streams,
+        mesh_config,
     } = args;
+    // The trust domain is fixed for the process: the CA issues in it and the generators
+    // expect it; the flag wins over the mesh config, which wins over the default.
+    let mesh = match &mesh_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("cannot read --mesh-config {}: {e}", path.display())
+            })?;
+            Some(istiod_core::config_store::parse_mesh_config(path, &text)?)
+        }
+        None => None,
+    };
+    let trust_domain = trust_domain
+        .or_else(|| mesh.as_ref().and_then(|m| m.trust_domain.clone()))
+        .unwrap_or_else(|| istiod_core::push_context::DEFAULT_TRUST_DOMAIN.to_string());
     let read = |flag: &str, p: &PathBuf| {
         std::fs::read(p).map_err(|e| anyhow::anyhow!("cannot read {flag} {}: {e}", p.display()))
     };
@@ -194,8 +214,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let cp = istiod_core::ControlPlane::load_with_trust_domain(
-        &config_dir,
+    let cp = istiod_core::ControlPlane::load_with_mesh_config(
+        Some(&config_dir),
+        mesh_config.as_deref(),
         &domain_suffix,
         &trust_domain,
     )?;

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::config_store::{
-    ConfigSet, Metadata, MtlsMode, PeerAuthenticationSpec, Resource, SidecarSpec,
+    ConfigSet, MeshConfigSpec, Metadata, MtlsMode, PeerAuthenticationSpec, Resource, SidecarSpec,
 };
 use crate::model::{Endpoint, Service, ServicePort, Subset, TlsMode};
 use crate::registry::{self, RegistryError};
@@ -41,6 +41,8 @@ pub struct PushContext {
     pub trust_domain: String,
     /// The config this snapshot was built from (/debug/configz).
     pub config: std::sync::Arc<ConfigSet>,
+    /// The mesh config: every MeshConfig source merged, later over earlier.
+    pub mesh: MeshConfigSpec,
     /// Each service's DestinationRule subsets, by hostname.
     pub subsets: HashMap<String, Vec<Subset>>,
     /// `outbound|PORT|SUBSET|HOST` → which service, port and subset, for EDS lookups.
@@ -111,6 +113,7 @@ impl Default for PushContext {
             config: Default::default(),
             clusters: Default::default(),
             subsets: Default::default(),
+            mesh: Default::default(),
             cache: GenCache::default(),
         }
     }
@@ -217,6 +220,30 @@ fn subsets(
 }
 
 impl PushContext {
+    /// The mesh config's rootNamespace (Istio's default: istio-system): where mesh-wide
+    /// PeerAuthentication and the default Sidecar live.
+    pub fn root_namespace(&self) -> &str {
+        self.mesh
+            .root_namespace
+            .as_deref()
+            .unwrap_or(ROOT_NAMESPACE)
+    }
+
+    /// Whether auto mTLS is on (MeshConfig enableAutoMtls, default true).
+    pub fn auto_mtls(&self) -> bool {
+        self.mesh.enable_auto_mtls.unwrap_or(true)
+    }
+
+    /// The mesh's outboundTrafficPolicy: unknown destinations blocked (REGISTRY_ONLY) rather
+    /// than passed through (ALLOW_ANY, the default). A Sidecar's own policy overrides it.
+    pub fn mesh_registry_only(&self) -> bool {
+        self.mesh
+            .outbound_traffic_policy
+            .as_ref()
+            .and_then(|p| p.mode.as_deref())
+            == Some("REGISTRY_ONLY")
+    }
+
     /// Builds a snapshot from `config`, which it keeps (shared, not copied) for /debug/configz.
     pub fn build(
         config: std::sync::Arc<ConfigSet>,
@@ -270,7 +297,14 @@ impl PushContext {
             })
             .collect();
         sidecars.sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
+        let mut mesh = MeshConfigSpec::default();
+        for r in &config.resources {
+            if let Resource::MeshConfig(_, m) = r {
+                mesh.merge(m);
+            }
+        }
         Ok(PushContext {
+            mesh,
             version,
             sidecars,
             generation: 0,
@@ -288,6 +322,7 @@ impl PushContext {
     /// Everything but the version: two snapshots with equal content push nothing new.
     pub fn same_content(&self, other: &PushContext) -> bool {
         self.services == other.services
+            && self.mesh == other.mesh
             && self.subsets == other.subsets
             && self.peer_authentications == other.peer_authentications
             && self.sidecars == other.sidecars
@@ -299,6 +334,7 @@ impl PushContext {
     /// clusters carry), and the policies are unchanged.
     pub fn change_from(&self, old: &PushContext) -> Change {
         if self.services.len() != old.services.len()
+            || self.mesh != old.mesh
             || self.subsets != old.subsets
             || self.peer_authentications != old.peer_authentications
             || self.sidecars != old.sidecars
@@ -377,9 +413,9 @@ impl PushContext {
                     .find(|(m, s)| m.namespace() == own_ns && s.workload_selector.is_none())
             })
             .or_else(|| {
-                self.sidecars
-                    .iter()
-                    .find(|(m, s)| m.namespace() == ROOT_NAMESPACE && s.workload_selector.is_none())
+                self.sidecars.iter().find(|(m, s)| {
+                    m.namespace() == self.root_namespace() && s.workload_selector.is_none()
+                })
             })?;
         let (meta, spec) = chosen;
         let hosts = spec
@@ -398,18 +434,23 @@ impl PushContext {
         Some(SidecarScope {
             name: format!("{}/{}", meta.namespace(), meta.name),
             hosts,
-            registry_only: spec
+            // The Sidecar's own policy, else the mesh's.
+            registry_only: match spec
                 .outbound_traffic_policy
                 .as_ref()
                 .and_then(|p| p.mode.as_deref())
-                == Some("REGISTRY_ONLY"),
+            {
+                Some(mode) => mode == "REGISTRY_ONLY",
+                None => self.mesh_registry_only(),
+            },
         })
     }
 
     /// Auto mTLS: whether a client sends Istio mutual TLS to `ep` on service port `port`: the
     /// endpoint has a sidecar and its PeerAuthentication does not disable mTLS on that port.
     pub fn endpoint_mtls(&self, svc: &Service, ep: &Endpoint, port: &ServicePort) -> bool {
-        ep.tls_mode == TlsMode::Istio
+        self.auto_mtls()
+            && ep.tls_mode == TlsMode::Istio
             && self
                 .inbound_mtls(&svc.namespace, &ep.labels)
                 .on_port(ep.target_port(port))
@@ -432,7 +473,8 @@ impl PushContext {
                 .find(|(m, s)| pred(m, s))
                 .map(|(_, s)| s)
         };
-        let mesh = first(&|m, s| m.namespace() == ROOT_NAMESPACE && s.selector.is_none());
+        let root = self.root_namespace();
+        let mesh = first(&|m, s| m.namespace() == root && s.selector.is_none());
         let ns = first(&|m, s| m.namespace() == namespace && s.selector.is_none());
         let workload = first(&|m, s| {
             m.namespace() == namespace

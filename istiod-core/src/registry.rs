@@ -217,7 +217,8 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
             | Resource::Gateway(..)
             | Resource::AuthorizationPolicy(..)
             | Resource::Namespace(..)
-            | Resource::WorkloadGroup(..) => {}
+            | Resource::WorkloadGroup(..)
+            | Resource::MeshConfig(..) => {}
         }
     }
     out.sort_by(|a, b| a.hostname.cmp(&b.hostname));

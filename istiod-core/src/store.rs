@@ -48,6 +48,29 @@ impl ConfigStore for FileStore {
     }
 }
 
+/// A mesh config file (plain MeshConfig YAML, istiod's `--meshConfig`), as one MeshConfig.
+pub struct MeshConfigFile {
+    pub path: PathBuf,
+}
+
+impl ConfigStore for MeshConfigFile {
+    fn list(&self) -> Result<Vec<Resource>, ConfigError> {
+        let text = std::fs::read_to_string(&self.path).map_err(|source| ConfigError::ReadFile {
+            file: self.path.clone(),
+            source,
+        })?;
+        let spec = crate::config_store::parse_mesh_config(&self.path, &text)?;
+        Ok(vec![Resource::MeshConfig(
+            crate::config_store::Metadata {
+                name: "mesh-config-file".to_string(),
+                namespace: None,
+                labels: Default::default(),
+            },
+            spec,
+        )])
+    }
+}
+
 /// Resources held in memory. Every change bumps `changes`, which the control plane watches.
 #[derive(Default)]
 pub struct MemoryStore {

@@ -330,7 +330,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
                     .into_iter()
                     .map(named)
                     .collect();
-                shared.push(named(virtual_outbound(false)));
+                shared.push(named(virtual_outbound(push.mesh_registry_only())));
                 shared
             })
             .clone(),

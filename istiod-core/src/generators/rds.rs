@@ -132,7 +132,12 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
             .into_iter()
             .map(|p| {
                 let name = p.to_string();
-                let resource = pack_any(route_config(push, &name, &|_| true, false));
+                let resource = pack_any(route_config(
+                    push,
+                    &name,
+                    &|_| true,
+                    push.mesh_registry_only(),
+                ));
                 (name.clone(), Named::new(name, resource))
             })
             .collect()
@@ -144,7 +149,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
             all.get(n).cloned().unwrap_or_else(|| {
                 Named::new(
                     n.to_string(),
-                    pack_any(route_config(push, n, &|_| true, false)),
+                    pack_any(route_config(push, n, &|_| true, push.mesh_registry_only())),
                 )
             })
         })
