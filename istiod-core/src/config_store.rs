@@ -291,12 +291,78 @@ pub struct SidecarSpec {
     #[serde(default)]
     pub egress: Vec<SidecarEgress>,
     #[serde(default)]
+    pub ingress: Vec<SidecarIngress>,
+    #[serde(default)]
     pub outbound_traffic_policy: Option<OutboundTrafficPolicy>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 pub struct SidecarEgress {
     pub hosts: Vec<String>,
+    /// Only this port's traffic goes by this listener's hosts (a port-less listener covers
+    /// the other ports).
+    #[serde(default)]
+    pub port: Option<SidecarPort>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct SidecarPort {
+    pub number: u32,
+    #[serde(default)]
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub name: String,
+}
+
+/// A Sidecar ingress listener: inbound traffic to `port` goes to `defaultEndpoint`
+/// (`127.0.0.1:PORT`, `[::1]:PORT`, `0.0.0.0:PORT` (the workload's address), `[::]:PORT` or
+/// `unix:///path`).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarIngress {
+    pub port: SidecarPort,
+    #[serde(default)]
+    pub default_endpoint: Option<String>,
+}
+
+/// Where a Sidecar ingress listener forwards.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub enum IngressEndpoint {
+    /// A fixed address (loopback).
+    Address(std::net::SocketAddr),
+    /// The workload's own address (`0.0.0.0:PORT` / `[::]:PORT`) on this port.
+    Workload(u16),
+    /// A unix domain socket.
+    Unix(String),
+}
+
+impl IngressEndpoint {
+    pub fn parse(raw: &str) -> Result<IngressEndpoint, String> {
+        if let Some(path) = raw.strip_prefix("unix://") {
+            return if path.starts_with('/') {
+                Ok(IngressEndpoint::Unix(path.to_string()))
+            } else {
+                Err(format!("{raw:?}: a unix socket path must be absolute"))
+            };
+        }
+        let addr: std::net::SocketAddr = raw.parse().map_err(|_| {
+            format!(
+                "{raw:?} is not 127.0.0.1:PORT, [::1]:PORT, 0.0.0.0:PORT, [::]:PORT or unix:///path"
+            )
+        })?;
+        if addr.port() == 0 {
+            return Err(format!("{raw:?}: port 0"));
+        }
+        if addr.ip().is_unspecified() {
+            Ok(IngressEndpoint::Workload(addr.port()))
+        } else if addr.ip().is_loopback() {
+            Ok(IngressEndpoint::Address(addr))
+        } else {
+            Err(format!(
+                "{raw:?}: only a loopback or unspecified (0.0.0.0, [::]) address may be named"
+            ))
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
@@ -540,6 +606,37 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
                     "{}: outboundTrafficPolicy.mode {mode:?} must be REGISTRY_ONLY or ALLOW_ANY",
                     typed("spec")
                 ));
+            }
+            let port_ok = |n: u32| (1..=65535).contains(&n);
+            for (i, e) in spec.egress.iter().enumerate() {
+                if let Some(p) = &e.port
+                    && !port_ok(p.number)
+                {
+                    return Err(format!(
+                        "{}: spec.egress[{i}].port.number {} is not in 1-65535",
+                        typed("spec"),
+                        p.number
+                    ));
+                }
+            }
+            let mut ingress_ports = std::collections::BTreeSet::new();
+            for (i, ing) in spec.ingress.iter().enumerate() {
+                let at = format!("{}: spec.ingress[{i}]", typed("spec"));
+                if !port_ok(ing.port.number) {
+                    return Err(format!(
+                        "{at}.port.number {} is not in 1-65535",
+                        ing.port.number
+                    ));
+                }
+                if !ingress_ports.insert(ing.port.number) {
+                    return Err(format!(
+                        "{at}.port.number {} is used by an earlier ingress listener",
+                        ing.port.number
+                    ));
+                }
+                if let Some(ep) = &ing.default_endpoint {
+                    IngressEndpoint::parse(ep).map_err(|e| format!("{at}.defaultEndpoint: {e}"))?;
+                }
             }
             Resource::Sidecar(meta, spec)
         }
@@ -859,6 +956,38 @@ data: {mesh: "whatever: 1"}
                 "AuthorizationPolicy p: invalid spec",
             ),
         ];
+        let sidecar = |spec: &str| format!("kind: Sidecar\nmetadata: {{name: s}}\nspec: {spec}");
+        let sidecar_cases = [
+            (
+                sidecar("{ingress: [{port: {number: 0}}]}"),
+                "spec.ingress[0].port.number 0 is not in 1-65535",
+            ),
+            (
+                sidecar("{ingress: [{port: {number: 80}}, {port: {number: 80}}]}"),
+                "spec.ingress[1].port.number 80 is used by an earlier ingress listener",
+            ),
+            (
+                sidecar("{ingress: [{port: {number: 80}, defaultEndpoint: \"10.0.0.1:8080\"}]}"),
+                "spec.ingress[0].defaultEndpoint: \"10.0.0.1:8080\": only a loopback",
+            ),
+            (
+                sidecar("{ingress: [{port: {number: 80}, defaultEndpoint: \"unix://sock\"}]}"),
+                "must be absolute",
+            ),
+            (
+                sidecar("{ingress: [{port: {number: 80}, defaultEndpoint: localhost}]}"),
+                "is not 127.0.0.1:PORT",
+            ),
+            (
+                sidecar("{egress: [{port: {number: 70000}, hosts: [\"./*\"]}]}"),
+                "spec.egress[0].port.number 70000",
+            ),
+        ];
+        let cases: Vec<(&str, &str)> = cases
+            .iter()
+            .copied()
+            .chain(sidecar_cases.iter().map(|(d, e)| (d.as_str(), *e)))
+            .collect();
         for (doc, expected) in cases {
             let err = parse_file(Path::new("t.yaml"), doc)
                 .expect_err(doc)

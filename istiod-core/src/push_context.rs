@@ -138,23 +138,61 @@ impl InboundMtls {
 pub struct SidecarScope {
     /// `namespace/name` of the Sidecar.
     pub name: String,
-    /// Egress hosts: (namespace or `*`/`~`, DNS name or `*`/`*.suffix`).
-    pub hosts: Vec<(String, String)>,
+    /// Egress listeners, each for one port or (None) for every port no other one names.
+    pub egress: Vec<ScopeEgress>,
+    /// Ingress listeners: the workload's inbound ports, each with where it forwards. Empty:
+    /// the inbound ports come from the services that select the workload.
+    pub ingress: Vec<ScopeIngress>,
     /// outboundTrafficPolicy REGISTRY_ONLY: unknown destinations go to the BlackHoleCluster.
     pub registry_only: bool,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeEgress {
+    pub port: Option<u16>,
+    /// (namespace or `*`/`~`, DNS name or `*`/`*.suffix`).
+    pub hosts: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeIngress {
+    pub port: u16,
+    pub protocol: crate::model::Protocol,
+    pub endpoint: crate::config_store::IngressEndpoint,
+}
+
+fn host_matches(hosts: &[(String, String)], svc: &Service) -> bool {
+    hosts.iter().any(|(ns, name)| {
+        let ns_ok = ns == "*" || (ns != "~" && *ns == svc.namespace);
+        let name_ok = name == "*"
+            || *name == svc.hostname
+            || name
+                .strip_prefix('*')
+                .is_some_and(|suffix| svc.hostname.ends_with(suffix));
+        ns_ok && name_ok
+    })
+}
+
 impl SidecarScope {
+    /// Whether the proxy sees `svc` on any port (its DNS names, for NDS).
     pub fn sees(&self, svc: &Service) -> bool {
-        self.hosts.iter().any(|(ns, name)| {
-            let ns_ok = ns == "*" || (ns != "~" && *ns == svc.namespace);
-            let name_ok = name == "*"
-                || *name == svc.hostname
-                || name
-                    .strip_prefix('*')
-                    .is_some_and(|suffix| svc.hostname.ends_with(suffix));
-            ns_ok && name_ok
-        })
+        svc.ports.iter().any(|p| self.sees_port(svc, p.port))
+    }
+
+    /// Whether the proxy sees `svc` on `port`: by the egress listeners for that port if any
+    /// names it, else by the port-less ones.
+    pub fn sees_port(&self, svc: &Service, port: u16) -> bool {
+        let for_port: Vec<&ScopeEgress> = self
+            .egress
+            .iter()
+            .filter(|e| e.port == Some(port))
+            .collect();
+        let listeners = if for_port.is_empty() {
+            self.egress.iter().filter(|e| e.port.is_none()).collect()
+        } else {
+            for_port
+        };
+        listeners.iter().any(|e| host_matches(&e.hosts, svc))
     }
 }
 
@@ -418,22 +456,48 @@ impl PushContext {
                 })
             })?;
         let (meta, spec) = chosen;
-        let hosts = spec
+        let egress = spec
             .egress
             .iter()
-            .flat_map(|e| &e.hosts)
-            .filter_map(|h| h.split_once('/'))
-            .map(|(ns, name)| {
-                let ns = match ns {
-                    "." => proxy.namespace.clone(),
-                    other => other.to_string(),
+            .map(|e| ScopeEgress {
+                port: e.port.as_ref().and_then(|p| u16::try_from(p.number).ok()),
+                hosts: e
+                    .hosts
+                    .iter()
+                    .filter_map(|h| h.split_once('/'))
+                    .map(|(ns, name)| {
+                        let ns = match ns {
+                            "." => proxy.namespace.clone(),
+                            other => other.to_string(),
+                        };
+                        (ns, name.to_string())
+                    })
+                    .collect(),
+            })
+            .collect();
+        let ingress = spec
+            .ingress
+            .iter()
+            .filter_map(|i| {
+                let port = u16::try_from(i.port.number).ok()?;
+                let endpoint = match &i.default_endpoint {
+                    Some(raw) => crate::config_store::IngressEndpoint::parse(raw).ok()?,
+                    None => crate::config_store::IngressEndpoint::Workload(port),
                 };
-                (ns, name.to_string())
+                Some(ScopeIngress {
+                    port,
+                    protocol: crate::model::Protocol::infer(
+                        i.port.protocol.as_deref(),
+                        &i.port.name,
+                    ),
+                    endpoint,
+                })
             })
             .collect();
         Some(SidecarScope {
             name: format!("{}/{}", meta.namespace(), meta.name),
-            hosts,
+            egress,
+            ingress,
             // The Sidecar's own policy, else the mesh's.
             registry_only: match spec
                 .outbound_traffic_policy
@@ -444,6 +508,45 @@ impl PushContext {
                 None => self.mesh_registry_only(),
             },
         })
+    }
+
+    /// The proxy's inbound ports: its Sidecar's ingress listeners when it has any, else every
+    /// target port of the services whose endpoints it is (HTTP wins if two disagree).
+    /// `endpoint` is where a Sidecar ingress listener forwards; `None`: the original
+    /// destination.
+    pub fn inbound_ports(
+        &self,
+        proxy: &crate::model::Proxy,
+    ) -> BTreeMap<
+        u16,
+        (
+            crate::model::Protocol,
+            Option<crate::config_store::IngressEndpoint>,
+        ),
+    > {
+        if let Some(scope) = self.sidecar_scope(proxy)
+            && !scope.ingress.is_empty()
+        {
+            return scope
+                .ingress
+                .iter()
+                .map(|i| (i.port, (i.protocol, Some(i.endpoint.clone()))))
+                .collect();
+        }
+        let mut ports = BTreeMap::new();
+        for svc in &self.services {
+            for ep in svc.endpoints.iter().filter(|e| proxy.owns(e)) {
+                for port in &svc.ports {
+                    let entry = ports
+                        .entry(ep.target_port(port))
+                        .or_insert((port.protocol, None));
+                    if port.protocol.is_http() {
+                        entry.0 = port.protocol;
+                    }
+                }
+            }
+        }
+        ports
     }
 
     /// Auto mTLS: whether a client sends Istio mutual TLS to `ep` on service port `port`: the
@@ -665,7 +768,10 @@ spec:
         let other = p.sidecar_scope(&proxy("blog", "x")).unwrap();
         assert_eq!(other.name, "istio-system/mesh");
         // "./*" means the proxy's own namespace.
-        assert_eq!(other.hosts, vec![("blog".to_string(), "*".to_string())]);
+        assert_eq!(
+            other.egress[0].hosts,
+            vec![("blog".to_string(), "*".to_string())]
+        );
         assert!(push("").sidecar_scope(&proxy("shop", "web")).is_none());
         let bad = parse_file(
             Path::new("s.yaml"),

@@ -577,3 +577,94 @@ spec:
         "the call did not come in through the inbound listener"
     );
 }
+
+/// A Sidecar ingress listener: the server's app listens on 127.0.0.1:8080 only, unreachable
+/// from outside the pod; the Sidecar maps the service port 9080 to it, so a client's call to
+/// the VIP on 9080 arrives through the server's inbound listener at the loopback-bound app.
+#[test]
+fn sidecar_ingress_reaches_an_app_bound_to_loopback() {
+    if !require_root("sidecar_ingress_reaches_an_app_bound_to_loopback")
+        || !require_envoy("sidecar_ingress_reaches_an_app_bound_to_loopback")
+    {
+        return;
+    }
+    const INGRESS_PORT: u16 = 9080;
+    let mut net = Network::new().unwrap();
+    let client = net.add_pod("client", 2).unwrap();
+    let server = net.add_pod("server", 3).unwrap();
+    let config_dir = net.dir().join("mesh");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    let server_ip = net.pods[server].ip.to_string();
+    std::fs::write(
+        config_dir.join("mesh.yaml"),
+        format!(
+            r#"kind: ServiceEntry
+metadata: {{name: httpbin, namespace: {NAMESPACE}}}
+spec:
+  hosts: [httpbin.{NAMESPACE}.svc.cluster.local]
+  addresses: [{VIP}]
+  ports: [{{number: {INGRESS_PORT}, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: httpbin}}}}
+---
+kind: WorkloadEntry
+metadata: {{name: httpbin-1, namespace: {NAMESPACE}}}
+spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}}
+---
+kind: Sidecar
+metadata: {{name: httpbin, namespace: {NAMESPACE}}}
+spec:
+  workloadSelector: {{labels: {{app: httpbin}}}}
+  ingress:
+  - port: {{number: {INGRESS_PORT}, protocol: HTTP, name: http}}
+    defaultEndpoint: 127.0.0.1:8080
+  egress:
+  - hosts: ["./*"]
+"#
+        ),
+    )
+    .unwrap();
+    let www = net.pods[server].dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), "loopback app").unwrap();
+    let www = www.to_str().unwrap().to_string();
+    net.pods[server]
+        .spawn(
+            "app",
+            APP_UID,
+            APP_UID,
+            &[],
+            &[
+                "/usr/bin/python3",
+                "-m",
+                "http.server",
+                "8080",
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+                &www,
+            ],
+        )
+        .unwrap();
+    for idx in [client, server] {
+        capture(&net.pods[idx]);
+    }
+    start_agent(&mut net.pods[client], "sleep", &config_dir, true);
+    start_agent(&mut net.pods[server], "httpbin", &config_dir, true);
+    for idx in [client, server] {
+        let ready = net.pods[idx].wait_http_ok(
+            "http://127.0.0.1:15021/healthz/ready",
+            Duration::from_secs(60),
+        );
+        assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
+    }
+    let url = format!("http://{VIP}:{INGRESS_PORT}/");
+    let (code, body) = net.pods[client].http_get(APP_UID, &url).unwrap();
+    assert_eq!(code, 200, "body: {body}\n{}", net.logs());
+    assert_eq!(body, "loopback app");
+    let inbound = net.pods[server]
+        .envoy_stat(&format!(
+            "http.inbound_0.0.0.0_{INGRESS_PORT}.downstream_rq_2xx"
+        ))
+        .unwrap();
+    assert!(inbound >= 1, "not through the server's inbound listener");
+}

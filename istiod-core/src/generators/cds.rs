@@ -16,6 +16,7 @@ use super::{
     BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_BIND_V4, INBOUND_PASSTHROUGH_CLUSTER, Named,
     PASSTHROUGH_CLUSTER, ads_config_source, seconds, tls,
 };
+use crate::config_store::IngressEndpoint;
 use crate::model::{
     Protocol, Proxy, Service, inbound_cluster_name, outbound_cluster_name, subset_cluster_name,
 };
@@ -76,9 +77,9 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
         None => push
             .cache
             .outbound_clusters
-            .get_or_init(|| outbound(push, &|_| true))
+            .get_or_init(|| outbound(push, &|_, _| true))
             .clone(),
-        Some(scope) => outbound(push, &|s| scope.sees(s)),
+        Some(scope) => outbound(push, &|s, p| scope.sees_port(s, p)),
     };
     out.extend(own(push, proxy));
     out
@@ -91,10 +92,10 @@ fn named(clusters: Vec<Cluster>) -> Vec<Named> {
         .collect()
 }
 
-fn outbound(push: &PushContext, visible: &dyn Fn(&Service) -> bool) -> Vec<Named> {
+fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<Named> {
     let mut clusters = Vec::new();
-    for svc in push.services.iter().filter(|s| visible(s)) {
-        for port in &svc.ports {
+    for svc in &push.services {
+        for port in svc.ports.iter().filter(|p| visible(svc, p.port)) {
             let mut c = base(
                 outbound_cluster_name(port.port, &svc.hostname),
                 cluster::DiscoveryType::Eds,
@@ -140,21 +141,67 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service) -> bool) -> Vec<Named
     named(clusters)
 }
 
+/// A Sidecar ingress listener's cluster: a static one to its defaultEndpoint.
+fn ingress_endpoint(name: String, proxy: &Proxy, to: &IngressEndpoint) -> Cluster {
+    use envoy_types::pb::envoy::config::core::v3::{Address, Pipe, address};
+    use envoy_types::pb::envoy::config::endpoint::v3::{
+        ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
+    };
+    let (target, bind) = match to {
+        IngressEndpoint::Address(a) => (
+            super::socket_address(&a.ip().to_string(), a.port()),
+            Some(INBOUND_PASSTHROUGH_BIND_V4),
+        ),
+        IngressEndpoint::Workload(port) => (
+            super::socket_address(
+                &proxy
+                    .ip_addresses
+                    .first()
+                    .map_or("127.0.0.1".to_string(), ToString::to_string),
+                *port,
+            ),
+            Some(INBOUND_PASSTHROUGH_BIND_V4),
+        ),
+        IngressEndpoint::Unix(path) => (
+            Address {
+                address: Some(address::Address::Pipe(Pipe {
+                    path: path.clone(),
+                    mode: 0,
+                })),
+            },
+            None,
+        ),
+    };
+    let mut c = original_dst(name.clone(), bind);
+    c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
+        cluster::DiscoveryType::Static as i32,
+    ));
+    c.lb_policy = cluster::LbPolicy::RoundRobin as i32;
+    c.load_assignment = Some(ClusterLoadAssignment {
+        cluster_name: name,
+        endpoints: vec![LocalityLbEndpoints {
+            lb_endpoints: vec![LbEndpoint {
+                host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                    address: Some(target),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    c
+}
+
 fn own(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     let mut clusters = Vec::new();
-    let mut inbound_ports = BTreeSet::new();
-    for svc in &push.services {
-        for ep in svc.endpoints.iter().filter(|e| proxy.owns(e)) {
-            for port in &svc.ports {
-                inbound_ports.insert(ep.target_port(port));
-            }
-        }
-    }
-    for port in inbound_ports {
-        clusters.push(original_dst(
-            inbound_cluster_name(port),
-            Some(INBOUND_PASSTHROUGH_BIND_V4),
-        ));
+    for (port, (_, endpoint)) in push.inbound_ports(proxy) {
+        let name = inbound_cluster_name(port);
+        clusters.push(match endpoint {
+            Some(to) => ingress_endpoint(name, proxy, &to),
+            None => original_dst(name, Some(INBOUND_PASSTHROUGH_BIND_V4)),
+        });
     }
     clusters.push(original_dst(PASSTHROUGH_CLUSTER.to_string(), None));
     clusters.push(original_dst(

@@ -7,7 +7,7 @@
 //!   proxy's own workload, has a mutual-TLS chain (Istio ALPN, client certificate required) and,
 //!   unless a PeerAuthentication says STRICT, a plaintext chain; plus a passthrough chain.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{
@@ -32,7 +32,7 @@ use super::{
     socket_address, tls,
 };
 use crate::config_store::MtlsMode;
-use crate::model::{Protocol, Proxy, Service, inbound_cluster_name, outbound_cluster_name};
+use crate::model::{Proxy, Service, inbound_cluster_name, outbound_cluster_name};
 use crate::push_context::PushContext;
 
 const WILDCARD: &str = "0.0.0.0";
@@ -99,12 +99,15 @@ fn chain(name: &str, filters: Vec<Filter>) -> FilterChain {
     }
 }
 
-fn outbound_listeners(push: &PushContext, visible: &dyn Fn(&Service) -> bool) -> Vec<Listener> {
+fn outbound_listeners(
+    push: &PushContext,
+    visible: &dyn Fn(&Service, u16) -> bool,
+) -> Vec<Listener> {
     let mut out = Vec::new();
     let mut http_ports = BTreeSet::new();
     let mut seen = BTreeSet::new();
-    for svc in push.services.iter().filter(|s| visible(s)) {
-        for port in &svc.ports {
+    for svc in &push.services {
+        for port in svc.ports.iter().filter(|p| visible(svc, p.port)) {
             if port.protocol.is_http() {
                 http_ports.insert(port.port);
                 continue;
@@ -238,21 +241,10 @@ fn inbound_hcm(port: u16, cluster: &str, mtls: bool) -> Filter {
 }
 
 fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
-    // Workload port → protocol; HTTP wins if two services disagree.
-    let mut ports: BTreeMap<u16, Protocol> = BTreeMap::new();
-    for svc in &push.services {
-        for ep in svc.endpoints.iter().filter(|e| proxy.owns(e)) {
-            for port in &svc.ports {
-                let entry = ports.entry(ep.target_port(port)).or_insert(port.protocol);
-                if port.protocol.is_http() {
-                    *entry = port.protocol;
-                }
-            }
-        }
-    }
+    let ports = push.inbound_ports(proxy);
     let mtls = push.inbound_mtls(&proxy.namespace, &proxy.workload_labels(&push.services));
     let mut chains: Vec<FilterChain> = Vec::new();
-    for (port, protocol) in ports {
+    for (port, (protocol, _)) in ports {
         let cluster = inbound_cluster_name(port);
         let name = format!("{WILDCARD}_{port}");
         if protocol.is_http() {
@@ -326,7 +318,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
             .cache
             .outbound_listeners
             .get_or_init(|| {
-                let mut shared: Vec<Named> = outbound_listeners(push, &|_| true)
+                let mut shared: Vec<Named> = outbound_listeners(push, &|_, _| true)
                     .into_iter()
                     .map(named)
                     .collect();
@@ -336,7 +328,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
             .clone(),
         // Under a Sidecar resource: only its egress hosts (generated for this proxy).
         Some(scope) => {
-            let mut own: Vec<Named> = outbound_listeners(push, &|s| scope.sees(s))
+            let mut own: Vec<Named> = outbound_listeners(push, &|s, p| scope.sees_port(s, p))
                 .into_iter()
                 .map(named)
                 .collect();
@@ -351,7 +343,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Service, ServicePort};
+    use crate::model::{Protocol, Service, ServicePort};
 
     #[test]
     fn two_services_on_one_vip_port_yield_one_listener() {

@@ -51,12 +51,12 @@ fn domains(svc: &Service, port: &ServicePort) -> Vec<String> {
 fn route_config(
     push: &PushContext,
     name: &str,
-    visible: &dyn Fn(&Service) -> bool,
+    visible: &dyn Fn(&Service, u16) -> bool,
     registry_only: bool,
 ) -> RouteConfiguration {
     let mut virtual_hosts = Vec::new();
     if let Ok(port_number) = name.parse::<u16>() {
-        for svc in push.services.iter().filter(|s| visible(s)) {
+        for svc in push.services.iter().filter(|s| visible(s, port_number)) {
             for port in svc
                 .ports
                 .iter()
@@ -108,7 +108,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
                     pack_any(route_config(
                         push,
                         n,
-                        &|s| scope.sees(s),
+                        &|s, p| scope.sees_port(s, p),
                         scope.registry_only,
                     )),
                 )
@@ -135,7 +135,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
                 let resource = pack_any(route_config(
                     push,
                     &name,
-                    &|_| true,
+                    &|_, _| true,
                     push.mesh_registry_only(),
                 ));
                 (name.clone(), Named::new(name, resource))
@@ -149,7 +149,12 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
             all.get(n).cloned().unwrap_or_else(|| {
                 Named::new(
                     n.to_string(),
-                    pack_any(route_config(push, n, &|_| true, push.mesh_registry_only())),
+                    pack_any(route_config(
+                        push,
+                        n,
+                        &|_, _| true,
+                        push.mesh_registry_only(),
+                    )),
                 )
             })
         })
