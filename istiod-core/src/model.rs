@@ -12,11 +12,13 @@ pub enum Protocol {
     Http2,
     Grpc,
     Tcp,
+    /// No protocol declared: Envoy sniffs each connection (HTTP or opaque TCP), as Istio does.
+    Unknown,
 }
 
 impl Protocol {
     /// Istio's rule: an explicit protocol (`HTTP`, `GRPC`, ...) or a port name `<proto>` or
-    /// `<proto>-<suffix>`. Anything unrecognised is treated as opaque TCP.
+    /// `<proto>-<suffix>`. Anything else is detected per connection (`Unknown`).
     pub fn infer(explicit: Option<&str>, port_name: &str) -> Protocol {
         let from = |s: &str| match s.to_ascii_lowercase().as_str() {
             "http" => Some(Protocol::Http),
@@ -28,11 +30,12 @@ impl Protocol {
         explicit
             .and_then(from)
             .or_else(|| from(port_name.split('-').next().unwrap_or_default()))
-            .unwrap_or(Protocol::Tcp)
+            .unwrap_or(Protocol::Unknown)
     }
 
+    /// Declared HTTP (HTTP/1.1, HTTP/2 or gRPC).
     pub fn is_http(self) -> bool {
-        !matches!(self, Protocol::Tcp)
+        !matches!(self, Protocol::Tcp | Protocol::Unknown)
     }
 }
 
@@ -215,7 +218,9 @@ mod tests {
         assert_eq!(Protocol::infer(None, "http-web"), Protocol::Http);
         assert_eq!(Protocol::infer(None, "grpc"), Protocol::Grpc);
         assert_eq!(Protocol::infer(Some("HTTP"), "foo"), Protocol::Http);
-        assert_eq!(Protocol::infer(None, "web"), Protocol::Tcp);
+        assert_eq!(Protocol::infer(None, "web"), Protocol::Unknown);
+        assert_eq!(Protocol::infer(None, ""), Protocol::Unknown);
+        assert!(!Protocol::Unknown.is_http());
         assert_eq!(Protocol::infer(Some("TCP"), "http"), Protocol::Tcp);
     }
 }

@@ -668,3 +668,114 @@ spec:
         .unwrap();
     assert!(inbound >= 1, "not through the server's inbound listener");
 }
+
+/// Ports with no declared protocol are sniffed: through the same kind of port, HTTP is handled
+/// as HTTP by the client's sidecar and a client-first TCP protocol passes as TCP.
+#[test]
+fn undeclared_ports_carry_http_and_tcp() {
+    if !require_root("undeclared_ports_carry_http_and_tcp")
+        || !require_envoy("undeclared_ports_carry_http_and_tcp")
+    {
+        return;
+    }
+    const LINE_PORT: u16 = 9000;
+    let mut net = Network::new().unwrap();
+    let client = net.add_pod("client", 2).unwrap();
+    let server = net.add_pod("server", 3).unwrap();
+    let config_dir = net.dir().join("mesh");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    let server_ip = net.pods[server].ip.to_string();
+    std::fs::write(
+        config_dir.join("mesh.yaml"),
+        format!(
+            r#"kind: ServiceEntry
+metadata: {{name: app, namespace: {NAMESPACE}}}
+spec:
+  hosts: [app.{NAMESPACE}.svc.cluster.local]
+  addresses: [{VIP}]
+  ports: [{{number: {PORT}, name: web}}, {{number: {LINE_PORT}}}]
+  workloadSelector: {{labels: {{app: app}}}}
+---
+kind: WorkloadEntry
+metadata: {{name: app-1, namespace: {NAMESPACE}}}
+spec: {{address: {server_ip}, labels: {{app: app}}, serviceAccount: app}}
+"#
+        ),
+    )
+    .unwrap();
+    let probe = binary("netprobe");
+    let probe = probe.to_str().unwrap();
+    let www = net.pods[server].dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), "sniffed http").unwrap();
+    let www = www.to_str().unwrap().to_string();
+    net.pods[server]
+        .spawn(
+            "app",
+            APP_UID,
+            APP_UID,
+            &[],
+            &[
+                "/usr/bin/python3",
+                "-m",
+                "http.server",
+                &PORT.to_string(),
+                "--bind",
+                "0.0.0.0",
+                "--directory",
+                &www,
+            ],
+        )
+        .unwrap();
+    net.pods[server]
+        .spawn(
+            "line",
+            APP_UID,
+            APP_UID,
+            &[],
+            &[probe, "line-echo", &LINE_PORT.to_string()],
+        )
+        .unwrap();
+    for idx in [client, server] {
+        capture(&net.pods[idx]);
+    }
+    start_agent(&mut net.pods[client], "sleep", &config_dir, true);
+    start_agent(&mut net.pods[server], "app", &config_dir, true);
+    for idx in [client, server] {
+        let ready = net.pods[idx].wait_http_ok(
+            "http://127.0.0.1:15021/healthz/ready",
+            Duration::from_secs(60),
+        );
+        assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
+    }
+    let (code, body) = net.pods[client]
+        .http_get(APP_UID, &format!("http://{VIP}:{PORT}/"))
+        .unwrap();
+    assert_eq!(code, 200, "body: {body}\n{}", net.logs());
+    assert_eq!(body, "sniffed http");
+    let http = net.pods[client]
+        .envoy_stat(&format!("http.outbound_{VIP}_{PORT}.downstream_rq_2xx"))
+        .unwrap();
+    assert!(http >= 1, "the client's sidecar did not see HTTP");
+
+    let out = net.pods[client]
+        .exec_as(
+            APP_UID,
+            APP_UID,
+            &[probe, "say", &format!("{VIP}:{LINE_PORT}"), "hello"],
+        )
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        net.logs()
+    );
+    let tcp = net.pods[client]
+        .envoy_stat(&format!(
+            "tcp.outbound|{LINE_PORT}||app.{NAMESPACE}.svc.cluster.local.downstream_cx_total"
+        ))
+        .unwrap();
+    assert!(tcp >= 1, "the line protocol did not go by tcp_proxy");
+}

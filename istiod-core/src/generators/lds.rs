@@ -15,6 +15,7 @@ use envoy_types::pb::envoy::config::listener::v3::{
 };
 use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector;
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -32,7 +33,7 @@ use super::{
     socket_address, tls,
 };
 use crate::config_store::MtlsMode;
-use crate::model::{Proxy, Service, inbound_cluster_name, outbound_cluster_name};
+use crate::model::{Protocol, Proxy, Service, inbound_cluster_name, outbound_cluster_name};
 use crate::push_context::PushContext;
 
 const WILDCARD: &str = "0.0.0.0";
@@ -91,6 +92,36 @@ fn listener(name: String, ip: &str, port: u16, chains: Vec<FilterChain>, bind: b
     }
 }
 
+fn listener_filter(name: &str, config: Any) -> ListenerFilter {
+    ListenerFilter {
+        name: name.to_string(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(config)),
+        ..Default::default()
+    }
+}
+
+/// Application protocols Envoy's http_inspector reports for plaintext HTTP.
+const SNIFFED_HTTP: [&str; 3] = ["http/1.0", "http/1.1", "h2c"];
+/// ALPN a peer sidecar offers for HTTP over Istio mTLS (Istio's client ALPN for HTTP).
+const MTLS_HTTP: [&str; 3] = ["istio-http/1.0", "istio-http/1.1", "istio-h2"];
+
+/// An HTTP connection manager that sends every request to `cluster` (a sniffed port has no
+/// route configuration of its own).
+fn direct_hcm(stat_prefix: String, cluster: &str) -> Filter {
+    let routes = http_connection_manager::RouteSpecifier::RouteConfig(RouteConfiguration {
+        name: cluster.to_string(),
+        virtual_hosts: vec![VirtualHost {
+            name: cluster.to_string(),
+            domains: vec!["*".to_string()],
+            routes: vec![route_to(cluster.to_string())],
+            ..Default::default()
+        }],
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    });
+    hcm_filter(stat_prefix, routes)
+}
+
 fn chain(name: &str, filters: Vec<Filter>) -> FilterChain {
     FilterChain {
         name: name.to_string(),
@@ -121,13 +152,35 @@ fn outbound_listeners(
                     tracing::warn!(vip = %ip, port = port.port, host = %svc.hostname, "VIP:port already used by another service; skipped");
                     continue;
                 }
-                out.push(listener(
-                    format!("{ip}_{}", port.port),
-                    &ip,
-                    port.port,
-                    vec![chain(&cluster, vec![tcp_proxy_filter(&cluster, &cluster)])],
-                    false,
-                ));
+                let name = format!("{ip}_{}", port.port);
+                let tcp = chain(&cluster, vec![tcp_proxy_filter(&cluster, &cluster)]);
+                if port.protocol == Protocol::Unknown {
+                    // Sniffed: HTTP goes through an HTTP connection manager, anything else
+                    // through tcp_proxy.
+                    let http = FilterChain {
+                        filter_chain_match: Some(FilterChainMatch {
+                            application_protocols: SNIFFED_HTTP
+                                .iter()
+                                .map(|s| s.to_string())
+                                .collect(),
+                            ..Default::default()
+                        }),
+                        ..chain(
+                            &format!("{cluster}-http"),
+                            vec![direct_hcm(format!("outbound_{name}"), &cluster)],
+                        )
+                    };
+                    out.push(Listener {
+                        listener_filters: vec![listener_filter(
+                            "envoy.filters.listener.http_inspector",
+                            pack_any(HttpInspector::default()),
+                        )],
+                        continue_on_listener_filters_timeout: true,
+                        ..listener(name, &ip, port.port, vec![http, tcp], false)
+                    });
+                } else {
+                    out.push(listener(name, &ip, port.port, vec![tcp], false));
+                }
             }
         }
     }
@@ -206,6 +259,68 @@ fn inbound_chains(
     }
 }
 
+/// The inbound chains of a port with no declared protocol: by transport and by what the
+/// connection turns out to carry (the ALPN a peer sidecar offers under mTLS, what Envoy's
+/// http_inspector finds in plaintext), HTTP to an HTTP connection manager and anything else
+/// to tcp_proxy.
+fn sniffed_inbound_chains(
+    name: &str,
+    port: u16,
+    mode: MtlsMode,
+    cluster: &str,
+) -> Vec<FilterChain> {
+    let matching = |transport: &str, protocols: &[&str]| FilterChainMatch {
+        destination_port: Some(UInt32Value {
+            value: u32::from(port),
+        }),
+        transport_protocol: transport.to_string(),
+        application_protocols: protocols.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let tcp = || tcp_proxy_filter(cluster, cluster);
+    let mtls = || {
+        vec![
+            FilterChain {
+                filter_chain_match: Some(matching("tls", &MTLS_HTTP)),
+                transport_socket: Some(tls::inbound_mtls_socket(&["h2", "http/1.1"])),
+                ..chain(
+                    &format!("{name}-mtls-http"),
+                    vec![inbound_hcm(port, cluster, true)],
+                )
+            },
+            FilterChain {
+                filter_chain_match: Some(matching("tls", &tls::ALPN_ISTIO)),
+                transport_socket: Some(tls::inbound_mtls_socket(&[])),
+                ..chain(&format!("{name}-mtls"), vec![tcp()])
+            },
+        ]
+    };
+    let plain = |transport: &str| {
+        vec![
+            FilterChain {
+                filter_chain_match: Some(matching(transport, &SNIFFED_HTTP)),
+                ..chain(
+                    &format!("{name}-http"),
+                    vec![inbound_hcm(port, cluster, false)],
+                )
+            },
+            FilterChain {
+                filter_chain_match: Some(matching(transport, &[])),
+                ..chain(name, vec![tcp()])
+            },
+        ]
+    };
+    match mode {
+        MtlsMode::Strict => mtls(),
+        MtlsMode::Disable => plain(""),
+        MtlsMode::Permissive | MtlsMode::Unset => {
+            let mut all = mtls();
+            all.extend(plain("raw_buffer"));
+            all
+        }
+    }
+}
+
 fn inbound_hcm(port: u16, cluster: &str, mtls: bool) -> Filter {
     let routes = http_connection_manager::RouteSpecifier::RouteConfig(RouteConfiguration {
         name: cluster.to_string(),
@@ -244,10 +359,19 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
     let ports = push.inbound_ports(proxy);
     let mtls = push.inbound_mtls(&proxy.namespace, &proxy.workload_labels(&push.services));
     let mut chains: Vec<FilterChain> = Vec::new();
+    let mut sniffed = Vec::new();
     for (port, (protocol, _)) in ports {
         let cluster = inbound_cluster_name(port);
         let name = format!("{WILDCARD}_{port}");
-        if protocol.is_http() {
+        if protocol == Protocol::Unknown {
+            sniffed.push(port);
+            chains.extend(sniffed_inbound_chains(
+                &name,
+                port,
+                mtls.on_port(port),
+                &cluster,
+            ));
+        } else if protocol.is_http() {
             let filter = |m: bool| inbound_hcm(port, &cluster, m);
             chains.extend(inbound_chains(
                 &name,
@@ -283,22 +407,53 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
             vec![passthrough(false)],
         )),
     }
-    let listener_filter = |name: &str, config: Any| ListenerFilter {
-        name: name.to_string(),
-        config_type: Some(listener_filter::ConfigType::TypedConfig(config)),
-        ..Default::default()
-    };
+    let mut listener_filters = vec![
+        listener_filter(
+            "envoy.filters.listener.original_dst",
+            pack_any(OriginalDst::default()),
+        ),
+        listener_filter(
+            "envoy.filters.listener.tls_inspector",
+            pack_any(TlsInspector::default()),
+        ),
+    ];
+    if !sniffed.is_empty() {
+        // The HTTP inspector waits for the client's first bytes, so it runs only on the ports
+        // that need it (a server-first protocol on a declared port is never held up).
+        use envoy_types::pb::envoy::config::listener::v3::{
+            ListenerFilterChainMatchPredicate as Predicate, listener_filter_chain_match_predicate,
+        };
+        use listener_filter_chain_match_predicate::{MatchSet, Rule};
+        let on_port = |port: u16| Predicate {
+            rule: Some(Rule::DestinationPortRange(
+                envoy_types::pb::envoy::r#type::v3::Int32Range {
+                    start: i32::from(port),
+                    end: i32::from(port) + 1,
+                },
+            )),
+        };
+        // (A match set needs two rules or more.)
+        let on_sniffed = match sniffed.as_slice() {
+            [one] => on_port(*one),
+            many => Predicate {
+                rule: Some(Rule::OrMatch(MatchSet {
+                    rules: many.iter().map(|p| on_port(*p)).collect(),
+                })),
+            },
+        };
+        listener_filters.push(ListenerFilter {
+            filter_disabled: Some(Predicate {
+                rule: Some(Rule::NotMatch(Box::new(on_sniffed))),
+            }),
+            ..listener_filter(
+                "envoy.filters.listener.http_inspector",
+                pack_any(HttpInspector::default()),
+            )
+        });
+    }
     Listener {
-        listener_filters: vec![
-            listener_filter(
-                "envoy.filters.listener.original_dst",
-                pack_any(OriginalDst::default()),
-            ),
-            listener_filter(
-                "envoy.filters.listener.tls_inspector",
-                pack_any(TlsInspector::default()),
-            ),
-        ],
+        continue_on_listener_filters_timeout: !sniffed.is_empty(),
+        listener_filters,
         traffic_direction: TrafficDirection::Inbound as i32,
         ..listener(
             VIRTUAL_INBOUND.to_string(),

@@ -5,6 +5,9 @@
 //!   netprobe connect ADDR [COUNT]   TCP connects; exit 0 if every one is accepted and answered
 //!   netprobe udp ADDR               one datagram; prints the answer, exit 0 if one came
 //!   netprobe http-echo PORT         HTTP on 0.0.0.0; answers each request with its headers
+//!   netprobe line-echo PORT         TCP on 0.0.0.0, client speaks first: answers each line L
+//!                                   with `echo L`
+//!   netprobe say ADDR TEXT          sends the line TEXT; exit 0 if the answer is `echo TEXT`
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -172,6 +175,42 @@ fn http_echo(port: &str) -> std::io::Result<()> {
     Ok(())
 }
 
+fn line_echo(port: &str) -> std::io::Result<()> {
+    let listener = TcpListener::bind(format!("0.0.0.0:{port}"))?;
+    for stream in listener.incoming().flatten() {
+        std::thread::spawn(move || {
+            let mut reader = std::io::BufReader::new(&stream);
+            let mut line = String::new();
+            while std::io::BufRead::read_line(&mut reader, &mut line).is_ok_and(|n| n > 0) {
+                if (&stream)
+                    .write_all(format!("echo {line}").as_bytes())
+                    .is_err()
+                {
+                    return;
+                }
+                line.clear();
+            }
+        });
+    }
+    Ok(())
+}
+
+fn say(addr: &str, text: &str) -> std::io::Result<()> {
+    let addr: SocketAddr = addr.parse().map_err(std::io::Error::other)?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(format!("{text}\n").as_bytes())?;
+    let mut reader = std::io::BufReader::new(&s);
+    let mut answer = String::new();
+    std::io::BufRead::read_line(&mut reader, &mut answer)?;
+    println!("{}", answer.trim_end());
+    if answer.trim_end() == format!("echo {text}") {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!("answer {answer:?}")))
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or_default();
@@ -181,6 +220,8 @@ fn main() {
         "connect" => connect(arg(1), arg(2).parse().unwrap_or(1)),
         "udp" => udp(arg(1)),
         "http-echo" => http_echo(arg(1)),
+        "line-echo" => line_echo(arg(1)),
+        "say" => say(arg(1), arg(2)),
         _ => Err(std::io::Error::other(
             "usage: netprobe listen|udp-echo|connect|udp ...",
         )),
