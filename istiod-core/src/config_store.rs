@@ -172,16 +172,7 @@ impl MeshConfigSpec {
     }
 
     fn validate(&self) -> Result<(), String> {
-        if let Some(mode) = self
-            .outbound_traffic_policy
-            .as_ref()
-            .and_then(|p| p.mode.as_deref())
-            && !matches!(mode, "REGISTRY_ONLY" | "ALLOW_ANY")
-        {
-            return Err(format!(
-                "outboundTrafficPolicy.mode: {mode:?} is not REGISTRY_ONLY or ALLOW_ANY"
-            ));
-        }
+        OutboundTrafficPolicy::check(self.outbound_traffic_policy.as_ref())?;
         if let Some(ns) = &self.root_namespace
             && !traffic::is_dns1123_label(ns)
         {
@@ -370,6 +361,25 @@ pub struct OutboundTrafficPolicy {
     /// `REGISTRY_ONLY` or `ALLOW_ANY` (the default).
     #[serde(default)]
     pub mode: Option<String>,
+}
+
+impl OutboundTrafficPolicy {
+    /// `Some(true)` for REGISTRY_ONLY, `Some(false)` for ALLOW_ANY, `None` when unset.
+    pub fn registry_only(policy: Option<&Self>) -> Option<bool> {
+        policy
+            .and_then(|p| p.mode.as_deref())
+            .map(|m| m == "REGISTRY_ONLY")
+    }
+
+    /// The mode is one Istio knows.
+    fn check(policy: Option<&Self>) -> Result<(), String> {
+        match policy.and_then(|p| p.mode.as_deref()) {
+            None | Some("REGISTRY_ONLY" | "ALLOW_ANY") => Ok(()),
+            Some(mode) => Err(format!(
+                "outboundTrafficPolicy.mode: {mode:?} is not REGISTRY_ONLY or ALLOW_ANY"
+            )),
+        }
+    }
 }
 
 /// discovery.k8s.io/v1 EndpointSlice (top-level `endpoints` and `ports`, as Kubernetes has them).
@@ -596,17 +606,8 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
                     ));
                 }
             }
-            if let Some(mode) = spec
-                .outbound_traffic_policy
-                .as_ref()
-                .and_then(|p| p.mode.as_deref())
-                && !matches!(mode, "REGISTRY_ONLY" | "ALLOW_ANY")
-            {
-                return Err(format!(
-                    "{}: outboundTrafficPolicy.mode {mode:?} must be REGISTRY_ONLY or ALLOW_ANY",
-                    typed("spec")
-                ));
-            }
+            OutboundTrafficPolicy::check(spec.outbound_traffic_policy.as_ref())
+                .map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
             let port_ok = |n: u32| (1..=65535).contains(&n);
             for (i, e) in spec.egress.iter().enumerate() {
                 if let Some(p) = &e.port

@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::config_store::{
-    ConfigSet, MeshConfigSpec, Metadata, MtlsMode, PeerAuthenticationSpec, Resource, SidecarSpec,
+    ConfigSet, MeshConfigSpec, Metadata, MtlsMode, OutboundTrafficPolicy, PeerAuthenticationSpec,
+    Resource, SidecarSpec,
 };
 use crate::model::{Endpoint, Service, ServicePort, Subset, TlsMode};
 use crate::registry::{self, RegistryError};
@@ -275,11 +276,8 @@ impl PushContext {
     /// The mesh's outboundTrafficPolicy: unknown destinations blocked (REGISTRY_ONLY) rather
     /// than passed through (ALLOW_ANY, the default). A Sidecar's own policy overrides it.
     pub fn mesh_registry_only(&self) -> bool {
-        self.mesh
-            .outbound_traffic_policy
-            .as_ref()
-            .and_then(|p| p.mode.as_deref())
-            == Some("REGISTRY_ONLY")
+        OutboundTrafficPolicy::registry_only(self.mesh.outbound_traffic_policy.as_ref())
+            .unwrap_or(false)
     }
 
     /// Builds a snapshot from `config`, which it keeps (shared, not copied) for /debug/configz.
@@ -499,14 +497,10 @@ impl PushContext {
             egress,
             ingress,
             // The Sidecar's own policy, else the mesh's.
-            registry_only: match spec
-                .outbound_traffic_policy
-                .as_ref()
-                .and_then(|p| p.mode.as_deref())
-            {
-                Some(mode) => mode == "REGISTRY_ONLY",
-                None => self.mesh_registry_only(),
-            },
+            registry_only: OutboundTrafficPolicy::registry_only(
+                spec.outbound_traffic_policy.as_ref(),
+            )
+            .unwrap_or_else(|| self.mesh_registry_only()),
         })
     }
 

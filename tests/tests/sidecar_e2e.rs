@@ -39,6 +39,39 @@ fn capture(pod: &Pod) {
     harness::istio_iptables(pod, &["--log_output_level=default:info"]).unwrap();
 }
 
+/// Waits (5 s at most) for an Envoy counter to reach 1: Envoy counts a request when its
+/// stream completes, which may be just after the client has the whole response.
+fn counted(pod: &Pod, stat: &str) -> bool {
+    harness::wait_until(Duration::from_secs(5), || {
+        pod.envoy_stat(stat).is_ok_and(|n| n >= 1)
+    })
+}
+
+/// Runs the pod's app as APP_UID: a static web server on `bind:port` whose page is `body`.
+fn serve_page(pod: &mut Pod, bind: &str, port: u16, body: &str) {
+    let www = pod.dir.join(format!("www-{port}"));
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), body).unwrap();
+    let www = www.to_str().unwrap().to_string();
+    pod.spawn(
+        "app",
+        APP_UID,
+        APP_UID,
+        &[],
+        &[
+            "/usr/bin/python3",
+            "-m",
+            "http.server",
+            &port.to_string(),
+            "--bind",
+            bind,
+            "--directory",
+            &www,
+        ],
+    )
+    .unwrap();
+}
+
 /// Where an agent gets its config: the embedded control plane on a directory, or a remote
 /// `istiod-core serve` address.
 enum Upstream<'a> {
@@ -118,28 +151,7 @@ fn request_passes_through_both_sidecars() {
 
     // The app: serves a file with a token only this test knows.
     let token = format!("token-{}", std::process::id());
-    let www = net.pods[server].dir.join("www");
-    std::fs::create_dir_all(&www).unwrap();
-    std::fs::write(www.join("index.html"), &token).unwrap();
-    let www = www.to_str().unwrap().to_string();
-    net.pods[server]
-        .spawn(
-            "app",
-            APP_UID,
-            APP_UID,
-            &[],
-            &[
-                "/usr/bin/python3",
-                "-m",
-                "http.server",
-                &PORT.to_string(),
-                "--bind",
-                "0.0.0.0",
-                "--directory",
-                &www,
-            ],
-        )
-        .unwrap();
+    serve_page(&mut net.pods[server], "0.0.0.0", PORT, &token);
 
     for idx in [client, server] {
         capture(&net.pods[idx]);
@@ -496,28 +508,7 @@ spec:
         ),
     )
     .unwrap();
-    let www = net.pods[vm].dir.join("www");
-    std::fs::create_dir_all(&www).unwrap();
-    std::fs::write(www.join("index.html"), "from the vm").unwrap();
-    let www = www.to_str().unwrap().to_string();
-    net.pods[vm]
-        .spawn(
-            "app",
-            APP_UID,
-            APP_UID,
-            &[],
-            &[
-                "/usr/bin/python3",
-                "-m",
-                "http.server",
-                &PORT.to_string(),
-                "--bind",
-                "0.0.0.0",
-                "--directory",
-                &www,
-            ],
-        )
-        .unwrap();
+    serve_page(&mut net.pods[vm], "0.0.0.0", PORT, "from the vm");
     capture(&net.pods[vm]);
     let agent = binary("pilot-agent");
     let ip = net.pods[vm].ip.to_string();
@@ -543,11 +534,7 @@ spec:
             ],
         )
         .unwrap();
-    let ready = net.pods[vm].wait_http_ok(
-        "http://127.0.0.1:15021/healthz/ready",
-        Duration::from_secs(60),
-    );
-    assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
+    wait_ready(&net);
     assert!(
         net.pods[vm].wait_log(
             "pilot-agent",
@@ -557,24 +544,22 @@ spec:
         "{}",
         net.logs()
     );
-    // The registration reaches Envoy after the debounce as an endpoint of the service.
+    // The registration reaches Envoy after the debounce: the service's cluster gets the
+    // workload as its endpoint and virtualInbound its port. (Envoy applies clusters before
+    // listeners, so for a moment a call may reach the app by the inbound passthrough; hence
+    // calls until one is counted by the port's inbound HTTP listener.)
     let url = format!("http://{VIP}:{PORT}/");
-    let served = harness::wait_until(
-        Duration::from_secs(20),
-        || matches!(net.pods[vm].http_get(APP_UID, &url), Ok((200, ref body)) if body == "from the vm"),
-    );
+    let stat = format!("http.inbound_0.0.0.0_{PORT}.downstream_rq_2xx");
+    let served = harness::wait_until(Duration::from_secs(20), || {
+        matches!(net.pods[vm].http_get(APP_UID, &url), Ok((200, ref body)) if body == "from the vm")
+            && counted(&net.pods[vm], &stat)
+    });
     assert!(
         served,
-        "{:?}\n{}",
+        "{:?}; {stat} = {:?}\n{}",
         net.pods[vm].http_get(APP_UID, &url),
+        net.pods[vm].envoy_stat(&stat),
         net.logs()
-    );
-    let inbound = net.pods[vm]
-        .envoy_stat(&format!("http.inbound_0.0.0.0_{PORT}.downstream_rq_2xx"))
-        .unwrap();
-    assert!(
-        inbound >= 1,
-        "the call did not come in through the inbound listener"
     );
 }
 
@@ -623,50 +608,24 @@ spec:
         ),
     )
     .unwrap();
-    let www = net.pods[server].dir.join("www");
-    std::fs::create_dir_all(&www).unwrap();
-    std::fs::write(www.join("index.html"), "loopback app").unwrap();
-    let www = www.to_str().unwrap().to_string();
-    net.pods[server]
-        .spawn(
-            "app",
-            APP_UID,
-            APP_UID,
-            &[],
-            &[
-                "/usr/bin/python3",
-                "-m",
-                "http.server",
-                "8080",
-                "--bind",
-                "127.0.0.1",
-                "--directory",
-                &www,
-            ],
-        )
-        .unwrap();
+    serve_page(&mut net.pods[server], "127.0.0.1", 8080, "loopback app");
     for idx in [client, server] {
         capture(&net.pods[idx]);
     }
     start_agent(&mut net.pods[client], "sleep", &config_dir, true);
     start_agent(&mut net.pods[server], "httpbin", &config_dir, true);
-    for idx in [client, server] {
-        let ready = net.pods[idx].wait_http_ok(
-            "http://127.0.0.1:15021/healthz/ready",
-            Duration::from_secs(60),
-        );
-        assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
-    }
+    wait_ready(&net);
     let url = format!("http://{VIP}:{INGRESS_PORT}/");
     let (code, body) = net.pods[client].http_get(APP_UID, &url).unwrap();
     assert_eq!(code, 200, "body: {body}\n{}", net.logs());
     assert_eq!(body, "loopback app");
-    let inbound = net.pods[server]
-        .envoy_stat(&format!(
-            "http.inbound_0.0.0.0_{INGRESS_PORT}.downstream_rq_2xx"
-        ))
-        .unwrap();
-    assert!(inbound >= 1, "not through the server's inbound listener");
+    assert!(
+        counted(
+            &net.pods[server],
+            &format!("http.inbound_0.0.0.0_{INGRESS_PORT}.downstream_rq_2xx")
+        ),
+        "not through the server's inbound listener"
+    );
 }
 
 /// Ports with no declared protocol are sniffed: through the same kind of port, HTTP is handled
@@ -705,28 +664,7 @@ spec: {{address: {server_ip}, labels: {{app: app}}, serviceAccount: app}}
     .unwrap();
     let probe = binary("netprobe");
     let probe = probe.to_str().unwrap();
-    let www = net.pods[server].dir.join("www");
-    std::fs::create_dir_all(&www).unwrap();
-    std::fs::write(www.join("index.html"), "sniffed http").unwrap();
-    let www = www.to_str().unwrap().to_string();
-    net.pods[server]
-        .spawn(
-            "app",
-            APP_UID,
-            APP_UID,
-            &[],
-            &[
-                "/usr/bin/python3",
-                "-m",
-                "http.server",
-                &PORT.to_string(),
-                "--bind",
-                "0.0.0.0",
-                "--directory",
-                &www,
-            ],
-        )
-        .unwrap();
+    serve_page(&mut net.pods[server], "0.0.0.0", PORT, "sniffed http");
     net.pods[server]
         .spawn(
             "line",
@@ -741,22 +679,19 @@ spec: {{address: {server_ip}, labels: {{app: app}}, serviceAccount: app}}
     }
     start_agent(&mut net.pods[client], "sleep", &config_dir, true);
     start_agent(&mut net.pods[server], "app", &config_dir, true);
-    for idx in [client, server] {
-        let ready = net.pods[idx].wait_http_ok(
-            "http://127.0.0.1:15021/healthz/ready",
-            Duration::from_secs(60),
-        );
-        assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
-    }
+    wait_ready(&net);
     let (code, body) = net.pods[client]
         .http_get(APP_UID, &format!("http://{VIP}:{PORT}/"))
         .unwrap();
     assert_eq!(code, 200, "body: {body}\n{}", net.logs());
     assert_eq!(body, "sniffed http");
-    let http = net.pods[client]
-        .envoy_stat(&format!("http.outbound_{VIP}_{PORT}.downstream_rq_2xx"))
-        .unwrap();
-    assert!(http >= 1, "the client's sidecar did not see HTTP");
+    assert!(
+        counted(
+            &net.pods[client],
+            &format!("http.outbound_{VIP}_{PORT}.downstream_rq_2xx")
+        ),
+        "the client's sidecar did not see HTTP"
+    );
 
     let out = net.pods[client]
         .exec_as(
@@ -772,10 +707,13 @@ spec: {{address: {server_ip}, labels: {{app: app}}, serviceAccount: app}}
         String::from_utf8_lossy(&out.stderr),
         net.logs()
     );
-    let tcp = net.pods[client]
-        .envoy_stat(&format!(
-            "tcp.outbound|{LINE_PORT}||app.{NAMESPACE}.svc.cluster.local.downstream_cx_total"
-        ))
-        .unwrap();
-    assert!(tcp >= 1, "the line protocol did not go by tcp_proxy");
+    assert!(
+        counted(
+            &net.pods[client],
+            &format!(
+                "tcp.outbound|{LINE_PORT}||app.{NAMESPACE}.svc.cluster.local.downstream_cx_total"
+            )
+        ),
+        "the line protocol did not go by tcp_proxy"
+    );
 }
