@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use harness::{Network, TestCa, binary, require_envoy, require_root, wait_until};
+use harness::{Network, Pod, TestCa, binary, require_envoy, require_root, wait_until};
 
 const SERVICE: &str = r#"
 kind: ServiceEntry
@@ -302,8 +302,51 @@ fn rejected_listeners_keep_the_proxy_unready() {
     }
 }
 
+/// The resource names of one section (`### CDS`, `### LDS`, ...) of a golden file.
+fn golden_names(golden: &str, section: &str) -> std::collections::BTreeSet<String> {
+    golden
+        .split("### ")
+        .find(|s| s.starts_with(section))
+        .map(|s| {
+            s.lines()
+                .filter_map(|l| l.strip_prefix("--- "))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Names of Envoy's dynamic clusters or listeners, from its admin config_dump.
+fn dumped_names(pod: &Pod, resource: &str, field: &str) -> std::collections::BTreeSet<String> {
+    let (code, body) = pod
+        .http_get(
+            0,
+            &format!("http://127.0.0.1:15000/config_dump?resource={resource}"),
+        )
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
+    dump["configs"]
+        .as_array()
+        .map(|configs| {
+            configs
+                .iter()
+                .filter_map(|c| {
+                    c.get(field)
+                        .and_then(|inner| inner.get("name"))
+                        .or_else(|| c.get("name"))
+                        .and_then(|n| n.as_str())
+                        .map(str::to_string)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Every golden config of istiod-core's generator tests, served to a real Envoy through the
-/// agent: Envoy accepts all of it (CDS and LDS updated, nothing rejected) and becomes ready.
+/// agent over Delta and over state-of-the-world xDS: Envoy accepts all of it (CDS and LDS
+/// updated, nothing rejected), becomes ready, and its config_dump holds exactly the golden's
+/// clusters and listeners.
 #[test]
 fn envoy_accepts_every_golden_config() {
     if !require_root("envoy_accepts_every_golden_config")
@@ -321,8 +364,12 @@ fn envoy_accepts_every_golden_config() {
     cases.sort();
     assert!(cases.len() >= 6);
     let agent = binary("pilot-agent");
-    for case in cases {
+    let runs = cases
+        .iter()
+        .flat_map(|c| [(c.clone(), "true"), (c.clone(), "false")]);
+    for (case, delta) in runs {
         let text = std::fs::read_to_string(&case).unwrap();
+        let golden = std::fs::read_to_string(case.with_extension("golden")).unwrap();
         // `# proxy: sidecar~IP~POD.NS~NS.svc.cluster.local`
         let node = text.lines().next().unwrap().trim_start_matches("# proxy: ");
         let parts: Vec<&str> = node.split('~').collect();
@@ -344,6 +391,7 @@ fn envoy_accepts_every_golden_config() {
                     ("POD_NAMESPACE", ns),
                     ("INSTANCE_IP", ip),
                     ("SERVICE_ACCOUNT", "web"),
+                    ("ISTIO_DELTA_XDS", delta),
                     ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"0s\"}"),
                 ],
                 &[
@@ -386,5 +434,20 @@ fn envoy_accepts_every_golden_config() {
                 case.display()
             );
         }
+        let flavour = if delta == "true" { "delta" } else { "sotw" };
+        assert!(golden_names(&golden, "CDS").contains("BlackHoleCluster"));
+        assert!(golden_names(&golden, "LDS").contains("virtualInbound"));
+        assert_eq!(
+            dumped_names(pod_ref, "dynamic_active_clusters", "cluster"),
+            golden_names(&golden, "CDS"),
+            "{} ({flavour}): Envoy's clusters",
+            case.display()
+        );
+        assert_eq!(
+            dumped_names(pod_ref, "dynamic_listeners", "active_state"),
+            golden_names(&golden, "LDS"),
+            "{} ({flavour}): Envoy's listeners",
+            case.display()
+        );
     }
 }
