@@ -51,18 +51,7 @@ async fn first_cert(ca: Arc<Ca>, alg: KeyAlgorithm, runs: usize) -> (Duration, D
             vec![],
             std::future::pending(),
         ));
-        let p = path.clone();
-        let channel = tonic::transport::Endpoint::from_static("http://sds")
-            .connect_with_connector(tower::service_fn(move |_| {
-                let p = p.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(p).await?,
-                    ))
-                }
-            }))
-            .await
-            .expect("connect");
+        let channel = sds::connect(path.clone()).await.expect("connect");
         let (req_tx, req_rx) = tokio::sync::mpsc::channel(1);
         req_tx
             .send(DiscoveryRequest {

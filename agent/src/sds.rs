@@ -354,6 +354,20 @@ pub async fn serve(
         .await
 }
 
+/// A gRPC channel to the SDS socket at `path`, as Envoy opens one (for tests and tools).
+pub async fn connect(
+    path: std::path::PathBuf,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    tonic::transport::Endpoint::from_static("http://sds")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let p = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(UnixStream::connect(p).await?))
+            }
+        }))
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,18 +433,7 @@ mod tests {
             std::future::pending(),
         ));
 
-        let p = path.clone();
-        let channel = tonic::transport::Endpoint::from_static("http://sds")
-            .connect_with_connector(tower::service_fn(move |_| {
-                let p = p.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(p).await?,
-                    ))
-                }
-            }))
-            .await
-            .unwrap();
+        let channel = connect(path.clone()).await.unwrap();
         let mut client = SecretDiscoveryServiceClient::new(channel);
         let (req_tx, req_rx) = mpsc::channel(8);
         let mut responses = client

@@ -535,6 +535,36 @@ impl TestCa {
         ]
     }
 
+    /// The command line of `istiod-core serve` for `config_dir` on `grpc_addr`, with this CA
+    /// and any `extra` flags.
+    pub fn serve_command(&self, config_dir: &Path, grpc_addr: &str, extra: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            binary("istiod-core").display().to_string(),
+            "serve".into(),
+            "--config-dir".into(),
+            config_dir.display().to_string(),
+            "--grpc-addr".into(),
+            grpc_addr.into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(self.serve_args());
+        args
+    }
+
+    /// Starts `serve_command` in `pod` as the process `istiod-core`.
+    pub fn spawn_control_plane(
+        &self,
+        pod: &mut Pod,
+        config_dir: &Path,
+        grpc_addr: &str,
+        extra: &[&str],
+    ) -> Result<()> {
+        let args = self.serve_command(config_dir, grpc_addr, extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        pod.spawn("istiod-core", 0, 0, &[], &args)?;
+        Ok(())
+    }
+
     /// The root certificate, once the server has created it.
     pub fn root_cert(&self) -> PathBuf {
         self.dir.join("root-cert.pem")

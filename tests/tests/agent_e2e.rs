@@ -30,7 +30,6 @@ fn readiness_follows_the_control_plane_and_config_edits() {
     std::fs::create_dir_all(&mesh).unwrap();
     std::fs::write(mesh.join("web.yaml"), SERVICE).unwrap();
     let agent = binary("pilot-agent");
-    let istiod = binary("istiod-core");
     let net_dir = net.dir().to_path_buf();
     let pod = &mut net.pods[idx];
     pod.spawn(
@@ -65,23 +64,10 @@ fn readiness_follows_the_control_plane_and_config_edits() {
         pod.logs()
     );
 
-    let mesh_arg = mesh.to_str().unwrap().to_string();
     let ca = TestCa::new(&net_dir.join("ca")).unwrap();
     ca.give_token(pod, "demo", "default").unwrap();
-    let mut args: Vec<String> = [
-        istiod.to_str().unwrap(),
-        "serve",
-        "--config-dir",
-        &mesh_arg,
-        "--grpc-addr",
-        "127.0.0.1:15010",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(ca.serve_args());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    pod.spawn("istiod-core", 0, 0, &[], &args).unwrap();
+    ca.spawn_control_plane(pod, &mesh, "127.0.0.1:15010", &[])
+        .unwrap();
     let became_ready = pod.wait_http_ok(ready, Duration::from_secs(60));
     assert!(became_ready.is_ok(), "{became_ready:?}\n{}", pod.logs());
 
@@ -167,29 +153,22 @@ fn remote_control_plane_over_tls_with_bearer_token() {
     let token = ca.token("demo", "default").unwrap();
     std::fs::write(certs.join("token"), format!("{token}\n")).unwrap();
     let path = |name: &str| certs.join(name).to_str().unwrap().to_string();
-    let istiod = binary("istiod-core");
     let agent = binary("pilot-agent");
     let pod = &mut net.pods[idx];
-    let mut args: Vec<String> = [
-        istiod.to_str().unwrap(),
-        "serve",
-        "--config-dir",
-        mesh.to_str().unwrap(),
-        "--grpc-addr",
+    ca.spawn_control_plane(
+        pod,
+        &mesh,
         "127.0.0.1:15012",
-        "--tls-cert",
-        &path("istiod.pem"),
-        "--tls-key",
-        &path("istiod-key.pem"),
-        "--token-file",
-        &path("token"),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(ca.serve_args());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    pod.spawn("istiod-core", 0, 0, &[], &args).unwrap();
+        &[
+            "--tls-cert",
+            &path("istiod.pem"),
+            "--tls-key",
+            &path("istiod-key.pem"),
+            "--token-file",
+            &path("token"),
+        ],
+    )
+    .unwrap();
     let root = path("root-cert.pem");
     pod.spawn(
         "pilot-agent",

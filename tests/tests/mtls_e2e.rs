@@ -397,19 +397,7 @@ fn ca_outage_during_rotation_keeps_traffic_and_recovers() {
     let ca = TestCa::new(&net.dir().join("ca")).unwrap();
     ca.give_token(&net.pods[0], NS, CLIENT_SA).unwrap();
     ca.give_token(&net.pods[1], NS, SERVER_SA).unwrap();
-    let istiod = binary("istiod-core");
-    let mut args: Vec<String> = vec![
-        istiod.to_str().unwrap().into(),
-        "serve".into(),
-        "--config-dir".into(),
-        config_dir.to_str().unwrap().into(),
-        "--grpc-addr".into(),
-        "0.0.0.0:15010".into(),
-    ];
-    args.extend(ca.serve_args());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    net.pods[cp_pod]
-        .spawn("istiod-core", 0, 0, &[], &args)
+    ca.spawn_control_plane(&mut net.pods[cp_pod], &config_dir, "0.0.0.0:15010", &[])
         .unwrap();
     let cp = ControlPlane::Remote("10.233.0.5:15010");
     let ttl = [("SECRET_TTL", "24s")];
@@ -449,8 +437,10 @@ fn ca_outage_during_rotation_keeps_traffic_and_recovers() {
 
     // The CA comes back: both agents renew before their certificates expire (24 s), and
     // traffic keeps flowing past that point.
+    let again = ca.serve_command(&config_dir, "0.0.0.0:15010", &[]);
+    let again: Vec<&str> = again.iter().map(String::as_str).collect();
     net.pods[cp_pod]
-        .spawn("istiod-core-2", 0, 0, &[], &args)
+        .spawn("istiod-core-2", 0, 0, &[], &again)
         .unwrap();
     let (attempts, failures) = traffic_while(&net.pods[0], Duration::from_secs(30), || {
         issued.elapsed() > Duration::from_secs(27)

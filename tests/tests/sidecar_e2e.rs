@@ -355,25 +355,10 @@ fn control_plane_restart_fails_no_request() {
         www.to_str().unwrap(),
     ]);
     let cp = net.add_pod("cp", 4).unwrap();
-    let istiod = binary("istiod-core");
     let ca = harness::TestCa::new(&net.dir().join("ca")).unwrap();
     ca.give_token(&net.pods[0], NAMESPACE, "sleep").unwrap();
     ca.give_token(&net.pods[1], NAMESPACE, "httpbin").unwrap();
-    let mut cp_args: Vec<String> = [
-        istiod.to_str().unwrap(),
-        "serve",
-        "--config-dir",
-        config_dir.to_str().unwrap(),
-        "--grpc-addr",
-        "0.0.0.0:15010",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    cp_args.extend(ca.serve_args());
-    let cp_args: Vec<&str> = cp_args.iter().map(String::as_str).collect();
-    net.pods[cp]
-        .spawn("istiod-core", 0, 0, &[], &cp_args)
+    ca.spawn_control_plane(&mut net.pods[cp], &config_dir, "0.0.0.0:15010", &[])
         .unwrap();
     start_agent_with(
         &mut net.pods[0],
@@ -430,8 +415,10 @@ fn control_plane_restart_fails_no_request() {
         .signal(nix::sys::signal::Signal::SIGKILL)
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
+    let again = ca.serve_command(&config_dir, "0.0.0.0:15010", &[]);
+    let again: Vec<&str> = again.iter().map(String::as_str).collect();
     net.pods[cp]
-        .spawn("istiod-core-2", 0, 0, &[], &cp_args)
+        .spawn("istiod-core-2", 0, 0, &[], &again)
         .unwrap();
     let codes = load.join().unwrap();
     let _ = std::fs::remove_dir_all(&www);
