@@ -323,9 +323,10 @@ fn dumped_names(pod: &Pod, resource: &str, field: &str) -> std::collections::BTr
 }
 
 /// Every golden config of istiod-core's generator tests, served to a real Envoy through the
-/// agent over Delta and over state-of-the-world xDS: Envoy accepts all of it (CDS and LDS
-/// updated, nothing rejected), becomes ready, and its config_dump holds exactly the golden's
-/// clusters and listeners.
+/// agent over Delta and over state-of-the-world xDS from its embedded control plane, and over
+/// Delta from `istiod-core serve`: Envoy accepts all of it (CDS and LDS updated, nothing
+/// rejected), becomes ready, and its config_dump holds exactly the golden's clusters and
+/// listeners.
 #[test]
 fn envoy_accepts_every_golden_config() {
     if !require_root("envoy_accepts_every_golden_config")
@@ -343,10 +344,15 @@ fn envoy_accepts_every_golden_config() {
     cases.sort();
     assert!(cases.len() >= 6);
     let agent = binary("pilot-agent");
-    let runs = cases
-        .iter()
-        .flat_map(|c| [(c.clone(), "true"), (c.clone(), "false")]);
-    for (case, delta) in runs {
+    // (case, Delta xDS, through `istiod-core serve` rather than the embedded control plane)
+    let runs = cases.iter().flat_map(|c| {
+        [
+            (c.clone(), "true", false),
+            (c.clone(), "false", false),
+            (c.clone(), "true", true),
+        ]
+    });
+    for (case, delta, remote) in runs {
         let text = std::fs::read_to_string(&case).unwrap();
         let golden = std::fs::read_to_string(case.with_extension("golden")).unwrap();
         // `# proxy: sidecar~IP~POD.NS~NS.svc.cluster.local`
@@ -359,7 +365,18 @@ fn envoy_accepts_every_golden_config() {
         let mesh = net.dir().join("mesh");
         std::fs::create_dir_all(&mesh).unwrap();
         std::fs::copy(&case, mesh.join("mesh.yaml")).unwrap();
+        let ca = TestCa::new(&net.dir().join("ca")).unwrap();
         let pod_ref = &mut net.pods[idx];
+        let mut args = vec![agent.to_str().unwrap(), "proxy", "sidecar"];
+        let proxy_config = if remote {
+            ca.give_token(pod_ref, ns, "web").unwrap();
+            ca.spawn_control_plane(pod_ref, &mesh, "127.0.0.1:15010", &[])
+                .unwrap();
+            "{\"terminationDrainDuration\": \"0s\", \"discoveryAddress\": \"127.0.0.1:15010\"}"
+        } else {
+            args.extend(["--configDir", mesh.to_str().unwrap()]);
+            "{\"terminationDrainDuration\": \"0s\"}"
+        };
         pod_ref
             .spawn(
                 "pilot-agent",
@@ -371,15 +388,9 @@ fn envoy_accepts_every_golden_config() {
                     ("INSTANCE_IP", ip),
                     ("SERVICE_ACCOUNT", "web"),
                     ("ISTIO_DELTA_XDS", delta),
-                    ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"0s\"}"),
+                    ("PROXY_CONFIG", proxy_config),
                 ],
-                &[
-                    agent.to_str().unwrap(),
-                    "proxy",
-                    "sidecar",
-                    "--configDir",
-                    mesh.to_str().unwrap(),
-                ],
+                &args,
             )
             .unwrap();
         let ready = pod_ref.wait_http_ok(
@@ -413,7 +424,11 @@ fn envoy_accepts_every_golden_config() {
                 case.display()
             );
         }
-        let flavour = if delta == "true" { "delta" } else { "sotw" };
+        let flavour = match (delta, remote) {
+            (_, true) => "delta from istiod-core serve",
+            ("true", _) => "delta",
+            _ => "sotw",
+        };
         assert!(golden_names(&golden, "CDS").contains("BlackHoleCluster"));
         assert!(golden_names(&golden, "LDS").contains("virtualInbound"));
         assert_eq!(
