@@ -223,6 +223,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let debounce = istiod_core::Debounce::from_env(&|k| std::env::var(k).ok())
         .map_err(|e| anyhow::anyhow!(e))?;
     tokio::spawn(cp.clone().watch(debounce));
+    if std::env::var("ISTIOD_CACHE_CHECK").is_ok_and(|v| v == "true" || v == "1") {
+        tracing::warn!("ISTIOD_CACHE_CHECK: every cached resource is generated again and compared");
+        istiod_core::push_context::set_cache_check(true);
+    }
     cp.auto_registration().set_grace(
         istiod_core::autoregister::grace_from_env(&|k| std::env::var(k).ok())
             .map_err(|e| anyhow::anyhow!(e))?,

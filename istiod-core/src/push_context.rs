@@ -79,6 +79,41 @@ pub struct GenCache {
     pub scopes: std::sync::Mutex<ScopeMemo>,
 }
 
+/// Checked mode of the generator cache (`ISTIOD_CACHE_CHECK=true`, or `set_cache_check` in
+/// tests): every read of a cached resource generates it again and panics, naming the entry,
+/// if the value differs. An entry's key is (snapshot, name) and its value must depend on the
+/// snapshot alone; this catches a generator that reads anything else (the proxy, the clock)
+/// or encodes nondeterministically (map order).
+static CACHE_CHECK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_cache_check(on: bool) {
+    CACHE_CHECK.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn cache_check() -> bool {
+    CACHE_CHECK.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+impl GenCache {
+    /// `cell`'s value, made by `make` on first use (see `CACHE_CHECK` for the checked mode).
+    pub fn get<'a, T: PartialEq>(
+        &self,
+        cell: &'a std::sync::OnceLock<T>,
+        entry: &str,
+        make: impl Fn() -> T,
+    ) -> &'a T {
+        let mut made_now = false;
+        let value = cell.get_or_init(|| {
+            made_now = true;
+            make()
+        });
+        if !made_now && cache_check() && make() != *value {
+            panic!("generator cache: entry {entry} was written again with a different value");
+        }
+        value
+    }
+}
+
 impl Clone for GenCache {
     /// A copied snapshot starts with an empty cache (it may be modified).
     fn clone(&self) -> Self {
@@ -655,6 +690,29 @@ spec:
             push("").inbound_mtls("x", &BTreeMap::new()).default,
             MtlsMode::Permissive
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "entry counter was written again with a different value")]
+    fn checked_cache_fails_loudly_on_a_different_value() {
+        set_cache_check(true);
+        let cache = GenCache::default();
+        let cell = std::sync::OnceLock::new();
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let make = || calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(*cache.get(&cell, "counter", make), 0);
+        // A generator whose value is not a function of the snapshot alone.
+        cache.get(&cell, "counter", make);
+    }
+
+    #[test]
+    fn checked_cache_passes_a_stable_value() {
+        set_cache_check(true);
+        let cache = GenCache::default();
+        let cell = std::sync::OnceLock::new();
+        for _ in 0..3 {
+            assert_eq!(cache.get(&cell, "stable", || vec![1, 2, 3]), &vec![1, 2, 3]);
+        }
     }
 
     #[test]

@@ -43,6 +43,10 @@ fn render(yaml_path: &Path) -> String {
     let push = PushContext::build(Arc::new(set), "cluster.local", "golden".into()).unwrap();
     let clusters = cds::generate(&push, &proxy);
     let listeners = lds::generate(&push, &proxy);
+    // A second proxy's read of the shared resources, in the cache's checked mode: each is
+    // generated again and must come out the same.
+    assert_eq!(cds::generate(&push, &proxy), clusters);
+    assert_eq!(lds::generate(&push, &proxy), listeners);
     let eds_names: Vec<String> = clusters
         .iter()
         .filter(|n| {
@@ -63,17 +67,15 @@ fn render(yaml_path: &Path) -> String {
     writeln!(out, "### CDS").unwrap();
     out.push_str(&show::<Cluster>(&clusters));
     writeln!(out, "### EDS").unwrap();
-    out.push_str(&show::<ClusterLoadAssignment>(&eds::generate(
-        &push, &eds_names,
-    )));
+    let assignments = eds::generate(&push, &eds_names);
+    assert_eq!(eds::generate(&push, &eds_names), assignments);
+    out.push_str(&show::<ClusterLoadAssignment>(&assignments));
     writeln!(out, "### LDS").unwrap();
     out.push_str(&show::<Listener>(&listeners));
     writeln!(out, "### RDS").unwrap();
-    out.push_str(&show::<RouteConfiguration>(&rds::generate(
-        &push,
-        &proxy,
-        &route_names,
-    )));
+    let routes = rds::generate(&push, &proxy, &route_names);
+    assert_eq!(rds::generate(&push, &proxy, &route_names), routes);
+    out.push_str(&show::<RouteConfiguration>(&routes));
     writeln!(out, "### NDS").unwrap();
     for n in nds::generate(&push, &proxy) {
         let table = istio_proto::nds::NameTable::decode(n.resource.value.as_slice()).unwrap();
@@ -88,6 +90,7 @@ fn render(yaml_path: &Path) -> String {
 
 #[test]
 fn generated_config_matches_goldens() {
+    istiod_core::push_context::set_cache_check(true);
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
     let mut cases: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()

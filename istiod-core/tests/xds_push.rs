@@ -38,6 +38,9 @@ struct Client {
 
 impl Client {
     fn new(server: &istiod_core::xds_server::XdsServer, ip: &str) -> Client {
+        // Every proxy after the first reads the shared resources: check them (see
+        // push_context::CACHE_CHECK).
+        istiod_core::push_context::set_cache_check(true);
         let (tx, rx) = mpsc::channel(16);
         let responses = server.stream(ReceiverStream::new(rx));
         Client {

@@ -76,8 +76,9 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     let mut out = match push.sidecar_scope(proxy) {
         None => push
             .cache
-            .outbound_clusters
-            .get_or_init(|| outbound(push, &|_, _| true))
+            .get(&push.cache.outbound_clusters, "outbound clusters", || {
+                outbound(push, &|_, _| true)
+            })
             .clone(),
         Some(scope) => outbound(push, &|s, p| scope.sees_port(s, p)),
     };

@@ -46,15 +46,17 @@ fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment
 
 /// The requested assignments; an unknown cluster gets an empty assignment so Envoy stops waiting.
 pub fn generate(push: &PushContext, names: &[impl AsRef<str>]) -> Vec<Named> {
-    let all = push.cache.endpoints.get_or_init(|| {
-        push.clusters
-            .keys()
-            .filter_map(|name| {
-                let cla = assignment(push, name)?;
-                Some((name.clone(), Named::new(name.clone(), pack_any(cla))))
-            })
-            .collect()
-    });
+    let all = push
+        .cache
+        .get(&push.cache.endpoints, "endpoint assignments", || {
+            push.clusters
+                .keys()
+                .filter_map(|name| {
+                    let cla = assignment(push, name)?;
+                    Some((name.clone(), Named::new(name.clone(), pack_any(cla))))
+                })
+                .collect()
+        });
     names
         .iter()
         .map(|name| {

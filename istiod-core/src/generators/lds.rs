@@ -471,8 +471,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     let mut out = match push.sidecar_scope(proxy) {
         None => push
             .cache
-            .outbound_listeners
-            .get_or_init(|| {
+            .get(&push.cache.outbound_listeners, "outbound listeners", || {
                 let mut shared: Vec<Named> = outbound_listeners(push, &|_, _| true)
                     .into_iter()
                     .map(named)

@@ -115,33 +115,35 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
             })
             .collect();
     }
-    let all = push.cache.routes.get_or_init(|| {
-        let mut ports: Vec<u16> = push
-            .services
-            .iter()
-            .flat_map(|s| {
-                s.ports
-                    .iter()
-                    .filter(|p| p.protocol.is_http())
-                    .map(|p| p.port)
-            })
-            .collect();
-        ports.sort_unstable();
-        ports.dedup();
-        ports
-            .into_iter()
-            .map(|p| {
-                let name = p.to_string();
-                let resource = pack_any(route_config(
-                    push,
-                    &name,
-                    &|_, _| true,
-                    push.mesh_registry_only(),
-                ));
-                (name.clone(), Named::new(name, resource))
-            })
-            .collect()
-    });
+    let all = push
+        .cache
+        .get(&push.cache.routes, "route configurations", || {
+            let mut ports: Vec<u16> = push
+                .services
+                .iter()
+                .flat_map(|s| {
+                    s.ports
+                        .iter()
+                        .filter(|p| p.protocol.is_http())
+                        .map(|p| p.port)
+                })
+                .collect();
+            ports.sort_unstable();
+            ports.dedup();
+            ports
+                .into_iter()
+                .map(|p| {
+                    let name = p.to_string();
+                    let resource = pack_any(route_config(
+                        push,
+                        &name,
+                        &|_, _| true,
+                        push.mesh_registry_only(),
+                    ));
+                    (name.clone(), Named::new(name, resource))
+                })
+                .collect()
+        });
     names
         .iter()
         .map(|n| {
