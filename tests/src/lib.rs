@@ -282,6 +282,12 @@ impl Pod {
             .current_dir(&self.dir)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
+            // The test run's choice of the control plane's checked cache (scripts/test.sh).
+            .envs(
+                std::env::var("ISTIOD_CACHE_CHECK")
+                    .ok()
+                    .map(|v| ("ISTIOD_CACHE_CHECK", v)),
+            )
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
