@@ -277,12 +277,24 @@ impl ControlPlane {
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        let mut push = build(
-            &self.store,
-            &self.domain_suffix,
-            &self.trust_domain,
-            generation,
-        )?;
+        // A file rewritten while it was read may have been read half-written (an editor or
+        // `cp` truncates first): when the files differ before and after the read, read again.
+        let files = || files_fingerprint(self.config_dir.as_deref(), self.mesh_file.as_deref());
+        let mut tries = 0;
+        let mut push = loop {
+            let before = files();
+            let built = build(
+                &self.store,
+                &self.domain_suffix,
+                &self.trust_domain,
+                generation,
+            );
+            tries += 1;
+            if tries == 5 || files() == before {
+                break built?;
+            }
+            tracing::debug!("config files changed while being read; reading again");
+        };
         let old = self.tx.borrow().clone();
         if !push.same_content(&old) {
             push.generation = old.generation + 1;
