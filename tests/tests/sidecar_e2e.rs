@@ -13,8 +13,9 @@ const NAMESPACE: &str = "demo";
 const VIP: &str = "10.234.0.10";
 const PORT: u16 = 8000;
 
-fn mesh_config(dir: &Path, server_ip: &str) {
-    let yaml = format!(
+/// The httpbin service of the server pod.
+fn httpbin_mesh(server_ip: &str) -> String {
+    format!(
         r#"apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {{name: httpbin, namespace: {NAMESPACE}}}
@@ -31,12 +32,30 @@ kind: WorkloadEntry
 metadata: {{name: httpbin-1, namespace: {NAMESPACE}}}
 spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}}
 "#
-    );
-    std::fs::write(dir.join("mesh.yaml"), yaml).unwrap();
+    )
 }
 
 fn capture(pod: &Pod) {
     harness::istio_iptables(pod, &["--log_output_level=default:info"]).unwrap();
+}
+
+/// A client pod (10.233.0.2, index 0) and a server pod (10.233.0.3, index 1), both with capture
+/// on, and a config directory holding `mesh(server_ip)`.
+fn two_pods(mesh: impl FnOnce(&str) -> String) -> (Network, std::path::PathBuf) {
+    let mut net = Network::new().unwrap();
+    net.add_pod("client", 2).unwrap();
+    net.add_pod("server", 3).unwrap();
+    let config_dir = net.dir().join("mesh");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    std::fs::write(
+        config_dir.join("mesh.yaml"),
+        mesh(&net.pods[1].ip.to_string()),
+    )
+    .unwrap();
+    for pod in &net.pods {
+        capture(pod);
+    }
+    (net, config_dir)
 }
 
 /// Waits (5 s at most) for an Envoy counter to reach 1: Envoy counts a request when its
@@ -142,20 +161,13 @@ fn request_passes_through_both_sidecars() {
     {
         return;
     }
-    let mut net = Network::new().unwrap();
-    let client = net.add_pod("client", 2).unwrap();
-    let server = net.add_pod("server", 3).unwrap();
-    let config_dir = net.dir().join("mesh");
-    std::fs::create_dir_all(&config_dir).unwrap();
-    mesh_config(&config_dir, &net.pods[server].ip.to_string());
+    let (mut net, config_dir) = two_pods(httpbin_mesh);
+    let (client, server) = (0, 1);
 
     // The app: serves a file with a token only this test knows.
     let token = format!("token-{}", std::process::id());
     serve_page(&mut net.pods[server], "0.0.0.0", PORT, &token);
 
-    for idx in [client, server] {
-        capture(&net.pods[idx]);
-    }
     // The client speaks state-of-the-world xDS, the server Delta: both paths are exercised.
     start_agent(&mut net.pods[client], "sleep", &config_dir, false);
     start_agent(&mut net.pods[server], "httpbin", &config_dir, true);
@@ -239,18 +251,10 @@ fn request_passes_through_both_sidecars() {
 
 /// A two-pod mesh (client 10.233.0.2, server 10.233.0.3 with `app` on :8000) with capture on.
 fn mesh(app: &[&str]) -> (Network, std::path::PathBuf) {
-    let mut net = Network::new().unwrap();
-    net.add_pod("client", 2).unwrap();
-    net.add_pod("server", 3).unwrap();
-    let config_dir = net.dir().join("mesh");
-    std::fs::create_dir_all(&config_dir).unwrap();
-    mesh_config(&config_dir, &net.pods[1].ip.to_string());
+    let (mut net, config_dir) = two_pods(httpbin_mesh);
     net.pods[1]
         .spawn("app", APP_UID, APP_UID, &[], app)
         .unwrap();
-    for idx in [0, 1] {
-        capture(&net.pods[idx]);
-    }
     (net, config_dir)
 }
 
@@ -561,14 +565,7 @@ fn sidecar_ingress_reaches_an_app_bound_to_loopback() {
         return;
     }
     const INGRESS_PORT: u16 = 9080;
-    let mut net = Network::new().unwrap();
-    let client = net.add_pod("client", 2).unwrap();
-    let server = net.add_pod("server", 3).unwrap();
-    let config_dir = net.dir().join("mesh");
-    std::fs::create_dir_all(&config_dir).unwrap();
-    let server_ip = net.pods[server].ip.to_string();
-    std::fs::write(
-        config_dir.join("mesh.yaml"),
+    let (mut net, config_dir) = two_pods(|server_ip| {
         format!(
             r#"kind: ServiceEntry
 metadata: {{name: httpbin, namespace: {NAMESPACE}}}
@@ -592,13 +589,10 @@ spec:
   egress:
   - hosts: ["./*"]
 "#
-        ),
-    )
-    .unwrap();
+        )
+    });
+    let (client, server) = (0, 1);
     serve_page(&mut net.pods[server], "127.0.0.1", 8080, "loopback app");
-    for idx in [client, server] {
-        capture(&net.pods[idx]);
-    }
     start_agent(&mut net.pods[client], "sleep", &config_dir, true);
     start_agent(&mut net.pods[server], "httpbin", &config_dir, true);
     wait_ready(&net);
@@ -625,14 +619,7 @@ fn undeclared_ports_carry_http_and_tcp() {
         return;
     }
     const LINE_PORT: u16 = 9000;
-    let mut net = Network::new().unwrap();
-    let client = net.add_pod("client", 2).unwrap();
-    let server = net.add_pod("server", 3).unwrap();
-    let config_dir = net.dir().join("mesh");
-    std::fs::create_dir_all(&config_dir).unwrap();
-    let server_ip = net.pods[server].ip.to_string();
-    std::fs::write(
-        config_dir.join("mesh.yaml"),
+    let (mut net, config_dir) = two_pods(|server_ip| {
         format!(
             r#"kind: ServiceEntry
 metadata: {{name: app, namespace: {NAMESPACE}}}
@@ -646,9 +633,9 @@ kind: WorkloadEntry
 metadata: {{name: app-1, namespace: {NAMESPACE}}}
 spec: {{address: {server_ip}, labels: {{app: app}}, serviceAccount: app}}
 "#
-        ),
-    )
-    .unwrap();
+        )
+    });
+    let (client, server) = (0, 1);
     let probe = binary("netprobe");
     let probe = probe.to_str().unwrap();
     serve_page(&mut net.pods[server], "0.0.0.0", PORT, "sniffed http");
@@ -661,9 +648,6 @@ spec: {{address: {server_ip}, labels: {{app: app}}, serviceAccount: app}}
             &[probe, "line-echo", &LINE_PORT.to_string()],
         )
         .unwrap();
-    for idx in [client, server] {
-        capture(&net.pods[idx]);
-    }
     start_agent(&mut net.pods[client], "sleep", &config_dir, true);
     start_agent(&mut net.pods[server], "app", &config_dir, true);
     wait_ready(&net);
