@@ -149,16 +149,11 @@ where
 /// verified one.
 fn caller<B>(req: &http::Request<B>) -> Caller {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
-    let identity = req
-        .extensions()
-        .get::<TlsConnectInfo<TcpConnectInfo>>()
-        .and_then(|info| info.peer_certs())
-        .and_then(|certs| {
-            certs
-                .first()
-                .and_then(|leaf| crate::ca_server::identity_of_client_cert(leaf.as_ref()).ok())
-        });
-    Caller::Peer(identity)
+    Caller::peer(
+        req.extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .and_then(|info| info.peer_certs()),
+    )
 }
 
 fn grpc_response(body: tonic::body::Body) -> http::Response<tonic::body::Body> {

@@ -39,6 +39,13 @@ pub enum Caller {
     Peer(Option<Identity>),
 }
 
+impl Caller {
+    /// A network peer, by the certificate chain its TLS connection verified.
+    pub fn peer(certs: Option<Arc<Vec<tonic::transport::CertificateDer<'static>>>>) -> Caller {
+        Caller::Peer(crate::ca_server::peer_identity(certs).and_then(Result::ok))
+    }
+}
+
 type Key = (String, String);
 
 /// The registrations of one control plane.

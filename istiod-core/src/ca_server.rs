@@ -131,8 +131,18 @@ impl JwtAuthenticator {
     }
 }
 
+/// The SPIFFE identity of the client certificate the TLS layer verified, from the peer chain
+/// (leaf first) it hands over; `None` when the peer showed none.
+pub(crate) fn peer_identity(
+    certs: Option<std::sync::Arc<Vec<tonic::transport::CertificateDer<'static>>>>,
+) -> Option<Result<Identity, String>> {
+    certs?
+        .first()
+        .map(|leaf| identity_of_client_cert(leaf.as_ref()))
+}
+
 /// The SPIFFE identity of a client certificate the TLS layer has verified: its only URI SAN.
-pub(crate) fn identity_of_client_cert(der: &[u8]) -> Result<Identity, String> {
+fn identity_of_client_cert(der: &[u8]) -> Result<Identity, String> {
     use x509_parser::prelude::{FromDer, X509Certificate};
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| e.to_string())?;
     let uris = crate::ca::uri_sans(&cert);
@@ -178,8 +188,8 @@ impl IstioCertificateService for CaService {
                 .map_err(|why| Status::unauthenticated(format!("token rejected: {why}")))?,
             // A mesh client certificate (verified against our root by the TLS layer) renews
             // the identity it already has.
-            None => match request.peer_certs().as_deref().and_then(|c| c.first()) {
-                Some(leaf) => identity_of_client_cert(leaf.as_ref())
+            None => match peer_identity(request.peer_certs()) {
+                Some(identity) => identity
                     .map_err(|why| Status::unauthenticated(format!("client certificate: {why}")))?,
                 None => {
                     return Err(Status::unauthenticated(

@@ -864,7 +864,7 @@ impl AggregatedDiscoveryService for AdsService {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let caller = peer(&request);
+        let caller = Caller::peer(request.peer_certs());
         let out = self.server.stream_wire_from(request.into_inner(), caller);
         Ok(Response::new(Box::pin(out.map(decoded))))
     }
@@ -873,23 +873,12 @@ impl AggregatedDiscoveryService for AdsService {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let caller = peer(&request);
+        let caller = Caller::peer(request.peer_certs());
         let out = self
             .server
             .delta_stream_wire_from(request.into_inner(), caller);
         Ok(Response::new(Box::pin(out.map(decoded))))
     }
-}
-
-/// A tonic request's peer, by its verified client certificate.
-fn peer<T>(request: &Request<T>) -> Caller {
-    Caller::Peer(
-        request
-            .peer_certs()
-            .as_deref()
-            .and_then(|c| c.first())
-            .and_then(|leaf| crate::ca_server::identity_of_client_cert(leaf.as_ref()).ok()),
-    )
 }
 
 /// A gRPC interceptor that, given a token, admits only streams carrying
