@@ -34,17 +34,22 @@ fn base(name: String, kind: cluster::DiscoveryType) -> Cluster {
     }
 }
 
-fn original_dst(name: String, bind_to: Option<&str>) -> Cluster {
-    Cluster {
-        lb_policy: cluster::LbPolicy::ClusterProvided as i32,
-        upstream_bind_config: bind_to.map(|ip| BindConfig {
-            source_address: Some(SocketAddress {
-                address: ip.to_string(),
-                port_specifier: Some(PortSpecifier::PortValue(0)),
-                ..Default::default()
-            }),
+/// Connections leave from `ip` (any port).
+fn bind_to(ip: &str) -> BindConfig {
+    BindConfig {
+        source_address: Some(SocketAddress {
+            address: ip.to_string(),
+            port_specifier: Some(PortSpecifier::PortValue(0)),
             ..Default::default()
         }),
+        ..Default::default()
+    }
+}
+
+fn original_dst(name: String, bind: Option<&str>) -> Cluster {
+    Cluster {
+        lb_policy: cluster::LbPolicy::ClusterProvided as i32,
+        upstream_bind_config: bind.map(bind_to),
         ..base(name, cluster::DiscoveryType::OriginalDst)
     }
 }
@@ -173,26 +178,24 @@ fn ingress_endpoint(name: String, proxy: &Proxy, to: &IngressEndpoint) -> Cluste
             None,
         ),
     };
-    let mut c = original_dst(name.clone(), bind);
-    c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
-        cluster::DiscoveryType::Static as i32,
-    ));
-    c.lb_policy = cluster::LbPolicy::RoundRobin as i32;
-    c.load_assignment = Some(ClusterLoadAssignment {
-        cluster_name: name,
-        endpoints: vec![LocalityLbEndpoints {
-            lb_endpoints: vec![LbEndpoint {
-                host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-                    address: Some(target),
+    Cluster {
+        upstream_bind_config: bind.map(bind_to),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: name.clone(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![LbEndpoint {
+                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                        address: Some(target),
+                        ..Default::default()
+                    })),
                     ..Default::default()
-                })),
+                }],
                 ..Default::default()
             }],
             ..Default::default()
-        }],
-        ..Default::default()
-    });
-    c
+        }),
+        ..base(name, cluster::DiscoveryType::Static)
+    }
 }
 
 fn own(push: &PushContext, proxy: &Proxy) -> Vec<Named> {

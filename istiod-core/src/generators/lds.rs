@@ -105,21 +105,33 @@ const SNIFFED_HTTP: [&str; 3] = ["http/1.0", "http/1.1", "h2c"];
 /// ALPN a peer sidecar offers for HTTP over Istio mTLS (Istio's client ALPN for HTTP).
 const MTLS_HTTP: [&str; 3] = ["istio-http/1.0", "istio-http/1.1", "istio-h2"];
 
-/// An HTTP connection manager that sends every request to `cluster` (a sniffed port has no
-/// route configuration of its own).
-fn direct_hcm(stat_prefix: String, cluster: &str) -> Filter {
-    let routes = http_connection_manager::RouteSpecifier::RouteConfig(RouteConfiguration {
+/// An inline route configuration that sends every request to `cluster` through one virtual
+/// host named `vhost` (inbound ports and sniffed outbound ports have no RDS of their own).
+fn all_to(cluster: &str, vhost: String) -> http_connection_manager::RouteSpecifier {
+    http_connection_manager::RouteSpecifier::RouteConfig(RouteConfiguration {
         name: cluster.to_string(),
         virtual_hosts: vec![VirtualHost {
-            name: cluster.to_string(),
+            name: vhost,
             domains: vec!["*".to_string()],
             routes: vec![route_to(cluster.to_string())],
             ..Default::default()
         }],
         validate_clusters: Some(BoolValue { value: false }),
         ..Default::default()
-    });
-    hcm_filter(stat_prefix, routes)
+    })
+}
+
+/// What an inbound filter chain matches: the original destination port (any when `None`),
+/// the transport and the application protocols (any when empty).
+fn inbound_match(port: Option<u16>, transport: &str, protocols: &[&str]) -> FilterChainMatch {
+    FilterChainMatch {
+        destination_port: port.map(|p| UInt32Value {
+            value: u32::from(p),
+        }),
+        transport_protocol: transport.to_string(),
+        application_protocols: protocols.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
 }
 
 fn chain(name: &str, filters: Vec<Filter>) -> FilterChain {
@@ -167,7 +179,10 @@ fn outbound_listeners(
                         }),
                         ..chain(
                             &format!("{cluster}-http"),
-                            vec![direct_hcm(format!("outbound_{name}"), &cluster)],
+                            vec![hcm_filter(
+                                format!("outbound_{name}"),
+                                all_to(&cluster, cluster.clone()),
+                            )],
                         )
                     };
                     out.push(Listener {
@@ -235,14 +250,7 @@ fn inbound_chains(
     filter: &dyn Fn(bool) -> Filter,
     alpn: &[&str],
 ) -> Vec<FilterChain> {
-    let matching = |transport: &str, alpn: &[&str]| FilterChainMatch {
-        destination_port: port.map(|p| UInt32Value {
-            value: u32::from(p),
-        }),
-        transport_protocol: transport.to_string(),
-        application_protocols: alpn.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    };
+    let matching = |transport: &str, alpn: &[&str]| inbound_match(port, transport, alpn);
     let mtls = || FilterChain {
         filter_chain_match: Some(matching("tls", &tls::ALPN_INBOUND_MATCH)),
         transport_socket: Some(tls::inbound_mtls_socket(alpn)),
@@ -269,14 +277,8 @@ fn sniffed_inbound_chains(
     mode: MtlsMode,
     cluster: &str,
 ) -> Vec<FilterChain> {
-    let matching = |transport: &str, protocols: &[&str]| FilterChainMatch {
-        destination_port: Some(UInt32Value {
-            value: u32::from(port),
-        }),
-        transport_protocol: transport.to_string(),
-        application_protocols: protocols.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    };
+    let matching =
+        |transport: &str, protocols: &[&str]| inbound_match(Some(port), transport, protocols);
     let tcp = || tcp_proxy_filter(cluster, cluster);
     let mtls = || {
         vec![
@@ -322,18 +324,10 @@ fn sniffed_inbound_chains(
 }
 
 fn inbound_hcm(port: u16, cluster: &str, mtls: bool) -> Filter {
-    let routes = http_connection_manager::RouteSpecifier::RouteConfig(RouteConfiguration {
-        name: cluster.to_string(),
-        virtual_hosts: vec![VirtualHost {
-            name: format!("inbound|http|{port}"),
-            domains: vec!["*".to_string()],
-            routes: vec![route_to(cluster.to_string())],
-            ..Default::default()
-        }],
-        validate_clusters: Some(BoolValue { value: false }),
-        ..Default::default()
-    });
-    let mut hcm = hcm(format!("inbound_{WILDCARD}_{port}"), routes);
+    let mut hcm = hcm(
+        format!("inbound_{WILDCARD}_{port}"),
+        all_to(cluster, format!("inbound|http|{port}")),
+    );
     // The app sees exactly the verified peer in x-forwarded-client-cert; a header the client
     // sent itself is dropped (Istio appends to it, so a client could prefix a forged entry).
     if mtls {
