@@ -109,6 +109,21 @@ pub fn subset_cluster_name(port: u16, subset: &str, hostname: &str) -> String {
     format!("outbound|{port}|{subset}|{hostname}")
 }
 
+/// The outbound clusters of `port` of `hostname`: the service's own (`None`) and one per
+/// subset (its index in `subsets`).
+pub fn port_clusters<'a>(
+    port: u16,
+    hostname: &'a str,
+    subsets: &'a [Subset],
+) -> impl Iterator<Item = (Option<usize>, String)> + 'a {
+    std::iter::once((None, outbound_cluster_name(port, hostname))).chain(
+        subsets
+            .iter()
+            .enumerate()
+            .map(move |(i, s)| (Some(i), subset_cluster_name(port, &s.name, hostname))),
+    )
+}
+
 /// A DestinationRule subset: the endpoints of a service that carry all of `labels`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Subset {

@@ -342,20 +342,13 @@ impl PushContext {
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             for (pi, p) in s.ports.iter().enumerate() {
-                let at = |subset| ClusterRef {
-                    service: si,
-                    port: pi,
-                    subset,
-                };
-                clusters.insert(
-                    crate::model::outbound_cluster_name(p.port, &s.hostname),
-                    at(None),
-                );
-                for (i, subset) in own.iter().enumerate() {
-                    clusters.insert(
-                        crate::model::subset_cluster_name(p.port, &subset.name, &s.hostname),
-                        at(Some(i)),
-                    );
+                for (subset, name) in crate::model::port_clusters(p.port, &s.hostname, own) {
+                    let at = ClusterRef {
+                        service: si,
+                        port: pi,
+                        subset,
+                    };
+                    clusters.insert(name, at);
                 }
             }
         }

@@ -448,13 +448,13 @@ fn push_types<C: StreamState>(
         .iter()
         .filter(|s| hosts.contains(&s.hostname))
         .flat_map(|s| {
-            let subsets = push.subsets.get(&s.hostname);
+            let subsets = push
+                .subsets
+                .get(&s.hostname)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
             s.ports.iter().flat_map(move |p| {
-                std::iter::once(crate::model::outbound_cluster_name(p.port, &s.hostname)).chain(
-                    subsets.into_iter().flatten().map(move |sub| {
-                        crate::model::subset_cluster_name(p.port, &sub.name, &s.hostname)
-                    }),
-                )
+                crate::model::port_clusters(p.port, &s.hostname, subsets).map(|(_, name)| name)
             })
         })
         .collect();
@@ -816,26 +816,38 @@ impl DeltaConnection {
         let names: Vec<Arc<str>> = watch.names.iter().cloned().collect();
         let generated = generate(push, proxy, type_url, &names)?;
         let wanted = |name: &str| watch.wildcard || watch.names.contains(name);
-        let mut resources = Vec::new();
-        let mut present = std::collections::HashSet::new();
-        for named in generated.into_iter().filter(|n| wanted(&n.name)) {
-            let name = intern::intern(&named.name);
-            present.insert(name.clone());
-            let version = resource_version(&named.resource);
-            if watch.sent.get(&name) != Some(&Some(version)) {
-                watch.sent.insert(name, Some(version));
-                resources.push((named.name, format!("{version:016x}"), named.resource));
-            }
-        }
-        let mut removed: Vec<Arc<str>> = watch
-            .sent
-            .keys()
-            .filter(|n| !present.contains(*n))
-            .cloned()
-            .collect();
+        let generated: Vec<generators::Named> =
+            generated.into_iter().filter(|n| wanted(&n.name)).collect();
+        // What Envoy holds and we no longer generate goes away.
+        let mut removed: Vec<Arc<str>> = {
+            let present: std::collections::HashSet<&str> =
+                generated.iter().map(|n| n.name.as_str()).collect();
+            watch
+                .sent
+                .keys()
+                .filter(|n| !present.contains(&***n))
+                .cloned()
+                .collect()
+        };
         removed.sort();
         for name in &removed {
             watch.sent.remove(name);
+        }
+        // Only what changed is sent. A name is interned when Envoy first gets it, not on
+        // every push.
+        let mut resources = Vec::new();
+        for named in generated {
+            let version = resource_version(&named.resource);
+            match watch.sent.get_mut(named.name.as_str()) {
+                Some(held) if *held == Some(version) => continue,
+                Some(held) => *held = Some(version),
+                None => {
+                    watch
+                        .sent
+                        .insert(intern::intern(&named.name), Some(version));
+                }
+            }
+            resources.push((named.name, format!("{version:016x}"), named.resource));
         }
         if resources.is_empty() && removed.is_empty() && (watch.responded || !requested) {
             return None;

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::config_store::IngressEndpoint;
 use crate::model::{
-    Protocol, Proxy, Service, inbound_cluster_name, outbound_cluster_name, subset_cluster_name,
+    Protocol, Proxy, Service, inbound_cluster_name, outbound_cluster_name, port_clusters,
 };
 use crate::push_context::PushContext;
 
@@ -134,13 +134,16 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<
                 }
                 c
             };
-            clusters.push(with_mtls(c.clone(), ""));
-            // One cluster per DestinationRule subset, `outbound|PORT|SUBSET|HOST`, whose
-            // endpoints EDS narrows to the subset's labels.
-            for subset in push.subsets.get(&svc.hostname).into_iter().flatten() {
-                let mut sc = c.clone();
-                sc.name = subset_cluster_name(port.port, &subset.name, &svc.hostname);
-                clusters.push(with_mtls(sc, &subset.name));
+            // The service's cluster, and one per DestinationRule subset,
+            // `outbound|PORT|SUBSET|HOST`, whose endpoints EDS narrows to the subset's labels.
+            let subsets = push
+                .subsets
+                .get(&svc.hostname)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            for (subset, name) in port_clusters(port.port, &svc.hostname, subsets) {
+                let sni_subset = subset.map_or("", |i| subsets[i].name.as_str());
+                clusters.push(with_mtls(Cluster { name, ..c.clone() }, sni_subset));
             }
         }
     }
