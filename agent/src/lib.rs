@@ -121,9 +121,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
                 &cfg.identity.identity.trust_domain,
             )?;
             tokio::spawn(cp.clone().watch(cfg.debounce));
-            if std::env::var("ISTIOD_CACHE_CHECK").is_ok_and(|v| v == "true" || v == "1") {
-                istiod_core::push_context::set_cache_check(true);
-            }
+            istiod_core::push_context::cache_check_from_env(&|k| std::env::var(k).ok());
             xds_proxy::Upstream::Embedded(cp.xds())
         }
         ControlPlaneSource::Remote { address } => xds_proxy::Upstream::Remote {

@@ -556,6 +556,17 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
     }
     let spec = env.spec.unwrap_or(serde_json::Value::Null);
     let typed = |what: &str| format!("{kind} {}: invalid {what}", meta.name);
+    // The spec as `T`, then `check`ed; errors name the kind, the resource and the field.
+    fn checked<T: serde::de::DeserializeOwned>(
+        spec: serde_json::Value,
+        typed: &dyn Fn(&str) -> String,
+        check: fn(&T) -> Result<(), String>,
+    ) -> Result<T, String> {
+        let spec: T =
+            serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+        check(&spec).map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+        Ok(spec)
+    }
     let resource = match kind.as_str() {
         "ServiceEntry" => {
             let spec: ServiceEntrySpec =
@@ -662,30 +673,19 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             Resource::EndpointSlice(meta, slice)
         }
         "VirtualService" => {
-            let spec: VirtualServiceSpec =
-                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-            traffic::validate_virtual_service(&spec)
-                .map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+            let spec = checked(spec, &typed, traffic::validate_virtual_service)?;
             Resource::VirtualService(meta, spec)
         }
         "DestinationRule" => {
-            let spec: DestinationRuleSpec =
-                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-            traffic::validate_destination_rule(&spec)
-                .map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+            let spec = checked(spec, &typed, traffic::validate_destination_rule)?;
             Resource::DestinationRule(meta, spec)
         }
         "Gateway" => {
-            let spec: GatewaySpec =
-                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-            traffic::validate_gateway(&spec).map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+            let spec = checked(spec, &typed, traffic::validate_gateway)?;
             Resource::Gateway(meta, spec)
         }
         "AuthorizationPolicy" => {
-            let spec: AuthorizationPolicySpec =
-                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-            traffic::validate_authorization_policy(&spec)
-                .map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+            let spec = checked(spec, &typed, traffic::validate_authorization_policy)?;
             Resource::AuthorizationPolicy(meta, spec)
         }
         "Namespace" => Resource::Namespace(meta),
@@ -710,10 +710,7 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             } else {
                 spec
             };
-            let spec: MeshConfigSpec =
-                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-            spec.validate()
-                .map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+            let spec = checked(spec, &typed, MeshConfigSpec::validate)?;
             Resource::MeshConfig(meta, spec)
         }
         "WorkloadGroup" => {

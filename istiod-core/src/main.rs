@@ -165,12 +165,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // The trust domain is fixed for the process: the CA issues in it and the generators
     // expect it; the flag wins over the mesh config, which wins over the default.
     let mesh = match &mesh_config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                anyhow::anyhow!("cannot read --mesh-config {}: {e}", path.display())
-            })?;
-            Some(istiod_core::config_store::parse_mesh_config(path, &text)?)
-        }
+        Some(path) => Some(
+            istiod_core::store::MeshConfigFile { path: path.clone() }
+                .read()
+                .map_err(|e| anyhow::anyhow!("--mesh-config: {e}"))?,
+        ),
         None => None,
     };
     let trust_domain = trust_domain
@@ -223,9 +222,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let debounce = istiod_core::Debounce::from_env(&|k| std::env::var(k).ok())
         .map_err(|e| anyhow::anyhow!(e))?;
     tokio::spawn(cp.clone().watch(debounce));
-    if std::env::var("ISTIOD_CACHE_CHECK").is_ok_and(|v| v == "true" || v == "1") {
+    if istiod_core::push_context::cache_check_from_env(&|k| std::env::var(k).ok()) {
         tracing::warn!("ISTIOD_CACHE_CHECK: every cached resource is generated again and compared");
-        istiod_core::push_context::set_cache_check(true);
     }
     cp.auto_registration().set_grace(
         istiod_core::autoregister::grace_from_env(&|k| std::env::var(k).ok())

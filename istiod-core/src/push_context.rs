@@ -61,13 +61,13 @@ pub struct ClusterRef {
     pub subset: Option<usize>,
 }
 
+/// Sidecar scopes by (proxy id, node labels).
+pub type ScopeMemo = HashMap<(String, BTreeMap<String, String>), Option<Arc<SidecarScope>>>;
+
 /// Resources generated once per snapshot and shared by every proxy's push: outbound clusters
 /// and listeners, and each EDS assignment and route configuration. The key of every entry is
 /// (this snapshot, resource name): a new config is a new snapshot with an empty cache, so an
 /// entry can never be stale, and entries are written once (`OnceLock`), never replaced.
-/// Sidecar scopes by (proxy id, node labels).
-pub type ScopeMemo = HashMap<(String, BTreeMap<String, String>), Option<Arc<SidecarScope>>>;
-
 #[derive(Default)]
 pub struct GenCache {
     pub outbound_clusters: std::sync::OnceLock<Vec<crate::generators::Named>>,
@@ -88,6 +88,15 @@ static CACHE_CHECK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 
 pub fn set_cache_check(on: bool) {
     CACHE_CHECK.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Turns the checked mode on when `ISTIOD_CACHE_CHECK` is `true` or `1`; says whether it did.
+pub fn cache_check_from_env(get: &dyn Fn(&str) -> Option<String>) -> bool {
+    let on = get("ISTIOD_CACHE_CHECK").is_some_and(|v| v == "true" || v == "1");
+    if on {
+        set_cache_check(true);
+    }
+    on
 }
 
 pub fn cache_check() -> bool {

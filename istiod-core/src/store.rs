@@ -53,13 +53,20 @@ pub struct MeshConfigFile {
     pub path: PathBuf,
 }
 
-impl ConfigStore for MeshConfigFile {
-    fn list(&self) -> Result<Vec<Resource>, ConfigError> {
+impl MeshConfigFile {
+    /// The file's MeshConfig, read and checked now.
+    pub fn read(&self) -> Result<crate::config_store::MeshConfigSpec, ConfigError> {
         let text = std::fs::read_to_string(&self.path).map_err(|source| ConfigError::ReadFile {
             file: self.path.clone(),
             source,
         })?;
-        let spec = crate::config_store::parse_mesh_config(&self.path, &text)?;
+        crate::config_store::parse_mesh_config(&self.path, &text)
+    }
+}
+
+impl ConfigStore for MeshConfigFile {
+    fn list(&self) -> Result<Vec<Resource>, ConfigError> {
+        let spec = self.read()?;
         Ok(vec![Resource::MeshConfig(
             crate::config_store::Metadata {
                 name: "mesh-config-file".to_string(),

@@ -624,15 +624,21 @@ fn identify(
     Ok(())
 }
 
-/// A string field of the node metadata.
-fn node_string(node: &envoy_types::pb::envoy::config::core::v3::Node, key: &str) -> Option<String> {
-    use envoy_types::pb::google::protobuf::value::Kind;
-    match node
-        .metadata
+/// One field of the node metadata.
+fn node_field<'a>(
+    node: &'a envoy_types::pb::envoy::config::core::v3::Node,
+    key: &str,
+) -> Option<&'a envoy_types::pb::google::protobuf::value::Kind> {
+    node.metadata
         .as_ref()
         .and_then(|m| m.fields.get(key))
         .and_then(|v| v.kind.as_ref())
-    {
+}
+
+/// A string field of the node metadata.
+fn node_string(node: &envoy_types::pb::envoy::config::core::v3::Node, key: &str) -> Option<String> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    match node_field(node, key) {
         Some(Kind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
         _ => None,
     }
@@ -643,12 +649,7 @@ fn node_labels(
     node: &envoy_types::pb::envoy::config::core::v3::Node,
 ) -> std::collections::BTreeMap<String, String> {
     use envoy_types::pb::google::protobuf::value::Kind;
-    let Some(Kind::StructValue(labels)) = node
-        .metadata
-        .as_ref()
-        .and_then(|m| m.fields.get("LABELS"))
-        .and_then(|v| v.kind.as_ref())
-    else {
+    let Some(Kind::StructValue(labels)) = node_field(node, "LABELS") else {
         return Default::default();
     };
     labels
