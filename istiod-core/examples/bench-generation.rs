@@ -134,21 +134,7 @@ fn main() {
             lds::generate(&push, &proxy)
         });
         row(name, "LDS", d, Some(&l), "-");
-        let routes: Vec<String> = {
-            let mut r: Vec<String> = push
-                .services
-                .iter()
-                .flat_map(|s| {
-                    s.ports
-                        .iter()
-                        .filter(|p| p.protocol.is_http())
-                        .map(|p| p.port.to_string())
-                })
-                .collect();
-            r.sort();
-            r.dedup();
-            r
-        };
+        let routes: Vec<String> = push.http_ports().iter().map(ToString::to_string).collect();
         if !routes.is_empty() {
             let (d, r) = time(|| {
                 push.cache = GenCache::default();

@@ -312,6 +312,23 @@ impl PushContext {
             .unwrap_or(ROOT_NAMESPACE)
     }
 
+    /// Every port some service declares HTTP on, in order (one route configuration each).
+    pub fn http_ports(&self) -> Vec<u16> {
+        let mut ports: Vec<u16> = self
+            .services
+            .iter()
+            .flat_map(|s| {
+                s.ports
+                    .iter()
+                    .filter(|p| p.protocol.is_http())
+                    .map(|p| p.port)
+            })
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
+
     /// Whether auto mTLS is on (MeshConfig enableAutoMtls, default true).
     pub fn auto_mtls(&self) -> bool {
         self.mesh.enable_auto_mtls.unwrap_or(true)

@@ -118,19 +118,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
     let all = push
         .cache
         .get(&push.cache.routes, "route configurations", || {
-            let mut ports: Vec<u16> = push
-                .services
-                .iter()
-                .flat_map(|s| {
-                    s.ports
-                        .iter()
-                        .filter(|p| p.protocol.is_http())
-                        .map(|p| p.port)
-                })
-                .collect();
-            ports.sort_unstable();
-            ports.dedup();
-            ports
+            push.http_ports()
                 .into_iter()
                 .map(|p| {
                     let name = p.to_string();
