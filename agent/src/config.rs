@@ -475,34 +475,15 @@ pub fn parse_downward_api(text: &str) -> std::collections::BTreeMap<String, Stri
         .collect()
 }
 
-/// Parses Go-style durations: `45s`, `500ms`, `1m30s`, `1h`.
+/// A Go duration (`45s`, `500ms`, `1m30s`), checked: an error names `input`.
 pub fn parse_duration(input: &str, raw: &str) -> Result<Duration, ConfigError> {
-    let bad = || err(input, raw, "a duration such as 5s, 500ms or 1m30s");
-    let mut total = 0f64;
-    let mut rest = raw.trim();
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let n_end = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .ok_or_else(bad)?;
-        let (num, tail) = rest.split_at(n_end);
-        let u_end = tail
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(u_end);
-        let n: f64 = num.parse().map_err(|_| bad())?;
-        total += n * match unit {
-            "ms" => 0.001,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(bad()),
-        };
-        rest = tail;
-    }
-    Ok(Duration::from_secs_f64(total))
+    mesh_common::parse_go_duration(raw).map_err(|e| {
+        err(
+            input,
+            raw,
+            &format!("a duration such as 5s, 500ms or 1m30s ({e})"),
+        )
+    })
 }
 
 /// ProxyConfig fields (istio/api mesh/v1alpha1/proxy.proto) the agent accepts without acting on
@@ -1195,5 +1176,24 @@ mod tests {
         );
         assert!(parse_duration("x", "5").is_err());
         assert!(parse_duration("x", "").is_err());
+    }
+
+    #[test]
+    fn hostile_durations_are_named_errors() {
+        for (var, value) in [
+            ("PROXY_CONFIG", "{\"drainDuration\": \"9999999999999999h\"}"),
+            ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"NaNs\"}"),
+            ("PROXY_CONFIG", "{\"drainDuration\": \"-5s\"}"),
+            ("MINIMUM_DRAIN_DURATION", "1e308s"),
+            ("SECRET_TTL", "99999999999999999999h"),
+        ] {
+            let e = cfg(&[(var, value)], ProxyArgs::default()).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("Duration") || text.contains(var),
+                "{var}={value}: {text}"
+            );
+            assert!(text.contains("duration"), "{var}={value}: {text}");
+        }
     }
 }

@@ -20,6 +20,7 @@ use std::path::PathBuf;
 
 use config::{Config, ControlPlaneSource};
 use drain::Drain;
+use mesh_common::tasks::Supervisor;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -44,6 +45,8 @@ pub enum AgentError {
     Sds(#[from] sds::SdsError),
     #[error("Envoy exited unexpectedly ({0}); the agent exits so the container restarts")]
     EnvoyExited(std::process::ExitStatus),
+    #[error("{0}; the agent exits so the container restarts")]
+    TaskEnded(mesh_common::tasks::Ended),
 }
 
 fn write_file(path: &std::path::Path, contents: &[u8], mode: u32) -> Result<(), AgentError> {
@@ -55,26 +58,21 @@ fn write_file(path: &std::path::Path, contents: &[u8], mode: u32) -> Result<(), 
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)
 }
 
-fn listen_for_signals(drain: Drain) {
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("cannot install signal handlers");
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = int.recv() => tracing::info!("SIGINT received"),
-        }
-        drain.trigger(drain::Shutdown::Graceful);
-    });
+/// Turns SIGTERM and SIGINT into a graceful drain.
+async fn listen_for_signals(drain: Drain) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    drain.trigger(drain::Shutdown::Graceful);
+    Ok(())
 }
 
 /// Starts keeping the workload certificate fresh, from the configured source.
-fn start_identity(cfg: &Config) -> Result<identity::CertWatch, AgentError> {
+fn start_identity(cfg: &Config, tasks: &mut Supervisor) -> Result<identity::CertWatch, AgentError> {
     use identity::{CertSource, EmbeddedSigner, RemoteSigner};
     let (tx, rx) = tokio::sync::watch::channel(None);
     let id = std::sync::Arc::new(cfg.identity.clone());
@@ -90,25 +88,27 @@ fn start_identity(cfg: &Config) -> Result<identity::CertWatch, AgentError> {
                 ca: std::sync::Arc::new(ca),
                 identity: id.identity.clone(),
             };
-            tokio::spawn(identity::run_rotation(id, signer, tx));
+            tasks.spawn_forever("identity", identity::run_rotation(id, signer, tx));
         }
         CertSource::Remote { address, client } => {
             let signer = RemoteSigner {
                 address: address.clone(),
                 client: client.clone(),
             };
-            tokio::spawn(identity::run_rotation(id, signer, tx));
+            tasks.spawn_forever("identity", identity::run_rotation(id, signer, tx));
         }
         CertSource::Files(files) => {
-            tokio::spawn(identity::run_mounted(id, files.clone(), tx));
+            tasks.spawn_forever("identity", identity::run_mounted(id, files.clone(), tx));
         }
     }
     Ok(rx)
 }
 
-/// Runs the sidecar agent until shutdown.
+/// Runs the sidecar agent until shutdown. Envoy exiting, or any background task ending, ends
+/// it with an error (the container restarts), never a process left running without them.
 pub async fn run(cfg: Config) -> Result<(), AgentError> {
     tracing::info!(config = ?cfg, "starting pilot-agent");
+    let mut tasks = Supervisor::new();
     let upstream = match &cfg.control_plane {
         ControlPlaneSource::Embedded {
             config_dir,
@@ -120,7 +120,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
                 istiod_core::DEFAULT_DOMAIN_SUFFIX,
                 &cfg.identity.identity.trust_domain,
             )?;
-            tokio::spawn(cp.clone().watch(cfg.debounce));
+            tasks.spawn_forever("config-watch", cp.clone().watch(cfg.debounce));
             istiod_core::push_context::cache_check_from_env(&|k| std::env::var(k).ok());
             xds_proxy::Upstream::Embedded(cp.xds())
         }
@@ -135,7 +135,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     };
 
     let drain = Drain::default();
-    listen_for_signals(drain.clone());
+    tasks.spawn("signals", listen_for_signals(drain.clone()));
     let metrics = std::sync::Arc::new(metrics::Metrics::new());
     // Readiness also waits for the DNS table when the DNS proxy is on.
     let (status_dns, status_dns_rx) = tokio::sync::watch::channel(None);
@@ -150,11 +150,11 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         .map_err(dir_fail)?;
 
     let as_root = nix::unistd::geteuid().is_root();
-    let certs = start_identity(&cfg)?;
+    let certs = start_identity(&cfg, &mut tasks)?;
     let cert_metrics = metrics.clone();
     let mut cert_updates = certs.clone();
     cert_updates.mark_changed();
-    tokio::spawn(async move {
+    tasks.spawn_forever("cert-metrics", async move {
         while cert_updates.changed().await.is_ok() {
             let expiry = cert_updates.borrow().as_ref().map(|c| {
                 c.not_after
@@ -174,13 +174,16 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     let sds_drain = drain.clone();
     let mut sds_uids = vec![0, cfg.envoy_uid, nix::unistd::geteuid().as_raw()];
     sds_uids.dedup();
-    tokio::spawn(sds::serve(
-        sds_listener,
-        sds_uids,
-        certs.clone(),
-        cfg.identity.file_allow_dirs.clone(),
-        async move { sds_drain.finished().await },
-    ));
+    tasks.spawn(
+        "sds",
+        sds::serve(
+            sds_listener,
+            sds_uids,
+            certs.clone(),
+            cfg.identity.file_allow_dirs.clone(),
+            async move { sds_drain.finished().await },
+        ),
+    );
 
     let status_listener =
         status::bind(cfg.status_port)
@@ -189,16 +192,19 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
                 port: cfg.status_port,
                 source,
             })?;
-    tokio::spawn(status::serve(
-        status_listener,
-        status::State::new(
-            &cfg,
-            drain.clone(),
-            metrics.clone(),
-            status_dns_rx,
-            certs.clone(),
+    tasks.spawn_forever(
+        "status",
+        status::serve(
+            status_listener,
+            status::State::new(
+                &cfg,
+                drain.clone(),
+                metrics.clone(),
+                status_dns_rx,
+                certs.clone(),
+            ),
         ),
-    ));
+    );
 
     let xds_listener = xds_proxy::bind(&cfg.xds_socket_path(), as_root.then_some(cfg.envoy_uid))?;
     let xds_drain = drain.clone();
@@ -214,11 +220,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             let listen = dns_cfg.listen;
             let rx = table_rx.clone();
             let dns_metrics = metrics.clone();
-            tokio::spawn(async move {
-                if let Err(e) = dns::serve(listen, rx, upstreams, dns_metrics).await {
-                    tracing::error!(error = %e, %listen, "DNS proxy failed");
-                }
-            });
+            tasks.spawn("dns", dns::serve(listen, rx, upstreams, dns_metrics));
             status_dns.send_replace(Some(table_rx));
             Some(xds_proxy::DnsState {
                 table: table_tx,
@@ -228,13 +230,16 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         }
         None => None,
     };
-    let xds_task = tokio::spawn(xds_proxy::serve(
-        xds_listener,
-        upstream,
-        metrics.clone(),
-        dns_state,
-        async move { xds_drain.finished().await },
-    ));
+    tasks.spawn(
+        "xds-proxy",
+        xds_proxy::serve(
+            xds_listener,
+            upstream,
+            metrics.clone(),
+            dns_state,
+            async move { xds_drain.finished().await },
+        ),
+    );
 
     let bootstrap_path = cfg.bootstrap_path();
     let bootstrap = serde_json::to_vec_pretty(&bootstrap::render(&cfg)).unwrap_or_default();
@@ -242,13 +247,8 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
 
     let mut child = envoy::spawn(&cfg, &bootstrap_path)?;
     let result = tokio::select! {
-        status = child.wait() => match status {
-            Ok(s) => Err(AgentError::EnvoyExited(s)),
-            Err(e) => Err(AgentError::Envoy(envoy::EnvoyError::Spawn {
-                binary: cfg.binary_path.display().to_string(),
-                source: e,
-            })),
-        },
+        // A drain first: the signal task ends once it has triggered one.
+        biased;
         how = drain.triggered() => {
             tracing::info!(?how, wait = ?cfg.termination_drain_duration, "stopping Envoy");
             let policy = envoy::DrainPolicy {
@@ -260,10 +260,22 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             envoy::stop(&mut child, cfg.admin_port, how, policy, &drain).await;
             Ok(())
         }
+        status = child.wait() => match status {
+            Ok(s) => Err(AgentError::EnvoyExited(s)),
+            Err(e) => Err(AgentError::Envoy(envoy::EnvoyError::Spawn {
+                binary: cfg.binary_path.display().to_string(),
+                source: e,
+            })),
+        },
+        ended = tasks.ended() => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            Err(AgentError::TaskEnded(ended))
+        }
     };
     drain.trigger(drain::Shutdown::Immediate);
     drain.finish();
-    let _ = xds_task.await;
+    tasks.wait_for("xds-proxy").await;
     let _ = std::fs::remove_file(&bootstrap_path);
     let _ = std::fs::remove_file(cfg.xds_socket_path());
     let _ = std::fs::remove_file(sds::SOCKET_PATH);

@@ -199,11 +199,12 @@ async fn wait(url: &str, timeout: u64, period: u64) -> anyhow::Result<()> {
         .rsplit_once(':')
         .and_then(|(_, p)| p.parse().ok())
         .ok_or_else(|| anyhow::anyhow!("--url {url:?}: expected an explicit port"))?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout);
+    // A timeout too large for the clock waits for ever, as the caller asked.
+    let deadline = std::time::Instant::now().checked_add(std::time::Duration::from_secs(timeout));
     loop {
         match pilot_agent::admin::get(port, if path.is_empty() { "/" } else { path }).await {
             Ok(_) => return Ok(()),
-            Err(e) if std::time::Instant::now() >= deadline => {
+            Err(e) if deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
                 anyhow::bail!("timed out after {timeout}s waiting for {url}: {e}")
             }
             Err(_) => tokio::time::sleep(std::time::Duration::from_millis(period)).await,

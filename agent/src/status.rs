@@ -270,7 +270,9 @@ pub async fn serve(listener: TcpListener, state: State) {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
+                    // Out of descriptors, typically: back off rather than spin.
                     tracing::warn!(error = %e, "status server accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }
             },

@@ -88,12 +88,13 @@ fn envoy() -> Option<PathBuf> {
     if p.exists() {
         return Some(p);
     }
+    // Skipping is asked for (SKIP_E2E=1), never the default.
     assert!(
-        std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-        "CI=true requires Envoy at {} (scripts/setup.sh installs it)",
+        std::env::var("SKIP_E2E").is_ok_and(|v| v == "1"),
+        "needs Envoy at {} (scripts/setup.sh installs it), or SKIP_E2E=1 to skip explicitly",
         p.display()
     );
-    eprintln!("!!!!! envoy not installed: skipping `envoy --mode validate` !!!!!");
+    eprintln!("!!!!! SKIPPED (SKIP_E2E=1): envoy not installed, no `envoy --mode validate` !!!!!");
     None
 }
 

@@ -349,21 +349,8 @@ fn parse_interfaces(input: &Input) -> Result<Vec<String>, ConfigError> {
 }
 
 fn parse_duration(input: &Input) -> Result<Duration, ConfigError> {
-    let v = input.value.trim();
-    let (num, unit) = v
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map(|i| v.split_at(i))
-        .unwrap_or((v, "s"));
-    let n: f64 = num
-        .parse()
-        .map_err(|_| err(input, "a duration such as 5s or 500ms"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        _ => return Err(err(input, "a duration such as 5s or 500ms")),
-    };
-    Ok(Duration::from_secs_f64(secs))
+    mesh_common::parse_go_duration(&input.value)
+        .map_err(|e| err(input, &format!("a duration such as 5s or 500ms ({e})")))
 }
 
 fn parse_u32(input: &Input) -> Result<u32, ConfigError> {

@@ -253,6 +253,14 @@ impl Ca {
         &self.root_pem
     }
 
+    /// `now + ttl`, never past the root's own expiry; a lifetime too long for a date is the root's.
+    fn expiry_after(&self, now: OffsetDateTime, ttl: Duration) -> OffsetDateTime {
+        time::Duration::try_from(ttl)
+            .ok()
+            .and_then(|ttl| now.checked_add(ttl))
+            .map_or(self.not_after, |t| t.min(self.not_after))
+    }
+
     /// A serving certificate for the control plane itself (DNS SANs such as
     /// `istiod.istio-system.svc`), with a fresh key: (chain PEM, key PEM).
     pub fn serving_cert(
@@ -269,7 +277,7 @@ impl Ca {
         params.use_authority_key_identifier_extension = true;
         let now = OffsetDateTime::now_utc();
         params.not_before = now - BACKDATE;
-        params.not_after = (now + ttl).min(self.not_after);
+        params.not_after = self.expiry_after(now, ttl);
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(|e| CaError::Sign(e.to_string()))?;
@@ -326,7 +334,7 @@ impl Ca {
         params.use_authority_key_identifier_extension = true;
         let now = OffsetDateTime::now_utc();
         params.not_before = now - BACKDATE;
-        params.not_after = (now + ttl).min(self.not_after);
+        params.not_after = self.expiry_after(now, ttl);
         let cert = params
             .signed_by(&csr.public_key, &self.issuer)
             .map_err(|e| CaError::Sign(e.to_string()))?;

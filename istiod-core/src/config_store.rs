@@ -766,6 +766,32 @@ fn config_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     Ok(files)
 }
 
+/// Largest config file read: far above any real one (Kubernetes caps an object at 1.5 MiB), small
+/// enough that a stray dump or a file still growing cannot take the control plane's memory.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 64 << 20;
+
+/// One config file's text, refused past `MAX_CONFIG_FILE_BYTES`.
+fn read_config_file(file: &Path) -> Result<String, ConfigError> {
+    use std::io::Read;
+    let fail = |source| ConfigError::ReadFile {
+        file: file.to_path_buf(),
+        source,
+    };
+    let mut text = String::new();
+    std::fs::File::open(file)
+        .map_err(fail)?
+        .take(MAX_CONFIG_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(fail)?;
+    if text.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(fail(std::io::Error::other(format!(
+            "larger than {} MiB",
+            MAX_CONFIG_FILE_BYTES >> 20
+        ))));
+    }
+    Ok(text)
+}
+
 /// Checks every file of `dir` and returns every error (not only the first), with the resources
 /// of the files that did load.
 pub fn validate_dir(dir: &Path) -> (ConfigSet, Vec<ConfigError>) {
@@ -776,12 +802,9 @@ pub fn validate_dir(dir: &Path) -> (ConfigSet, Vec<ConfigError>) {
         Err(e) => return (set, vec![e]),
     };
     for file in files {
-        match std::fs::read_to_string(&file) {
-            Ok(contents) => match parse_file(&file, &contents) {
-                Ok(resources) => set.resources.extend(resources),
-                Err(e) => errors.push(e),
-            },
-            Err(source) => errors.push(ConfigError::ReadFile { file, source }),
+        match read_config_file(&file).and_then(|contents| parse_file(&file, &contents)) {
+            Ok(resources) => set.resources.extend(resources),
+            Err(e) => errors.push(e),
         }
     }
     (set, errors)
@@ -792,10 +815,7 @@ pub fn load_dir(dir: &Path) -> Result<ConfigSet, ConfigError> {
     let files = config_files(dir)?;
     let mut set = ConfigSet::default();
     for file in files {
-        let contents = std::fs::read_to_string(&file).map_err(|source| ConfigError::ReadFile {
-            file: file.clone(),
-            source,
-        })?;
+        let contents = read_config_file(&file)?;
         set.resources.extend(parse_file(&file, &contents)?);
     }
     Ok(set)

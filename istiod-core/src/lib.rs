@@ -115,17 +115,18 @@ mod tests {
     }
 
     #[test]
-    fn go_durations() {
-        assert_eq!(parse_go_duration("100ms"), Some(Duration::from_millis(100)));
-        assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_go_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_go_duration("10"), None);
-        assert_eq!(parse_go_duration("-1s"), None);
+    fn debounce_durations_are_checked() {
         let env = |k: &str| (k == "PILOT_DEBOUNCE_AFTER").then(|| "fast".to_string());
         assert!(
             Debounce::from_env(&env)
                 .unwrap_err()
                 .contains("PILOT_DEBOUNCE_AFTER")
+        );
+        let huge = |k: &str| (k == "PILOT_DEBOUNCE_MAX").then(|| "9999999999999999h".to_string());
+        let e = Debounce::from_env(&huge).unwrap_err();
+        assert!(
+            e.contains("PILOT_DEBOUNCE_MAX") && e.contains("largest"),
+            "{e}"
         );
     }
 }
@@ -423,26 +424,7 @@ impl Default for Debounce {
     }
 }
 
-/// Parses a Go-style duration as Istio's env vars take them: `100ms`, `1.5s`, `2m`, `1h`.
-pub fn parse_go_duration(raw: &str) -> Option<Duration> {
-    let raw = raw.trim();
-    let split = raw.find(|c: char| c.is_ascii_alphabetic())?;
-    let (num, unit) = raw.split_at(split);
-    let n: f64 = num
-        .parse()
-        .ok()
-        .filter(|n: &f64| n.is_finite() && *n >= 0.0)?;
-    let secs = match unit {
-        "ns" => n / 1e9,
-        "us" | "µs" => n / 1e6,
-        "ms" => n / 1e3,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return None,
-    };
-    Some(Duration::from_secs_f64(secs))
-}
+pub use mesh_common::{DurationError, parse_go_duration};
 
 impl Debounce {
     /// From PILOT_DEBOUNCE_AFTER and PILOT_DEBOUNCE_MAX; an unparsable value is an error
@@ -454,8 +436,8 @@ impl Debounce {
             ("PILOT_DEBOUNCE_MAX", &mut d.max),
         ] {
             if let Some(raw) = lookup(name).filter(|v| !v.trim().is_empty()) {
-                *field = parse_go_duration(&raw).ok_or_else(|| {
-                    format!("{name}={raw:?}: expected a duration such as 100ms or 10s")
+                *field = parse_go_duration(&raw).map_err(|e| {
+                    format!("{name}={raw:?}: expected a duration such as 100ms or 10s ({e})")
                 })?;
             }
         }

@@ -221,7 +221,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     let debounce = istiod_core::Debounce::from_env(&|k| std::env::var(k).ok())
         .map_err(|e| anyhow::anyhow!(e))?;
-    tokio::spawn(cp.clone().watch(debounce));
+    let mut tasks = mesh_common::tasks::Supervisor::new();
+    tasks.spawn_forever("config-watch", cp.clone().watch(debounce));
     if istiod_core::push_context::cache_check_from_env(&|k| std::env::var(k).ok()) {
         tracing::warn!("ISTIOD_CACHE_CHECK: every cached resource is generated again and compared");
     }
@@ -245,7 +246,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on --debug-addr {addr}: {e}"))?;
         tracing::info!(%addr, "serving /debug");
-        tokio::spawn(istiod_core::debug::serve(listener, cp.clone(), xds.clone()));
+        tasks.spawn_forever(
+            "debug",
+            istiod_core::debug::serve(listener, cp.clone(), xds.clone()),
+        );
     }
     let listener = tokio::net::TcpListener::bind(grpc_addr).await?;
     let mut server = tonic::transport::Server::builder();
@@ -291,7 +295,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         token = token.is_some(),
         "serving xDS"
     );
-    server
+    let serving = server
         .add_optional_service(ca_service)
         .add_service(tonic::service::interceptor::InterceptedService::new(
             istiod_core::ads_http::AdsHttp {
@@ -301,10 +305,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
-            async {
-                let _ = tokio::signal::ctrl_c().await;
-            },
-        )
-        .await?;
+            shutdown_signal(),
+        );
+    // A background task that ends (the config watch above all) must not leave a server that
+    // answers but never sees another config change.
+    tokio::select! {
+        served = serving => served?,
+        ended = tasks.ended() => anyhow::bail!("{ended}; exiting so the process is restarted"),
+    }
     Ok(())
+}
+
+/// SIGTERM (how Kubernetes stops a pod) or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        },
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install a SIGTERM handler; SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

@@ -3,8 +3,8 @@
 //! uid/gid with their output captured to files; everything is removed on drop, and namespaces
 //! left by killed runs (the harness prefix plus a dead pid) are swept at start.
 //!
-//! Tests that need root call [`require_root`]: under `CI=true` a missing capability is a failure,
-//! elsewhere the test is skipped with a loud message.
+//! Tests that need root call [`require_root`] (and Envoy [`require_envoy`]): a missing capability
+//! is a failure unless skipping was asked for with `SKIP_E2E=1`.
 
 use std::fs;
 use std::net::Ipv4Addr;
@@ -50,33 +50,33 @@ pub fn istio_iptables(pod: &Pod, extra: &[&str]) -> Result<Output> {
     Ok(out)
 }
 
-/// Returns true if the test can run as root. Under CI=true it panics instead of skipping.
+/// Skipping is asked for, never assumed: with SKIP_E2E=1 a test that cannot run here is skipped
+/// (and says so); otherwise it fails, so the documented command cannot pass without them.
+pub fn cannot_run(why: &str) -> bool {
+    if std::env::var("SKIP_E2E").is_ok_and(|v| v == "1") {
+        eprintln!("\n!!!!! SKIPPED (SKIP_E2E=1) {why} !!!!!\n");
+        return false;
+    }
+    panic!("{why}; run as root after scripts/setup.sh, or set SKIP_E2E=1 to skip it explicitly");
+}
+
+/// Returns true if the test can run as root; see `cannot_run` for when it cannot.
 pub fn require_root(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() && which("ip") && which("iptables") {
         return true;
     }
-    let why = format!("{test}: needs root, `ip` and `iptables`");
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{why}; CI=true requires it to run");
-    }
-    eprintln!("\n!!!!! SKIPPED {why} (not root or tools missing) !!!!!\n");
-    false
+    cannot_run(&format!("{test}: needs root, `ip` and `iptables`"))
 }
 
-/// Returns true if Envoy is installed; under CI=true its absence is a failure.
+/// Returns true if Envoy is installed; see `cannot_run` for when it is not.
 pub fn require_envoy(test: &str) -> bool {
     if Path::new(&envoy_path()).exists() {
         return true;
     }
-    let why = format!(
+    cannot_run(&format!(
         "{test}: needs Envoy at {} (run scripts/setup.sh)",
         envoy_path()
-    );
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{why}; CI=true requires it to run");
-    }
-    eprintln!("\n!!!!! SKIPPED {why} !!!!!\n");
-    false
+    ))
 }
 
 pub fn envoy_path() -> String {
@@ -300,6 +300,20 @@ impl Pod {
         });
         let last = self.procs.len() - 1;
         Ok(&mut self.procs[last])
+    }
+
+    /// `pilot-agent proxy sidecar --configDir MESH` as root (the embedded control plane), with
+    /// `env` as the injector would set it; its process is named "pilot-agent".
+    pub fn spawn_embedded_agent(&mut self, mesh: &Path, env: &[(&str, &str)]) -> Result<&mut Proc> {
+        let agent = binary("pilot-agent");
+        let (agent, mesh) = (agent.to_string_lossy(), mesh.to_string_lossy());
+        self.spawn(
+            "pilot-agent",
+            0,
+            0,
+            env,
+            &[&agent, "proxy", "sidecar", "--configDir", &mesh],
+        )
     }
 
     pub fn proc(&mut self, name: &str) -> Option<&mut Proc> {

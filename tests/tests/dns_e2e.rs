@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use harness::{Network, binary, require_envoy, require_root};
+use harness::{Network, require_envoy, require_root};
 
 const MESH: &str = r#"
 kind: ServiceEntry
@@ -40,11 +40,7 @@ fn app_resolves_mesh_names_through_the_agent() {
         .into_iter()
         .find(|p| std::path::Path::new(p).exists());
     let Some(dnsmasq) = dnsmasq else {
-        assert!(
-            std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-            "CI=true requires dnsmasq"
-        );
-        eprintln!("!!!!! SKIPPED: dnsmasq missing (scripts/setup.sh installs it) !!!!!");
+        harness::cannot_run("dnsmasq missing (scripts/setup.sh installs it)");
         return;
     };
     let mut net = Network::new().unwrap();
@@ -76,25 +72,15 @@ fn app_resolves_mesh_names_through_the_agent() {
     let mesh = net.dir().join("mesh");
     std::fs::create_dir_all(&mesh).unwrap();
     std::fs::write(mesh.join("mesh.yaml"), MESH).unwrap();
-    let agent = binary("pilot-agent");
     net.pods[0]
-        .spawn(
-            "pilot-agent",
-            0,
-            0,
+        .spawn_embedded_agent(
+            &mesh,
             &[
                 ("POD_NAME", "app"),
                 ("POD_NAMESPACE", "demo"),
                 ("INSTANCE_IP", "10.233.0.2"),
                 ("ISTIO_META_DNS_CAPTURE", "true"),
                 ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
-            ],
-            &[
-                agent.to_str().unwrap(),
-                "proxy",
-                "sidecar",
-                "--configDir",
-                mesh.to_str().unwrap(),
             ],
         )
         .unwrap();

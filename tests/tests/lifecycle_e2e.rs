@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use harness::{Network, Pod, binary, pids_named, require_envoy, require_root};
+use harness::{Network, Pod, pids_named, require_envoy, require_root};
 use nix::sys::signal::Signal;
 
 const SERVICE: &str = r#"
@@ -29,25 +29,15 @@ fn ready_pod(test: &str, termination_drain: &str) -> Option<Network> {
     let mesh = net.dir().join("mesh");
     std::fs::create_dir_all(&mesh).unwrap();
     std::fs::write(mesh.join("web.yaml"), SERVICE).unwrap();
-    let agent = binary("pilot-agent");
     let proxy_config = format!("{{\"terminationDrainDuration\": \"{termination_drain}\"}}");
     let pod = &mut net.pods[0];
-    pod.spawn(
-        "pilot-agent",
-        0,
-        0,
+    pod.spawn_embedded_agent(
+        &mesh,
         &[
             ("POD_NAME", "web"),
             ("POD_NAMESPACE", "demo"),
             ("INSTANCE_IP", "10.233.0.2"),
             ("PROXY_CONFIG", &proxy_config),
-        ],
-        &[
-            agent.to_str().unwrap(),
-            "proxy",
-            "sidecar",
-            "--configDir",
-            mesh.to_str().unwrap(),
         ],
     )
     .unwrap();
@@ -203,5 +193,55 @@ fn drain_then_sigterm_is_immediate() {
     assert!(
         start.elapsed() < Duration::from_secs(30),
         "SIGTERM after /drain waited for the 60s drain"
+    );
+}
+
+#[test]
+fn a_dead_background_task_takes_the_agent_down_nonzero() {
+    let test = "a_dead_background_task_takes_the_agent_down_nonzero";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    net.add_pod("pod", 2).unwrap();
+    let mesh = net.dir().join("mesh");
+    std::fs::create_dir_all(&mesh).unwrap();
+    std::fs::write(mesh.join("web.yaml"), SERVICE).unwrap();
+    let pod = &mut net.pods[0];
+    // Something else holds the DNS proxy's TCP port: its task fails as it starts.
+    pod.spawn(
+        "squatter",
+        0,
+        0,
+        &[],
+        &[
+            "python3",
+            "-c",
+            "import socket,time\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('127.0.0.1', 15053))\ns.listen()\nprint('bound', flush=True)\ntime.sleep(600)",
+        ],
+    )
+    .unwrap();
+    assert!(pod.wait_log("squatter", "bound", Duration::from_secs(10)));
+    pod.spawn_embedded_agent(
+        &mesh,
+        &[
+            ("POD_NAME", "web"),
+            ("POD_NAMESPACE", "demo"),
+            ("INSTANCE_IP", "10.233.0.2"),
+            ("ISTIO_META_DNS_CAPTURE", "true"),
+        ],
+    )
+    .unwrap();
+    let agent = pod.proc("pilot-agent").unwrap();
+    let status = agent.wait_timeout(Duration::from_secs(30)).unwrap();
+    let logs = agent.logs();
+    assert!(!status.success(), "agent exited 0\n{logs}");
+    assert!(
+        logs.contains("background task \"dns\" ended") && logs.contains("container restarts"),
+        "{logs}"
+    );
+    assert!(
+        wait_no_envoy(pod, Duration::from_secs(5)),
+        "Envoy left running after the agent exited"
     );
 }

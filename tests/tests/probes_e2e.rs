@@ -83,25 +83,15 @@ fn app_probes_run_with_kubelet_semantics_from_127_0_0_6() {
     net.pods[0]
         .spawn("app", 1000, 1000, &[], &app_args)
         .unwrap();
-    let agent = binary("pilot-agent");
     net.pods[0]
-        .spawn(
-            "pilot-agent",
-            0,
-            0,
+        .spawn_embedded_agent(
+            &mesh,
             &[
                 ("POD_NAME", "web"),
                 ("POD_NAMESPACE", "demo"),
                 ("INSTANCE_IP", "10.233.0.2"),
                 ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
                 ("ISTIO_KUBE_APP_PROBERS", PROBERS),
-            ],
-            &[
-                agent.to_str().unwrap(),
-                "proxy",
-                "sidecar",
-                "--configDir",
-                mesh.to_str().unwrap(),
             ],
         )
         .unwrap();

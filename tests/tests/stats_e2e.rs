@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use harness::{Network, binary, require_envoy, require_root};
+use harness::{Network, require_envoy, require_root};
 
 const APP: &str = r##"
 import http.server
@@ -74,12 +74,9 @@ fn merged_stats_hold_agent_envoy_and_app_metrics() {
     net.pods[0]
         .spawn("app", 1000, 1000, &[], &["/usr/bin/python3", "-c", APP])
         .unwrap();
-    let agent = binary("pilot-agent");
     net.pods[0]
-        .spawn(
-            "pilot-agent",
-            0,
-            0,
+        .spawn_embedded_agent(
+            &mesh,
             &[
                 ("POD_NAME", "web"),
                 ("POD_NAMESPACE", "demo"),
@@ -89,13 +86,6 @@ fn merged_stats_hold_agent_envoy_and_app_metrics() {
                     "ISTIO_PROMETHEUS_ANNOTATIONS",
                     "{\"scrape\":\"true\",\"path\":\"/custom-metrics\",\"port\":\"9100\"}",
                 ),
-            ],
-            &[
-                agent.to_str().unwrap(),
-                "proxy",
-                "sidecar",
-                "--configDir",
-                mesh.to_str().unwrap(),
             ],
         )
         .unwrap();

@@ -302,9 +302,11 @@ pub fn validate_virtual_service(spec: &VirtualServiceSpec) -> Result<(), String>
         }
         check_routes(&format!("{at}.route"), &r.route)?;
         if let Some(t) = &r.timeout
-            && crate::parse_go_duration(t).is_none()
+            && let Err(e) = crate::parse_go_duration(t)
         {
-            return Err(format!("{at}.timeout: {t:?} is not a duration (e.g. 1.5s)"));
+            return Err(format!(
+                "{at}.timeout: {t:?} is not a duration such as 1.5s: {e}"
+            ));
         }
         if let Some(m) = &r.mirror {
             check_destination(&format!("{at}.mirror"), m)?;

@@ -1,0 +1,9 @@
+//! Primitives the three programs share, so each exists once: the Go-duration parser that every
+//! flag, env var, ProxyConfig field and traffic resource goes through, and the supervisor of the
+//! long-running programs' background tasks.
+
+pub mod duration;
+#[cfg(feature = "tasks")]
+pub mod tasks;
+
+pub use duration::{DurationError, parse_go_duration};

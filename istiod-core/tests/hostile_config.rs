@@ -1,0 +1,155 @@
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+//! Hostile files in a live config directory: each is refused by name, the last good config
+//! stays in force, the watch task survives them all, and the next good edit still arrives.
+//! `istiod-core validate` reports the same files with exit 1, never a panic (exit 101).
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use istiod_core::{ControlPlane, Debounce};
+use mesh_common::tasks::Supervisor;
+
+fn service(name: &str) -> String {
+    format!(
+        "kind: ServiceEntry\nmetadata: {{name: {name}, namespace: shop}}\n\
+         spec: {{hosts: [{name}.example], ports: [{{number: 80, name: http}}], resolution: STATIC, \
+         endpoints: [{{address: 10.1.0.1}}]}}\n"
+    )
+}
+
+fn vs_with(field: &str) -> String {
+    format!(
+        "kind: VirtualService\nmetadata: {{name: bad, namespace: shop}}\n\
+         spec: {{hosts: [web.example], http: [{{{field}, route: [{{destination: {{host: web.example}}}}]}}]}}\n"
+    )
+}
+
+/// (file name, contents): each must be refused without a panic.
+fn hostile_files() -> Vec<(&'static str, Vec<u8>)> {
+    let mut deep = "a: ".repeat(10_000);
+    deep.push('1');
+    let mut laughs = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..12 {
+        let prev = (b'a' + i - 1) as char;
+        let this = (b'a' + i) as char;
+        laughs.push_str(&format!(
+            "{this}: &{this} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+        ));
+    }
+    vec![
+        ("overflow-timeout.yaml", vs_with("timeout: 9999999999999999h").into_bytes()),
+        ("nan-timeout.yaml", vs_with("timeout: NaNs").into_bytes()),
+        ("negative-timeout.yaml", vs_with("timeout: -1s").into_bytes()),
+        ("number-timeout.yaml", vs_with("timeout: 1e400").into_bytes()),
+        ("garbage.yaml", vec![0xff, 0xfe, 0x00, 0x01, b':', b'\n', 0x80]),
+        ("deep.yaml", deep.into_bytes()),
+        ("deep-flow.json", "[".repeat(100_000).into_bytes()),
+        ("laughs.yaml", laughs.into_bytes()),
+        (
+            "huge-port.yaml",
+            b"kind: ServiceEntry\nmetadata: {name: p, namespace: shop}\nspec: {hosts: [p.example], ports: [{number: 99999999999999999999, name: http}]}\n".to_vec(),
+        ),
+        (
+            "mesh-bad.yaml",
+            b"kind: MeshConfig\nmetadata: {name: m}\nspec: {trustDomain: [1, 2]}\n".to_vec(),
+        ),
+    ]
+}
+
+fn validate(dir: &Path) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_istiod-core"))
+        .arg("validate")
+        .arg(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn validate_refuses_each_hostile_file_without_a_panic() {
+    for (name, contents) in hostile_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("web.yaml"), service("web")).unwrap();
+        std::fs::write(dir.path().join(name), &contents).unwrap();
+        let (code, err) = validate(dir.path());
+        assert_eq!(code, 1, "{name}: {err}");
+        assert!(
+            err.contains(name),
+            "{name}: the error names the file: {err}"
+        );
+        assert!(!err.contains("panicked"), "{name}: {err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("vs.yaml"),
+        vs_with("timeout: 9999999999999999h"),
+    )
+    .unwrap();
+    let (_, err) = validate(dir.path());
+    assert!(
+        err.contains("spec.http[0].timeout") && err.contains("largest duration"),
+        "{err}"
+    );
+}
+
+async fn wait_for(cp: &ControlPlane, what: &str, done: impl Fn(&ControlPlane) -> bool) {
+    for _ in 0..200 {
+        if done(cp) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn the_watch_survives_hostile_files_and_takes_the_next_good_edit() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("web.yaml"), service("web")).unwrap();
+    let cp: Arc<ControlPlane> = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let mut tasks = Supervisor::new();
+    tasks.spawn_forever(
+        "config-watch",
+        cp.clone().watch(Debounce {
+            after: Duration::from_millis(20),
+            max: Duration::from_millis(200),
+        }),
+    );
+    let has = |name: &'static str| {
+        move |cp: &ControlPlane| {
+            cp.snapshot()
+                .services
+                .iter()
+                .any(|s| s.hostname == format!("{name}.example"))
+        }
+    };
+    assert!(has("web")(&cp));
+    let mut good = 0;
+    for (name, contents) in hostile_files() {
+        let path = dir.path().join(name);
+        std::fs::write(&path, &contents).unwrap();
+        // Let the watch see it, reject it, and settle; meanwhile nothing may end.
+        tokio::select! {
+            ended = tasks.ended() => panic!("{name}: {ended}"),
+            _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+        }
+        assert!(
+            has("web")(&cp),
+            "{name}: the last good config stays in force"
+        );
+        // The hostile file goes; a good edit must still arrive.
+        std::fs::remove_file(&path).unwrap();
+        good += 1;
+        let next: &'static str = Box::leak(format!("svc{good}").into_boxed_str());
+        std::fs::write(dir.path().join(format!("{next}.yaml")), service(next)).unwrap();
+        tokio::select! {
+            ended = tasks.ended() => panic!("after {name}: {ended}"),
+            _ = wait_for(&cp, next, has(next)) => {}
+        }
+    }
+}
