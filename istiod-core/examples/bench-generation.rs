@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use istiod_core::config_store::{ConfigSet, parse_file};
-use istiod_core::generators::{Named, cds, eds, lds, rds};
+use istiod_core::generators::{Named, cds, eds, lds, route};
 use istiod_core::model::Proxy;
 use istiod_core::push_context::{GenCache, PushContext};
 
@@ -138,7 +138,7 @@ fn main() {
         if !routes.is_empty() {
             let (d, r) = time(|| {
                 push.cache = GenCache::default();
-                rds::generate(&push, &proxy, &routes)
+                route::generate(&push, &proxy, &routes)
             });
             row(name, "RDS", d, Some(&r), istio_route);
         }

@@ -152,6 +152,7 @@ impl AutoRegistration {
                 name: name.clone(),
                 namespace: Some(proxy.namespace.clone()),
                 labels: meta_labels,
+                warnings: Vec::new(),
             },
             WorkloadEntrySpec {
                 address: address.to_string(),

@@ -10,8 +10,13 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod destination_rule;
 pub mod traffic;
-pub use traffic::{AuthorizationPolicySpec, DestinationRuleSpec, GatewaySpec, VirtualServiceSpec};
+pub mod values;
+pub mod virtual_service;
+pub use destination_rule::DestinationRuleSpec;
+pub use traffic::{AuthorizationPolicySpec, GatewaySpec};
+pub use virtual_service::VirtualServiceSpec;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -40,7 +45,30 @@ pub struct Metadata {
     pub namespace: Option<String>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// What was accepted but is not acted on (unknown fields, fields not applied), each naming
+    /// the field: logged on load and shown by /debug/configz, never silently dropped.
+    #[serde(skip)]
+    pub warnings: Vec<String>,
 }
+
+/// Metadata fields Kubernetes sets or users write that mean nothing here but are no mistake.
+const KNOWN_METADATA: &[&str] = &[
+    "name",
+    "namespace",
+    "labels",
+    "annotations",
+    "creationTimestamp",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "managedFields",
+    "ownerReferences",
+    "finalizers",
+    "generateName",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "selfLink",
+];
 
 impl Metadata {
     pub fn namespace(&self) -> &str {
@@ -255,6 +283,8 @@ pub struct EndpointPort {
 
 /// One typed config resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// Resources live in one Vec per snapshot; boxing the larger specs would buy little.
+#[allow(clippy::large_enum_variant)]
 pub enum Resource {
     ServiceEntry(Metadata, ServiceEntrySpec),
     WorkloadEntry(Metadata, WorkloadEntrySpec),
@@ -523,7 +553,7 @@ struct Envelope {
     #[serde(default)]
     kind: Option<String>,
     #[serde(default)]
-    metadata: Option<Metadata>,
+    metadata: Option<serde_json::Value>,
     #[serde(default)]
     spec: Option<serde_json::Value>,
     #[serde(default)]
@@ -550,22 +580,48 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
     }
     let env: Envelope = serde_json::from_value(value).map_err(|e| e.to_string())?;
     let kind = env.kind.ok_or("missing field `kind`")?;
-    let meta = env.metadata.ok_or("missing field `metadata`")?;
+    let raw_meta = env.metadata.ok_or("missing field `metadata`")?;
+    let mut meta: Metadata =
+        serde_json::from_value(raw_meta.clone()).map_err(|e| format!("metadata: {e}"))?;
+    if let Some(fields) = raw_meta.as_object() {
+        for key in fields
+            .keys()
+            .filter(|k| !KNOWN_METADATA.contains(&k.as_str()))
+        {
+            meta.warnings.push(format!(
+                "metadata.{key}: unknown field, ignored (the resource is in namespace {:?})",
+                meta.namespace()
+            ));
+        }
+    }
     if meta.name.is_empty() {
         return Err("metadata.name must not be empty".into());
     }
     let spec = env.spec.unwrap_or(serde_json::Value::Null);
-    let typed = |what: &str| format!("{kind} {}: invalid {what}", meta.name);
+    let meta_name = meta.name.clone();
+    let typed = |what: &str| format!("{kind} {meta_name}: invalid {what}");
     // The spec as `T`, then `check`ed; errors name the kind, the resource and the field.
-    fn checked<T: serde::de::DeserializeOwned>(
+    // Fields the typed spec does not know are warnings on `meta`, naming each.
+    fn checked<T: serde::de::DeserializeOwned + serde::Serialize>(
         spec: serde_json::Value,
         typed: &dyn Fn(&str) -> String,
         check: fn(&T) -> Result<(), String>,
+        meta: &mut Metadata,
     ) -> Result<T, String> {
-        let spec: T =
-            serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-        check(&spec).map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
-        Ok(spec)
+        let parsed: T = serde_path_to_error::deserialize(&spec).map_err(|e| {
+            let path = e.path().to_string();
+            let at = if path == "." {
+                "spec".to_string()
+            } else {
+                format!("spec.{path}")
+            };
+            format!("{}: {at}: {}", typed("spec"), e.inner())
+        })?;
+        check(&parsed).map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+        if let Ok(back) = serde_json::to_value(&parsed) {
+            unknown_fields(&spec, &back, "spec", &mut meta.warnings);
+        }
+        Ok(parsed)
     }
     let resource = match kind.as_str() {
         "ServiceEntry" => {
@@ -673,19 +729,34 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             Resource::EndpointSlice(meta, slice)
         }
         "VirtualService" => {
-            let spec = checked(spec, &typed, traffic::validate_virtual_service)?;
+            let spec = checked(
+                spec,
+                &typed,
+                virtual_service::validate_virtual_service,
+                &mut meta,
+            )?;
             Resource::VirtualService(meta, spec)
         }
         "DestinationRule" => {
-            let spec = checked(spec, &typed, traffic::validate_destination_rule)?;
+            let spec = checked(
+                spec,
+                &typed,
+                destination_rule::validate_destination_rule,
+                &mut meta,
+            )?;
             Resource::DestinationRule(meta, spec)
         }
         "Gateway" => {
-            let spec = checked(spec, &typed, traffic::validate_gateway)?;
+            let spec = checked(spec, &typed, traffic::validate_gateway, &mut meta)?;
             Resource::Gateway(meta, spec)
         }
         "AuthorizationPolicy" => {
-            let spec = checked(spec, &typed, traffic::validate_authorization_policy)?;
+            let spec = checked(
+                spec,
+                &typed,
+                traffic::validate_authorization_policy,
+                &mut meta,
+            )?;
             Resource::AuthorizationPolicy(meta, spec)
         }
         "Namespace" => Resource::Namespace(meta),
@@ -710,7 +781,7 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             } else {
                 spec
             };
-            let spec = checked(spec, &typed, MeshConfigSpec::validate)?;
+            let spec = checked(spec, &typed, MeshConfigSpec::validate, &mut meta)?;
             Resource::MeshConfig(meta, spec)
         }
         "WorkloadGroup" => {
@@ -744,6 +815,33 @@ pub fn parse_file(path: &Path, contents: &str) -> Result<Vec<Resource>, ConfigEr
         }
     }
     Ok(out)
+}
+
+/// Adds a warning for each field of `written` that `understood` (the typed value written back)
+/// lacks: a field this control plane does not know, so does not act on.
+fn unknown_fields(
+    written: &serde_json::Value,
+    understood: &serde_json::Value,
+    at: &str,
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    match (written, understood) {
+        (Value::Object(w), Value::Object(u)) => {
+            for (k, v) in w {
+                match u.get(k) {
+                    Some(uv) => unknown_fields(v, uv, &format!("{at}.{k}"), out),
+                    None => out.push(format!("{at}.{k}: unknown field, ignored")),
+                }
+            }
+        }
+        (Value::Array(w), Value::Array(u)) => {
+            for (i, (wv, uv)) in w.iter().zip(u).enumerate() {
+                unknown_fields(wv, uv, &format!("{at}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The config files of `dir`: every `.yaml`, `.yml` and `.json` file (not recursive), in name order.
@@ -903,7 +1001,7 @@ data: {mesh: "whatever: 1"}
             ),
             (
                 "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}, weight: -5}]}]}",
-                "spec.http[0].route[0].weight: -5 must not be negative",
+                "spec.http[0].route[0].weight: invalid value: integer `-5`",
             ),
             (
                 "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}], redirect: {uri: /x}}]}",
@@ -915,7 +1013,7 @@ data: {mesh: "whatever: 1"}
             ),
             (
                 "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], tcp: [{route: [{destination: {host: a, port: {number: 70000}}}]}]}",
-                "spec.tcp[0].route[0].destination.port: port number 70000",
+                "spec.tcp[0].route[0].destination.port.number: port 70000 is not in 1-65535",
             ),
             (
                 "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], tls: [{route: [{destination: {host: a}}]}]}",
@@ -924,6 +1022,86 @@ data: {mesh: "whatever: 1"}
             (
                 "kind: VirtualService\nmetadata: {name: v}\nspec: {gateways: [gw], http: [{route: [{destination: {host: a}}]}]}",
                 "spec.gateways: a delegate",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}], retries: {attempts: 3, perTryTimeout: 99999999999999h}}]}",
+                "spec.http[0].retries.perTryTimeout: \"99999999999999h\" is not a duration",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}], retries: {attempts: 3, retryOn: \"5xx,sometimes\"}}]}",
+                "spec.http[0].retries.retryOn: \"sometimes\"",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}], fault: {abort: {httpStatus: 700}}}]}",
+                "spec.http[0].fault.abort.httpStatus: 700",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}], fault: {delay: {fixedDelay: 1s, percentage: {value: 150}}}}]}",
+                "spec.http[0].fault.delay.percentage: percentage 150",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}], fault: {delay: {fixedDelay: 1s, percentage: {value: .nan}}}}]}",
+                "spec.http[0].fault.delay.percentage",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{match: [{uri: {regex: \"(a\"}}], route: [{destination: {host: a}}]}]}",
+                "spec.http[0].match[0].uri: \"(a\" is not an RE2",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{match: [{uri: {exact: /a, prefix: /b}}], route: [{destination: {host: a}}]}]}",
+                "spec.http[0].match[0].uri: exact, prefix and regex exclude",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{redirect: {uri: /x, redirectCode: 200}}]}",
+                "spec.http[0].redirect.redirectCode: 200",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{directResponse: {status: 99}}]}",
+                "spec.http[0].directResponse.status: 99",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a, port: {number: 0}}}]}]}",
+                "spec.http[0].route[0].destination.port.number: port 0",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: \"*.a\"}}]}]}",
+                "spec.http[0].route[0].destination.host: \"*.a\"",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}], headers: {request: {set: {\":path\": x}}}}]}",
+                "spec.http[0].headers.request: \":path\" is not a header name",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}], mirror: {host: b}, mirrors: [{destination: {host: c}}]}]}",
+                "spec.http[0]: mirror and mirrors exclude",
+            ),
+            (
+                "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a}}], timeout: 1e400}]}",
+                "spec.http[0].timeout: \"1e400\" is not a duration",
+            ),
+            (
+                "kind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, trafficPolicy: {outlierDetection: {maxEjectionPercent: 120}}}",
+                "spec.trafficPolicy.outlierDetection.maxEjectionPercent: 120",
+            ),
+            (
+                "kind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, trafficPolicy: {connectionPool: {tcp: {connectTimeout: NaNs}}}}",
+                "spec.trafficPolicy.connectionPool.tcp.connectTimeout: \"NaNs\"",
+            ),
+            (
+                "kind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, trafficPolicy: {loadBalancer: {consistentHash: {}}}}",
+                "spec.trafficPolicy.loadBalancer.consistentHash: exactly one",
+            ),
+            (
+                "kind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, trafficPolicy: {portLevelSettings: [{port: {number: 80}}, {port: {number: 80}}]}}",
+                "spec.trafficPolicy.portLevelSettings[1].port: port 80 is set twice",
+            ),
+            (
+                "kind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, trafficPolicy: {tls: {mode: SIMPLE, caCertificates: etc/ca.pem}}}",
+                "spec.trafficPolicy.tls.caCertificates: \"etc/ca.pem\" must be an absolute",
+            ),
+            (
+                "kind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, trafficPolicy: {tls: {mode: SIMPLE, credentialName: secret}}}",
+                "spec.trafficPolicy.tls.credentialName: Kubernetes secrets",
             ),
             (
                 "kind: DestinationRule\nmetadata: {name: d}\nspec: {subsets: []}",

@@ -32,8 +32,26 @@ fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>
     let push = cp.snapshot();
     match path {
         "/debug/syncz" => json(serde_json::to_value(xds.syncz()).unwrap_or_default()),
+        // Each resource with the warnings about it: what it asks for and is not acted on.
         "/debug/configz" => json(serde_json::Value::Array(
-            push.config.resources.iter().map(|r| r.to_json()).collect(),
+            push.config
+                .resources
+                .iter()
+                .map(|r| {
+                    let mut v = r.to_json();
+                    let m = r.metadata();
+                    let prefix = format!("{} {}/{}: ", r.kind(), m.namespace(), m.name);
+                    let warnings: Vec<&str> = push
+                        .warnings
+                        .iter()
+                        .filter_map(|w| w.strip_prefix(&prefix))
+                        .collect();
+                    if !warnings.is_empty() {
+                        v["warnings"] = serde_json::json!(warnings);
+                    }
+                    v
+                })
+                .collect(),
         )),
         "/debug/registryz" => json(serde_json::json!({
             "version": push.version,

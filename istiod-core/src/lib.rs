@@ -185,6 +185,16 @@ fn build(
     Ok(push)
 }
 
+/// Logs each warning of `push` that `old` did not have: what the config asks for and is not
+/// acted on is said once, when it appears.
+fn log_warnings(push: &PushContext, old: Option<&PushContext>) {
+    for w in &push.warnings {
+        if !old.is_some_and(|o| o.warnings.contains(w)) {
+            tracing::warn!("{w}");
+        }
+    }
+}
+
 impl ControlPlane {
     /// Loads `config_dir`; fails if it does not load, so a bad start is loud.
     pub fn load(config_dir: &Path, domain_suffix: &str) -> Result<Arc<ControlPlane>, Error> {
@@ -249,6 +259,7 @@ impl ControlPlane {
         let store = store::AggregateStore { sources };
         let push = build(&store, domain_suffix, trust_domain, 1)?;
         tracing::info!(dir = ?config_dir, services = push.services.len(), "config loaded");
+        log_warnings(&push, None);
         let (tx, _) = watch::channel(Arc::new(push));
         Ok(Arc::new(ControlPlane {
             config_dir: config_dir.map(Path::to_path_buf),
@@ -297,6 +308,7 @@ impl ControlPlane {
             tracing::debug!("config files changed while being read; reading again");
         };
         let old = self.tx.borrow().clone();
+        log_warnings(&push, Some(&old));
         if !push.same_content(&old) {
             push.generation = old.generation + 1;
             push.change = push.change_from(&old);

@@ -12,6 +12,9 @@ use crate::config_store::{
 use crate::model::{Endpoint, Service, ServicePort, Subset, TlsMode};
 use crate::registry::{self, RegistryError};
 
+pub mod routing;
+pub use routing::{AppliedRule, MeshRoute, Routing};
+
 /// Istio's root namespace: a PeerAuthentication here without a selector is mesh-wide.
 pub const ROOT_NAMESPACE: &str = "istio-system";
 /// The trust domain of workload identities unless the mesh config says otherwise.
@@ -46,6 +49,13 @@ pub struct PushContext {
     pub mesh: MeshConfigSpec,
     /// Each service's DestinationRule subsets, by hostname.
     pub subsets: HashMap<String, Vec<Subset>>,
+    /// The DestinationRule that applies to each service, by hostname.
+    pub destination_rules: HashMap<String, Arc<AppliedRule>>,
+    /// The VirtualServices sidecars apply.
+    pub routing: Routing,
+    /// What the config asks for that is not acted on, each naming the resource and field
+    /// (logged on load, shown by /debug/configz).
+    pub warnings: Vec<String>,
     /// `outbound|PORT|SUBSET|HOST` → which service, port and subset, for EDS lookups.
     pub clusters: HashMap<String, ClusterRef>,
     /// Encoded resources that are the same for every proxy of this snapshot.
@@ -158,6 +168,9 @@ impl Default for PushContext {
             config: Default::default(),
             clusters: Default::default(),
             subsets: Default::default(),
+            destination_rules: Default::default(),
+            routing: Default::default(),
+            warnings: Vec::new(),
             mesh: Default::default(),
             cache: GenCache::default(),
         }
@@ -245,63 +258,6 @@ fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
-/// DestinationRule subsets per service hostname. A rule's short host (no dot) is taken in the
-/// rule's namespace, as Istio does; a wildcard host (`*.example.com`) applies to the services it
-/// matches that have no rule of their own. Rules for one host merge in (namespace, name) order,
-/// a subset name defined again being ignored. Rules with a workloadSelector apply to some
-/// clients only and are not used here.
-fn subsets(
-    config: &ConfigSet,
-    domain_suffix: &str,
-    services: &[Service],
-) -> HashMap<String, Vec<Subset>> {
-    let mut rules: Vec<_> = config
-        .resources
-        .iter()
-        .filter_map(|r| match r {
-            Resource::DestinationRule(m, s) if !s.rest.contains_key("workloadSelector") => {
-                Some((m, s))
-            }
-            _ => None,
-        })
-        .collect();
-    rules.sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
-    let mut by_host: BTreeMap<String, Vec<Subset>> = BTreeMap::new();
-    for (meta, spec) in rules {
-        let host = if spec.host.contains('.') || spec.host.starts_with('*') {
-            spec.host.clone()
-        } else {
-            format!("{}.{}.svc.{domain_suffix}", spec.host, meta.namespace())
-        };
-        let merged = by_host.entry(host).or_default();
-        for s in &spec.subsets {
-            if !merged.iter().any(|m| m.name == s.name) {
-                merged.push(Subset {
-                    name: s.name.clone(),
-                    labels: s.labels.clone(),
-                });
-            }
-        }
-    }
-    let mut out = HashMap::new();
-    for svc in services {
-        let rule = by_host.get(&svc.hostname).or_else(|| {
-            by_host
-                .iter()
-                .filter(|(h, _)| {
-                    h.strip_prefix('*')
-                        .is_some_and(|suffix| svc.hostname.ends_with(suffix))
-                })
-                .max_by_key(|(h, _)| h.len())
-                .map(|(_, s)| s)
-        });
-        if let Some(subsets) = rule.filter(|s| !s.is_empty()) {
-            out.insert(svc.hostname.clone(), subsets.clone());
-        }
-    }
-    out
-}
-
 impl PushContext {
     /// The mesh config's rootNamespace (Istio's default: istio-system): where mesh-wide
     /// PeerAuthentication and the default Sidecar live.
@@ -327,6 +283,22 @@ impl PushContext {
         ports.sort_unstable();
         ports.dedup();
         ports
+    }
+
+    /// Every route configuration name: `"PORT"` for each HTTP port, and `"HOST:PORT"` for each
+    /// port with no declared protocol on a service with a VIP (sniffed HTTP).
+    pub fn route_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.http_ports().iter().map(u16::to_string).collect();
+        for s in self.services.iter().filter(|s| !s.addresses.is_empty()) {
+            for p in s
+                .ports
+                .iter()
+                .filter(|p| p.protocol == crate::model::Protocol::Unknown)
+            {
+                names.push(format!("{}:{}", s.hostname, p.port));
+            }
+        }
+        names
     }
 
     /// Whether auto mTLS is on (MeshConfig enableAutoMtls, default true).
@@ -360,7 +332,25 @@ impl PushContext {
         peer_authentications
             .sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
         let services = registry::services(&config, domain_suffix)?;
-        let subsets = subsets(&config, domain_suffix, &services);
+        let mut mesh = MeshConfigSpec::default();
+        for r in &config.resources {
+            if let Resource::MeshConfig(_, m) = r {
+                mesh.merge(m);
+            }
+        }
+        let root_namespace = mesh.root_namespace.as_deref().unwrap_or(ROOT_NAMESPACE);
+        let destination_rules =
+            routing::destination_rules(&config, domain_suffix, root_namespace, &services);
+        let subsets = routing::subsets(&destination_rules);
+        let routing = Routing::build(&config, domain_suffix);
+        let mut warnings = Vec::new();
+        for r in &config.resources {
+            let m = r.metadata();
+            let found = routing::not_applied(r, &config, &services, domain_suffix);
+            for w in m.warnings.iter().chain(&found) {
+                warnings.push(format!("{} {}/{}: {w}", r.kind(), m.namespace(), m.name));
+            }
+        }
         let mut clusters = HashMap::new();
         for (si, s) in services.iter().enumerate() {
             let own = subsets
@@ -387,12 +377,6 @@ impl PushContext {
             })
             .collect();
         sidecars.sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
-        let mut mesh = MeshConfigSpec::default();
-        for r in &config.resources {
-            if let Resource::MeshConfig(_, m) = r {
-                mesh.merge(m);
-            }
-        }
         Ok(PushContext {
             mesh,
             version,
@@ -401,6 +385,9 @@ impl PushContext {
             change: Change::Full,
             clusters,
             subsets,
+            destination_rules,
+            routing,
+            warnings,
             cache: GenCache::default(),
             services,
             peer_authentications,
@@ -414,6 +401,8 @@ impl PushContext {
         self.services == other.services
             && self.mesh == other.mesh
             && self.subsets == other.subsets
+            && self.destination_rules == other.destination_rules
+            && self.routing == other.routing
             && self.peer_authentications == other.peer_authentications
             && self.sidecars == other.sidecars
             && self.trust_domain == other.trust_domain
@@ -426,6 +415,8 @@ impl PushContext {
         if self.services.len() != old.services.len()
             || self.mesh != old.mesh
             || self.subsets != old.subsets
+            || self.destination_rules != old.destination_rules
+            || self.routing != old.routing
             || self.peer_authentications != old.peer_authentications
             || self.sidecars != old.sidecars
             || self.trust_domain != old.trust_domain

@@ -72,6 +72,7 @@ impl ConfigStore for MeshConfigFile {
                 name: "mesh-config-file".to_string(),
                 namespace: None,
                 labels: Default::default(),
+                warnings: Vec::new(),
             },
             spec,
         )])

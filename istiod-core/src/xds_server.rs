@@ -197,7 +197,7 @@ fn generate(
         CLUSTER_TYPE => generators::cds::generate(push, proxy),
         ENDPOINT_TYPE => generators::eds::generate(push, names),
         LISTENER_TYPE => generators::lds::generate(push, proxy),
-        ROUTE_TYPE => generators::rds::generate(push, proxy, names),
+        ROUTE_TYPE => generators::route::generate(push, proxy, names),
         istio_proto::nds::TYPE_URL => generators::nds::generate(push, proxy),
         _ => return None,
     })

@@ -12,8 +12,11 @@ use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, http_connection_manager,
+};
 use istiod_core::config_store::{ConfigSet, parse_file};
-use istiod_core::generators::{Named, cds, eds, lds, nds, rds};
+use istiod_core::generators::{Named, cds, eds, lds, nds, route};
 use istiod_core::model::Proxy;
 use istiod_core::push_context::PushContext;
 use prost::Message;
@@ -57,12 +60,30 @@ fn render(yaml_path: &Path) -> String {
         })
         .map(|n| n.name.clone())
         .collect();
+    // The route configurations the listeners ask for over RDS, as Envoy would.
     let mut route_names: Vec<String> = listeners
         .iter()
-        .filter_map(|n| n.name.strip_prefix("0.0.0.0_").map(str::to_string))
-        .filter(|p| p.parse::<u16>().is_ok())
+        .flat_map(|n| {
+            Listener::decode(n.resource.value.as_slice())
+                .unwrap()
+                .filter_chains
+        })
+        .flat_map(|c| c.filters)
+        .filter_map(|f| match f.config_type {
+            Some(
+                envoy_types::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(any),
+            ) if f.name == "envoy.filters.network.http_connection_manager" => {
+                HttpConnectionManager::decode(any.value.as_slice()).ok()
+            }
+            _ => None,
+        })
+        .filter_map(|hcm| match hcm.route_specifier {
+            Some(http_connection_manager::RouteSpecifier::Rds(rds)) => Some(rds.route_config_name),
+            _ => None,
+        })
         .collect();
     route_names.sort();
+    route_names.dedup();
     let mut out = String::new();
     writeln!(out, "### CDS").unwrap();
     out.push_str(&show::<Cluster>(&clusters));
@@ -73,9 +94,13 @@ fn render(yaml_path: &Path) -> String {
     writeln!(out, "### LDS").unwrap();
     out.push_str(&show::<Listener>(&listeners));
     writeln!(out, "### RDS").unwrap();
-    let routes = rds::generate(&push, &proxy, &route_names);
-    assert_eq!(rds::generate(&push, &proxy, &route_names), routes);
+    let routes = route::generate(&push, &proxy, &route_names);
+    assert_eq!(route::generate(&push, &proxy, &route_names), routes);
     out.push_str(&show::<RouteConfiguration>(&routes));
+    writeln!(out, "### WARNINGS").unwrap();
+    for w in &push.warnings {
+        writeln!(out, "{w}").unwrap();
+    }
     writeln!(out, "### NDS").unwrap();
     for n in nds::generate(&push, &proxy) {
         let table = istio_proto::nds::NameTable::decode(n.resource.value.as_slice()).unwrap();

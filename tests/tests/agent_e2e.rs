@@ -443,5 +443,27 @@ fn envoy_accepts_every_golden_config() {
             "{} ({flavour}): Envoy's listeners",
             case.display()
         );
+        // Every route configuration the listeners ask for arrives and is accepted (a rejected
+        // one never shows in the dump, and counts in an `rds.*.update_rejected` stat).
+        let want = golden_names(&golden, "RDS");
+        let routes_in = wait_until(Duration::from_secs(20), || {
+            dumped_names(pod_ref, "dynamic_route_configs", "route_config") == want
+        });
+        assert!(
+            routes_in,
+            "{} ({flavour}): Envoy's route configurations {:?}, expected {want:?}",
+            case.display(),
+            dumped_names(pod_ref, "dynamic_route_configs", "route_config")
+        );
+        let (_, stats) = pod_ref
+            .http_get(0, "http://127.0.0.1:15000/stats?filter=update_rejected")
+            .unwrap();
+        for line in stats.lines() {
+            assert!(
+                line.ends_with(": 0"),
+                "{} ({flavour}): {line}",
+                case.display()
+            );
+        }
     }
 }

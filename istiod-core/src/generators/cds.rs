@@ -23,7 +23,7 @@ use crate::model::{
 use crate::push_context::PushContext;
 
 const CONNECT_TIMEOUT_SECS: i64 = 10;
-const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+use super::cluster_policy::{self, HTTP_PROTOCOL_OPTIONS};
 
 fn base(name: String, kind: cluster::DiscoveryType) -> Cluster {
     Cluster {
@@ -106,6 +106,7 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<
                 outbound_cluster_name(port.port, &svc.hostname),
                 cluster::DiscoveryType::Eds,
             );
+            cluster_policy::defaults(&mut c);
             c.eds_cluster_config = Some(cluster::EdsClusterConfig {
                 eds_config: Some(ads_config_source()),
                 service_name: String::new(),
@@ -141,9 +142,29 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<
                 .get(&svc.hostname)
                 .map(Vec::as_slice)
                 .unwrap_or_default();
+            let rule = push.destination_rules.get(&svc.hostname);
             for (subset, name) in port_clusters(port.port, &svc.hostname, subsets) {
                 let sni_subset = subset.map_or("", |i| subsets[i].name.as_str());
-                clusters.push(with_mtls(Cluster { name, ..c.clone() }, sni_subset));
+                let mut cluster = with_mtls(Cluster { name, ..c.clone() }, sni_subset);
+                if let Some(rule) = rule {
+                    let subset_name = subset.map(|i| subsets[i].name.as_str());
+                    let eff = cluster_policy::effective(rule, subset_name, port.port);
+                    cluster_policy::apply(
+                        &mut cluster,
+                        &eff,
+                        port.protocol,
+                        &cluster_policy::TlsInputs {
+                            istio_sni: format!(
+                                "outbound_.{}_.{sni_subset}_.{}",
+                                port.port, svc.hostname
+                            ),
+                            sans: &sans,
+                            h2: matches!(port.protocol, Protocol::Http2 | Protocol::Grpc),
+                        },
+                    );
+                    cluster.metadata = Some(cluster_policy::metadata(rule, subset_name));
+                }
+                clusters.push(cluster);
             }
         }
     }

@@ -26,7 +26,7 @@ use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpPro
 use envoy_types::pb::google::protobuf::{Any, BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 
-use super::rds::route_to;
+use super::route::route_to;
 use super::{
     BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, Named, PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND,
     VIRTUAL_INBOUND_PORT, VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT, ads_config_source,
@@ -56,20 +56,32 @@ fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
     )
 }
 
+fn http_filter(name: &str, config: Any) -> HttpFilter {
+    HttpFilter {
+        name: name.to_string(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(config)),
+        ..Default::default()
+    }
+}
+
+/// Istio's filter chain: fault and CORS (configured per route by VirtualServices), then the
+/// router.
 fn hcm(
     stat_prefix: String,
     routes: http_connection_manager::RouteSpecifier,
 ) -> HttpConnectionManager {
+    use envoy_types::pb::envoy::extensions::filters::http::{cors::v3::Cors, fault::v3::HttpFault};
     HttpConnectionManager {
         stat_prefix,
         route_specifier: Some(routes),
-        http_filters: vec![HttpFilter {
-            name: "envoy.filters.http.router".to_string(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
-                Router::default(),
-            ))),
-            ..Default::default()
-        }],
+        http_filters: vec![
+            http_filter(
+                super::route::http::FAULT_FILTER,
+                pack_any(HttpFault::default()),
+            ),
+            http_filter(super::route::http::CORS_FILTER, pack_any(Cors::default())),
+            http_filter("envoy.filters.http.router", pack_any(Router::default())),
+        ],
         ..Default::default()
     }
 }
@@ -145,6 +157,7 @@ fn chain(name: &str, filters: Vec<Filter>) -> FilterChain {
 fn outbound_listeners(
     push: &PushContext,
     visible: &dyn Fn(&Service, u16) -> bool,
+    proxy: Option<&Proxy>,
 ) -> Vec<Listener> {
     let mut out = Vec::new();
     let mut http_ports = BTreeSet::new();
@@ -165,7 +178,16 @@ fn outbound_listeners(
                     continue;
                 }
                 let name = format!("{ip}_{}", port.port);
-                let tcp = chain(&cluster, vec![tcp_proxy_filter(&cluster, &cluster)]);
+                // A VirtualService's tcp route, else the service's own cluster.
+                let tcp_filter =
+                    match super::route::tcp::tcp_route(push, svc, port.port, *vip, proxy) {
+                        Some((spec, stat)) => network_filter(
+                            "envoy.filters.network.tcp_proxy",
+                            pack_any(super::route::tcp::tcp_proxy(spec, stat)),
+                        ),
+                        None => tcp_proxy_filter(&cluster, &cluster),
+                    };
+                let tcp = chain(&cluster, vec![tcp_filter]);
                 if port.protocol == Protocol::Unknown {
                     // Sniffed: HTTP goes through an HTTP connection manager, anything else
                     // through tcp_proxy.
@@ -181,7 +203,11 @@ fn outbound_listeners(
                             &format!("{cluster}-http"),
                             vec![hcm_filter(
                                 format!("outbound_{name}"),
-                                all_to(&cluster, cluster.clone()),
+                                // Routes of its own, "HOST:PORT", so VirtualServices apply.
+                                http_connection_manager::RouteSpecifier::Rds(Rds {
+                                    config_source: Some(ads_config_source()),
+                                    route_config_name: format!("{}:{}", svc.hostname, port.port),
+                                }),
                             )],
                         )
                     };
@@ -462,11 +488,21 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
 /// All listeners for `proxy` (LDS is requested as a wildcard).
 pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     let named = |l: Listener| Named::new(l.name.clone(), pack_any(l));
-    let mut out = match push.sidecar_scope(proxy) {
+    let scope = push.sidecar_scope(proxy);
+    let mut out = match scope {
+        // Routes that depend on the proxy: its listeners are its own.
+        None if push.routing.per_proxy => {
+            let mut own: Vec<Named> = outbound_listeners(push, &|_, _| true, Some(proxy))
+                .into_iter()
+                .map(named)
+                .collect();
+            own.push(named(virtual_outbound(push.mesh_registry_only())));
+            own
+        }
         None => push
             .cache
             .get(&push.cache.outbound_listeners, "outbound listeners", || {
-                let mut shared: Vec<Named> = outbound_listeners(push, &|_, _| true)
+                let mut shared: Vec<Named> = outbound_listeners(push, &|_, _| true, None)
                     .into_iter()
                     .map(named)
                     .collect();
@@ -476,10 +512,11 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
             .clone(),
         // Under a Sidecar resource: only its egress hosts (generated for this proxy).
         Some(scope) => {
-            let mut own: Vec<Named> = outbound_listeners(push, &|s, p| scope.sees_port(s, p))
-                .into_iter()
-                .map(named)
-                .collect();
+            let mut own: Vec<Named> =
+                outbound_listeners(push, &|s, p| scope.sees_port(s, p), Some(proxy))
+                    .into_iter()
+                    .map(named)
+                    .collect();
             own.push(named(virtual_outbound(scope.registry_only)));
             own
         }

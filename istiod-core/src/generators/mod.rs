@@ -3,10 +3,11 @@
 //! (snapshot, proxy, requested names); the xDS server decides when to call them.
 
 pub mod cds;
+pub mod cluster_policy;
 pub mod eds;
 pub mod lds;
 pub mod nds;
-pub mod rds;
+pub mod route;
 pub mod tls;
 
 use envoy_types::pb::envoy::config::core::v3::{
@@ -37,10 +38,39 @@ pub const INBOUND_PASSTHROUGH_BIND_V4: &str = "127.0.0.6";
 
 /// A generated resource with its name, ready to be sent. The resource is shared: the
 /// snapshot's cache and every response that carries it hold the same one.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Named {
     pub name: String,
     pub resource: std::sync::Arc<Any>,
+}
+
+impl PartialEq for Named {
+    /// The same resource: the same bytes, or, where a message holds a protobuf map (per-route
+    /// filter configs, metadata) whose entries prost encodes in hash order, the same decoded
+    /// message.
+    fn eq(&self, other: &Self) -> bool {
+        use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+        use envoy_types::pb::envoy::config::listener::v3::Listener;
+        use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+        use prost::Message;
+        fn same<M: Message + Default + PartialEq>(a: &Any, b: &Any) -> bool {
+            match (M::decode(a.value.as_slice()), M::decode(b.value.as_slice())) {
+                (Ok(x), Ok(y)) => x == y,
+                _ => false,
+            }
+        }
+        let (a, b) = (&*self.resource, &*other.resource);
+        if self.name != other.name || a.type_url != b.type_url {
+            return false;
+        }
+        a.value == b.value
+            || match a.type_url.as_str() {
+                ROUTE_TYPE => same::<RouteConfiguration>(a, b),
+                CLUSTER_TYPE => same::<Cluster>(a, b),
+                LISTENER_TYPE => same::<Listener>(a, b),
+                _ => false,
+            }
+    }
 }
 
 impl Named {

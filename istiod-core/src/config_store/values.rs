@@ -1,0 +1,208 @@
+//! Value types the traffic resources share, each checked as it is read so that a generator
+//! never sees an unchecked number: durations (Go syntax, as Istio's CRDs take them), percentages
+//! (0-100, finite), ports and string matches. Each keeps what the user wrote, so /debug/configz
+//! shows the resource as written.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A Go duration (`1.5s`, `100ms`, `1h`) from a resource, checked (no overflow, NaN or sign).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GoDuration {
+    pub written: String,
+    pub value: Duration,
+}
+
+impl GoDuration {
+    /// As protobuf's Duration (always representable: at most i64::MAX nanoseconds).
+    pub fn proto(&self) -> envoy_types::pb::google::protobuf::Duration {
+        proto_duration(self.value)
+    }
+}
+
+/// `d` as a protobuf Duration; saturates at protobuf's largest (never reached from a
+/// `GoDuration`, which is at most 2^63-1 ns).
+pub fn proto_duration(d: Duration) -> envoy_types::pb::google::protobuf::Duration {
+    envoy_types::pb::google::protobuf::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+impl<'de> Deserialize<'de> for GoDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let written = String::deserialize(d)?;
+        let value = crate::parse_go_duration(&written).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "{written:?} is not a duration such as 1.5s or 100ms: {e}"
+            ))
+        })?;
+        Ok(GoDuration { written, value })
+    }
+}
+
+impl Serialize for GoDuration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.written.serialize(s)
+    }
+}
+
+/// Istio's `Percent { value: double }`: 0 to 100, finite.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct Percent {
+    pub value: f64,
+}
+
+// A checked Percent is finite, so equality is an equivalence.
+impl Eq for Percent {}
+
+impl<'de> Deserialize<'de> for Percent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Raw {
+            #[serde(default)]
+            value: f64,
+        }
+        let raw = Raw::deserialize(d)?;
+        if !raw.value.is_finite() || !(0.0..=100.0).contains(&raw.value) {
+            return Err(serde::de::Error::custom(format!(
+                "percentage {} is not between 0 and 100",
+                raw.value
+            )));
+        }
+        Ok(Percent { value: raw.value })
+    }
+}
+
+impl Percent {
+    /// As Envoy's FractionalPercent per million (the finest denominator), exact to 0.0001%.
+    pub fn per_million(self) -> u32 {
+        // 0..=100 → 0..=1_000_000: in range by construction.
+        (self.value * 10_000.0).round() as u32
+    }
+}
+
+/// A port number, 1-65535, checked as it is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Port(pub u16);
+
+impl<'de> Deserialize<'de> for Port {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = i64::deserialize(d)?;
+        u16::try_from(n)
+            .ok()
+            .filter(|p| *p != 0)
+            .map(Port)
+            .ok_or_else(|| serde::de::Error::custom(format!("port {n} is not in 1-65535")))
+    }
+}
+
+/// Istio's StringMatch: exactly one of `exact`, `prefix`, `regex` (RE2); `{}` (none) is
+/// accepted where Istio takes it as "present" (header matches).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StringMatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+}
+
+/// What a `StringMatch` asks for, once checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StringMatchKind<'a> {
+    Exact(&'a str),
+    Prefix(&'a str),
+    Regex(&'a str),
+    /// `{}`: any value (the header is present).
+    Any,
+}
+
+impl StringMatch {
+    pub fn kind(&self) -> StringMatchKind<'_> {
+        match (&self.exact, &self.prefix, &self.regex) {
+            (Some(e), _, _) => StringMatchKind::Exact(e),
+            (_, Some(p), _) => StringMatchKind::Prefix(p),
+            (_, _, Some(r)) => StringMatchKind::Regex(r),
+            _ => StringMatchKind::Any,
+        }
+    }
+
+    /// One kind at most; a regex must be RE2-compatible (Envoy compiles it with RE2 and would
+    /// reject the whole route configuration otherwise).
+    pub fn check(&self, field: &str) -> Result<(), String> {
+        let set = [&self.exact, &self.prefix, &self.regex]
+            .iter()
+            .filter(|v| v.is_some())
+            .count();
+        if set > 1 {
+            return Err(format!(
+                "{field}: exact, prefix and regex exclude each other"
+            ));
+        }
+        if let Some(r) = &self.regex {
+            check_regex(field, r)?;
+        }
+        Ok(())
+    }
+}
+
+/// RE2 syntax (what Envoy's `safe_regex` takes): no backreferences or lookaround, bounded size.
+pub fn check_regex(field: &str, re: &str) -> Result<(), String> {
+    if re.len() > 1024 {
+        return Err(format!("{field}: regex longer than 1024 bytes"));
+    }
+    regex_syntax::ParserBuilder::new()
+        .build()
+        .parse(re)
+        .map(|_| ())
+        .map_err(|e| {
+            let first = e.to_string();
+            let first = first.lines().last().unwrap_or_default().trim().to_string();
+            format!("{field}: {re:?} is not an RE2 regular expression: {first}")
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_checked_as_read() {
+        let d: GoDuration = serde_json::from_value(serde_json::json!("1.5s")).unwrap();
+        assert_eq!(d.value, Duration::from_millis(1500));
+        assert_eq!(d.proto().seconds, 1);
+        assert_eq!(d.proto().nanos, 500_000_000);
+        assert_eq!(serde_json::to_value(&d).unwrap(), "1.5s");
+        for bad in ["9999999999999999h", "-1s", "NaNs", "5"] {
+            assert!(serde_json::from_value::<GoDuration>(serde_json::json!(bad)).is_err());
+        }
+        let p: Percent = serde_json::from_value(serde_json::json!({"value": 12.5})).unwrap();
+        assert_eq!(p.per_million(), 125_000);
+        for bad in [
+            serde_json::json!({"value": 101}),
+            serde_json::json!({"value": -1}),
+        ] {
+            assert!(serde_json::from_value::<Percent>(bad).is_err());
+        }
+        assert!(serde_json::from_value::<Port>(serde_json::json!(0)).is_err());
+        assert!(serde_json::from_value::<Port>(serde_json::json!(65536)).is_err());
+        assert_eq!(
+            serde_json::from_value::<Port>(serde_json::json!(8080)).unwrap(),
+            Port(8080)
+        );
+        let m = StringMatch {
+            regex: Some("(a".into()),
+            ..Default::default()
+        };
+        assert!(m.check("uri").unwrap_err().contains("not an RE2"));
+        let m = StringMatch {
+            regex: Some("(?=x)".into()),
+            ..Default::default()
+        };
+        assert!(m.check("uri").is_err());
+    }
+}

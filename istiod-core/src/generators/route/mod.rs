@@ -1,0 +1,298 @@
+//! RDS: the outbound route configurations, as istiod lays them out
+//! (`pilot/pkg/networking/core/httproute.go`):
+//! - `"PORT"` for each port some service declares HTTP on: a virtual host per service on that
+//!   port (`host:port`, sorted by name), whose routes come from the VirtualService that names the
+//!   host (`http`), else one default route to `outbound|PORT||HOST`; VirtualService hosts that
+//!   are no service get a virtual host of their own on port 80 (or on a port where the same
+//!   VirtualService routes a service); `allow_any` (or `block_all` under REGISTRY_ONLY) last.
+//! - `"HOST:PORT"` for a port with no declared protocol (sniffed HTTP): one virtual host for
+//!   every authority, with that service's routes.
+
+pub mod http;
+pub mod retry;
+pub mod tcp;
+
+use std::collections::BTreeSet;
+
+use envoy_types::pb::envoy::config::route::v3::{
+    Decorator, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route,
+    route_action, route_match,
+};
+use envoy_types::pb::google::protobuf::BoolValue;
+use envoy_types::util::pack_any;
+
+use super::{BLACKHOLE_CLUSTER, Named, PASSTHROUGH_CLUSTER, seconds};
+use crate::model::{Proxy, Service, ServicePort, outbound_cluster_name};
+use crate::push_context::PushContext;
+
+/// A route sending everything to `cluster`, with no retries: inbound routes and passthrough.
+pub(crate) fn route_to(cluster: String) -> Route {
+    Route {
+        name: "default".to_string(),
+        r#match: Some(RouteMatch {
+            path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
+            ..Default::default()
+        }),
+        action: Some(route::Action::Route(RouteAction {
+            cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster)),
+            // Istio disables the route timeout unless a VirtualService sets one.
+            timeout: Some(seconds(0)),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// A service's route when no VirtualService names it: Istio's default route, with the
+/// default retry policy and the DestinationRule's consistent hash.
+fn default_route(push: &PushContext, svc: &Service, port: u16) -> Route {
+    let mut r = route_to(outbound_cluster_name(port, &svc.hostname));
+    let destination = crate::config_store::virtual_service::Destination {
+        host: svc.hostname.clone(),
+        ..Default::default()
+    };
+    let hash = super::cluster_policy::hash_policy(push, &destination, port);
+    if let Some(route::Action::Route(action)) = &mut r.action {
+        action.retry_policy = Some(retry::default_retry(!hash.is_empty()));
+        action.hash_policy = hash;
+        #[allow(deprecated)]
+        {
+            action.max_grpc_timeout = action.timeout;
+        }
+    }
+    r.decorator = Some(Decorator {
+        operation: format!("{}:{port}/*", svc.hostname),
+        ..Default::default()
+    });
+    r
+}
+
+/// The names a client may use for `svc` on `port`: the FQDN, its short forms within the
+/// namespace, and the VIPs, each with and without the port.
+fn domains(svc: &Service, port: &ServicePort) -> Vec<String> {
+    let mut names = vec![svc.hostname.clone()];
+    let ns_suffix = format!(".{}.svc.", svc.namespace);
+    if let Some(idx) = svc.hostname.find(&ns_suffix) {
+        names.push(svc.hostname[..idx].to_string());
+        names.push(format!("{}.{}", &svc.hostname[..idx], svc.namespace));
+        names.push(format!("{}.{}.svc", &svc.hostname[..idx], svc.namespace));
+    }
+    names.extend(svc.addresses.iter().map(|a| match a {
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+        v4 => v4.to_string(),
+    }));
+    let with_port: Vec<String> = names.iter().map(|n| format!("{n}:{}", port.port)).collect();
+    names.extend(with_port);
+    names
+}
+
+/// The routes of `svc` on `port` for `proxy`: its VirtualService's, else the default route.
+fn service_routes(ctx: http::Ctx, svc: &Service) -> Vec<Route> {
+    let ns = ctx.proxy.map(|p| p.namespace.as_str());
+    let vs = match ns {
+        Some(ns) => ctx.push.routing.for_host(&svc.hostname, ns),
+        None => ctx.push.routing.for_host(&svc.hostname, &svc.namespace),
+    };
+    let routes = vs.map(|vs| http::routes(ctx, vs)).unwrap_or_default();
+    if routes.is_empty() {
+        vec![default_route(ctx.push, svc, ctx.port)]
+    } else {
+        routes
+    }
+}
+
+fn route_config(
+    push: &PushContext,
+    name: &str,
+    visible: &dyn Fn(&Service, u16) -> bool,
+    registry_only: bool,
+    proxy: Option<&Proxy>,
+) -> RouteConfiguration {
+    let mut virtual_hosts = Vec::new();
+    if let Some((host, port)) = name.rsplit_once(':')
+        && let Ok(port) = port.parse::<u16>()
+    {
+        // A sniffed port: every authority reaching this listener is this service.
+        if let Some(svc) = push
+            .services
+            .iter()
+            .find(|s| s.hostname == host && visible(s, port))
+        {
+            virtual_hosts.push(VirtualHost {
+                name: format!("{host}:{port}"),
+                domains: vec!["*".to_string()],
+                routes: service_routes(http::Ctx { push, port, proxy }, svc),
+                ..Default::default()
+            });
+        }
+        return RouteConfiguration {
+            name: name.to_string(),
+            virtual_hosts,
+            validate_clusters: Some(BoolValue { value: false }),
+            ..Default::default()
+        };
+    }
+    if let Ok(port_number) = name.parse::<u16>() {
+        let ctx = http::Ctx {
+            push,
+            port: port_number,
+            proxy,
+        };
+        let mut used = BTreeSet::new();
+        for svc in push.services.iter().filter(|s| visible(s, port_number)) {
+            for port in svc
+                .ports
+                .iter()
+                .filter(|p| p.port == port_number && p.protocol.is_http())
+            {
+                let domains: Vec<String> = domains(svc, port)
+                    .into_iter()
+                    .filter(|d| used.insert(d.clone()))
+                    .collect();
+                if domains.is_empty() {
+                    continue;
+                }
+                virtual_hosts.push(VirtualHost {
+                    name: format!("{}:{}", svc.hostname, port.port),
+                    domains,
+                    routes: service_routes(ctx, svc),
+                    ..Default::default()
+                });
+            }
+        }
+        virtual_hosts.extend(vs_host_vhosts(ctx, visible, &mut used));
+        virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    // Unknown hosts pass through, as with Istio's default outboundTrafficPolicy ALLOW_ANY;
+    // under REGISTRY_ONLY they are refused.
+    virtual_hosts.push(if registry_only {
+        VirtualHost {
+            name: "block_all".to_string(),
+            domains: vec!["*".to_string()],
+            routes: vec![route_to(BLACKHOLE_CLUSTER.to_string())],
+            ..Default::default()
+        }
+    } else {
+        VirtualHost {
+            name: "allow_any".to_string(),
+            domains: vec!["*".to_string()],
+            routes: vec![route_to(PASSTHROUGH_CLUSTER.to_string())],
+            ..Default::default()
+        }
+    });
+    RouteConfiguration {
+        name: name.to_string(),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
+/// Virtual hosts for VirtualService hosts that are no service on this port (an external name
+/// such as `www.example.com`): on port 80 always, on another port when the same
+/// VirtualService routes a service there (Istio's rule).
+fn vs_host_vhosts(
+    ctx: http::Ctx,
+    visible: &dyn Fn(&Service, u16) -> bool,
+    used: &mut BTreeSet<String>,
+) -> Vec<VirtualHost> {
+    let mut out = Vec::new();
+    let ns = ctx.proxy.map(|p| p.namespace.as_str());
+    for vs in &ctx.push.routing.virtual_services {
+        if ns.is_some_and(|ns| !vs.visible_in(ns)) {
+            continue;
+        }
+        let on_port = |h: &str| {
+            ctx.push.services.iter().any(|s| {
+                visible(s, ctx.port)
+                    && crate::push_context::routing::host_matches(h, &s.hostname)
+                    && s.ports
+                        .iter()
+                        .any(|p| p.port == ctx.port && p.protocol.is_http())
+            })
+        };
+        let routes_a_service = vs.hosts.iter().any(|h| on_port(h));
+        if ctx.port != 80 && !routes_a_service {
+            continue;
+        }
+        let others: Vec<&String> = vs.hosts.iter().filter(|h| !on_port(h)).collect();
+        if others.is_empty() {
+            continue;
+        }
+        let routes = http::routes(ctx, vs);
+        if routes.is_empty() {
+            continue;
+        }
+        for host in others {
+            if !used.insert(host.clone()) {
+                continue;
+            }
+            out.push(VirtualHost {
+                name: format!("{host}:{}", ctx.port),
+                domains: vec![host.clone()],
+                routes: routes.clone(),
+                ..Default::default()
+            });
+        }
+    }
+    out
+}
+
+/// Route configurations `names` for `proxy`; under a Sidecar resource only its egress hosts.
+/// Shared by every proxy unless a route depends on the proxy (sourceLabels, sourceNamespace,
+/// exportTo) or a Sidecar scopes it.
+pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> Vec<Named> {
+    let scope = push.sidecar_scope(proxy);
+    if scope.is_some() || push.routing.per_proxy {
+        let registry_only = scope
+            .as_ref()
+            .map_or(push.mesh_registry_only(), |s| s.registry_only);
+        return names
+            .iter()
+            .map(|n| {
+                let n = n.as_ref();
+                let visible =
+                    |s: &Service, p: u16| scope.as_ref().is_none_or(|sc| sc.sees_port(s, p));
+                Named::new(
+                    n.to_string(),
+                    pack_any(route_config(push, n, &visible, registry_only, Some(proxy))),
+                )
+            })
+            .collect();
+    }
+    let all = push
+        .cache
+        .get(&push.cache.routes, "route configurations", || {
+            push.route_names()
+                .into_iter()
+                .map(|name| {
+                    let resource = pack_any(route_config(
+                        push,
+                        &name,
+                        &|_, _| true,
+                        push.mesh_registry_only(),
+                        None,
+                    ));
+                    (name.clone(), Named::new(name, resource))
+                })
+                .collect()
+        });
+    names
+        .iter()
+        .map(|n| {
+            let n = n.as_ref();
+            all.get(n).cloned().unwrap_or_else(|| {
+                Named::new(
+                    n.to_string(),
+                    pack_any(route_config(
+                        push,
+                        n,
+                        &|_, _| true,
+                        push.mesh_registry_only(),
+                        None,
+                    )),
+                )
+            })
+        })
+        .collect()
+}
