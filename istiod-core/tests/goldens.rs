@@ -27,7 +27,48 @@ fn show<M: Message + Default + std::fmt::Debug>(named: &[Named]) -> String {
     let mut out = String::new();
     for n in named {
         let m = M::decode(n.resource.value.as_slice()).unwrap();
-        writeln!(out, "--- {}\n{m:#?}", n.name).unwrap();
+        let text = format!("{m:#?}");
+        let lines: Vec<&str> = text.lines().collect();
+        writeln!(out, "--- {}", n.name).unwrap();
+        for l in sorted_maps(&lines) {
+            writeln!(out, "{l}").unwrap();
+        }
+    }
+    out
+}
+
+/// Pretty Debug output with the entries of every map (protobuf maps are HashMaps, printed in
+/// hash order) sorted, so a golden does not depend on the hasher's seed. A map is a `{` block
+/// whose entries start with a quoted key.
+fn sorted_maps(lines: &[&str]) -> Vec<String> {
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        out.push(line.to_string());
+        i += 1;
+        if !line.ends_with('{') || i >= lines.len() {
+            continue;
+        }
+        let inner = indent(line) + 4;
+        if !(indent(lines[i]) == inner && lines[i].trim_start().starts_with('"')) {
+            continue;
+        }
+        // Collect the map's entries up to its closing brace.
+        let mut entries: Vec<Vec<&str>> = Vec::new();
+        while i < lines.len() && indent(lines[i]) >= inner {
+            if indent(lines[i]) == inner && lines[i].trim_start().starts_with('"') {
+                entries.push(Vec::new());
+            }
+            if let Some(e) = entries.last_mut() {
+                e.push(lines[i]);
+            }
+            i += 1;
+        }
+        let mut rendered: Vec<Vec<String>> = entries.iter().map(|e| sorted_maps(e)).collect();
+        rendered.sort();
+        out.extend(rendered.into_iter().flatten());
     }
     out
 }
