@@ -215,7 +215,7 @@ fn a_dead_background_task_takes_the_agent_down_nonzero() {
         0,
         &[],
         &[
-            "python3",
+            "/usr/bin/python3",
             "-c",
             "import socket,time\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('127.0.0.1', 15053))\ns.listen()\nprint('bound', flush=True)\ntime.sleep(600)",
         ],

@@ -1,0 +1,781 @@
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+//! VirtualService routing and DestinationRule traffic policy, observed as traffic: a client pod
+//! calls `reviews` (two versions, each a pod with its sidecar) through real Envoys, with the
+//! embedded control plane applying the YAML a user writes. Each test is one capability.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use harness::{Network, Pod, require_envoy, require_root, wait_ready, wait_until};
+
+const APP_UID: u32 = 1000;
+const NS: &str = "book";
+const VIP: &str = "10.234.0.20";
+const MIRROR_VIP: &str = "10.234.0.21";
+const TCP_VIP: &str = "10.234.0.22";
+const PORT: u16 = 8000;
+const TCP_PORT: u16 = 9000;
+
+/// Each backend: HTTP on PORT answering `instance=NAME path=PATH` plus the request headers
+/// named in `x-echo`, and a TCP line service on TCP_PORT answering `NAME`. Paths:
+/// `/status/N` answers N; `/sleep/MS` waits; `/flaky` fails every other request (503) for
+/// this instance; with FAIL=1 every request fails (503). Each request line goes to stdout.
+const APP: &str = r#"
+import os, socketserver, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+NAME = os.environ["NAME"]
+FAIL = os.environ.get("FAIL") == "1"
+count = {"flaky": 0}
+lock = threading.Lock()
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        print(f"{NAME} {self.command} {self.path} host={self.headers.get('host')}", flush=True)
+        code = 200
+        if FAIL:
+            code = 503
+        elif self.path.startswith("/status/"):
+            code = int(self.path.split("/")[2])
+        elif self.path.startswith("/sleep/"):
+            time.sleep(int(self.path.split("/")[2]) / 1000)
+        elif self.path == "/flaky":
+            with lock:
+                count["flaky"] += 1
+                if count["flaky"] % 2 == 1:
+                    code = 503
+        echo = "".join(f" {h}={self.headers.get(h)}" for h in self.headers.get("x-echo", "").split(",") if h)
+        body = f"instance={NAME} path={self.path}{echo}\n".encode()
+        self.send_response(code)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_POST = do_GET
+class T(socketserver.StreamRequestHandler):
+    def handle(self):
+        self.rfile.readline()
+        self.wfile.write(f"{NAME}\n".encode())
+class TS(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+threading.Thread(target=TS(("0.0.0.0", 9000), T).serve_forever, daemon=True).start()
+ThreadingHTTPServer(("0.0.0.0", 8000), H).serve_forever()
+"#;
+
+/// Sends requests and prints one line each: `STATUS SECONDS BODY-FIRST-LINE`, and for `-H`
+/// headers given as JSON. Args: url count headers-json [concurrency] [method].
+const CLIENT: &str = r#"
+import json, sys, time, urllib.request, urllib.error
+from concurrent.futures import ThreadPoolExecutor
+url, n, headers = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+workers = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+def one(_):
+    req = urllib.request.Request(url, headers=headers)
+    start = time.time()
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            code, body, hdrs = r.status, r.read().decode(errors="replace"), r.headers
+    except urllib.error.HTTPError as e:
+        code, body, hdrs = e.code, e.read().decode(errors="replace"), e.headers
+    except Exception as e:
+        code, body, hdrs = 0, repr(e), {}
+    extra = " overloaded" if hdrs.get("x-envoy-overloaded") else ""
+    loc = f" location={hdrs.get('location')}" if hdrs.get("location") else ""
+    return f"{code} {time.time() - start:.3f}{extra}{loc} {body.splitlines()[0] if body else ''}"
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *a, **k):
+        return None
+urllib.request.install_opener(urllib.request.build_opener(NoRedirect))
+with ThreadPoolExecutor(workers) as pool:
+    for line in pool.map(one, range(n)):
+        print(line, flush=True)
+"#;
+
+/// One response as the client saw it.
+#[derive(Debug, Clone)]
+struct Reply {
+    code: u16,
+    secs: f64,
+    overloaded: bool,
+    location: Option<String>,
+    body: String,
+}
+
+impl Reply {
+    fn instance(&self) -> &str {
+        self.body
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("instance="))
+            .unwrap_or("")
+    }
+    fn field(&self, name: &str) -> Option<&str> {
+        let prefix = format!("{name}=");
+        self.body
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(prefix.as_str()))
+    }
+}
+
+struct Mesh {
+    net: Network,
+    dir: PathBuf,
+    /// Backend name → pod index.
+    backends: BTreeMap<&'static str, usize>,
+}
+
+const CLIENT_POD: usize = 0;
+
+fn services() -> String {
+    format!(
+        r#"kind: ServiceEntry
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews.{NS}.svc.cluster.local]
+  addresses: [{VIP}]
+  location: MESH_INTERNAL
+  ports: [{{number: {PORT}, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: reviews}}}}
+---
+kind: ServiceEntry
+metadata: {{name: mirror, namespace: {NS}}}
+spec:
+  hosts: [mirror.{NS}.svc.cluster.local]
+  addresses: [{MIRROR_VIP}]
+  location: MESH_INTERNAL
+  ports: [{{number: {PORT}, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: mirror}}}}
+---
+kind: ServiceEntry
+metadata: {{name: lines, namespace: {NS}}}
+spec:
+  hosts: [lines.{NS}.svc.cluster.local]
+  addresses: [{TCP_VIP}]
+  location: MESH_INTERNAL
+  ports: [{{number: {TCP_PORT}, name: tcp, protocol: TCP}}]
+  workloadSelector: {{labels: {{app: reviews}}}}
+---
+kind: DestinationRule
+metadata: {{name: versions, namespace: {NS}}}
+spec:
+  host: lines
+  subsets:
+  - {{name: v1, labels: {{version: v1}}}}
+  - {{name: v2, labels: {{version: v2}}}}
+"#
+    )
+}
+
+/// A client pod and one pod per backend (`name`, app labels, extra env), all with capture
+/// and a sidecar, the config dir holding the services, the backends and `routing`.
+fn mesh(
+    test: &str,
+    backends: &[(&'static str, &str, &[(&str, &str)])],
+    routing: &str,
+) -> Option<Mesh> {
+    if !require_root(test) || !require_envoy(test) {
+        return None;
+    }
+    let mut net = Network::new().unwrap();
+    net.add_pod("client", 2).unwrap();
+    let mut yaml = services();
+    let mut index = BTreeMap::new();
+    for (i, (name, labels, _)) in backends.iter().enumerate() {
+        let n = u8::try_from(3 + i).unwrap();
+        let idx = net.add_pod(name, n).unwrap();
+        index.insert(*name, idx);
+        yaml.push_str(&format!(
+            "---\nkind: WorkloadEntry\nmetadata: {{name: {name}, namespace: {NS}}}\nspec: {{address: {}, labels: {{{labels}}}, serviceAccount: {name}}}\n",
+            net.pods[idx].ip
+        ));
+    }
+    let dir = net.dir().join("mesh");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("services.yaml"), yaml).unwrap();
+    std::fs::write(dir.join("routing.yaml"), routing).unwrap();
+    let app = net.dir().join("app.py");
+    std::fs::write(&app, APP).unwrap();
+    std::fs::write(net.dir().join("client.py"), CLIENT).unwrap();
+    for (name, _, env) in backends {
+        let pod = &mut net.pods[index[name]];
+        let mut env: Vec<(&str, &str)> = env.to_vec();
+        env.push(("NAME", name));
+        pod.spawn(
+            "app",
+            APP_UID,
+            APP_UID,
+            &env,
+            &["/usr/bin/python3", app.to_str().unwrap()],
+        )
+        .unwrap();
+    }
+    let names: Vec<&str> = std::iter::once("client")
+        .chain(backends.iter().map(|b| b.0))
+        .collect();
+    for (i, name) in names.iter().enumerate() {
+        let pod = &mut net.pods[i];
+        harness::istio_iptables(pod, &[]).unwrap();
+        let name = name.to_string();
+        let ip = pod.ip.to_string();
+        pod.spawn_embedded_agent(
+            &dir,
+            &[
+                ("POD_NAME", &name),
+                ("POD_NAMESPACE", NS),
+                ("INSTANCE_IP", &ip),
+                ("SERVICE_ACCOUNT", &name),
+                ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"0s\"}"),
+            ],
+        )
+        .unwrap();
+    }
+    wait_ready(&net);
+    let m = Mesh {
+        net,
+        dir,
+        backends: index,
+    };
+    // Routes arrive just after listeners: wait until the mesh answers.
+    assert!(
+        wait_until(Duration::from_secs(20), || m.get("/status/200", 1, &[])[0]
+            .code
+            != 0),
+        "{}",
+        m.net.logs()
+    );
+    Some(m)
+}
+
+impl Mesh {
+    fn client(&self) -> &Pod {
+        &self.net.pods[CLIENT_POD]
+    }
+
+    /// `n` requests to `http://VIP:PORT{path}` with `headers`, `workers` at a time.
+    fn send(&self, url: &str, n: usize, headers: &[(&str, &str)], workers: usize) -> Vec<Reply> {
+        let headers: BTreeMap<&str, &str> = headers.iter().copied().collect();
+        let script = self.net.dir().join("client.py");
+        let out = self
+            .client()
+            .exec_as(
+                APP_UID,
+                APP_UID,
+                &[
+                    "/usr/bin/python3",
+                    script.to_str().unwrap(),
+                    url,
+                    &n.to_string(),
+                    &serde_json::to_string(&headers).unwrap(),
+                    &workers.to_string(),
+                ],
+            )
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let replies: Vec<Reply> = text
+            .lines()
+            .map(|l| {
+                let mut words = l.splitn(3, ' ');
+                let code = words.next().unwrap_or("0").parse().unwrap_or(0);
+                let secs = words.next().unwrap_or("0").parse().unwrap_or(0.0);
+                let mut rest = words.next().unwrap_or("").to_string();
+                let overloaded = rest.starts_with("overloaded");
+                if overloaded {
+                    rest = rest
+                        .trim_start_matches("overloaded")
+                        .trim_start()
+                        .to_string();
+                }
+                let mut location = None;
+                if let Some(r) = rest.strip_prefix("location=") {
+                    let (loc, tail) = r.split_once(' ').unwrap_or((r, ""));
+                    location = Some(loc.to_string());
+                    rest = tail.to_string();
+                }
+                Reply {
+                    code,
+                    secs,
+                    overloaded,
+                    location,
+                    body: rest,
+                }
+            })
+            .collect();
+        assert_eq!(
+            replies.len(),
+            n,
+            "client output: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        replies
+    }
+
+    fn get(&self, path: &str, n: usize, headers: &[(&str, &str)]) -> Vec<Reply> {
+        self.send(&format!("http://{VIP}:{PORT}{path}"), n, headers, 1)
+    }
+
+    fn app_log(&self, backend: &str) -> String {
+        self.net.pods[self.backends[backend]].logs_of("app")
+    }
+
+    /// Rewrites the routing file; returns once the client's Envoy has taken a new route
+    /// configuration.
+    fn edit_routing(&self, yaml: &str) {
+        let stat = format!("http.outbound_0.0.0.0_{PORT}.rds.{PORT}.update_success");
+        let before = self.client().envoy_stat(&stat).unwrap_or(0);
+        std::fs::write(self.dir.join("routing.yaml"), yaml).unwrap();
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                self.client().envoy_stat(&stat).unwrap_or(0) > before
+            }),
+            "route update not taken\n{}",
+            self.net.logs()
+        );
+    }
+}
+
+fn count_by_instance(replies: &[Reply]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for r in replies {
+        *out.entry(format!("{} {}", r.code, r.instance()))
+            .or_insert(0) += 1;
+    }
+    out
+}
+
+const TWO_VERSIONS: &[(&str, &str, &[(&str, &str)])] = &[
+    ("v1", "app: reviews, version: v1", &[]),
+    ("v2", "app: reviews, version: v2", &[]),
+];
+
+fn subsets() -> String {
+    format!(
+        "kind: DestinationRule\nmetadata: {{name: reviews, namespace: {NS}}}\nspec:\n  host: reviews\n  subsets:\n  - {{name: v1, labels: {{version: v1}}}}\n  - {{name: v2, labels: {{version: v2}}}}\n"
+    )
+}
+
+fn split(w1: u32, w2: u32) -> String {
+    format!(
+        "{}---\nkind: VirtualService\nmetadata: {{name: reviews, namespace: {NS}}}\nspec:\n  hosts: [reviews]\n  http:\n  - route:\n    - {{destination: {{host: reviews, subset: v1}}, weight: {w1}}}\n    - {{destination: {{host: reviews, subset: v2}}, weight: {w2}}}\n",
+        subsets()
+    )
+}
+
+#[test]
+fn weighted_split_and_a_live_weight_change() {
+    let Some(m) = mesh(
+        "weighted_split_and_a_live_weight_change",
+        TWO_VERSIONS,
+        &split(80, 20),
+    ) else {
+        return;
+    };
+    let replies = m.get("/", 300, &[]);
+    let counts = count_by_instance(&replies);
+    let v1 = counts.get("200 v1").copied().unwrap_or(0);
+    let v2 = counts.get("200 v2").copied().unwrap_or(0);
+    assert_eq!(v1 + v2, 300, "{counts:?}");
+    // Binomial(300, 0.2): mean 60, sd 6.9; 30..=95 is beyond 4.3 sd either way.
+    assert!((30..=95).contains(&v2), "80/20 split gave {counts:?}");
+
+    // A live edit moves traffic, and no request fails while it lands.
+    let during = std::thread::scope(|s| {
+        let load = s.spawn(|| m.send(&format!("http://{VIP}:{PORT}/"), 150, &[], 3));
+        std::thread::sleep(Duration::from_millis(300));
+        m.edit_routing(&split(0, 100));
+        load.join().unwrap()
+    });
+    assert!(
+        during.iter().all(|r| r.code == 200),
+        "a request failed during the edit: {:?}",
+        count_by_instance(&during)
+    );
+    let after = count_by_instance(&m.get("/", 40, &[]));
+    assert_eq!(after.get("200 v2"), Some(&40), "{after:?}");
+}
+
+#[test]
+fn header_match_rewrite_and_the_seed_canary() {
+    // The seed's canary, as written in Istio's docs (prefix match, rewrite, 50/50, a default).
+    let routing = format!(
+        r#"{}---
+kind: VirtualService
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews]
+  http:
+  - name: jason
+    match:
+    - headers: {{end-user: {{exact: jason}}}}
+    route: [{{destination: {{host: reviews, subset: v2}}}}]
+  - name: "reviews-v1-v2-canary-routes"
+    match:
+    - uri:
+        prefix: "/wpcatalog"
+    - uri:
+        prefix: "/consumercatalog"
+    rewrite:
+      uri: "/newcatalog"
+    route:
+    - destination:
+        host: reviews.{NS}.svc.cluster.local
+        subset: v2
+      weight: 50
+    - destination:
+        host: reviews.{NS}.svc.cluster.local
+        subset: v1
+      weight: 50
+  - name: authority
+    match: [{{uri: {{prefix: /host}}}}]
+    rewrite: {{authority: reviews.internal}}
+    route: [{{destination: {{host: reviews, subset: v1}}}}]
+  - name: "reviews-v1-route"
+    route:
+    - destination:
+        host: reviews
+        subset: v1
+"#,
+        subsets()
+    );
+    let Some(m) = mesh(
+        "header_match_rewrite_and_the_seed_canary",
+        TWO_VERSIONS,
+        &routing,
+    ) else {
+        return;
+    };
+    let jason = count_by_instance(&m.get("/", 20, &[("end-user", "jason")]));
+    assert_eq!(jason.get("200 v2"), Some(&20), "{jason:?}");
+    let others = count_by_instance(&m.get("/", 20, &[("end-user", "mallory")]));
+    assert_eq!(others.get("200 v1"), Some(&20), "{others:?}");
+    // The app sees the rewritten path, from both versions.
+    let canary = m.get("/wpcatalog/item/7", 60, &[]);
+    assert!(
+        canary
+            .iter()
+            .all(|r| r.code == 200 && r.field("path") == Some("/newcatalog/item/7")),
+        "{canary:?}"
+    );
+    let split = count_by_instance(&canary);
+    assert!(
+        split.len() == 2 && split.values().all(|n| *n >= 10),
+        "{split:?}"
+    );
+    let other = m.get("/consumercatalog", 1, &[]);
+    assert_eq!(other[0].field("path"), Some("/newcatalog"), "{other:?}");
+    let host = m.get("/host", 1, &[("x-echo", "host")]);
+    assert_eq!(host[0].field("host"), Some("reviews.internal"), "{host:?}");
+}
+
+#[test]
+fn redirect_and_direct_response() {
+    let routing = format!(
+        r#"kind: VirtualService
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews]
+  http:
+  - match: [{{uri: {{exact: /old}}}}]
+    redirect: {{uri: /new, authority: elsewhere.example, redirectCode: 308}}
+  - match: [{{uri: {{regex: "/tea/[0-9]+"}}}}]
+    directResponse: {{status: 418, body: {{string: "short and stout"}}}}
+  - route: [{{destination: {{host: reviews}}}}]
+"#
+    );
+    let Some(m) = mesh("redirect_and_direct_response", &TWO_VERSIONS[..1], &routing) else {
+        return;
+    };
+    let r = &m.get("/old", 1, &[])[0];
+    assert_eq!(r.code, 308, "{r:?}");
+    assert_eq!(
+        r.location.as_deref(),
+        Some("http://elsewhere.example/new"),
+        "{r:?}"
+    );
+    let r = &m.get("/tea/42", 1, &[])[0];
+    assert_eq!((r.code, r.body.as_str()), (418, "short and stout"), "{r:?}");
+    assert!(
+        !m.app_log("v1").contains("/tea/42"),
+        "a direct response reached the app"
+    );
+    assert_eq!(m.get("/tea/x", 1, &[])[0].code, 200);
+}
+
+#[test]
+fn timeout_and_retries() {
+    let routing = format!(
+        r#"kind: VirtualService
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews]
+  http:
+  - match: [{{uri: {{prefix: /sleep}}}}]
+    timeout: 500ms
+    route: [{{destination: {{host: reviews}}}}]
+  - match: [{{uri: {{prefix: /flaky}}, headers: {{x-retry: {{exact: "no"}}}}}}]
+    retries: {{attempts: 0}}
+    route: [{{destination: {{host: reviews}}}}]
+  - match: [{{uri: {{prefix: /flaky}}}}]
+    retries: {{attempts: 3, retryOn: "5xx", perTryTimeout: 2s}}
+    route: [{{destination: {{host: reviews}}}}]
+  - route: [{{destination: {{host: reviews}}}}]
+"#
+    );
+    let Some(m) = mesh("timeout_and_retries", &TWO_VERSIONS[..1], &routing) else {
+        return;
+    };
+    let r = &m.get("/sleep/3000", 1, &[])[0];
+    assert_eq!(r.code, 504, "{r:?}");
+    assert!(
+        (0.4..2.5).contains(&r.secs),
+        "504 after {}s, timeout 500ms",
+        r.secs
+    );
+    // The app fails every other request: retried, every request succeeds.
+    let retried = m.get("/flaky", 10, &[]);
+    assert!(
+        retried.iter().all(|r| r.code == 200),
+        "{:?}",
+        count_by_instance(&retried)
+    );
+    // With retries off, half of them fail.
+    let bare = count_by_instance(&m.get("/flaky", 10, &[("x-retry", "no")]));
+    assert_eq!(bare.get("503 v1"), Some(&5), "{bare:?}");
+}
+
+#[test]
+fn fault_delay_and_abort() {
+    let routing = format!(
+        r#"kind: VirtualService
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews]
+  http:
+  - match: [{{uri: {{prefix: /abort}}}}]
+    fault: {{abort: {{httpStatus: 418, percentage: {{value: 100}}}}}}
+    route: [{{destination: {{host: reviews}}}}]
+  - match: [{{uri: {{prefix: /half}}}}]
+    fault: {{abort: {{httpStatus: 503, percentage: {{value: 50}}}}}}
+    retries: {{attempts: 0}}
+    route: [{{destination: {{host: reviews}}}}]
+  - match: [{{uri: {{prefix: /delay}}}}]
+    fault: {{delay: {{fixedDelay: 1s, percentage: {{value: 100}}}}}}
+    route: [{{destination: {{host: reviews}}}}]
+  - route: [{{destination: {{host: reviews}}}}]
+"#
+    );
+    let Some(m) = mesh("fault_delay_and_abort", &TWO_VERSIONS[..1], &routing) else {
+        return;
+    };
+    let aborted = m.get("/abort", 5, &[]);
+    assert!(aborted.iter().all(|r| r.code == 418), "{aborted:?}");
+    assert!(
+        !m.app_log("v1").contains("/abort"),
+        "an aborted request reached the app"
+    );
+    let half = count_by_instance(&m.get("/half", 200, &[]));
+    let failed = half.get("503 ").copied().unwrap_or(0);
+    // Binomial(200, 0.5): 60..=140 is beyond 5.6 sd either way.
+    assert!((60..=140).contains(&failed), "{half:?}");
+    let delayed = &m.get("/delay", 1, &[])[0];
+    assert_eq!(delayed.code, 200);
+    assert!(delayed.secs >= 0.95, "a 1s delay took {}s", delayed.secs);
+    let quick = &m.get("/", 1, &[])[0];
+    assert!(
+        quick.secs < 0.9,
+        "an undelayed request took {}s",
+        quick.secs
+    );
+}
+
+#[test]
+fn mirror_sends_a_copy() {
+    let routing = format!(
+        r#"kind: VirtualService
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews]
+  http:
+  - route: [{{destination: {{host: reviews}}}}]
+    mirror: {{host: mirror}}
+    mirrorPercentage: {{value: 100}}
+"#
+    );
+    let backends: &[(&str, &str, &[(&str, &str)])] = &[
+        ("v1", "app: reviews, version: v1", &[]),
+        ("shadow", "app: mirror", &[]),
+    ];
+    let Some(m) = mesh("mirror_sends_a_copy", backends, &routing) else {
+        return;
+    };
+    let r = &m.get("/copy-me", 1, &[])[0];
+    assert_eq!((r.code, r.instance()), (200, "v1"), "{r:?}");
+    assert!(
+        wait_until(Duration::from_secs(5), || m
+            .app_log("shadow")
+            .contains("/copy-me")),
+        "the mirror never saw the request\n{}",
+        m.net.logs()
+    );
+}
+
+#[test]
+fn consistent_hash_and_outlier_detection() {
+    let routing = format!(
+        r#"kind: DestinationRule
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  host: reviews
+  trafficPolicy:
+    loadBalancer: {{consistentHash: {{httpHeaderName: x-user}}}}
+---
+kind: VirtualService
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews]
+  http:
+  - route: [{{destination: {{host: reviews}}}}]
+    retries: {{attempts: 0}}
+"#
+    );
+    let Some(m) = mesh(
+        "consistent_hash_and_outlier_detection",
+        TWO_VERSIONS,
+        &routing,
+    ) else {
+        return;
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for user in ["ann", "bob", "cy", "dee", "eve", "fay", "gus", "hal"] {
+        let by = count_by_instance(&m.get("/", 12, &[("x-user", user)]));
+        assert_eq!(by.len(), 1, "user {user} was not sticky: {by:?}");
+        seen.extend(by.into_keys());
+    }
+    // Eight users over two backends: both used (all on one has probability 2^-7).
+    assert_eq!(seen.len(), 2, "{seen:?}");
+
+    // Outlier detection: a backend that fails every request is ejected.
+    let failing: &[(&str, &str, &[(&str, &str)])] = &[
+        ("v1", "app: reviews, version: v1", &[]),
+        ("bad", "app: reviews, version: v2", &[("FAIL", "1")]),
+    ];
+    let routing = format!(
+        r#"kind: DestinationRule
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  host: reviews
+  trafficPolicy:
+    loadBalancer: {{simple: ROUND_ROBIN}}
+    outlierDetection: {{consecutive5xxErrors: 1, interval: 1s, baseEjectionTime: 60s, maxEjectionPercent: 100}}
+---
+kind: VirtualService
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews]
+  http:
+  - route: [{{destination: {{host: reviews}}}}]
+    retries: {{attempts: 0}}
+"#
+    );
+    drop(m);
+    let Some(m) = mesh("consistent_hash_and_outlier_detection", failing, &routing) else {
+        return;
+    };
+    let first = count_by_instance(&m.get("/", 10, &[]));
+    assert!(
+        first.contains_key("503 bad"),
+        "the failing backend was never tried: {first:?}"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let later = count_by_instance(&m.get("/", 20, &[]));
+    assert_eq!(later.get("200 v1"), Some(&20), "not ejected: {later:?}");
+    assert!(m.client().envoy_stat(&format!("cluster.outbound|{PORT}||reviews.{NS}.svc.cluster.local.outlier_detection.ejections_enforced_total")).unwrap() >= 1);
+}
+
+#[test]
+fn connection_pool_overflow_is_a_503_uo() {
+    let routing = format!(
+        r#"kind: DestinationRule
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  host: reviews
+  trafficPolicy:
+    connectionPool:
+      tcp: {{maxConnections: 1}}
+      http: {{http1MaxPendingRequests: 1, maxRequestsPerConnection: 1}}
+---
+kind: VirtualService
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews]
+  http:
+  - route: [{{destination: {{host: reviews}}}}]
+    retries: {{attempts: 0}}
+"#
+    );
+    let Some(m) = mesh(
+        "connection_pool_overflow_is_a_503_uo",
+        &TWO_VERSIONS[..1],
+        &routing,
+    ) else {
+        return;
+    };
+    let started = Instant::now();
+    let replies = m.send(&format!("http://{VIP}:{PORT}/sleep/1000"), 8, &[], 8);
+    let overflowed: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.code == 503 && r.overloaded)
+        .collect();
+    assert!(!overflowed.is_empty(), "no request overflowed: {replies:?}");
+    assert!(replies.iter().any(|r| r.code == 200), "{replies:?}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    let stat = format!(
+        "cluster.outbound|{PORT}||reviews.{NS}.svc.cluster.local.upstream_rq_pending_overflow"
+    );
+    assert!(m.client().envoy_stat(&stat).unwrap() >= 1);
+}
+
+#[test]
+fn tcp_weighted_route() {
+    let routing = format!(
+        r#"kind: VirtualService
+metadata: {{name: lines, namespace: {NS}}}
+spec:
+  hosts: [lines]
+  tcp:
+  - route:
+    - {{destination: {{host: lines, subset: v1}}, weight: 25}}
+    - {{destination: {{host: lines, subset: v2}}, weight: 75}}
+"#
+    );
+    let Some(m) = mesh("tcp_weighted_route", TWO_VERSIONS, &routing) else {
+        return;
+    };
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..80 {
+        let out = m
+            .client()
+            .exec_as(
+                APP_UID,
+                APP_UID,
+                &[
+                    "/usr/bin/python3",
+                    "-c",
+                    &format!(
+                        "import socket;s=socket.create_connection(('{TCP_VIP}',{TCP_PORT}),5);s.sendall(b'hi\\n');print(s.makefile().readline().strip())"
+                    ),
+                ],
+            )
+            .unwrap();
+        *counts
+            .entry(String::from_utf8_lossy(&out.stdout).trim().to_string())
+            .or_insert(0) += 1;
+    }
+    let v2 = counts.get("v2").copied().unwrap_or(0);
+    assert_eq!(
+        counts.get("v1").copied().unwrap_or(0) + v2,
+        80,
+        "{counts:?}"
+    );
+    // Binomial(80, 0.75): mean 60, sd 3.9; 44..=76 is beyond 4 sd either way.
+    assert!((44..=76).contains(&v2), "{counts:?}");
+}
