@@ -126,6 +126,13 @@ struct Mesh {
 
 const CLIENT_POD: usize = 0;
 
+/// A backend pod: its name, its WorkloadEntry labels (YAML flow), its app's extra env.
+type Backend = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
 fn services() -> String {
     format!(
         r#"kind: ServiceEntry
@@ -168,11 +175,7 @@ spec:
 
 /// A client pod and one pod per backend (`name`, app labels, extra env), all with capture
 /// and a sidecar, the config dir holding the services, the backends and `routing`.
-fn mesh(
-    test: &str,
-    backends: &[(&'static str, &str, &[(&str, &str)])],
-    routing: &str,
-) -> Option<Mesh> {
+fn mesh(test: &str, backends: &[Backend], routing: &str) -> Option<Mesh> {
     if !require_root(test) || !require_envoy(test) {
         return None;
     }
@@ -342,7 +345,7 @@ fn count_by_instance(replies: &[Reply]) -> BTreeMap<String, usize> {
     out
 }
 
-const TWO_VERSIONS: &[(&str, &str, &[(&str, &str)])] = &[
+const TWO_VERSIONS: &[Backend] = &[
     ("v1", "app: reviews, version: v1", &[]),
     ("v2", "app: reviews, version: v2", &[]),
 ];
@@ -600,7 +603,7 @@ spec:
     mirrorPercentage: {{value: 100}}
 "#
     );
-    let backends: &[(&str, &str, &[(&str, &str)])] = &[
+    let backends: &[Backend] = &[
         ("v1", "app: reviews, version: v1", &[]),
         ("shadow", "app: mirror", &[]),
     ];
@@ -654,7 +657,7 @@ spec:
     assert_eq!(seen.len(), 2, "{seen:?}");
 
     // Outlier detection: a backend that fails every request is ejected.
-    let failing: &[(&str, &str, &[(&str, &str)])] = &[
+    let failing: &[Backend] = &[
         ("v1", "app: reviews, version: v1", &[]),
         ("bad", "app: reviews, version: v2", &[("FAIL", "1")]),
     ];
