@@ -163,24 +163,45 @@ fn read(path: &Path) -> Result<Vec<u8>, Status> {
     std::fs::read(path).map_err(|e| Status::not_found(format!("SDS file {}: {e}", path.display())))
 }
 
-/// The secrets for `names`; `Ok(None)` while the workload certificate is not there yet.
+/// The secrets for `names` (`None` while the workload certificate is not there yet), and the
+/// names refused with why. One bad file name (missing, outside the allowed directories) is left
+/// out of the answer, not the end of the stream: the other secrets, `default` and `ROOTCA`
+/// included, keep flowing, and the refused one is served once its file is there.
 fn secrets(
     names: &[String],
     certs: &CertWatch,
     dirs: &[PathBuf],
-) -> Result<Option<Vec<Secret>>, Status> {
+) -> (Option<Vec<Secret>>, Vec<(String, Status)>) {
+    let mut refused = Vec::new();
     let cert = certs.borrow().clone();
     let mut out = Vec::with_capacity(names.len());
     for name in names {
+        match secret(name, cert.as_deref(), dirs) {
+            Ok(Some(s)) => out.push(s),
+            Ok(None) => return (None, refused),
+            Err(status) => refused.push((name.clone(), status)),
+        }
+    }
+    (Some(out), refused)
+}
+
+/// One secret; `Ok(None)` when it is the workload certificate and that is not there yet.
+fn secret(
+    name: &str,
+    cert: Option<&crate::identity::WorkloadCert>,
+    dirs: &[PathBuf],
+) -> Result<Option<Secret>, Status> {
+    let mut out = Vec::with_capacity(1);
+    {
         if name == DEFAULT {
-            let Some(c) = &cert else { return Ok(None) };
+            let Some(c) = cert else { return Ok(None) };
             out.push(tls_secret(
                 name,
                 c.chain_pem.as_bytes(),
                 c.key_pem.as_bytes(),
             ));
         } else if name == ROOTCA {
-            let Some(c) = &cert else { return Ok(None) };
+            let Some(c) = cert else { return Ok(None) };
             out.push(root_secret(name, c.root_pem.as_bytes()));
         } else if let Some(spec) = name.strip_prefix("file-cert:") {
             let (cert_path, key_path) = spec.split_once('~').ok_or_else(|| {
@@ -204,7 +225,7 @@ fn secrets(
             )));
         }
     }
-    Ok(Some(out))
+    Ok(out.pop())
 }
 
 fn file_fingerprint(names: &[String]) -> Vec<Option<std::time::SystemTime>> {
@@ -300,7 +321,8 @@ impl SecretDiscoveryService for SdsService {
                         let now = file_fingerprint(&names);
                         if now != files {
                             files = now;
-                            owed = !nonce_sent.is_empty() || owed;
+                            // Changed, or appeared after being refused: (re)send.
+                            owed = true;
                         }
                     }
                 }
@@ -308,8 +330,13 @@ impl SecretDiscoveryService for SdsService {
                     continue;
                 }
                 certs.borrow_and_update();
-                match secrets(&names, &certs, &dirs) {
-                    Ok(Some(list)) => {
+                let (served, refused) = secrets(&names, &certs, &dirs);
+                for (name, status) in &refused {
+                    tracing::warn!(resource = %name, error = %status.message(), "SDS resource refused; the others are served");
+                }
+                match served {
+                    Some(list) if list.is_empty() => owed = false,
+                    Some(list) => {
                         let n = version.fetch_add(1, Ordering::Relaxed) + 1;
                         nonce_sent = format!("{n}");
                         let response = DiscoveryResponse {
@@ -325,12 +352,7 @@ impl SecretDiscoveryService for SdsService {
                         }
                     }
                     // Not yet: the push follows when the certificate arrives.
-                    Ok(None) => {}
-                    Err(status) => {
-                        tracing::warn!(resources = ?names, error = %status.message(), "SDS request refused");
-                        let _ = tx.send(Err(status)).await;
-                        break;
-                    }
+                    None => {}
                 }
             }
         });
@@ -479,19 +501,22 @@ mod tests {
             .await
             .unwrap();
         let resp = responses.next().await.unwrap().unwrap();
-        assert_eq!(names(&resp), vec![inside]);
+        assert_eq!(names(&resp), vec![inside.clone()]);
+        // A name outside the allow-list is left out; the stream and the others go on.
         let outside = format!("file-root:{}", dir.path().join("outside.pem").display());
+        std::fs::write(dir.path().join("outside.pem"), ca.root_pem()).unwrap();
         req_tx
-            .send(request(&[&outside], &resp.nonce, false))
+            .send(request(&[&outside, &inside], &resp.nonce, false))
             .await
             .unwrap();
-        let err = responses.next().await.unwrap().unwrap_err();
-        assert_eq!(
-            err.code(),
-            tonic::Code::PermissionDenied,
-            "{}",
-            err.message()
-        );
+        let resp = responses.next().await.unwrap().unwrap();
+        assert_eq!(names(&resp), vec![inside.clone()]);
+        req_tx
+            .send(request(&["default", &inside], &resp.nonce, false))
+            .await
+            .unwrap();
+        let resp = responses.next().await.unwrap().unwrap();
+        assert_eq!(names(&resp), vec!["default".to_string(), inside]);
     }
 
     #[tokio::test]

@@ -757,7 +757,15 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
                 traffic::validate_authorization_policy,
                 &mut meta,
             )?;
-            Resource::AuthorizationPolicy(meta, spec)
+            // Istio's sidecars enforce it; ours do not yet. Accepting it would fail open (a
+            // DENY that denies nothing), so a valid policy is refused by name instead.
+            let _ = spec;
+            return Err(format!(
+                "AuthorizationPolicy {}/{}: not enforced by this control plane yet; refused \
+                 rather than accepted and ignored (an ignored policy fails open)",
+                meta.namespace(),
+                meta.name
+            ));
         }
         "Namespace" => Resource::Namespace(meta),
         // Istio's mesh config lives in the `mesh` key of the `istio` (or `istio-<revision>`)
@@ -1195,7 +1203,7 @@ data: {mesh: "whatever: 1"}
             assert!(err.starts_with("t.yaml: document 1"), "{err}");
         }
         // The valid forms of each kind load.
-        let good = "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a, subset: v1}, weight: 90}, {destination: {host: a, subset: v2}, weight: 10}]}]}\n---\nkind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, trafficPolicy: {tls: {mode: ISTIO_MUTUAL}, loadBalancer: {simple: LEAST_REQUEST}}, subsets: [{name: v1, labels: {version: v1}}, {name: v2, labels: {version: v2}}]}\n---\nkind: Gateway\nmetadata: {name: g}\nspec: {selector: {istio: ingressgateway}, servers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: [\"ns/*.example.com\"], tls: {mode: SIMPLE, credentialName: c}}]}\n---\nkind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {action: DENY, rules: [{from: [{source: {notNamespaces: [x]}}], when: [{key: \"request.headers[x]\", values: [\"1\"]}]}]}\n---\nkind: Namespace\nmetadata: {name: shop, labels: {istio-injection: enabled}}\n";
+        let good = "kind: VirtualService\nmetadata: {name: v}\nspec: {hosts: [a], http: [{route: [{destination: {host: a, subset: v1}, weight: 90}, {destination: {host: a, subset: v2}, weight: 10}]}]}\n---\nkind: DestinationRule\nmetadata: {name: d}\nspec: {host: a, trafficPolicy: {tls: {mode: ISTIO_MUTUAL}, loadBalancer: {simple: LEAST_REQUEST}}, subsets: [{name: v1, labels: {version: v1}}, {name: v2, labels: {version: v2}}]}\n---\nkind: Gateway\nmetadata: {name: g}\nspec: {selector: {istio: ingressgateway}, servers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: [\"ns/*.example.com\"], tls: {mode: SIMPLE, credentialName: c}}]}\n---\nkind: Namespace\nmetadata: {name: shop, labels: {istio-injection: enabled}}\n";
         let kinds: Vec<&str> = parse_file(Path::new("g.yaml"), good)
             .unwrap()
             .iter()
@@ -1203,13 +1211,16 @@ data: {mesh: "whatever: 1"}
             .collect();
         assert_eq!(
             kinds,
-            [
-                "VirtualService",
-                "DestinationRule",
-                "Gateway",
-                "AuthorizationPolicy",
-                "Namespace"
-            ]
+            ["VirtualService", "DestinationRule", "Gateway", "Namespace"]
+        );
+        // A valid AuthorizationPolicy is refused by name: ignoring it would fail open.
+        let policy = "kind: AuthorizationPolicy\nmetadata: {name: p, namespace: shop}\nspec: {action: DENY, rules: [{from: [{source: {notNamespaces: [x]}}], when: [{key: \"request.headers[x]\", values: [\"1\"]}]}]}\n";
+        let err = parse_file(Path::new("p.yaml"), policy)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("AuthorizationPolicy shop/p: not enforced") && err.contains("fails open"),
+            "{err}"
         );
     }
 

@@ -88,7 +88,7 @@ impl Endpoint {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Service {
     /// Fully qualified hostname, e.g. `httpbin.default.svc.cluster.local`.
     pub hostname: String,
@@ -97,6 +97,35 @@ pub struct Service {
     pub addresses: Vec<IpAddr>,
     pub ports: Vec<ServicePort>,
     pub endpoints: Vec<Endpoint>,
+    /// How its clusters find endpoints (ServiceEntry `resolution`).
+    pub resolution: Resolution,
+    /// ServiceEntry `location: MESH_EXTERNAL`: outside the mesh, so never auto mTLS.
+    pub mesh_external: bool,
+    /// DNS resolution: the names (or addresses) Envoy resolves, from the entry's endpoints,
+    /// else its own host.
+    pub dns_targets: Vec<DnsTarget>,
+}
+
+/// ServiceEntry `resolution`, as the cluster type Istio gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum Resolution {
+    /// STATIC (and every Kubernetes Service): EDS from the known endpoints.
+    #[default]
+    Static,
+    /// DNS: STRICT_DNS, every address of every name.
+    Dns,
+    /// DNS_ROUND_ROBIN: LOGICAL_DNS, one name, connections spread over its addresses.
+    DnsRoundRobin,
+    /// NONE: ORIGINAL_DST, to wherever the app connected.
+    Passthrough,
+}
+
+/// One name Envoy resolves for a DNS ServiceEntry, with per-port targets and labels.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DnsTarget {
+    pub host: String,
+    pub ports: BTreeMap<String, u16>,
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The Envoy cluster name Istio uses for a service port: `outbound|PORT||HOST`.

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use crate::config_store::{
     ConfigSet, EndpointPort, Metadata, Resource, SERVICE_NAME_LABEL, ServiceSpec, WorkloadEntrySpec,
 };
-use crate::model::{Endpoint, Protocol, Service, ServicePort, TlsMode};
+use crate::model::{DnsTarget, Endpoint, Protocol, Resolution, Service, ServicePort, TlsMode};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{kind} {namespace}/{name}: {reason}")]
@@ -111,11 +111,53 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                         protocol: Protocol::infer(p.protocol.as_deref(), &p.name),
                     })
                     .collect();
-                let mut endpoints = spec
-                    .endpoints
-                    .iter()
-                    .map(|e| workload_endpoint(KIND, meta, e))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let resolution = match spec.resolution.as_deref() {
+                    None | Some("STATIC") => Resolution::Static,
+                    Some("DNS") => Resolution::Dns,
+                    Some("DNS_ROUND_ROBIN") => Resolution::DnsRoundRobin,
+                    Some("NONE") => Resolution::Passthrough,
+                    Some(other) => {
+                        return Err(error(
+                            KIND,
+                            meta,
+                            format!(
+                                "spec.resolution: {other:?} is not NONE, STATIC, DNS or DNS_ROUND_ROBIN"
+                            ),
+                        ));
+                    }
+                };
+                let dns = matches!(resolution, Resolution::Dns | Resolution::DnsRoundRobin);
+                // Endpoints Envoy resolves itself (DNS) may be names; the others are addresses.
+                let mut dns_targets: Vec<DnsTarget> = Vec::new();
+                let mut endpoints = Vec::new();
+                for e in &spec.endpoints {
+                    if dns && e.address.parse::<IpAddr>().is_err() {
+                        dns_targets.push(DnsTarget {
+                            host: e.address.clone(),
+                            ports: e.ports.clone(),
+                            labels: e.labels.clone(),
+                        });
+                    } else {
+                        endpoints.push(workload_endpoint(KIND, meta, e)?);
+                    }
+                }
+                if dns {
+                    for e in endpoints.drain(..) {
+                        dns_targets.push(DnsTarget {
+                            host: e.address.to_string(),
+                            ports: e.ports,
+                            labels: e.labels,
+                        });
+                    }
+                    if resolution == Resolution::DnsRoundRobin && dns_targets.len() > 1 {
+                        return Err(error(
+                            KIND,
+                            meta,
+                            "spec.endpoints: DNS_ROUND_ROBIN takes at most one endpoint"
+                                .to_string(),
+                        ));
+                    }
+                }
                 if let Some(selector) = &spec.workload_selector {
                     for (wm, we) in &workload_entries {
                         if wm.namespace() == meta.namespace()
@@ -134,12 +176,26 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                     }
                 }
                 for host in &spec.hosts {
+                    // A DNS entry without endpoints resolves its own host.
+                    let targets =
+                        if dns && dns_targets.is_empty() && spec.workload_selector.is_none() {
+                            vec![DnsTarget {
+                                host: host.clone(),
+                                ports: BTreeMap::new(),
+                                labels: BTreeMap::new(),
+                            }]
+                        } else {
+                            dns_targets.clone()
+                        };
                     out.push(Service {
                         hostname: host.clone(),
                         namespace: meta.namespace().to_string(),
                         addresses: addresses.clone(),
                         ports: ports.clone(),
                         endpoints: endpoints.clone(),
+                        resolution,
+                        mesh_external: spec.location.as_deref() == Some("MESH_EXTERNAL"),
+                        dns_targets: targets,
                     });
                 }
             }
@@ -205,6 +261,7 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                     addresses,
                     ports,
                     endpoints,
+                    ..Default::default()
                 });
             }
             Resource::WorkloadEntry(..)
@@ -228,6 +285,53 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn service_entry_resolution() {
+        use crate::config_store::parse_file;
+        let set = |yaml: &str| ConfigSet {
+            resources: parse_file(std::path::Path::new("r.yaml"), yaml).unwrap(),
+        };
+        let dns = set(
+            "kind: ServiceEntry\nmetadata: {name: e, namespace: n}\nspec: {hosts: [a.example, b.example], location: MESH_EXTERNAL, resolution: DNS, ports: [{number: 80, name: http}], endpoints: [{address: x.example, ports: {http: 8080}}, {address: 10.0.0.9}]}\n",
+        );
+        let out = services(&dns, "cluster.local").unwrap();
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].resolution, Resolution::Dns);
+        assert!(out[0].mesh_external && out[0].endpoints.is_empty());
+        let hosts: Vec<&str> = out[0].dns_targets.iter().map(|t| t.host.as_str()).collect();
+        assert_eq!(hosts, ["x.example", "10.0.0.9"]);
+        assert_eq!(out[0].dns_targets[0].ports.get("http"), Some(&8080));
+        // No endpoints: each host resolves itself.
+        let own = set(
+            "kind: ServiceEntry\nmetadata: {name: e, namespace: n}\nspec: {hosts: [a.example], resolution: DNS_ROUND_ROBIN, ports: [{number: 80, name: http}]}\n",
+        );
+        let out = services(&own, "cluster.local").unwrap();
+        assert_eq!(out[0].dns_targets[0].host, "a.example");
+        for (yaml, expected) in [
+            (
+                "spec: {hosts: [a.example], resolution: DNZ, ports: [{number: 80, name: http}]}",
+                "spec.resolution: \"DNZ\"",
+            ),
+            (
+                "spec: {hosts: [a.example], resolution: DNS_ROUND_ROBIN, ports: [{number: 80, name: http}], endpoints: [{address: x.example}, {address: y.example}]}",
+                "at most one endpoint",
+            ),
+            (
+                "spec: {hosts: [a.example], resolution: STATIC, ports: [{number: 80, name: http}], endpoints: [{address: x.example}]}",
+                "\"x.example\" is not an IP address",
+            ),
+        ] {
+            let doc = format!("kind: ServiceEntry\nmetadata: {{name: e, namespace: n}}\n{yaml}\n");
+            let err = services(&set(&doc), "cluster.local")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expected) && err.contains("ServiceEntry n/e"),
+                "{err}"
+            );
+        }
+    }
     use crate::config_store::parse_file;
     use std::path::Path;
 

@@ -316,6 +316,31 @@ impl Pod {
         )
     }
 
+    /// A dnsmasq answering on this pod's address, with `--address=` rules such as
+    /// `/example.test/10.0.0.1`; `false` (and a failure unless SKIP_E2E=1) without dnsmasq.
+    pub fn spawn_dnsmasq(&mut self, rules: &[&str]) -> bool {
+        let Some(dnsmasq) = ["/usr/sbin/dnsmasq", "/usr/bin/dnsmasq"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+        else {
+            return cannot_run("dnsmasq missing (scripts/setup.sh installs it)");
+        };
+        let listen = format!("--listen-address={}", self.ip);
+        let mut args = vec![
+            dnsmasq,
+            "--keep-in-foreground",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-interfaces",
+            &listen,
+            "--user=root",
+            "--pid-file=",
+        ];
+        let rules: Vec<String> = rules.iter().map(|r| format!("--address={r}")).collect();
+        args.extend(rules.iter().map(String::as_str));
+        self.spawn("dnsmasq", 0, 0, &[], &args).is_ok()
+    }
+
     pub fn proc(&mut self, name: &str) -> Option<&mut Proc> {
         self.procs.iter_mut().find(|p| p.name == name)
     }

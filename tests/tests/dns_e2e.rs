@@ -36,35 +36,12 @@ fn app_resolves_mesh_names_through_the_agent() {
     {
         return;
     }
-    let dnsmasq = ["/usr/sbin/dnsmasq", "/usr/bin/dnsmasq"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists());
-    let Some(dnsmasq) = dnsmasq else {
-        harness::cannot_run("dnsmasq missing (scripts/setup.sh installs it)");
-        return;
-    };
     let mut net = Network::new().unwrap();
     net.add_pod("app", 2).unwrap();
     net.add_pod("dns", 3).unwrap();
-    net.pods[1]
-        .spawn(
-            "dnsmasq",
-            0,
-            0,
-            &[],
-            &[
-                dnsmasq,
-                "--keep-in-foreground",
-                "--no-resolv",
-                "--no-hosts",
-                "--bind-interfaces",
-                "--listen-address=10.233.0.3",
-                "--address=/upstream.example/10.9.9.9",
-                "--user=root",
-                "--pid-file=",
-            ],
-        )
-        .unwrap();
+    if !net.pods[1].spawn_dnsmasq(&["/upstream.example/10.9.9.9"]) {
+        return;
+    }
     let app = &net.pods[0];
     app.set_resolv_conf("nameserver 10.233.0.3\nsearch demo.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n")
         .unwrap();

@@ -60,7 +60,13 @@ class T(socketserver.StreamRequestHandler):
 class TS(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 threading.Thread(target=TS(("0.0.0.0", 9000), T).serve_forever, daemon=True).start()
-ThreadingHTTPServer(("0.0.0.0", 8000), H).serve_forever()
+httpd = ThreadingHTTPServer(("0.0.0.0", 8000), H)
+if os.environ.get("TLS_CERT"):
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(os.environ["TLS_CERT"], os.environ["TLS_KEY"])
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+httpd.serve_forever()
 "#;
 
 /// Sends requests and prints one line each: `STATUS SECONDS BODY-FIRST-LINE`, and for `-H`
@@ -126,7 +132,8 @@ struct Mesh {
 
 const CLIENT_POD: usize = 0;
 
-/// A backend pod: its name, its WorkloadEntry labels (YAML flow), its app's extra env.
+/// A backend pod: its name, its WorkloadEntry labels (YAML flow), its app's extra env. Empty
+/// labels: a server outside the mesh (no WorkloadEntry, no capture, no sidecar).
 type Backend = (
     &'static str,
     &'static str,
@@ -176,6 +183,16 @@ spec:
 /// A client pod and one pod per backend (`name`, app labels, extra env), all with capture
 /// and a sidecar, the config dir holding the services, the backends and `routing`.
 fn mesh(test: &str, backends: &[Backend], routing: &str) -> Option<Mesh> {
+    mesh_with(test, backends, routing, |_| {})
+}
+
+/// `mesh`, with `before` run once the pods exist and before any sidecar starts.
+fn mesh_with(
+    test: &str,
+    backends: &[Backend],
+    routing: &str,
+    before: impl FnOnce(&mut Network),
+) -> Option<Mesh> {
     if !require_root(test) || !require_envoy(test) {
         return None;
     }
@@ -187,6 +204,9 @@ fn mesh(test: &str, backends: &[Backend], routing: &str) -> Option<Mesh> {
         let n = u8::try_from(3 + i).unwrap();
         let idx = net.add_pod(name, n).unwrap();
         index.insert(*name, idx);
+        if labels.is_empty() {
+            continue;
+        }
         yaml.push_str(&format!(
             "---\nkind: WorkloadEntry\nmetadata: {{name: {name}, namespace: {NS}}}\nspec: {{address: {}, labels: {{{labels}}}, serviceAccount: {name}}}\n",
             net.pods[idx].ip
@@ -212,10 +232,14 @@ fn mesh(test: &str, backends: &[Backend], routing: &str) -> Option<Mesh> {
         )
         .unwrap();
     }
+    before(&mut net);
     let names: Vec<&str> = std::iter::once("client")
         .chain(backends.iter().map(|b| b.0))
         .collect();
     for (i, name) in names.iter().enumerate() {
+        if i != CLIENT_POD && backends[i - 1].1.is_empty() {
+            continue;
+        }
         let pod = &mut net.pods[i];
         harness::istio_iptables(pod, &[]).unwrap();
         let name = name.to_string();
@@ -781,4 +805,177 @@ spec:
     );
     // Binomial(80, 0.75): mean 60, sd 3.9; 44..=76 is beyond 4 sd either way.
     assert!((44..=76).contains(&v2), "{counts:?}");
+}
+
+/// A client and one server outside the mesh (`ext`, no sidecar) whose dnsmasq answers
+/// `*.external.test` with its own address; the client resolves through it. `app_env` is the
+/// server app's env (TLS files).
+fn external_mesh(
+    test: &str,
+    routing: &str,
+    app_env: &'static [(&'static str, &'static str)],
+    extra: impl FnOnce(&mut Network),
+) -> Option<Mesh> {
+    let outside: &[Backend] = &[("ext", "", app_env)];
+    mesh_with(test, outside, routing, |net| {
+        let ext_ip = net.pods[1].ip.to_string();
+        assert!(net.pods[1].spawn_dnsmasq(&[&format!("/external.test/{ext_ip}")]));
+        net.pods[CLIENT_POD]
+            .set_resolv_conf(&format!("nameserver {ext_ip}\n"))
+            .unwrap();
+        extra(net);
+    })
+}
+
+#[test]
+fn dns_service_entry_reaches_a_server_outside_the_mesh() {
+    let routing = format!(
+        r#"kind: ServiceEntry
+metadata: {{name: external-api, namespace: {NS}}}
+spec:
+  hosts: [api.external.test]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports: [{{number: {PORT}, name: http, protocol: HTTP}}]
+---
+kind: VirtualService
+metadata: {{name: external-api, namespace: {NS}}}
+spec:
+  hosts: [api.external.test]
+  http:
+  - route: [{{destination: {{host: api.external.test}}}}]
+    headers: {{request: {{set: {{x-routed: by-mesh}}}}}}
+"#
+    );
+    let test = "dns_service_entry_reaches_a_server_outside_the_mesh";
+    let Some(m) = external_mesh(test, &routing, &[], |_| {}) else {
+        return;
+    };
+    let replies = m.send(
+        &format!("http://api.external.test:{PORT}/hello"),
+        3,
+        &[("x-echo", "x-routed")],
+        1,
+    );
+    assert!(
+        replies.iter().all(|r| r.code == 200
+            && r.instance() == "ext"
+            && r.field("x-routed") == Some("by-mesh")),
+        "{replies:?}\n{}",
+        m.net.logs()
+    );
+    // Through the STRICT_DNS cluster Envoy resolved itself, not a passthrough.
+    let stat = format!("cluster.outbound|{PORT}||api.external.test.upstream_rq_2xx");
+    assert!(
+        m.client().envoy_stat(&stat).unwrap() >= 3,
+        "{}",
+        m.net.logs()
+    );
+}
+
+/// A CA and a server certificate for `secure.external.test`, written as PEM files: (ca,
+/// cert, key).
+fn server_certs(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // Distinct names: a leaf whose issuer equals its subject would look self-signed.
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "traffic-e2e test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params =
+        rcgen::CertificateParams::new(vec!["secure.external.test".to_string()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "secure.external.test");
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server-key.pem"),
+    );
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    for p in [&paths.1, &paths.2] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    (paths.0, paths.1, paths.2)
+}
+
+#[test]
+fn tls_origination_to_an_https_server() {
+    let test = "tls_origination_to_an_https_server";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    // The certificates live where both sides can read them: the server's under a shared
+    // directory, the CA where the client agent's SDS may serve files from (./etc/certs of
+    // its working directory, the pod directory).
+    let shared = std::env::temp_dir().join(format!("tls-origination-{}", std::process::id()));
+    let (ca, cert, key) = server_certs(&shared);
+    let env: &'static [(&'static str, &'static str)] = Box::leak(Box::new([
+        (
+            "TLS_CERT",
+            &*Box::leak(cert.display().to_string().into_boxed_str()),
+        ),
+        (
+            "TLS_KEY",
+            &*Box::leak(key.display().to_string().into_boxed_str()),
+        ),
+    ]));
+    let routing_for = |ca_path: &str| {
+        format!(
+            r#"kind: ServiceEntry
+metadata: {{name: secure, namespace: {NS}}}
+spec:
+  hosts: [secure.external.test]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports: [{{number: {PORT}, name: http, protocol: HTTP}}]
+---
+kind: DestinationRule
+metadata: {{name: secure, namespace: {NS}}}
+spec:
+  host: secure.external.test
+  trafficPolicy:
+    tls: {{mode: SIMPLE, caCertificates: {ca_path}, sni: secure.external.test, subjectAltNames: [secure.external.test]}}
+"#
+        )
+    };
+    // The client agent's SDS serves files from ./etc/certs of its working directory (the pod
+    // directory): the CA goes there before the sidecars start.
+    let Some(m) = external_mesh(test, "", env, |net| {
+        let certs_dir = net.pods[CLIENT_POD].dir.join("etc/certs");
+        std::fs::create_dir_all(&certs_dir).unwrap();
+        let client_ca = certs_dir.join("ca.pem");
+        std::fs::copy(&ca, &client_ca).unwrap();
+        std::fs::write(
+            net.dir().join("mesh/routing.yaml"),
+            routing_for(&client_ca.display().to_string()),
+        )
+        .unwrap();
+    }) else {
+        return;
+    };
+    let url = format!("http://secure.external.test:{PORT}/over-tls");
+    let last = m.send(&url, 3, &[], 1);
+    assert!(
+        last.iter().all(|r| r.code == 200 && r.instance() == "ext"),
+        "{last:?}\n{}",
+        m.net.logs()
+    );
+    assert!(m.app_log("ext").contains("/over-tls"));
+    let stat = format!("cluster.outbound|{PORT}||secure.external.test.ssl.handshake");
+    assert!(
+        m.client().envoy_stat(&stat).unwrap() >= 1,
+        "{}",
+        m.net.logs()
+    );
+    let _ = std::fs::remove_dir_all(&shared);
 }

@@ -18,7 +18,8 @@ use super::{
 };
 use crate::config_store::IngressEndpoint;
 use crate::model::{
-    Protocol, Proxy, Service, inbound_cluster_name, outbound_cluster_name, port_clusters,
+    Protocol, Proxy, Resolution, Service, inbound_cluster_name, outbound_cluster_name,
+    port_clusters,
 };
 use crate::push_context::PushContext;
 
@@ -117,7 +118,8 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<
             let sans: BTreeSet<String> = svc
                 .endpoints
                 .iter()
-                .filter(|ep| push.endpoint_mtls(svc, ep, port))
+                // Outside the mesh: no auto mTLS (Istio's MESH_EXTERNAL).
+                .filter(|ep| !svc.mesh_external && push.endpoint_mtls(svc, ep, port))
                 .map(|ep| {
                     format!(
                         "spiffe://{}/ns/{}/sa/{}",
@@ -146,6 +148,11 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<
             for (subset, name) in port_clusters(port.port, &svc.hostname, subsets) {
                 let sni_subset = subset.map_or("", |i| subsets[i].name.as_str());
                 let mut cluster = with_mtls(Cluster { name, ..c.clone() }, sni_subset);
+                if !resolve(&mut cluster, svc, port, subset.map(|i| &subsets[i])) {
+                    // A DNS cluster with no name to resolve (its subset matches none): Istio
+                    // leaves it out.
+                    continue;
+                }
                 if let Some(rule) = rule {
                     let subset_name = subset.map(|i| subsets[i].name.as_str());
                     let eff = cluster_policy::effective(rule, subset_name, port.port);
@@ -169,6 +176,69 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<
         }
     }
     named(clusters)
+}
+
+/// The cluster type of `svc`'s resolution (Istio's convertResolution): EDS for STATIC,
+/// STRICT_DNS / LOGICAL_DNS with the names to resolve for DNS / DNS_ROUND_ROBIN, ORIGINAL_DST
+/// for NONE. False when a DNS cluster has nothing to resolve.
+fn resolve(
+    c: &mut Cluster,
+    svc: &Service,
+    port: &crate::model::ServicePort,
+    subset: Option<&crate::model::Subset>,
+) -> bool {
+    use envoy_types::pb::envoy::config::endpoint::v3::{
+        ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
+    };
+    let kind = match svc.resolution {
+        Resolution::Static => return true,
+        Resolution::Passthrough => {
+            c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
+                cluster::DiscoveryType::OriginalDst as i32,
+            ));
+            c.lb_policy = cluster::LbPolicy::ClusterProvided as i32;
+            c.eds_cluster_config = None;
+            return true;
+        }
+        Resolution::Dns => cluster::DiscoveryType::StrictDns,
+        Resolution::DnsRoundRobin => cluster::DiscoveryType::LogicalDns,
+    };
+    let lb_endpoints: Vec<LbEndpoint> = svc
+        .dns_targets
+        .iter()
+        .filter(|t| subset.is_none_or(|s| s.labels.iter().all(|(k, v)| t.labels.get(k) == Some(v))))
+        .map(|t| LbEndpoint {
+            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                address: Some(super::socket_address(
+                    &t.host,
+                    t.ports.get(&port.name).copied().unwrap_or(port.port),
+                )),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .collect();
+    if lb_endpoints.is_empty() {
+        return false;
+    }
+    c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(kind as i32));
+    c.eds_cluster_config = None;
+    c.dns_lookup_family = cluster::DnsLookupFamily::V4Only as i32;
+    // Istio's fields (Envoy 1.40 still takes them; the DnsCluster extension replaces them).
+    #[allow(deprecated)]
+    {
+        c.respect_dns_ttl = true;
+        c.dns_refresh_rate = Some(seconds(60));
+    }
+    c.load_assignment = Some(ClusterLoadAssignment {
+        cluster_name: c.name.clone(),
+        endpoints: vec![LocalityLbEndpoints {
+            lb_endpoints,
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    true
 }
 
 /// A Sidecar ingress listener's cluster: a static one to its defaultEndpoint.

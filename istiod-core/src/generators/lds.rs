@@ -542,6 +542,7 @@ mod tests {
                 protocol: Protocol::Tcp,
             }],
             endpoints: vec![],
+            ..Default::default()
         };
         let push = PushContext {
             version: "1".into(),

@@ -532,6 +532,11 @@ pub fn not_applied(
                 }
             }
         }
+        Resource::Gateway(..) => out.push(
+            "gateway listeners are not generated yet (`proxy router` serves no Gateway servers); \
+             this Gateway configures nothing"
+                .to_string(),
+        ),
         Resource::DestinationRule(_, spec) => {
             if spec.workload_selector.is_some() {
                 out.push(
