@@ -5,7 +5,9 @@
 //! every further proxy of the same snapshot pays it (cached). Prints time per op (median of many runs), kB and resources per message, Markdown.
 //!
 //! Cases (Istio's inputs): `http` / `tcp`: 100 ServiceEntries with one port (HTTP 80 / TCP 7070)
-//! and one STATIC endpoint with tlsMode istio; `1000`: 1000 ServiceEntries, HTTP 8080 + TCP 9090,
+//! and one STATIC endpoint with tlsMode istio; `virtualservice`: `http` plus a VirtualService
+//! (prefix + rewrite, regex, header match to a weighted subset split, default) and a
+//! DestinationRule (two subsets, connection pool, outlier detection) per service; `1000`: 1000 ServiceEntries, HTTP 8080 + TCP 9090,
 //! two endpoints each; EDS grid endpoints/services 1/100, 10/10, 100/10, 1000/1.
 
 use std::path::Path;
@@ -21,6 +23,57 @@ fn ip(prefix: &str, i: usize) -> String {
 }
 
 fn services(n: usize, ports: &str, endpoints: usize) -> ConfigSet {
+    parsed(&services_yaml(n, ports, endpoints))
+}
+
+fn parsed(yaml: &str) -> ConfigSet {
+    ConfigSet {
+        resources: parse_file(Path::new("bench.yaml"), yaml).expect("bench config parses"),
+    }
+}
+
+/// Istio's `virtualservice` case: each service gets a VirtualService with a prefix match and
+/// rewrite, a regex match, a header match to a subset split and a default route, and a
+/// DestinationRule with two subsets and a connection pool.
+fn virtual_services(n: usize) -> ConfigSet {
+    let mut yaml = services_yaml(n, "[{number: 80, name: http, protocol: HTTP}]", 1);
+    for i in 0..n {
+        yaml.push_str(&format!(
+            r#"---
+kind: VirtualService
+metadata: {{name: vs{i}, namespace: default}}
+spec:
+  hosts: [svc{i}.example.com]
+  http:
+  - name: prefix
+    match: [{{uri: {{prefix: /foo}}}}]
+    rewrite: {{uri: /bar}}
+    route: [{{destination: {{host: svc{i}.example.com}}}}]
+    timeout: 5s
+  - name: regex
+    match: [{{uri: {{regex: "/item/[0-9]+"}}}}]
+    route: [{{destination: {{host: svc{i}.example.com}}}}]
+    retries: {{attempts: 3, perTryTimeout: 1s, retryOn: "5xx,gateway-error"}}
+  - name: canary
+    match: [{{headers: {{x-canary: {{exact: "1"}}}}}}]
+    route:
+    - {{destination: {{host: svc{i}.example.com, subset: v1}}, weight: 90}}
+    - {{destination: {{host: svc{i}.example.com, subset: v2}}, weight: 10}}
+  - route: [{{destination: {{host: svc{i}.example.com}}}}]
+---
+kind: DestinationRule
+metadata: {{name: dr{i}, namespace: default}}
+spec:
+  host: svc{i}.example.com
+  trafficPolicy: {{connectionPool: {{tcp: {{maxConnections: 100}}}}, outlierDetection: {{consecutive5xxErrors: 5}}}}
+  subsets: [{{name: v1, labels: {{version: v1}}}}, {{name: v2, labels: {{version: v2}}}}]
+"#
+        ));
+    }
+    parsed(&yaml)
+}
+
+fn services_yaml(n: usize, ports: &str, endpoints: usize) -> String {
     let mut yaml = String::new();
     for i in 0..n {
         let eps: Vec<String> = (0..endpoints)
@@ -40,9 +93,7 @@ fn services(n: usize, ports: &str, endpoints: usize) -> ConfigSet {
             eps.join(", ")
         ));
     }
-    ConfigSet {
-        resources: parse_file(Path::new("bench.yaml"), &yaml).expect("bench config parses"),
-    }
+    yaml
 }
 
 /// Median time of `f` over at least 0.5 s and 15 runs.
@@ -100,6 +151,12 @@ fn main() {
             "~165 µs (48 procs)",
         ),
         (
+            "virtualservice",
+            virtual_services(100),
+            "1.03 ms (Route, 16 procs)",
+            "-",
+        ),
+        (
             "tcp",
             services(100, "[{number: 7070, name: tcp, protocol: TCP}]", 1),
             "-",
@@ -134,7 +191,7 @@ fn main() {
             lds::generate(&push, &proxy)
         });
         row(name, "LDS", d, Some(&l), "-");
-        let routes: Vec<String> = push.http_ports().iter().map(ToString::to_string).collect();
+        let routes = push.route_names();
         if !routes.is_empty() {
             let (d, r) = time(|| {
                 push.cache = GenCache::default();

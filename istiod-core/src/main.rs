@@ -106,7 +106,13 @@ fn validate(dir: &std::path::Path, domain_suffix: &str) -> i32 {
     let services =
         match istiod_core::push_context::PushContext::build(set.clone(), domain_suffix, "0".into())
         {
-            Ok(push) => push.services.len(),
+            Ok(push) => {
+                // Accepted but not acted on: said, not fatal.
+                for w in &push.warnings {
+                    eprintln!("warning: {w}");
+                }
+                push.services.len()
+            }
             Err(e) => {
                 messages.push(e.to_string());
                 0

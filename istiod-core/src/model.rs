@@ -12,6 +12,8 @@ pub enum Protocol {
     Http2,
     Grpc,
     Tcp,
+    /// TLS or HTTPS: opaque to the proxy, routed by SNI (VirtualService `tls` routes).
+    Tls,
     /// No protocol declared: Envoy sniffs each connection (HTTP or opaque TCP), as Istio does.
     Unknown,
 }
@@ -24,7 +26,8 @@ impl Protocol {
             "http" => Some(Protocol::Http),
             "http2" | "h2c" => Some(Protocol::Http2),
             "grpc" | "grpc-web" => Some(Protocol::Grpc),
-            "tcp" | "tls" | "https" | "mongo" | "mysql" | "redis" => Some(Protocol::Tcp),
+            "tls" | "https" => Some(Protocol::Tls),
+            "tcp" | "mongo" | "mysql" | "redis" => Some(Protocol::Tcp),
             _ => None,
         };
         explicit
@@ -35,7 +38,7 @@ impl Protocol {
 
     /// Declared HTTP (HTTP/1.1, HTTP/2 or gRPC).
     pub fn is_http(self) -> bool {
-        !matches!(self, Protocol::Tcp | Protocol::Unknown)
+        !matches!(self, Protocol::Tcp | Protocol::Tls | Protocol::Unknown)
     }
 }
 

@@ -285,6 +285,14 @@ impl PushContext {
         ports
     }
 
+    /// The service named `hostname` (services are sorted by hostname).
+    pub fn service(&self, hostname: &str) -> Option<&Service> {
+        self.services
+            .binary_search_by(|s| s.hostname.as_str().cmp(hostname))
+            .ok()
+            .map(|i| &self.services[i])
+    }
+
     /// Every route configuration name: `"PORT"` for each HTTP port, and `"HOST:PORT"` for each
     /// port with no declared protocol on a service with a VIP (sniffed HTTP).
     pub fn route_names(&self) -> Vec<String> {

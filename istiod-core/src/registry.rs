@@ -168,20 +168,28 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                     }
                 }
                 // A ServiceEntry port's targetPort applies to endpoints that do not name the port.
-                for ep in &mut endpoints {
+                let target_ports = |ports: &mut BTreeMap<String, u16>| {
                     for p in &spec.ports {
                         if let Some(t) = p.target_port {
-                            ep.ports.entry(p.name.clone()).or_insert(t);
+                            ports.entry(p.name.clone()).or_insert(t);
                         }
                     }
+                };
+                for ep in &mut endpoints {
+                    target_ports(&mut ep.ports);
+                }
+                for t in &mut dns_targets {
+                    target_ports(&mut t.ports);
                 }
                 for host in &spec.hosts {
                     // A DNS entry without endpoints resolves its own host.
                     let targets =
                         if dns && dns_targets.is_empty() && spec.workload_selector.is_none() {
+                            let mut ports = BTreeMap::new();
+                            target_ports(&mut ports);
                             vec![DnsTarget {
                                 host: host.clone(),
-                                ports: BTreeMap::new(),
+                                ports,
                                 labels: BTreeMap::new(),
                             }]
                         } else {

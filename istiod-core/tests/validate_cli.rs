@@ -58,3 +58,22 @@ fn reports_every_bad_file_and_exits_nonzero() {
     );
     assert!(err.contains("3 error(s)"), "{err}");
 }
+
+#[test]
+fn warns_about_what_it_accepts_and_does_not_act_on() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("dr.yaml"),
+        "kind: DestinationRule\nmetadata: {name: r, namesapce: book}\nspec: {host: reviews, trafficPolicy: {loadBalancer: {simple: RANDOM, localityLbSetting: {enabled: true}}, fastest: true}}\n",
+    )
+    .unwrap();
+    let (code, _, err) = validate(dir.path());
+    assert_eq!(code, 0, "{err}");
+    for expected in [
+        "warning: DestinationRule default/r: metadata.namesapce: unknown field",
+        "warning: DestinationRule default/r: spec.trafficPolicy.fastest: unknown field, ignored",
+        "warning: DestinationRule default/r: spec.trafficPolicy.loadBalancer.localityLbSetting: not applied yet",
+    ] {
+        assert!(err.contains(expected), "{expected}\n{err}");
+    }
+}

@@ -979,3 +979,117 @@ spec:
     );
     let _ = std::fs::remove_dir_all(&shared);
 }
+
+/// Reads one HTTPS answer with SNI `host`: `verify` checks the server against `ca`.
+const TLS_CLIENT: &str = r#"
+import socket, ssl, sys
+host, ca, verify = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+ctx = ssl.create_default_context(cafile=ca) if verify else ssl._create_unverified_context()
+s = ctx.wrap_socket(socket.create_connection((host, 8443), 5), server_hostname=host)
+s.sendall(f"GET /sni HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+data = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+print(data.decode().splitlines()[-1])
+"#;
+
+#[test]
+fn tls_routes_by_sni_to_servers_without_a_vip() {
+    let test = "tls_routes_by_sni_to_servers_without_a_vip";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let shared = std::env::temp_dir().join(format!("tls-sni-{}", std::process::id()));
+    let (ca, cert, key) = server_certs(&shared);
+    let env: &'static [(&'static str, &'static str)] = Box::leak(Box::new([
+        (
+            "TLS_CERT",
+            &*Box::leak(cert.display().to_string().into_boxed_str()),
+        ),
+        (
+            "TLS_KEY",
+            &*Box::leak(key.display().to_string().into_boxed_str()),
+        ),
+    ]));
+    // Two TLS services without addresses on one port (8443, served by the app's 8000): the
+    // listener tells them apart by SNI; `alias` has a VirtualService sending its SNI to `secure`.
+    let routing = format!(
+        r#"kind: ServiceEntry
+metadata: {{name: secure, namespace: {NS}}}
+spec:
+  hosts: [secure.external.test]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports: [{{number: 8443, name: tls, protocol: TLS, targetPort: {PORT}}}]
+---
+kind: ServiceEntry
+metadata: {{name: alias, namespace: {NS}}}
+spec:
+  hosts: [alias.external.test]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports: [{{number: 8443, name: tls, protocol: TLS, targetPort: {PORT}}}]
+---
+kind: VirtualService
+metadata: {{name: alias, namespace: {NS}}}
+spec:
+  hosts: [alias.external.test]
+  tls:
+  - match: [{{sniHosts: [alias.external.test]}}]
+    route: [{{destination: {{host: secure.external.test}}}}]
+"#
+    );
+    let Some(m) = external_mesh(test, &routing, env, |_| {}) else {
+        return;
+    };
+    let script = m.net.dir().join("tls_client.py");
+    std::fs::write(&script, TLS_CLIENT).unwrap();
+    let call = |host: &str, verify: &str| {
+        let out = m
+            .client()
+            .exec_as(
+                APP_UID,
+                APP_UID,
+                &[
+                    "/usr/bin/python3",
+                    script.to_str().unwrap(),
+                    host,
+                    ca.to_str().unwrap(),
+                    verify,
+                ],
+            )
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+    };
+    let via = |host: &str| {
+        m.client()
+            .envoy_stat(&format!("cluster.outbound|8443||{host}.upstream_cx_total"))
+            .unwrap_or(0)
+    };
+    // The DNS clusters resolve their names once Envoy has them: wait for the first answer.
+    let answered = wait_until(Duration::from_secs(15), || {
+        call("secure.external.test", "1") == "instance=ext path=/sni"
+    });
+    assert!(
+        answered,
+        "{}\n{}",
+        call("secure.external.test", "1"),
+        m.net.logs()
+    );
+    // Through `secure`'s cluster, not a passthrough.
+    let before = via("secure.external.test");
+    assert!(before >= 1, "{}", m.net.logs());
+    // The alias's SNI goes to `secure` by its TLS route.
+    let aliased = call("alias.external.test", "0");
+    assert_eq!(aliased, "instance=ext path=/sni", "{}", m.net.logs());
+    assert_eq!(via("secure.external.test"), before + 1, "{}", m.net.logs());
+    assert_eq!(via("alias.external.test"), 0);
+    let _ = std::fs::remove_dir_all(&shared);
+}

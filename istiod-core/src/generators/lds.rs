@@ -162,10 +162,16 @@ fn outbound_listeners(
     let mut out = Vec::new();
     let mut http_ports = BTreeSet::new();
     let mut seen = BTreeSet::new();
+    // TLS ports of services with no VIP: one wildcard listener per port, chains by SNI.
+    let mut tls_wildcard: std::collections::BTreeMap<u16, Vec<&Service>> = Default::default();
     for svc in &push.services {
         for port in svc.ports.iter().filter(|p| visible(svc, p.port)) {
             if port.protocol.is_http() {
                 http_ports.insert(port.port);
+                continue;
+            }
+            if port.protocol == Protocol::Tls && svc.addresses.is_empty() {
+                tls_wildcard.entry(port.port).or_default().push(svc);
                 continue;
             }
             let cluster = outbound_cluster_name(port.port, &svc.hostname);
@@ -219,11 +225,45 @@ fn outbound_listeners(
                         continue_on_listener_filters_timeout: true,
                         ..listener(name, &ip, port.port, vec![http, tcp], false)
                     });
+                } else if port.protocol == Protocol::Tls {
+                    let routes =
+                        super::route::tcp::tls_routes(push, svc, port.port, Some(*vip), proxy);
+                    out.push(sni_listener(
+                        name,
+                        &ip,
+                        port.port,
+                        sni_chains(&cluster, routes, Some(tcp)),
+                    ));
                 } else {
                     out.push(listener(name, &ip, port.port, vec![tcp], false));
                 }
             }
         }
+    }
+    for (port, services) in tls_wildcard {
+        let name = format!("{WILDCARD}_{port}");
+        if http_ports.contains(&port) {
+            tracing::warn!(
+                port,
+                "a TLS service without a VIP shares its port with HTTP services; not routed by SNI"
+            );
+            continue;
+        }
+        let mut chains: Vec<FilterChain> = Vec::new();
+        let mut names_seen = BTreeSet::new();
+        for svc in services {
+            let cluster = outbound_cluster_name(port, &svc.hostname);
+            let mut routes = super::route::tcp::tls_routes(push, svc, port, None, proxy);
+            // The service itself, by its host name, after its routes.
+            routes.push((
+                vec![svc.hostname.clone()],
+                tcp_proxy::ClusterSpecifier::Cluster(cluster.clone()),
+                cluster.clone(),
+            ));
+            routes.retain(|(n, _, _)| names_seen.insert(n.clone()));
+            chains.extend(sni_chains(&cluster, routes, None));
+        }
+        out.push(sni_listener(name, WILDCARD, port, chains));
     }
     for port in http_ports {
         let name = format!("{WILDCARD}_{port}");
@@ -243,6 +283,51 @@ fn outbound_listeners(
         ));
     }
     out
+}
+
+/// A TLS route: SNI names (empty: any), where to, stat prefix.
+type SniRoute = (Vec<String>, tcp_proxy::ClusterSpecifier, String);
+
+/// Filter chains matching TLS routes by SNI (an empty name list matches any), then `default`
+/// unless a route already matches any.
+fn sni_chains(
+    cluster: &str,
+    routes: Vec<SniRoute>,
+    default: Option<FilterChain>,
+) -> Vec<FilterChain> {
+    let any = routes.iter().any(|(n, _, _)| n.is_empty());
+    let mut chains: Vec<FilterChain> = routes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (names, spec, stat))| FilterChain {
+            filter_chain_match: (!names.is_empty()).then(|| FilterChainMatch {
+                server_names: names,
+                ..Default::default()
+            }),
+            ..chain(
+                &format!("{cluster}-sni-{i}"),
+                vec![network_filter(
+                    "envoy.filters.network.tcp_proxy",
+                    pack_any(super::route::tcp::tcp_proxy(spec, stat)),
+                )],
+            )
+        })
+        .collect();
+    if !any {
+        chains.extend(default);
+    }
+    chains
+}
+
+/// A non-binding outbound listener that reads the TLS ClientHello (for SNI) first.
+fn sni_listener(name: String, ip: &str, port: u16, chains: Vec<FilterChain>) -> Listener {
+    Listener {
+        listener_filters: vec![listener_filter(
+            "envoy.filters.listener.tls_inspector",
+            pack_any(TlsInspector::default()),
+        )],
+        ..listener(name, ip, port, chains, false)
+    }
 }
 
 /// The capture listener; with REGISTRY_ONLY, unknown destinations go to the BlackHoleCluster.

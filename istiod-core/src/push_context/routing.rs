@@ -181,6 +181,10 @@ impl MeshRoute {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Routing {
     pub virtual_services: Vec<Arc<MeshRoute>>,
+    /// Exact host → the VirtualServices naming it (indices, in order).
+    exact: HashMap<String, Vec<usize>>,
+    /// (`*.suffix` host, VirtualService index), in order.
+    wildcards: Vec<(String, usize)>,
     /// Whether a route depends on the proxy asking (sourceLabels, sourceNamespace, exportTo):
     /// then route configurations are generated per proxy, not shared.
     pub per_proxy: bool,
@@ -283,6 +287,10 @@ impl Routing {
                 r.matches
                     .iter()
                     .any(|m| !m.source_labels.is_empty() || m.source_namespace.is_some())
+            }) || tls.iter().any(|r| {
+                r.matches
+                    .iter()
+                    .any(|m| !m.source_labels.is_empty() || m.source_namespace.is_some())
             });
             let export_to = spec.export_to.clone();
             per_proxy |= source_bound || !export_to.iter().all(|e| e == "*");
@@ -301,8 +309,21 @@ impl Routing {
                 tls,
             }));
         }
+        let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut wildcards = Vec::new();
+        for (i, vs) in virtual_services.iter().enumerate() {
+            for h in &vs.hosts {
+                if h.starts_with('*') {
+                    wildcards.push((h.clone(), i));
+                } else {
+                    exact.entry(h.clone()).or_default().push(i);
+                }
+            }
+        }
         Routing {
             virtual_services,
+            exact,
+            wildcards,
             per_proxy,
         }
     }
@@ -310,33 +331,26 @@ impl Routing {
     /// The VirtualService that routes `host` for a proxy in `namespace`: the earliest visible
     /// one naming it exactly, else the one with the most specific wildcard (earliest on a tie).
     pub fn for_host(&self, host: &str, namespace: &str) -> Option<&Arc<MeshRoute>> {
-        let visible = || {
-            self.virtual_services
-                .iter()
-                .filter(move |v| v.visible_in(namespace))
-        };
-        visible()
-            .find(|v| v.hosts.iter().any(|h| h == host))
-            .or_else(|| {
-                visible()
-                    .filter_map(|v| {
-                        v.hosts
-                            .iter()
-                            .filter(|h| h.starts_with('*') && host_matches(h, host))
-                            .map(|h| h.len())
-                            .max()
-                            .map(|len| (len, v))
-                    })
-                    // max_by_key keeps the last maximum: reverse so the earliest wins.
-                    .fold(
-                        None::<(usize, &Arc<MeshRoute>)>,
-                        |best, (len, v)| match best {
-                            Some((b, _)) if b >= len => best,
-                            _ => Some((len, v)),
-                        },
-                    )
-                    .map(|(_, v)| v)
-            })
+        let visible = |i: usize| self.virtual_services[i].visible_in(namespace);
+        if let Some(i) = self
+            .exact
+            .get(host)
+            .and_then(|ids| ids.iter().copied().find(|i| visible(*i)))
+        {
+            return Some(&self.virtual_services[i]);
+        }
+        // The longest matching wildcard; on a tie the earliest VirtualService.
+        let mut best: Option<(usize, usize)> = None;
+        for (pattern, i) in &self.wildcards {
+            if host_matches(pattern, host)
+                && visible(*i)
+                && best
+                    .is_none_or(|(len, j)| pattern.len() > len || (pattern.len() == len && *i < j))
+            {
+                best = Some((pattern.len(), *i));
+            }
+        }
+        best.map(|(_, i)| &self.virtual_services[i])
     }
 }
 
@@ -499,12 +513,6 @@ pub fn not_applied(
                     "spec.gateways: names no `mesh`: sidecars do not apply it, and gateways are not served yet"
                         .to_string(),
                 );
-            }
-            for (i, r) in spec.tls.iter().enumerate() {
-                let _ = r;
-                out.push(format!(
-                    "spec.tls[{i}]: TLS (SNI) routes are not applied yet"
-                ));
             }
             for (i, r) in spec.http.iter().enumerate() {
                 if let Some(d) = &r.delegate {

@@ -206,9 +206,7 @@ fn hundredths(percent: u32) -> FractionalPercent {
 /// service with one, else the route configuration's port.
 pub fn destination_cluster(push: &PushContext, d: &Destination, port: u16) -> String {
     let port = d.port.map(|p| p.number.0).unwrap_or_else(|| {
-        push.services
-            .iter()
-            .find(|s| s.hostname == d.host)
+        push.service(&d.host)
             .filter(|s| s.ports.len() == 1)
             .map_or(port, |s| s.ports[0].port)
     });
@@ -595,7 +593,13 @@ fn operation(m: &RouteMatch, action: &Option<route::Action>, vs: &MeshRoute, por
     format!("{}:{port}{path}", vs.name)
 }
 
-fn translate(ctx: Ctx, vs: &MeshRoute, r: &HttpRoute, m: Option<&HttpMatch>) -> Route {
+fn translate(
+    ctx: Ctx,
+    vs: &MeshRoute,
+    meta: &Metadata,
+    r: &HttpRoute,
+    m: Option<&HttpMatch>,
+) -> Route {
     let name = match (&r.name, m.and_then(|m| m.name.as_ref())) {
         (n, Some(mn)) => format!("{}.{mn}", n.as_deref().unwrap_or_default()),
         (Some(n), None) => n.clone(),
@@ -617,7 +621,7 @@ fn translate(ctx: Ctx, vs: &MeshRoute, r: &HttpRoute, m: Option<&HttpMatch>) -> 
         }),
         r#match: Some(matcher),
         action,
-        metadata: Some(istio_metadata(&vs.config)),
+        metadata: Some(meta.clone()),
         ..Default::default()
     };
     if let Some(h) = &r.headers {
@@ -662,13 +666,14 @@ fn translate(ctx: Ctx, vs: &MeshRoute, r: &HttpRoute, m: Option<&HttpMatch>) -> 
 /// routes applies here (then the host keeps its default route, as in Istio).
 pub fn routes(ctx: Ctx, vs: &MeshRoute) -> Vec<Route> {
     let mut out = Vec::new();
+    let meta = istio_metadata(&vs.config);
     for r in &vs.http {
         if r.matches.is_empty() {
-            out.push(translate(ctx, vs, r, None));
+            out.push(translate(ctx, vs, &meta, r, None));
             return out;
         }
         for m in r.matches.iter().filter(|m| applies(m, ctx)) {
-            let route = translate(ctx, vs, r, Some(m));
+            let route = translate(ctx, vs, &meta, r, Some(m));
             let last = route.r#match.as_ref().is_some_and(is_catch_all);
             out.push(route);
             if last {

@@ -10,6 +10,12 @@ use envoy_types::util::pack_any;
 /// UNAVAILABLE/CANCELLED, each on another host (5 host picks). A consistent-hash destination
 /// keeps its host (no previous-hosts predicate), so the hash still decides.
 pub fn default_retry(hashed: bool) -> RetryPolicy {
+    // Built once: every default route carries one (a copy is cheaper than encoding it again).
+    static POLICIES: std::sync::OnceLock<[RetryPolicy; 2]> = std::sync::OnceLock::new();
+    POLICIES.get_or_init(|| [build(false), build(true)])[usize::from(hashed)].clone()
+}
+
+fn build(hashed: bool) -> RetryPolicy {
     RetryPolicy {
         retry_on: "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
             .to_string(),

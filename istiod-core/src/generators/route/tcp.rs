@@ -6,7 +6,7 @@
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
 use super::http::destination_cluster;
-use crate::config_store::virtual_service::{L4Match, MESH_GATEWAY, RouteDestination};
+use crate::config_store::virtual_service::{L4Match, MESH_GATEWAY, RouteDestination, TlsMatch};
 use crate::model::{Proxy, Service};
 use crate::push_context::PushContext;
 
@@ -109,6 +109,74 @@ fn specifier(
     (
         tcp_proxy::ClusterSpecifier::WeightedClusters(tcp_proxy::WeightedCluster { clusters }),
         weighted_stat.to_string(),
+    )
+}
+
+/// A VirtualService's `tls` routes for `svc` on this listener, in order, each as (SNI names,
+/// where to), as Istio's `buildSidecarOutboundTLSFilterChainOpts`: one per applicable match,
+/// `*` among the names meaning any; a repeated name set keeps the first.
+pub fn tls_routes(
+    push: &PushContext,
+    svc: &Service,
+    port: u16,
+    vip: Option<std::net::IpAddr>,
+    proxy: Option<&Proxy>,
+) -> Vec<(Vec<String>, tcp_proxy::ClusterSpecifier, String)> {
+    let ns = proxy.map_or(svc.namespace.as_str(), |p| p.namespace.as_str());
+    let Some(vs) = push.routing.for_host(&svc.hostname, ns) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(Vec<String>, tcp_proxy::ClusterSpecifier, String)> = Vec::new();
+    for r in &vs.tls {
+        for m in r
+            .matches
+            .iter()
+            .filter(|m| tls_applies(m, port, vip, proxy))
+        {
+            let mut names: Vec<String> = if m.sni_hosts.iter().any(|h| h == "*") {
+                Vec::new()
+            } else {
+                m.sni_hosts.iter().map(|h| h.to_ascii_lowercase()).collect()
+            };
+            names.sort();
+            names.dedup();
+            if out.iter().any(|(n, _, _)| *n == names) {
+                continue;
+            }
+            let (spec, stat) = specifier(
+                push,
+                &r.route,
+                port,
+                &format!("{}.{}", vs.name, vs.namespace),
+            );
+            out.push((names, spec, stat));
+        }
+    }
+    out
+}
+
+fn tls_applies(
+    m: &TlsMatch,
+    port: u16,
+    vip: Option<std::net::IpAddr>,
+    proxy: Option<&Proxy>,
+) -> bool {
+    let as_l4 = L4Match {
+        destination_subnets: if vip.is_some() {
+            m.destination_subnets.clone()
+        } else {
+            Vec::new()
+        },
+        port: m.port,
+        source_labels: m.source_labels.clone(),
+        gateways: m.gateways.clone(),
+        source_namespace: m.source_namespace.clone(),
+    };
+    applies(
+        &as_l4,
+        port,
+        vip.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+        proxy,
     )
 }
 

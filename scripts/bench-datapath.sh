@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# Data-path cost of the generated config (BENCHMARKS.md "Data path"): HTTP through two sidecars
+# (client app -> iptables -> client Envoy -> mTLS -> iptables -> server Envoy -> app), the same
+# two Envoys, the same capture and the same app, with two configs measured in one run:
+#   - ours: pilot-agent (embedded control plane) writes the bootstrap and serves the generated
+#     config, with a VirtualService and a DestinationRule in force;
+#   - hand-minimal: each Envoy started on a static config with one listener, one route, one
+#     cluster and the same TLS (ECDSA P-256 certificates, mutual TLS), nothing else.
+# The app is a third Envoy answering 200 with a 1 KiB body. Proxies and app are pinned to core 0,
+# the load generator (wrk, closed loop: C connections on 1 thread) to core 1.
+# Usage: ./scripts/bench-datapath.sh [seconds] [connections] [rounds] (default 10 16 3). Root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS="${1:-10}"; CONNS="${2:-16}"; ROUNDS="${3:-3}"
+./scripts/setup.sh >/dev/null
+command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables
+BIN="$PWD/target/release"
+ENVOY=/usr/local/bin/envoy
+WORK="$(mktemp -d /tmp/istbench-datapath.XXXXXX)"; chmod 0755 "$WORK"
+C="istbench-dp-c-$$"; S="istbench-dp-s-$$"
+VIP=10.78.0.10; CIP=10.77.0.1; SIP=10.77.0.2
+cleanup() {
+  for ns in "$C" "$S"; do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    ip netns delete "$ns" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+ip netns add "$C"; ip netns add "$S"
+ip link add "dpc$$" type veth peer name "dps$$"
+ip link set "dpc$$" netns "$C"; ip link set "dps$$" netns "$S"
+ip -n "$C" addr add "$CIP/24" dev "dpc$$"; ip -n "$S" addr add "$SIP/24" dev "dps$$"
+for ns in "$C" "$S"; do ip -n "$ns" link set lo up; done
+ip -n "$C" link set "dpc$$" up; ip -n "$S" link set "dps$$" up
+ip -n "$C" route add default dev "dpc$$"
+for ns in "$C" "$S"; do ip netns exec "$ns" "$BIN/istio-iptables" >/dev/null; done
+
+# The app: 200 with a 1 KiB body, on the server's :8000.
+BODY="$(head -c 1024 /dev/zero | tr '\0' 'x')"
+cat > "$WORK/app.yaml" <<EOF
+static_resources:
+  listeners:
+  - address: {socket_address: {address: 0.0.0.0, port_value: 8000}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: app
+          http_filters: [{name: envoy.filters.http.router, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}]
+          route_config:
+            virtual_hosts: [{name: app, domains: ["*"], routes: [{match: {prefix: /}, direct_response: {status: 200, body: {inline_string: "$BODY"}}}]}]
+EOF
+ip netns exec "$S" taskset -c 0 setpriv --reuid 1000 --regid 1000 --clear-groups -- \
+  "$ENVOY" -c "$WORK/app.yaml" --concurrency 1 --disable-hot-restart --base-id 7 -l error \
+  >"$WORK/app.log" 2>&1 &
+
+# Certificates for the hand-minimal configs (the agents get theirs from the embedded CA).
+openssl ecparam -name prime256v1 -genkey -noout -out "$WORK/ca.key" 2>/dev/null
+openssl req -x509 -new -key "$WORK/ca.key" -subj /CN=bench-ca -days 2 -out "$WORK/ca.pem" 2>/dev/null
+for who in client server; do
+  openssl ecparam -name prime256v1 -genkey -noout -out "$WORK/$who.key" 2>/dev/null
+  openssl req -new -key "$WORK/$who.key" -subj "/CN=$who" -out "$WORK/$who.csr" 2>/dev/null
+  printf 'subjectAltName=URI:spiffe://cluster.local/ns/bench/sa/%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$who" > "$WORK/$who.ext"
+  openssl x509 -req -in "$WORK/$who.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial \
+    -days 2 -extfile "$WORK/$who.ext" -out "$WORK/$who.pem" 2>/dev/null
+done
+chmod 0644 "$WORK"/*.key
+
+tls() { # kind(upstream|downstream) who
+  cat <<EOF
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.$1TlsContext
+          common_tls_context:
+            tls_certificates: [{certificate_chain: {filename: $WORK/$2.pem}, private_key: {filename: $WORK/$2.key}}]
+            validation_context: {trusted_ca: {filename: $WORK/ca.pem}}
+EOF
+}
+cat > "$WORK/min-client.yaml" <<EOF
+static_resources:
+  listeners:
+  - address: {socket_address: {address: 0.0.0.0, port_value: 15001}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: out
+          http_filters: [{name: envoy.filters.http.router, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}]
+          route_config:
+            virtual_hosts: [{name: all, domains: ["*"], routes: [{match: {prefix: /}, route: {cluster: server}}]}]
+  clusters:
+  - name: server
+    type: STATIC
+    load_assignment: {cluster_name: server, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: $SIP, port_value: 8000}}}}]}]}
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+$(tls Upstream client)
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: 15000}}}
+EOF
+cat > "$WORK/min-server.yaml" <<EOF
+static_resources:
+  listeners:
+  - address: {socket_address: {address: 0.0.0.0, port_value: 15006}}
+    filter_chains:
+    - transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+$(tls Downstream server | sed 's/^/  /')
+          require_client_certificate: true
+      filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: in
+          http_filters: [{name: envoy.filters.http.router, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}]
+          route_config:
+            virtual_hosts: [{name: all, domains: ["*"], routes: [{match: {prefix: /}, route: {cluster: app}}]}]
+  clusters:
+  - name: app
+    type: STATIC
+    upstream_bind_config: {source_address: {address: 127.0.0.6, port_value: 0}}
+    load_assignment: {cluster_name: app, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8000}}}}]}]}
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: 15000}}}
+EOF
+
+# Our mesh: the service, its workload, a VirtualService and a DestinationRule in force.
+mkdir -p "$WORK/mesh"
+cat > "$WORK/mesh/mesh.yaml" <<EOF
+kind: ServiceEntry
+metadata: {name: app, namespace: bench}
+spec:
+  hosts: [app.bench.svc.cluster.local]
+  addresses: [$VIP]
+  location: MESH_INTERNAL
+  ports: [{number: 8000, name: http, protocol: HTTP}]
+  workloadSelector: {labels: {app: app}}
+---
+kind: WorkloadEntry
+metadata: {name: app, namespace: bench}
+spec: {address: $SIP, labels: {app: app, version: v1}, serviceAccount: server}
+---
+kind: DestinationRule
+metadata: {name: app, namespace: bench}
+spec:
+  host: app
+  trafficPolicy: {connectionPool: {http: {http2MaxRequests: 10000}}}
+  subsets: [{name: v1, labels: {version: v1}}]
+---
+kind: VirtualService
+metadata: {name: app, namespace: bench}
+spec:
+  hosts: [app]
+  http:
+  - match: [{headers: {x-canary: {exact: "1"}}}]
+    route: [{destination: {host: app, subset: v1}}]
+  - route: [{destination: {host: app, subset: v1}}]
+    timeout: 10s
+EOF
+
+wait_ok() { # ns url
+  for _ in $(seq 1 600); do
+    [ "$(ip netns exec "$1" setpriv --reuid 1000 --regid 1000 --clear-groups -- curl -s -o /dev/null -w '%{http_code}' "$2")" = 200 ] && return 0
+    sleep 0.05
+  done
+  echo "no 200 from $2" >&2; return 1
+}
+stop_proxies() {
+  for ns in "$C" "$S"; do
+    for pid in $(ip netns pids "$ns"); do
+      comm="$(cat "/proc/$pid/comm" 2>/dev/null || true)"
+      args="$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null || true)"
+      case "$args" in *app.yaml*) continue ;; esac
+      [ "$comm" = envoy ] || [ "$comm" = pilot-agent ] && kill -TERM "$pid" 2>/dev/null || true
+    done
+  done
+  sleep 1
+}
+start_ours() {
+  for side in client server; do
+    ns="$C"; ip="$CIP"; [ "$side" = server ] && { ns="$S"; ip="$SIP"; }
+    mkdir -p "$WORK/$side"; chmod 0755 "$WORK/$side"
+    (cd "$WORK/$side" && ip netns exec "$ns" taskset -c 0 env POD_NAME="$side" POD_NAMESPACE=bench \
+      INSTANCE_IP="$ip" SERVICE_ACCOUNT="$side" ISTIO_META_CLUSTER_ID=Kubernetes \
+      PROXY_CONFIG='{"concurrency": 1, "terminationDrainDuration": "0s"}' \
+      "$BIN/pilot-agent" proxy sidecar --configDir "$WORK/mesh" --proxyLogLevel=error \
+      >"$WORK/$side.log" 2>&1 &)
+  done
+}
+start_minimal() {
+  ip netns exec "$C" taskset -c 0 setpriv --reuid 1337 --regid 1337 --clear-groups -- \
+    "$ENVOY" -c "$WORK/min-client.yaml" --concurrency 1 --disable-hot-restart --base-id 8 -l error \
+    >"$WORK/min-client.log" 2>&1 &
+  ip netns exec "$S" taskset -c 0 setpriv --reuid 1337 --regid 1337 --clear-groups -- \
+    "$ENVOY" -c "$WORK/min-server.yaml" --concurrency 1 --disable-hot-restart --base-id 9 -l error \
+    >"$WORK/min-server.log" 2>&1 &
+}
+load() { # -> "p50 p90 p99 rps" (ms, ms, ms, requests/s)
+  ip netns exec "$C" taskset -c 1 setpriv --reuid 1000 --regid 1000 --clear-groups -- \
+    wrk -t1 -c"$CONNS" -d2s "http://$VIP:8000/" >/dev/null
+  ip netns exec "$C" taskset -c 1 setpriv --reuid 1000 --regid 1000 --clear-groups -- \
+    wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "http://$VIP:8000/" > "$WORK/wrk.txt"
+  grep -q "Non-2xx\|Socket errors" "$WORK/wrk.txt" && { cat "$WORK/wrk.txt" >&2; echo "errors in the run" >&2; return 1; }
+  ms() { awk -v k="$1" '$1==k {v=$2; if (v ~ /us$/) {sub(/us/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1000}; printf "%.3f", v}' "$WORK/wrk.txt"; }
+  echo "$(ms 50%) $(ms 90%) $(ms 99%) $(awk '/Requests\/sec/ {print $2}' "$WORK/wrk.txt")"
+}
+
+declare -a OURS MIN
+for r in $(seq 1 "$ROUNDS"); do
+  start_ours; wait_ok "$C" "http://$VIP:8000/"
+  OURS+=("$(load)"); stop_proxies
+  start_minimal; wait_ok "$C" "http://$VIP:8000/"
+  MIN+=("$(load)"); stop_proxies
+done
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
+col() { local i="$1"; shift; for x in "$@"; do echo "$x" | awk -v i="$i" '{print $i}'; done | median; }
+echo "| measure (median of $ROUNDS rounds, ${SECS}s, $CONNS connections) | ours | hand-minimal | ratio |"
+echo "|---|---|---|---|"
+for i in 1 2 3 4; do
+  name=("" "p50 latency (ms)" "p90 latency (ms)" "p99 latency (ms)" "throughput (requests/s)")
+  o="$(col "$i" "${OURS[@]}")"; m="$(col "$i" "${MIN[@]}")"
+  echo "| ${name[$i]} | $o | $m | $(awk -v o="$o" -v m="$m" 'BEGIN {printf "%.3f", o/m}') |"
+done
+echo
+echo "rounds, ours:    ${OURS[*]}"
+echo "rounds, minimal: ${MIN[*]}"
