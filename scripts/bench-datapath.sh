@@ -35,7 +35,11 @@ ip -n "$C" addr add "$CIP/24" dev "dpc$$"; ip -n "$S" addr add "$SIP/24" dev "dp
 for ns in "$C" "$S"; do ip -n "$ns" link set lo up; done
 ip -n "$C" link set "dpc$$" up; ip -n "$S" link set "dps$$" up
 ip -n "$C" route add default dev "dpc$$"
-for ns in "$C" "$S"; do ip netns exec "$ns" "$BIN/istio-iptables" >/dev/null; done
+# The capture exactly as Istio's injector asks for it.
+for ns in "$C" "$S"; do
+  ip netns exec "$ns" "$BIN/istio-iptables" -p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -x "" -b '*' \
+    -d 15090,15021,15020 >/dev/null
+done
 
 # The app: 200 with a 1 KiB body, on the server's :8000.
 BODY="$(head -c 1024 /dev/zero | tr '\0' 'x')"
@@ -109,7 +113,7 @@ static_resources:
         name: envoy.transport_sockets.tls
         typed_config:
 $(tls Downstream server | sed 's/^/  /')
-          require_client_certificate: true
+            require_client_certificate: true
       filters:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
@@ -162,10 +166,10 @@ EOF
 
 wait_ok() { # ns url
   for _ in $(seq 1 600); do
-    [ "$(ip netns exec "$1" setpriv --reuid 1000 --regid 1000 --clear-groups -- curl -s -o /dev/null -w '%{http_code}' "$2")" = 200 ] && return 0
+    [ "$(ip netns exec "$1" setpriv --reuid 1000 --regid 1000 --clear-groups -- curl -s --max-time 2 -o /dev/null -w '%{http_code}' "$2")" = 200 ] && return 0
     sleep 0.05
   done
-  echo "no 200 from $2" >&2; return 1
+  echo "no 200 from $2" >&2; tail -n 20 "$WORK"/*.log >&2; return 1
 }
 stop_proxies() {
   for ns in "$C" "$S"; do

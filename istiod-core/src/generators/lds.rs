@@ -64,32 +64,70 @@ fn http_filter(name: &str, config: Any) -> HttpFilter {
     }
 }
 
-/// Istio's filter chain: fault and CORS (configured per route by VirtualServices), then the
-/// router.
+/// The HTTP filters a connection manager needs beyond the router: fault and CORS (configured
+/// per route by VirtualServices), as Istio's chain has them; here only when some route of the
+/// snapshot uses them, since each costs every request something. Inbound routes are ours and
+/// use neither.
+#[derive(Debug, Clone, Copy, Default)]
+struct RouteFilters {
+    fault: bool,
+    cors: bool,
+}
+
+impl RouteFilters {
+    fn of(push: &PushContext) -> RouteFilters {
+        let http = || {
+            push.routing
+                .virtual_services
+                .iter()
+                .flat_map(|vs| vs.http.iter())
+        };
+        RouteFilters {
+            fault: http().any(|r| r.fault.is_some()),
+            cors: http().any(|r| r.cors_policy.is_some()),
+        }
+    }
+}
+
 fn hcm(
     stat_prefix: String,
     routes: http_connection_manager::RouteSpecifier,
+    filters: RouteFilters,
 ) -> HttpConnectionManager {
     use envoy_types::pb::envoy::extensions::filters::http::{cors::v3::Cors, fault::v3::HttpFault};
+    let mut http_filters = Vec::new();
+    if filters.fault {
+        http_filters.push(http_filter(
+            super::route::http::FAULT_FILTER,
+            pack_any(HttpFault::default()),
+        ));
+    }
+    if filters.cors {
+        http_filters.push(http_filter(
+            super::route::http::CORS_FILTER,
+            pack_any(Cors::default()),
+        ));
+    }
+    http_filters.push(http_filter(
+        "envoy.filters.http.router",
+        pack_any(Router::default()),
+    ));
     HttpConnectionManager {
         stat_prefix,
         route_specifier: Some(routes),
-        http_filters: vec![
-            http_filter(
-                super::route::http::FAULT_FILTER,
-                pack_any(HttpFault::default()),
-            ),
-            http_filter(super::route::http::CORS_FILTER, pack_any(Cors::default())),
-            http_filter("envoy.filters.http.router", pack_any(Router::default())),
-        ],
+        http_filters,
         ..Default::default()
     }
 }
 
-fn hcm_filter(stat_prefix: String, routes: http_connection_manager::RouteSpecifier) -> Filter {
+fn hcm_filter(
+    stat_prefix: String,
+    routes: http_connection_manager::RouteSpecifier,
+    filters: RouteFilters,
+) -> Filter {
     network_filter(
         "envoy.filters.network.http_connection_manager",
-        pack_any(hcm(stat_prefix, routes)),
+        pack_any(hcm(stat_prefix, routes, filters)),
     )
 }
 
@@ -214,6 +252,7 @@ fn outbound_listeners(
                                     config_source: Some(ads_config_source()),
                                     route_config_name: format!("{}:{}", svc.hostname, port.port),
                                 }),
+                                RouteFilters::of(push),
                             )],
                         )
                     };
@@ -277,7 +316,11 @@ fn outbound_listeners(
             port,
             vec![chain(
                 &name,
-                vec![hcm_filter(format!("outbound_{name}"), rds)],
+                vec![hcm_filter(
+                    format!("outbound_{name}"),
+                    rds,
+                    RouteFilters::of(push),
+                )],
             )],
             false,
         ));
@@ -438,6 +481,7 @@ fn inbound_hcm(port: u16, cluster: &str, mtls: bool) -> Filter {
     let mut hcm = hcm(
         format!("inbound_{WILDCARD}_{port}"),
         all_to(cluster, format!("inbound|http|{port}")),
+        RouteFilters::default(),
     );
     // The app sees exactly the verified peer in x-forwarded-client-cert; a header the client
     // sent itself is dropped (Istio appends to it, so a client could prefix a forged entry).
