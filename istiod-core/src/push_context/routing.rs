@@ -192,7 +192,7 @@ pub struct Routing {
 
 /// A gateway name as written; `mesh#comment` (a YAML comment without its space, as in some
 /// published examples) is read as `mesh` with a warning by `gateway_name_warnings`.
-fn gateway_name(g: &str) -> &str {
+pub(crate) fn gateway_name(g: &str) -> &str {
     g.split('#').next().unwrap_or(g).trim()
 }
 

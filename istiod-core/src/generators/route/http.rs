@@ -30,7 +30,7 @@ use envoy_types::util::pack_any;
 use super::retry;
 use crate::config_store::values::{Percent, StringMatch, StringMatchKind, proto_duration};
 use crate::config_store::virtual_service::{
-    Destination, HeaderOperations, Headers, HttpMatch, HttpRoute, MESH_GATEWAY, grpc_status_code,
+    Destination, HeaderOperations, Headers, HttpMatch, HttpRoute, grpc_status_code,
 };
 use crate::generators::cluster_policy;
 use crate::model::{Proxy, subset_cluster_name};
@@ -68,25 +68,13 @@ pub fn istio_metadata(config: &str) -> Metadata {
 
 /// Whether a match block applies to this proxy on this port (Istio's sourceMatchHTTP).
 fn applies(m: &HttpMatch, ctx: Ctx) -> bool {
-    if m.port.is_some_and(|p| p.0 != ctx.port) {
-        return false;
-    }
-    if !m.gateways.is_empty() {
-        return m
-            .gateways
-            .iter()
-            .any(|g| g.split('#').next().unwrap_or(g).trim() == MESH_GATEWAY);
-    }
-    let Some(proxy) = ctx.proxy else {
-        // Shared routes exist only when no route matches on its source.
-        return m.source_labels.is_empty() && m.source_namespace.is_none();
-    };
-    m.source_labels
-        .iter()
-        .all(|(k, v)| proxy.labels.get(k) == Some(v))
-        && m.source_namespace
-            .as_ref()
-            .is_none_or(|ns| *ns == proxy.namespace)
+    m.port.is_none_or(|p| p.0 == ctx.port)
+        && super::source_applies(
+            &m.gateways,
+            &m.source_labels,
+            m.source_namespace.as_ref(),
+            ctx.proxy,
+        )
 }
 
 fn string_matcher(m: &StringMatch, ignore_case: bool) -> Option<StringMatcher> {
@@ -624,22 +612,12 @@ fn translate(
         metadata: Some(meta.clone()),
         ..Default::default()
     };
-    if let Some(h) = &r.headers {
-        if let Some(req) = &h.request {
-            let (add, remove) = header_ops(req);
-            out.request_headers_to_add = add;
-            out.request_headers_to_remove = remove;
-        }
-        if let Some(resp) = &h.response {
-            let (add, remove) = header_ops(resp);
-            out.response_headers_to_add = add;
-            out.response_headers_to_remove = remove;
-        }
-    }
-    // A single destination's own header operations go on the route after the route's.
-    if let [only] = r.route.as_slice()
-        && let Some(h) = &only.headers
-    {
+    // The route's header operations, then a single destination's own.
+    let single = match r.route.as_slice() {
+        [only] => only.headers.as_ref(),
+        _ => None,
+    };
+    for h in r.headers.iter().chain(single) {
         if let Some(req) = &h.request {
             let (add, remove) = header_ops(req);
             out.request_headers_to_add.extend(add);

@@ -25,6 +25,30 @@ use super::{BLACKHOLE_CLUSTER, Named, PASSTHROUGH_CLUSTER, seconds};
 use crate::model::{Proxy, Service, ServicePort, outbound_cluster_name};
 use crate::push_context::PushContext;
 
+/// The per-proxy part of a route's match (Istio's sourceMatchHTTP / matchTCP): named gateways
+/// must include `mesh` (the source is then not checked), else the proxy's labels and namespace
+/// must fit. Without a proxy (routes shared by all) only a match on no source applies; shared
+/// routes exist only when no route matches on its source (`Routing::per_proxy`).
+pub(crate) fn source_applies(
+    gateways: &[String],
+    labels: &std::collections::BTreeMap<String, String>,
+    namespace: Option<&String>,
+    proxy: Option<&Proxy>,
+) -> bool {
+    use crate::config_store::virtual_service::MESH_GATEWAY;
+    use crate::push_context::routing::gateway_name;
+    if !gateways.is_empty() {
+        return gateways.iter().any(|g| gateway_name(g) == MESH_GATEWAY);
+    }
+    match proxy {
+        None => labels.is_empty() && namespace.is_none(),
+        Some(p) => {
+            labels.iter().all(|(k, v)| p.labels.get(k) == Some(v))
+                && namespace.is_none_or(|ns| *ns == p.namespace)
+        }
+    }
+}
+
 /// A route sending everything to `cluster`, with no retries: inbound routes and passthrough.
 pub(crate) fn route_to(cluster: String) -> Route {
     Route {

@@ -6,7 +6,7 @@
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
 use super::http::destination_cluster;
-use crate::config_store::virtual_service::{L4Match, MESH_GATEWAY, RouteDestination, TlsMatch};
+use crate::config_store::virtual_service::{L4Match, RouteDestination, TlsMatch};
 use crate::model::{Proxy, Service};
 use crate::push_context::PushContext;
 
@@ -42,23 +42,12 @@ fn applies(m: &L4Match, port: u16, vip: std::net::IpAddr, proxy: Option<&Proxy>)
     {
         return false;
     }
-    if !m.gateways.is_empty() {
-        return m
-            .gateways
-            .iter()
-            .any(|g| g.split('#').next().unwrap_or(g).trim() == MESH_GATEWAY);
-    }
-    match proxy {
-        None => m.source_labels.is_empty() && m.source_namespace.is_none(),
-        Some(p) => {
-            m.source_labels
-                .iter()
-                .all(|(k, v)| p.labels.get(k) == Some(v))
-                && m.source_namespace
-                    .as_ref()
-                    .is_none_or(|ns| *ns == p.namespace)
-        }
-    }
+    super::source_applies(
+        &m.gateways,
+        &m.source_labels,
+        m.source_namespace.as_ref(),
+        proxy,
+    )
 }
 
 /// Where `svc`'s connections on `vip:port` go when a VirtualService's tcp routes name it
