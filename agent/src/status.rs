@@ -10,7 +10,6 @@ use bytes::Bytes;
 use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use crate::admin;
@@ -261,35 +260,16 @@ pub async fn bind(port: u16) -> std::io::Result<TcpListener> {
     }
 }
 
-/// Serves until the drain completes.
+/// Serves until the drain completes, within the side-port limits (request head in 10 s, at most
+/// 64 KiB of it, 256 connections at once).
 pub async fn serve(listener: TcpListener, state: State) {
     let drain = state.drain.clone();
     let state = Arc::new(state);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of descriptors, typically: back off rather than spin.
-                    tracing::warn!(error = %e, "status server accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            _ = drain.finished() => return,
-        };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .max_buf_size(64 * 1024)
-                .serve_connection(TokioIo::new(stream), svc);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "status connection ended");
-            }
-        });
-    }
+    mesh_common::side_port::serve(
+        listener,
+        mesh_common::side_port::Limits::default(),
+        move |peer, req| handle(state.clone(), peer, req),
+        async move { drain.finished().await },
+    )
+    .await;
 }

@@ -1,8 +1,10 @@
 //! Primitives the three programs share, so each exists once: the Go-duration parser that every
-//! flag, env var, ProxyConfig field and traffic resource goes through, and the supervisor of the
-//! long-running programs' background tasks.
+//! flag, env var, ProxyConfig field and traffic resource goes through, the supervisor of the
+//! long-running programs' background tasks, and the side-port HTTP server with limits.
 
 pub mod duration;
+#[cfg(feature = "http")]
+pub mod side_port;
 #[cfg(feature = "tasks")]
 pub mod tasks;
 

@@ -6,13 +6,11 @@
 //!
 //! JSON only, read only; bind it to loopback unless the network is trusted.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Response, StatusCode};
 use tokio::net::TcpListener;
 
 use crate::ControlPlane;
@@ -69,19 +67,14 @@ fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>
 
 /// Serves until the process ends.
 pub async fn serve(listener: TcpListener, cp: Arc<ControlPlane>, xds: XdsServer) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let (cp, xds) = (cp.clone(), xds.clone());
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let resp = route(req.uri().path(), &cp, &xds);
-                async move { Ok::<_, Infallible>(resp) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+    mesh_common::side_port::serve(
+        listener,
+        mesh_common::side_port::Limits::default(),
+        move |_, req| {
+            let resp = route(req.uri().path(), &cp, &xds);
+            async move { resp }
+        },
+        std::future::pending(),
+    )
+    .await;
 }

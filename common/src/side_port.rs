@@ -1,0 +1,174 @@
+//! The one HTTP/1 server for side ports (the agent's 15020, istiod-core's debug port), with the
+//! limits a port reachable from the pod network needs: a deadline for the request head (a client
+//! that sends headers slowly, or never, is cut off), a cap on the head's size, and a cap on
+//! concurrent connections (beyond it a connection is closed at once). Accept errors (out of file
+//! descriptors) back off instead of spinning. Serves until `shutdown` resolves.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::{Body, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+
+/// Limits of a side-port server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Time a client has to send the whole request head.
+    pub header_read_timeout: Duration,
+    /// Largest request head (and read buffer), in bytes.
+    pub max_head_bytes: usize,
+    /// Connections served at once; more are closed as they come.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_read_timeout: Duration::from_secs(10),
+            max_head_bytes: 64 * 1024,
+            max_connections: 256,
+        }
+    }
+}
+
+/// Serves `handler` (peer address, request → response) on `listener` within `limits`.
+pub async fn serve<H, F, B>(
+    listener: TcpListener,
+    limits: Limits,
+    handler: H,
+    shutdown: impl Future<Output = ()>,
+) where
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "side port: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, max = limits.max_connections, "side port: too many connections; closed");
+            drop(stream);
+            continue;
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let handler = handler.clone();
+                async move { Ok::<_, Infallible>(handler(peer, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .max_buf_size(limits.max_head_bytes.max(8192))
+                .serve_connection(TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, %peer, "side port connection ended");
+            }
+            drop(slot);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn server(limits: Limits) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(
+            listener,
+            limits,
+            |_, _| async { Response::new(http_body_util::Full::new(bytes::Bytes::from("ok"))) },
+            std::future::pending(),
+        ));
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_slow_head_is_cut_off_and_others_are_served() {
+        let addr = server(Limits {
+            header_read_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        })
+        .await;
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut buf)).await;
+        assert!(
+            read.is_ok(),
+            "a connection that never finished its head was kept open"
+        );
+        let mut ok = tokio::net::TcpStream::connect(addr).await.unwrap();
+        ok.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut text = String::new();
+        ok.read_to_string(&mut text).await.unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 200") && text.ends_with("ok"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_closed() {
+        let addr = server(Limits {
+            max_connections: 2,
+            ..Limits::default()
+        })
+        .await;
+        let _a = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _b = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+            .await
+            .expect("closed, not left hanging")
+            .unwrap_or(0);
+        assert_eq!(n, 0, "the third connection was served: {:?}", &buf[..n]);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_head_is_refused() {
+        let addr = server(Limits {
+            max_head_bytes: 8192,
+            ..Limits::default()
+        })
+        .await;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let big = format!(
+            "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(100_000)
+        );
+        let _ = s.write_all(big.as_bytes()).await;
+        let mut text = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut text)).await;
+        let text = String::from_utf8_lossy(&text);
+        assert!(!text.contains(" 200 "), "{text}");
+    }
+}
