@@ -29,6 +29,9 @@ use crate::config::{RootCa, XdsClientConfig};
 
 /// Largest xDS message accepted or sent either way (Istio's agent allows MaxInt32).
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+/// Largest request Envoy may send the proxy: Envoy's requests name resources and carry its node,
+/// far below this; anything larger is refused (RESOURCE_EXHAUSTED) rather than buffered.
+pub const MAX_ENVOY_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const SOTW_PATH: &str =
@@ -304,17 +307,29 @@ fn nds_request(delta: bool, version: &str, nonce: &str) -> Bytes {
 }
 
 /// Forwards Envoy's request stream into `tx` until Envoy ends or errors. With DNS on, the first
-/// LDS request is followed by the agent's own NDS subscription (as Istio's agent does).
+/// LDS request is followed by the agent's own NDS subscription (as Istio's agent does). A request
+/// that cannot be read (too large, broken framing) is reported on `failed`, which ends Envoy's
+/// stream with that status: Envoy reconnects, rather than waiting on a stream that is deaf.
 fn forward(
     mut from: Streaming<Bytes>,
     tx: tokio::sync::mpsc::Sender<Bytes>,
     delta: bool,
     subscribe_nds: bool,
     metrics: Arc<crate::metrics::Metrics>,
+    failed: tokio::sync::oneshot::Sender<Status>,
 ) {
     tokio::spawn(async move {
         let mut nds_sent = !subscribe_nds;
-        while let Some(Ok(item)) = from.next().await {
+        loop {
+            let item = match from.next().await {
+                Some(Ok(item)) => item,
+                Some(Err(status)) => {
+                    tracing::warn!(error = %status.message(), "unreadable request from Envoy; closing its stream");
+                    let _ = failed.send(status);
+                    break;
+                }
+                None => break,
+            };
             metrics.xds_proxy_requests.inc();
             let is_lds = !nds_sent && request_type(delta, &item) == LISTENER_TYPE;
             if tx.send(item).await.is_err() {
@@ -404,18 +419,23 @@ impl Inner {
         tokio::time::sleep(backoff(self.failures.load(Ordering::Relaxed))).await;
         let metrics = self.metrics.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let (failed_tx, failed_rx) = tokio::sync::oneshot::channel();
         forward(
             requests,
             tx.clone(),
             delta,
             self.dns.is_some(),
             metrics.clone(),
+            failed_tx,
         );
+        // Envoy's side failing ends the response stream with its status.
+        let failure =
+            futures::stream::once(failed_rx).filter_map(|r| std::future::ready(r.ok().map(Err)));
         let dns = self.dns.clone();
         match self.upstream.open(delta, ReceiverStream::new(rx)).await {
             Ok(responses) => {
                 self.failures.store(0, Ordering::Relaxed);
-                Ok(Box::pin(responses.filter(move |r| {
+                let responses = responses.filter(move |r| {
                     let consumed = match (&dns, r) {
                         (Some(dns), Ok(bytes)) => consume_nds(delta, bytes, dns, &tx),
                         _ => false,
@@ -425,7 +445,18 @@ impl Inner {
                         metrics.xds_proxy_responses.inc();
                     }
                     async move { keep }
-                })))
+                });
+                // Ends when the upstream's responses end (Envoy then reconnects), or with the
+                // status of a request Envoy sent that could not be read.
+                let merged = futures::stream::select(
+                    responses
+                        .map(Some)
+                        .chain(futures::stream::once(std::future::ready(None))),
+                    failure.map(Some),
+                )
+                .take_while(|item| std::future::ready(item.is_some()))
+                .filter_map(std::future::ready);
+                Ok(Box::pin(merged))
             }
             Err(e) => {
                 let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
@@ -495,8 +526,10 @@ where
             delta,
         };
         Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(RawCodec)
-                .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), Some(MAX_MESSAGE_BYTES));
+            let mut grpc = tonic::server::Grpc::new(RawCodec).apply_max_message_size_config(
+                Some(MAX_ENVOY_REQUEST_BYTES),
+                Some(MAX_MESSAGE_BYTES),
+            );
             Ok(grpc.streaming(method, req).await)
         })
     }
@@ -544,6 +577,63 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request over MAX_ENVOY_REQUEST_BYTES on the Envoy side is refused and ends that
+    /// stream; a normal request on a new stream is still answered.
+    #[tokio::test]
+    async fn an_oversized_envoy_request_is_refused() {
+        use envoy_types::pb::envoy::config::core::v3::Node;
+        use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+        use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("XDS");
+        let listener = bind(&path, None).unwrap();
+        let cp = istiod_core::ControlPlane::in_memory("cluster.local").unwrap();
+        tokio::spawn(serve(
+            listener,
+            Upstream::Embedded(cp.xds()),
+            Arc::new(crate::metrics::Metrics::new()),
+            None,
+            std::future::pending(),
+        ));
+        let channel = crate::sds::connect(path).await.unwrap();
+        let mut client = AggregatedDiscoveryServiceClient::new(channel);
+        let node = Some(Node {
+            id: "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local".into(),
+            ..Default::default()
+        });
+        let request = |names: Vec<String>| DeltaDiscoveryRequest {
+            node: node.clone(),
+            type_url: crate::xds_proxy::tests::CLUSTER.to_string(),
+            resource_names_subscribe: names,
+            ..Default::default()
+        };
+        let huge = vec!["x".repeat(1024); 5 * 1024];
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(request(huge)).await.unwrap();
+        let outcome = match client
+            .delta_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+        {
+            Err(status) => status,
+            Ok(resp) => resp.into_inner().message().await.unwrap_err(),
+        };
+        assert_eq!(outcome.code(), tonic::Code::OutOfRange, "{outcome:?}");
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(request(vec![])).await.unwrap();
+        let mut ok = client
+            .delta_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let first = tokio::time::timeout(std::time::Duration::from_secs(10), ok.message())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(first.is_some());
+    }
+
+    const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
     use envoy_types::pb::envoy::service::discovery::v3::{
         DeltaDiscoveryResponse, DiscoveryResponse,
     };
