@@ -1095,3 +1095,108 @@ spec:
     assert_eq!(via("alias.external.test"), 0);
     let _ = std::fs::remove_dir_all(&shared);
 }
+
+#[test]
+fn cors_preflight_is_answered_by_the_route_policy() {
+    let routing = format!(
+        r#"kind: VirtualService
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews]
+  http:
+  - route: [{{destination: {{host: reviews}}}}]
+    corsPolicy:
+      allowOrigins: [{{exact: "https://a.example"}}]
+      allowMethods: [GET, POST]
+      maxAge: 1h
+"#
+    );
+    let Some(m) = mesh(
+        "cors_preflight_is_answered_by_the_route_policy",
+        &TWO_VERSIONS[..1],
+        &routing,
+    ) else {
+        return;
+    };
+    let preflight = |origin: &str| {
+        let out = m
+            .client()
+            .exec_as(
+                APP_UID,
+                APP_UID,
+                &[
+                    "curl",
+                    "-s",
+                    "-i",
+                    "--max-time",
+                    "5",
+                    "-X",
+                    "OPTIONS",
+                    "-H",
+                    &format!("Origin: {origin}"),
+                    "-H",
+                    "Access-Control-Request-Method: GET",
+                    &format!("http://{VIP}:{PORT}/"),
+                ],
+            )
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_ascii_lowercase()
+    };
+    let allowed = preflight("https://a.example");
+    assert!(
+        allowed.contains("access-control-allow-origin: https://a.example")
+            && allowed.contains("access-control-max-age: 3600"),
+        "{allowed}\n{}",
+        m.net.logs()
+    );
+    let refused = preflight("https://evil.example");
+    assert!(
+        !refused.contains("access-control-allow-origin"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn a_delegate_virtual_service_routes_under_its_root() {
+    let routing = format!(
+        r#"{}---
+kind: VirtualService
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews]
+  http:
+  - match: [{{uri: {{prefix: /v2}}}}]
+    delegate: {{name: reviews-v2, namespace: {NS}}}
+  - route: [{{destination: {{host: reviews, subset: v1}}}}]
+---
+kind: VirtualService
+metadata: {{name: reviews-v2, namespace: {NS}}}
+spec:
+  http:
+  - match: [{{uri: {{prefix: /v2/special}}}}]
+    rewrite: {{uri: /special}}
+    route: [{{destination: {{host: reviews, subset: v2}}}}]
+  - route: [{{destination: {{host: reviews, subset: v2}}}}]
+"#,
+        subsets()
+    );
+    let Some(m) = mesh(
+        "a_delegate_virtual_service_routes_under_its_root",
+        TWO_VERSIONS,
+        &routing,
+    ) else {
+        return;
+    };
+    let one = |path: &str| m.get(path, 1, &[]).remove(0);
+    let special = one("/v2/special/x");
+    assert_eq!(
+        (special.code, special.instance(), special.field("path")),
+        (200, "v2", Some("/special/x")),
+        "{special:?}\n{}",
+        m.net.logs()
+    );
+    let other = one("/v2/other");
+    assert_eq!((other.code, other.instance()), (200, "v2"), "{other:?}");
+    let rest = one("/elsewhere");
+    assert_eq!((rest.code, rest.instance()), (200, "v1"), "{rest:?}");
+}
