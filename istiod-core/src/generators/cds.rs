@@ -12,6 +12,7 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
 };
 use envoy_types::util::pack_any;
 
+use super::cluster_policy::{self, HTTP_PROTOCOL_OPTIONS};
 use super::{
     BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_BIND_V4, INBOUND_PASSTHROUGH_CLUSTER, Named,
     PASSTHROUGH_CLUSTER, ads_config_source, seconds, tls,
@@ -24,7 +25,6 @@ use crate::model::{
 use crate::push_context::PushContext;
 
 const CONNECT_TIMEOUT_SECS: i64 = 10;
-use super::cluster_policy::{self, HTTP_PROTOCOL_OPTIONS};
 
 fn base(name: String, kind: cluster::DiscoveryType) -> Cluster {
     Cluster {
@@ -193,11 +193,7 @@ fn resolve(
     let kind = match svc.resolution {
         Resolution::Static => return true,
         Resolution::Passthrough => {
-            c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
-                cluster::DiscoveryType::OriginalDst as i32,
-            ));
-            c.lb_policy = cluster::LbPolicy::ClusterProvided as i32;
-            c.eds_cluster_config = None;
+            cluster_policy::to_original_dst(c);
             return true;
         }
         Resolution::Dns => cluster::DiscoveryType::StrictDns,

@@ -37,7 +37,6 @@ use crate::model::Protocol;
 use crate::push_context::{AppliedRule, PushContext};
 
 pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
-const CONNECT_TIMEOUT_SECS: i64 = 10;
 
 /// The four blocks (and proxyProtocol) in force for one cluster.
 #[derive(Debug, Default, Clone, Copy)]
@@ -163,9 +162,9 @@ pub fn hash_policy(push: &PushContext, d: &Destination, port: u16) -> Vec<HashPo
     }]
 }
 
-/// Istio's defaults for every outbound cluster, whether or not a rule applies.
+/// Istio's defaults for every outbound cluster, whether or not a rule applies (the 10 s connect
+/// timeout every cluster gets from `cds::base`).
 pub fn defaults(c: &mut Cluster) {
-    c.connect_timeout = Some(super::seconds(CONNECT_TIMEOUT_SECS));
     c.lb_policy = cluster::LbPolicy::LeastRequest as i32;
     c.circuit_breakers = Some(CircuitBreakers {
         thresholds: vec![circuit_breakers::Thresholds {
@@ -204,17 +203,23 @@ fn set_http_options(c: &mut Cluster, mut o: HttpProtocolOptions) {
         .insert(HTTP_PROTOCOL_OPTIONS.to_string(), pack_any(o));
 }
 
+/// The cluster sends each connection where the app sent it (Istio's PASSTHROUGH load balancer
+/// and ServiceEntry resolution NONE): ORIGINAL_DST, no endpoints of its own.
+pub fn to_original_dst(c: &mut Cluster) {
+    c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
+        cluster::DiscoveryType::OriginalDst as i32,
+    ));
+    c.lb_policy = cluster::LbPolicy::ClusterProvided as i32;
+    c.eds_cluster_config = None;
+    c.load_assignment = None;
+}
+
 fn load_balancer(c: &mut Cluster, lb: &LoadBalancer) {
     match lb.simple.as_deref() {
         Some("ROUND_ROBIN") => c.lb_policy = cluster::LbPolicy::RoundRobin as i32,
         Some("RANDOM") => c.lb_policy = cluster::LbPolicy::Random as i32,
         Some("PASSTHROUGH") => {
-            c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
-                cluster::DiscoveryType::OriginalDst as i32,
-            ));
-            c.lb_policy = cluster::LbPolicy::ClusterProvided as i32;
-            c.eds_cluster_config = None;
-            c.load_assignment = None;
+            to_original_dst(c);
             return;
         }
         _ => c.lb_policy = cluster::LbPolicy::LeastRequest as i32,

@@ -200,6 +200,7 @@ fn outbound_listeners(
     let mut out = Vec::new();
     let mut http_ports = BTreeSet::new();
     let mut seen = BTreeSet::new();
+    let route_filters = RouteFilters::of(push);
     // TLS ports of services with no VIP: one wildcard listener per port, chains by SNI.
     let mut tls_wildcard: std::collections::BTreeMap<u16, Vec<&Service>> = Default::default();
     for svc in &push.services {
@@ -252,7 +253,7 @@ fn outbound_listeners(
                                     config_source: Some(ads_config_source()),
                                     route_config_name: format!("{}:{}", svc.hostname, port.port),
                                 }),
-                                RouteFilters::of(push),
+                                route_filters,
                             )],
                         )
                     };
@@ -316,11 +317,7 @@ fn outbound_listeners(
             port,
             vec![chain(
                 &name,
-                vec![hcm_filter(
-                    format!("outbound_{name}"),
-                    rds,
-                    RouteFilters::of(push),
-                )],
+                vec![hcm_filter(format!("outbound_{name}"), rds, route_filters)],
             )],
             false,
         ));

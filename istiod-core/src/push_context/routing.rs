@@ -168,12 +168,17 @@ pub struct MeshRoute {
 
 impl MeshRoute {
     pub fn visible_in(&self, namespace: &str) -> bool {
-        self.export_to.is_empty()
-            || self
-                .export_to
-                .iter()
-                .any(|e| e == "*" || e == namespace || (e == "." && self.namespace == namespace))
+        exported_to(&self.export_to, &self.namespace, namespace)
     }
+}
+
+/// Istio's `exportTo` for a resource of namespace `own`: empty or `*` is every namespace, `.`
+/// its own, a name that namespace.
+fn exported_to(export_to: &[String], own: &str, namespace: &str) -> bool {
+    export_to.is_empty()
+        || export_to
+            .iter()
+            .any(|e| e == "*" || e == namespace || (e == "." && own == namespace))
 }
 
 /// The VirtualServices sidecars apply, in Istio's order (here by namespace and name, as the
@@ -252,12 +257,7 @@ impl Routing {
                     // Istio drops the entry; the load warned about it (`delegate_warnings`).
                     continue;
                 };
-                let visible = dspec.export_to.is_empty()
-                    || dspec
-                        .export_to
-                        .iter()
-                        .any(|e| e == "*" || e == ns || (e == "." && dmeta.namespace() == ns));
-                if !visible {
+                if !exported_to(&dspec.export_to, dmeta.namespace(), ns) {
                     continue;
                 }
                 for leaf in &dspec.http {
