@@ -141,6 +141,16 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                         endpoints.push(workload_endpoint(KIND, meta, e)?);
                     }
                 }
+                if let Some(selector) = &spec.workload_selector {
+                    for (wm, we) in &workload_entries {
+                        if wm.namespace() == meta.namespace()
+                            && selects(&selector.labels, &we.labels)
+                        {
+                            endpoints.push(workload_endpoint("WorkloadEntry", wm, we)?);
+                        }
+                    }
+                }
+                // Under DNS every endpoint, inline or selected, is something Envoy resolves.
                 if dns {
                     for e in endpoints.drain(..) {
                         dns_targets.push(DnsTarget {
@@ -156,15 +166,6 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                             "spec.endpoints: DNS_ROUND_ROBIN takes at most one endpoint"
                                 .to_string(),
                         ));
-                    }
-                }
-                if let Some(selector) = &spec.workload_selector {
-                    for (wm, we) in &workload_entries {
-                        if wm.namespace() == meta.namespace()
-                            && selects(&selector.labels, &we.labels)
-                        {
-                            endpoints.push(workload_endpoint("WorkloadEntry", wm, we)?);
-                        }
                     }
                 }
                 // A ServiceEntry port's targetPort applies to endpoints that do not name the port.
@@ -316,6 +317,14 @@ mod tests {
         );
         let out = services(&own, "cluster.local").unwrap();
         assert_eq!(out[0].dns_targets[0].host, "a.example");
+        // Selected WorkloadEntries are resolved too, not left as EDS endpoints of a DNS cluster.
+        let selected = set(
+            "kind: ServiceEntry\nmetadata: {name: e, namespace: n}\nspec: {hosts: [a.example], resolution: DNS, ports: [{number: 80, name: http}], workloadSelector: {labels: {app: a}}}\n---\nkind: WorkloadEntry\nmetadata: {name: w, namespace: n}\nspec: {address: 10.0.0.7, labels: {app: a}}\n",
+        );
+        let out = services(&selected, "cluster.local").unwrap();
+        let hosts: Vec<&str> = out[0].dns_targets.iter().map(|t| t.host.as_str()).collect();
+        assert_eq!(hosts, ["10.0.0.7"]);
+        assert!(out[0].endpoints.is_empty());
         for (yaml, expected) in [
             (
                 "spec: {hosts: [a.example], resolution: DNZ, ports: [{number: 80, name: http}]}",
