@@ -112,11 +112,10 @@ fn domains(svc: &Service, port: &ServicePort) -> Vec<String> {
 
 /// The routes of `svc` on `port` for `proxy`: its VirtualService's, else the default route.
 fn service_routes(ctx: http::Ctx, svc: &Service) -> Vec<Route> {
-    let ns = ctx.proxy.map(|p| p.namespace.as_str());
-    let vs = match ns {
-        Some(ns) => ctx.push.routing.for_host(&svc.hostname, ns),
-        None => ctx.push.routing.for_host(&svc.hostname, &svc.namespace),
-    };
+    let ns = ctx
+        .proxy
+        .map_or(svc.namespace.as_str(), |p| p.namespace.as_str());
+    let vs = ctx.push.routing.for_host(&svc.hostname, ns);
     let routes = vs.map(|vs| http::routes(ctx, vs)).unwrap_or_default();
     if routes.is_empty() {
         vec![default_route(ctx.push, svc, ctx.port)]
@@ -137,11 +136,7 @@ fn route_config(
         && let Ok(port) = port.parse::<u16>()
     {
         // A sniffed port: every authority reaching this listener is this service.
-        if let Some(svc) = push
-            .services
-            .iter()
-            .find(|s| s.hostname == host && visible(s, port))
-        {
+        if let Some(svc) = push.service(host).filter(|s| visible(s, port)) {
             virtual_hosts.push(VirtualHost {
                 name: format!("{host}:{port}"),
                 domains: vec!["*".to_string()],
@@ -226,20 +221,36 @@ fn vs_host_vhosts(
         if ns.is_some_and(|ns| !vs.visible_in(ns)) {
             continue;
         }
-        let on_port = |h: &str| {
-            ctx.push.services.iter().any(|s| {
-                visible(s, ctx.port)
-                    && crate::push_context::routing::host_matches(h, &s.hostname)
-                    && s.ports
-                        .iter()
-                        .any(|p| p.port == ctx.port && p.protocol.is_http())
-            })
+        // Whether a host names a service serving HTTP on this port (worked out once a host).
+        let serves = |s: &Service| {
+            visible(s, ctx.port)
+                && s.ports
+                    .iter()
+                    .any(|p| p.port == ctx.port && p.protocol.is_http())
         };
-        let routes_a_service = vs.hosts.iter().any(|h| on_port(h));
-        if ctx.port != 80 && !routes_a_service {
+        let on_port: Vec<bool> = vs
+            .hosts
+            .iter()
+            .map(|h| {
+                if h.starts_with('*') {
+                    ctx.push.services.iter().any(|s| {
+                        crate::push_context::routing::host_matches(h, &s.hostname) && serves(s)
+                    })
+                } else {
+                    ctx.push.service(h).is_some_and(serves)
+                }
+            })
+            .collect();
+        if ctx.port != 80 && !on_port.contains(&true) {
             continue;
         }
-        let others: Vec<&String> = vs.hosts.iter().filter(|h| !on_port(h)).collect();
+        let others: Vec<&String> = vs
+            .hosts
+            .iter()
+            .zip(&on_port)
+            .filter(|(_, on)| !**on)
+            .map(|(h, _)| h)
+            .collect();
         if others.is_empty() {
             continue;
         }
