@@ -254,7 +254,7 @@ impl Routing {
                 };
                 let dns = delegate.namespace.as_deref().unwrap_or(ns);
                 let Some((dmeta, dspec)) = delegates.get(&(dns, delegate.name.as_str())) else {
-                    // Istio drops the entry; the load warned about it (`delegate_warnings`).
+                    // Istio drops the entry; the load warned about it (`not_applied`).
                     continue;
                 };
                 if !exported_to(&dspec.export_to, dmeta.namespace(), ns) {
@@ -267,31 +267,30 @@ impl Routing {
                     }
                 }
             }
-            let mut tcp = spec.tcp.clone();
-            for r in &mut tcp {
-                for d in &mut r.route {
-                    resolve_destination(&mut d.destination, ns, domain_suffix);
-                }
+            let (mut tcp, mut tls) = (spec.tcp.clone(), spec.tls.clone());
+            let l4_routes = tcp
+                .iter_mut()
+                .flat_map(|r| &mut r.route)
+                .chain(tls.iter_mut().flat_map(|r| &mut r.route));
+            for d in l4_routes {
+                resolve_destination(&mut d.destination, ns, domain_suffix);
             }
-            let mut tls = spec.tls.clone();
-            for r in &mut tls {
-                for d in &mut r.route {
-                    resolve_destination(&mut d.destination, ns, domain_suffix);
-                }
-            }
-            let source_bound = http.iter().any(|r| {
-                r.matches
+            // A match on the client (labels or namespace) makes routes differ per proxy.
+            let on_source = |labels: &BTreeMap<String, String>, ns: &Option<String>| {
+                !labels.is_empty() || ns.is_some()
+            };
+            let source_bound = http
+                .iter()
+                .flat_map(|r| &r.matches)
+                .any(|m| on_source(&m.source_labels, &m.source_namespace))
+                || tcp
                     .iter()
-                    .any(|m| !m.source_labels.is_empty() || m.source_namespace.is_some())
-            }) || tcp.iter().any(|r| {
-                r.matches
+                    .flat_map(|r| &r.matches)
+                    .any(|m| on_source(&m.source_labels, &m.source_namespace))
+                || tls
                     .iter()
-                    .any(|m| !m.source_labels.is_empty() || m.source_namespace.is_some())
-            }) || tls.iter().any(|r| {
-                r.matches
-                    .iter()
-                    .any(|m| !m.source_labels.is_empty() || m.source_namespace.is_some())
-            });
+                    .flat_map(|r| &r.matches)
+                    .any(|m| on_source(&m.source_labels, &m.source_namespace));
             let export_to = spec.export_to.clone();
             per_proxy |= source_bound || !export_to.iter().all(|e| e == "*");
             virtual_services.push(Arc::new(MeshRoute {
