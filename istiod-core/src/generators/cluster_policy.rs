@@ -111,26 +111,25 @@ pub fn effective<'a>(rule: &'a AppliedRule, subset: Option<&str>, port: u16) -> 
 /// The route-side half of consistent hashing for a destination: the hash key of its subset's
 /// load balancer, else the rule's (port-level entries count only when the destination names
 /// its port, as in Istio).
-pub fn hash_policy(push: &PushContext, d: &Destination, port: u16) -> Vec<HashPolicy> {
+pub fn hash_policy(push: &PushContext, d: &Destination) -> Vec<HashPolicy> {
     let Some(rule) = push.destination_rules.get(&d.host) else {
         return Vec::new();
     };
     let explicit = d.port.map(|p| p.number.0);
-    let lb_of = |p: &'_ TrafficPolicy| -> Option<LoadBalancer> {
+    fn lb_of(p: &TrafficPolicy, explicit: Option<u16>) -> Option<&LoadBalancer> {
         match explicit {
-            Some(port) => for_port(p, port).0.load_balancer.cloned(),
-            None => p.load_balancer.clone(),
+            Some(port) => for_port(p, port).0.load_balancer,
+            None => p.load_balancer.as_ref(),
         }
-    };
-    let _ = port;
+    }
     let subset_lb = d
         .subset
         .as_deref()
         .and_then(|s| rule.subset(s))
         .and_then(|s| s.traffic_policy.as_ref())
-        .and_then(lb_of);
-    let lb = subset_lb.or_else(|| rule.policy.as_ref().and_then(lb_of));
-    let Some(ch) = lb.and_then(|lb| lb.consistent_hash) else {
+        .and_then(|p| lb_of(p, explicit));
+    let lb = subset_lb.or_else(|| rule.policy.as_ref().and_then(|p| lb_of(p, explicit)));
+    let Some(ch) = lb.and_then(|lb| lb.consistent_hash.as_ref()) else {
         return Vec::new();
     };
     let specifier = if let Some(h) = &ch.http_header_name {

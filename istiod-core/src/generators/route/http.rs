@@ -395,11 +395,7 @@ fn route_action(ctx: Ctx, r: &HttpRoute) -> RouteAction {
         action.cluster_specifier = Some(route_action::ClusterSpecifier::Cluster(
             destination_cluster(ctx.push, &only.destination, ctx.port),
         ));
-        hash_policy.extend(cluster_policy::hash_policy(
-            ctx.push,
-            &only.destination,
-            ctx.port,
-        ));
+        hash_policy.extend(cluster_policy::hash_policy(ctx.push, &only.destination));
         if let Some(a) = only.headers.as_ref().and_then(authority_of) {
             action.host_rewrite_specifier =
                 Some(route_action::HostRewriteSpecifier::HostRewriteLiteral(a));
@@ -410,11 +406,7 @@ fn route_action(ctx: Ctx, r: &HttpRoute) -> RouteAction {
             .iter()
             .filter(|d| d.weight.unwrap_or(0) > 0)
             .map(|d| {
-                hash_policy.extend(cluster_policy::hash_policy(
-                    ctx.push,
-                    &d.destination,
-                    ctx.port,
-                ));
+                hash_policy.extend(cluster_policy::hash_policy(ctx.push, &d.destination));
                 let mut cw = weighted_cluster::ClusterWeight {
                     name: destination_cluster(ctx.push, &d.destination, ctx.port),
                     weight: Some(UInt32Value {

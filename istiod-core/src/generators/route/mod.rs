@@ -75,7 +75,7 @@ fn default_route(push: &PushContext, svc: &Service, port: u16) -> Route {
         host: svc.hostname.clone(),
         ..Default::default()
     };
-    let hash = super::cluster_policy::hash_policy(push, &destination, port);
+    let hash = super::cluster_policy::hash_policy(push, &destination);
     if let Some(route::Action::Route(action)) = &mut r.action {
         action.retry_policy = Some(retry::default_retry(!hash.is_empty()));
         action.hash_policy = hash;
