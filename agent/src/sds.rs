@@ -191,41 +191,34 @@ fn secret(
     cert: Option<&crate::identity::WorkloadCert>,
     dirs: &[PathBuf],
 ) -> Result<Option<Secret>, Status> {
-    let mut out = Vec::with_capacity(1);
-    {
-        if name == DEFAULT {
-            let Some(c) = cert else { return Ok(None) };
-            out.push(tls_secret(
-                name,
-                c.chain_pem.as_bytes(),
-                c.key_pem.as_bytes(),
-            ));
-        } else if name == ROOTCA {
-            let Some(c) = cert else { return Ok(None) };
-            out.push(root_secret(name, c.root_pem.as_bytes()));
-        } else if let Some(spec) = name.strip_prefix("file-cert:") {
-            let (cert_path, key_path) = spec.split_once('~').ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "SDS resource {name:?}: expected file-cert:<cert path>~<key path>"
-                ))
-            })?;
-            let chain = read(&allowed_file(cert_path, dirs)?)?;
-            let key = read(&allowed_file(key_path, dirs)?)?;
-            out.push(tls_secret(name, &chain, &key));
-        } else if let Some(path) = name.strip_prefix("file-root:") {
-            let path = if path == "system" {
-                PathBuf::from(SYSTEM_ROOTS)
-            } else {
-                allowed_file(path, dirs)?
-            };
-            out.push(root_secret(name, &read(&path)?));
+    let secret = if name == DEFAULT {
+        let Some(c) = cert else { return Ok(None) };
+        tls_secret(name, c.chain_pem.as_bytes(), c.key_pem.as_bytes())
+    } else if name == ROOTCA {
+        let Some(c) = cert else { return Ok(None) };
+        root_secret(name, c.root_pem.as_bytes())
+    } else if let Some(spec) = name.strip_prefix("file-cert:") {
+        let (cert_path, key_path) = spec.split_once('~').ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "SDS resource {name:?}: expected file-cert:<cert path>~<key path>"
+            ))
+        })?;
+        let chain = read(&allowed_file(cert_path, dirs)?)?;
+        let key = read(&allowed_file(key_path, dirs)?)?;
+        tls_secret(name, &chain, &key)
+    } else if let Some(path) = name.strip_prefix("file-root:") {
+        let path = if path == "system" {
+            PathBuf::from(SYSTEM_ROOTS)
         } else {
-            return Err(Status::invalid_argument(format!(
-                "unknown SDS resource {name:?}: expected default, ROOTCA, file-cert:... or file-root:..."
-            )));
-        }
-    }
-    Ok(out.pop())
+            allowed_file(path, dirs)?
+        };
+        root_secret(name, &read(&path)?)
+    } else {
+        return Err(Status::invalid_argument(format!(
+            "unknown SDS resource {name:?}: expected default, ROOTCA, file-cert:... or file-root:..."
+        )));
+    };
+    Ok(Some(secret))
 }
 
 fn file_fingerprint(names: &[String]) -> Vec<Option<std::time::SystemTime>> {
