@@ -581,8 +581,7 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
     let env: Envelope = serde_json::from_value(value).map_err(|e| e.to_string())?;
     let kind = env.kind.ok_or("missing field `kind`")?;
     let raw_meta = env.metadata.ok_or("missing field `metadata`")?;
-    let mut meta: Metadata =
-        serde_json::from_value(raw_meta.clone()).map_err(|e| format!("metadata: {e}"))?;
+    let mut meta = Metadata::deserialize(&raw_meta).map_err(|e| format!("metadata: {e}"))?;
     if let Some(fields) = raw_meta.as_object() {
         for key in fields
             .keys()
