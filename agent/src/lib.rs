@@ -60,13 +60,7 @@ fn write_file(path: &std::path::Path, contents: &[u8], mode: u32) -> Result<(), 
 
 /// Turns SIGTERM and SIGINT into a graceful drain.
 async fn listen_for_signals(drain: Drain) -> std::io::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
+    mesh_common::tasks::stop_signal().await?;
     drain.trigger(drain::Shutdown::Graceful);
     Ok(())
 }

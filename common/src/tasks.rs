@@ -9,6 +9,19 @@ use std::future::Future;
 
 use tokio::task::{Id, JoinSet};
 
+/// Waits for SIGTERM (how Kubernetes stops a pod) or SIGINT, and logs which came; an error
+/// when the handlers cannot be installed.
+pub async fn stop_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    Ok(())
+}
+
 /// How a supervised task ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ended {

@@ -324,15 +324,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// SIGTERM (how Kubernetes stops a pod) or SIGINT.
 async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        },
-        Err(e) => {
-            tracing::error!(error = %e, "cannot install a SIGTERM handler; SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
+    if let Err(e) = mesh_common::tasks::stop_signal().await {
+        tracing::error!(error = %e, "cannot install the SIGTERM handler; SIGINT only");
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
