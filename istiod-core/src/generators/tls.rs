@@ -68,6 +68,15 @@ fn sds(name: &str) -> SdsSecretConfig {
     }
 }
 
+/// TLS 1.2 to 1.3, as Istio's contexts allow.
+fn tls_1_2_to_1_3() -> TlsParameters {
+    TlsParameters {
+        tls_minimum_protocol_version: tls_parameters::TlsProtocol::TlSv12 as i32,
+        tls_maximum_protocol_version: tls_parameters::TlsProtocol::TlSv13 as i32,
+        ..Default::default()
+    }
+}
+
 /// Certificate `default` and trust bundle `ROOTCA` over SDS; `peer_sans` (SPIFFE URIs), when
 /// given, are the only peer identities accepted.
 fn common(peer_sans: &[String], alpn: &[&str]) -> CommonTlsContext {
@@ -86,11 +95,7 @@ fn common(peer_sans: &[String], alpn: &[&str]) -> CommonTlsContext {
         ..Default::default()
     };
     CommonTlsContext {
-        tls_params: Some(TlsParameters {
-            tls_minimum_protocol_version: tls_parameters::TlsProtocol::TlSv12 as i32,
-            tls_maximum_protocol_version: tls_parameters::TlsProtocol::TlSv13 as i32,
-            ..Default::default()
-        }),
+        tls_params: Some(tls_1_2_to_1_3()),
         tls_certificate_sds_secret_configs: vec![sds(SDS_DEFAULT)],
         validation_context_type: Some(
             common_tls_context::ValidationContextType::CombinedValidationContext(
@@ -234,11 +239,7 @@ pub fn originated_socket(o: &OriginatedTls) -> TransportSocket {
     });
     let tls = UpstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
-            tls_params: Some(TlsParameters {
-                tls_minimum_protocol_version: tls_parameters::TlsProtocol::TlSv12 as i32,
-                tls_maximum_protocol_version: tls_parameters::TlsProtocol::TlSv13 as i32,
-                ..Default::default()
-            }),
+            tls_params: Some(tls_1_2_to_1_3()),
             tls_certificate_sds_secret_configs: o
                 .client
                 .map(|(cert, key)| sds_plain(format!("file-cert:{cert}~{key}")))
