@@ -10,12 +10,14 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod authorization;
 pub mod destination_rule;
 pub mod traffic;
 pub mod values;
 pub mod virtual_service;
+pub use authorization::AuthorizationPolicySpec;
 pub use destination_rule::DestinationRuleSpec;
-pub use traffic::{AuthorizationPolicySpec, GatewaySpec};
+pub use traffic::GatewaySpec;
 pub use virtual_service::VirtualServiceSpec;
 
 #[derive(Debug, thiserror::Error)]
@@ -163,7 +165,8 @@ pub struct WorkloadTemplate {
 
 /// The mesh-wide settings istiod reads from its mesh config (the `mesh` key of the `istio`
 /// ConfigMap, or the `--meshConfig` file). Acted on: trustDomain (checked against the control
-/// plane's), rootNamespace, enableAutoMtls and outboundTrafficPolicy; the rest is kept as written.
+/// plane's), trustDomainAliases, rootNamespace, enableAutoMtls and outboundTrafficPolicy; the
+/// rest is kept as written.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct MeshConfigSpec {
@@ -171,6 +174,9 @@ pub struct MeshConfigSpec {
     pub trust_domain: Option<String>,
     #[serde(default)]
     pub root_namespace: Option<String>,
+    /// Other trust domains whose identities are this mesh's (AuthorizationPolicy principals).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trust_domain_aliases: Vec<String>,
     #[serde(default)]
     pub enable_auto_mtls: Option<bool>,
     #[serde(default)]
@@ -187,6 +193,10 @@ impl MeshConfigSpec {
         }
         if other.root_namespace.is_some() {
             self.root_namespace.clone_from(&other.root_namespace);
+        }
+        if !other.trust_domain_aliases.is_empty() {
+            self.trust_domain_aliases
+                .clone_from(&other.trust_domain_aliases);
         }
         if other.enable_auto_mtls.is_some() {
             self.enable_auto_mtls = other.enable_auto_mtls;
@@ -753,18 +763,29 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             let spec = checked(
                 spec,
                 &typed,
-                traffic::validate_authorization_policy,
+                authorization::validate_authorization_policy,
                 &mut meta,
             )?;
-            // Istio's sidecars enforce it; ours do not yet. Accepting it would fail open (a
-            // DENY that denies nothing), so a valid policy is refused by name instead.
-            let _ = spec;
-            return Err(format!(
-                "AuthorizationPolicy {}/{}: not enforced by this control plane yet; refused \
-                 rather than accepted and ignored (an ignored policy fails open)",
-                meta.namespace(),
-                meta.name
-            ));
+            if spec.action == authorization::Action::Custom {
+                // An ext_authz provider is not wired yet; accepting the policy would let
+                // through what the provider was meant to check.
+                return Err(format!(
+                    "AuthorizationPolicy {}/{}: action CUSTOM (an ext_authz provider) is not \
+                     enforced by this control plane yet; refused rather than accepted and \
+                     ignored (an ignored policy fails open)",
+                    meta.namespace(),
+                    meta.name
+                ));
+            }
+            if spec.target_ref.is_some() || !spec.target_refs.is_empty() {
+                meta.warnings.push(
+                    "spec.targetRef(s): a policy bound by targetRef applies to gateways and \
+                     waypoints, never to a sidecar (as in Istio); this policy applies to no \
+                     sidecar here"
+                        .to_string(),
+                );
+            }
+            Resource::AuthorizationPolicy(meta, spec)
         }
         "Namespace" => Resource::Namespace(meta),
         // Istio's mesh config lives in the `mesh` key of the `istio` (or `istio-<revision>`)
@@ -1144,11 +1165,11 @@ data: {mesh: "whatever: 1"}
             ),
             (
                 "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {action: PERMIT}",
-                "spec.action: \"PERMIT\" is not ALLOW, DENY, AUDIT or CUSTOM",
+                "spec.action: unknown variant `PERMIT`",
             ),
             (
                 "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {action: CUSTOM}",
-                "spec.provider: a CUSTOM policy must name its provider",
+                "spec.provider.name: a CUSTOM policy must name its provider",
             ),
             (
                 "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {rules: [{when: [{key: \"request.auth.claims[iss]\"}]}]}",
@@ -1157,6 +1178,14 @@ data: {mesh: "whatever: 1"}
             (
                 "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {rules: \"all\"}",
                 "AuthorizationPolicy p: invalid spec",
+            ),
+            (
+                "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {rules: [{to: [{operation: {path: [/admin]}}]}]}",
+                "spec.rules[0].to[0].operation.path: unknown field `path`",
+            ),
+            (
+                "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {action: CUSTOM, provider: {name: ext}}",
+                "action CUSTOM (an ext_authz provider) is not enforced",
             ),
         ];
         let sidecar = |spec: &str| format!("kind: Sidecar\nmetadata: {{name: s}}\nspec: {spec}");
@@ -1212,15 +1241,15 @@ data: {mesh: "whatever: 1"}
             kinds,
             ["VirtualService", "DestinationRule", "Gateway", "Namespace"]
         );
-        // A valid AuthorizationPolicy is refused by name: ignoring it would fail open.
+        // A valid ALLOW/DENY/AUDIT AuthorizationPolicy loads, typed whole.
         let policy = "kind: AuthorizationPolicy\nmetadata: {name: p, namespace: shop}\nspec: {action: DENY, rules: [{from: [{source: {notNamespaces: [x]}}], when: [{key: \"request.headers[x]\", values: [\"1\"]}]}]}\n";
-        let err = parse_file(Path::new("p.yaml"), policy)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("AuthorizationPolicy shop/p: not enforced") && err.contains("fails open"),
-            "{err}"
-        );
+        match parse_file(Path::new("p.yaml"), policy).unwrap().as_slice() {
+            [Resource::AuthorizationPolicy(m, spec)] => {
+                assert_eq!(spec.action, authorization::Action::Deny);
+                assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// Istio's mesh config: the `mesh` key of the `istio` ConfigMap, a MeshConfig document, or

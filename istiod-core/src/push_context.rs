@@ -40,6 +40,8 @@ pub struct PushContext {
     pub change: Change,
     pub services: Vec<Service>,
     pub peer_authentications: Vec<(Metadata, PeerAuthenticationSpec)>,
+    /// Every AuthorizationPolicy, by (namespace, name) (generators::authz picks a proxy's).
+    pub authorization_policies: Vec<(Metadata, crate::config_store::AuthorizationPolicySpec)>,
     pub sidecars: Vec<(Metadata, SidecarSpec)>,
     /// Identities are `spiffe://<trust_domain>/ns/<ns>/sa/<sa>`.
     pub trust_domain: String,
@@ -155,6 +157,20 @@ impl std::fmt::Debug for GenCache {
     }
 }
 
+/// The resources `pick` selects from `config`, copied, in (namespace, name) order.
+fn by_name<T: Clone>(
+    config: &ConfigSet,
+    pick: impl Fn(&Resource) -> Option<(&Metadata, &T)>,
+) -> Vec<(Metadata, T)> {
+    let mut out: Vec<(Metadata, T)> = config
+        .resources
+        .iter()
+        .filter_map(|r| pick(r).map(|(m, s)| (m.clone(), s.clone())))
+        .collect();
+    out.sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
+    out
+}
+
 impl Default for PushContext {
     fn default() -> Self {
         PushContext {
@@ -163,6 +179,7 @@ impl Default for PushContext {
             change: Change::Full,
             services: Vec::new(),
             peer_authentications: Vec::new(),
+            authorization_policies: Vec::new(),
             sidecars: Vec::new(),
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
             config: Default::default(),
@@ -327,18 +344,12 @@ impl PushContext {
         domain_suffix: &str,
         version: String,
     ) -> Result<Self, RegistryError> {
-        let mut peer_authentications: Vec<_> = config
-            .resources
-            .iter()
-            .filter_map(|r| match r {
-                Resource::PeerAuthentication(m, s) => Some((m.clone(), s.clone())),
-                _ => None,
-            })
-            .collect();
         // Istio resolves conflicts at one level by the oldest policy; without creation times,
         // by name, so the outcome does not depend on file order.
-        peer_authentications
-            .sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
+        let peer_authentications = by_name(&config, |r| match r {
+            Resource::PeerAuthentication(m, s) => Some((m, s)),
+            _ => None,
+        });
         let services = registry::services(&config, domain_suffix)?;
         let mut mesh = MeshConfigSpec::default();
         for r in &config.resources {
@@ -376,16 +387,16 @@ impl PushContext {
                 }
             }
         }
-        let mut sidecars: Vec<_> = config
-            .resources
-            .iter()
-            .filter_map(|r| match r {
-                Resource::Sidecar(m, s) => Some((m.clone(), s.clone())),
-                _ => None,
-            })
-            .collect();
-        sidecars.sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
+        let sidecars = by_name(&config, |r| match r {
+            Resource::Sidecar(m, s) => Some((m, s)),
+            _ => None,
+        });
+        let authorization_policies = by_name(&config, |r| match r {
+            Resource::AuthorizationPolicy(m, s) => Some((m, s)),
+            _ => None,
+        });
         Ok(PushContext {
+            authorization_policies,
             mesh,
             version,
             sidecars,
@@ -412,6 +423,7 @@ impl PushContext {
             && self.destination_rules == other.destination_rules
             && self.routing == other.routing
             && self.peer_authentications == other.peer_authentications
+            && self.authorization_policies == other.authorization_policies
             && self.sidecars == other.sidecars
             && self.trust_domain == other.trust_domain
     }
@@ -426,6 +438,7 @@ impl PushContext {
             || self.destination_rules != old.destination_rules
             || self.routing != old.routing
             || self.peer_authentications != old.peer_authentications
+            || self.authorization_policies != old.authorization_policies
             || self.sidecars != old.sidecars
             || self.trust_domain != old.trust_domain
         {

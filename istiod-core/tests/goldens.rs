@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
-use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, http_connection_manager,
+    HttpConnectionManager, http_connection_manager, http_filter,
 };
 use istiod_core::config_store::{ConfigSet, parse_file};
 use istiod_core::generators::{Named, cds, eds, lds, nds, route};
@@ -27,12 +27,43 @@ fn show<M: Message + Default + std::fmt::Debug>(named: &[Named]) -> String {
     let mut out = String::new();
     for n in named {
         let m = M::decode(n.resource.value.as_slice()).unwrap();
-        let text = format!("{m:#?}");
+        let text = collapse_bytes(&format!("{m:#?}"));
         let lines: Vec<&str> = text.lines().collect();
         writeln!(out, "--- {}", n.name).unwrap();
         for l in sorted_maps(&lines) {
             writeln!(out, "{l}").unwrap();
         }
+    }
+    out
+}
+
+/// Pretty Debug output with each byte list (an encoded `Any` the generators nest, one number
+/// a line) on one line in hex: every byte still compared, in a file a reader can scroll.
+fn collapse_bytes(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        i += 1;
+        if line.ends_with('[') {
+            let mut bytes = Vec::new();
+            let mut j = i;
+            while j < lines.len() {
+                match lines[j].trim().trim_end_matches(',').parse::<u8>() {
+                    Ok(b) => bytes.push(b),
+                    Err(_) => break,
+                }
+                j += 1;
+            }
+            if !bytes.is_empty() && j < lines.len() && lines[j].trim().starts_with(']') {
+                let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                writeln!(out, "{line}{hex}{}", lines[j].trim()).unwrap();
+                i = j + 1;
+                continue;
+            }
+        }
+        writeln!(out, "{line}").unwrap();
     }
     out
 }
@@ -138,6 +169,31 @@ fn render(yaml_path: &Path) -> String {
     let routes = route::generate(&push, &proxy, &route_names);
     assert_eq!(route::generate(&push, &proxy, &route_names), routes);
     out.push_str(&show::<RouteConfiguration>(&routes));
+    let authz = istiod_core::generators::authz::inbound(&push, &proxy);
+    if authz != Default::default() {
+        // The inbound RBAC filters decoded (in LDS they are bytes inside each chain).
+        use envoy_types::pb::envoy::extensions::filters::{http, network};
+        writeln!(out, "### AUTHZ (inbound RBAC filters, HTTP then TCP)").unwrap();
+        let pretty = |text: String| {
+            let text = collapse_bytes(&text);
+            let lines: Vec<&str> = text.lines().collect();
+            sorted_maps(&lines).join("\n")
+        };
+        for f in &authz.http {
+            let Some(http_filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+                panic!("{f:?}")
+            };
+            let rbac = http::rbac::v3::Rbac::decode(any.value.as_slice()).unwrap();
+            writeln!(out, "{}", pretty(format!("{rbac:#?}"))).unwrap();
+        }
+        for f in &authz.tcp {
+            let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+                panic!("{f:?}")
+            };
+            let rbac = network::rbac::v3::Rbac::decode(any.value.as_slice()).unwrap();
+            writeln!(out, "{}", pretty(format!("{rbac:#?}"))).unwrap();
+        }
+    }
     writeln!(out, "### WARNINGS").unwrap();
     for w in &push.warnings {
         writeln!(out, "{w}").unwrap();

@@ -1,8 +1,8 @@
-//! Gateway and AuthorizationPolicy, typed where a field is checked, the rest kept as written (so
+//! Gateway, typed where a field is checked, the rest kept as written (so
 //! /debug/configz shows the resource whole). Validation follows the checks of Istio's
 //! `pkg/config/validation`, and every error names the field (`servers[0].port`).
-//! VirtualService and DestinationRule have rooms of their own (`virtual_service`,
-//! `destination_rule`).
+//! VirtualService, DestinationRule and AuthorizationPolicy have rooms of their own
+//! (`virtual_service`, `destination_rule`, `authorization`).
 
 use std::collections::BTreeMap;
 
@@ -38,42 +38,6 @@ pub struct GatewayPort {
     pub name: String,
     #[serde(default)]
     pub protocol: String,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct AuthorizationPolicySpec {
-    #[serde(default)]
-    pub selector: Option<Value>,
-    #[serde(default)]
-    pub target_ref: Option<Value>,
-    #[serde(default)]
-    pub action: Option<String>,
-    #[serde(default)]
-    pub provider: Option<Value>,
-    #[serde(default)]
-    pub rules: Vec<AuthzRule>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct AuthzRule {
-    #[serde(default)]
-    pub from: Vec<Value>,
-    #[serde(default)]
-    pub to: Vec<Value>,
-    #[serde(default)]
-    pub when: Vec<Condition>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct Condition {
-    #[serde(default)]
-    pub key: String,
-    #[serde(default)]
-    pub values: Vec<String>,
-    #[serde(default)]
-    pub not_values: Vec<String>,
 }
 
 /// Kubernetes' DNS-1123 label: what Istio requires of subset names.
@@ -115,44 +79,6 @@ pub fn validate_gateway(spec: &GatewaySpec) -> Result<(), String> {
             let name = h.split_once('/').map_or(h.as_str(), |(_, n)| n);
             if name.is_empty() {
                 return Err(format!("{at}.hosts[{j}]: {h:?} names no host"));
-            }
-        }
-    }
-    Ok(())
-}
-
-pub fn validate_authorization_policy(spec: &AuthorizationPolicySpec) -> Result<(), String> {
-    let action = spec.action.as_deref().unwrap_or("ALLOW");
-    match action {
-        "ALLOW" | "DENY" | "AUDIT" => {
-            if spec.provider.is_some() {
-                return Err(format!(
-                    "provider: only a CUSTOM policy names a provider (action is {action})"
-                ));
-            }
-        }
-        "CUSTOM" => {
-            if spec.provider.is_none() {
-                return Err("provider: a CUSTOM policy must name its provider".into());
-            }
-        }
-        other => {
-            return Err(format!(
-                "action: {other:?} is not ALLOW, DENY, AUDIT or CUSTOM"
-            ));
-        }
-    }
-    if spec.selector.is_some() && spec.target_ref.is_some() {
-        return Err("selector and targetRef: only one of them may be set".into());
-    }
-    for (i, rule) in spec.rules.iter().enumerate() {
-        for (j, c) in rule.when.iter().enumerate() {
-            let at = format!("rules[{i}].when[{j}]");
-            if c.key.is_empty() {
-                return Err(format!("{at}.key: required"));
-            }
-            if c.values.is_empty() && c.not_values.is_empty() {
-                return Err(format!("{at}: values or notValues is required"));
             }
         }
     }

@@ -26,6 +26,7 @@ use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpPro
 use envoy_types::pb::google::protobuf::{Any, BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 
+use super::authz::InboundFilters;
 use super::route::route_to;
 use super::{
     BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, Named, PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND,
@@ -116,6 +117,9 @@ fn hcm(
         stat_prefix,
         route_specifier: Some(routes),
         http_filters,
+        // Istio's default path normalization (BASE): paths are normalized (RFC 3986, `.`
+        // and `..` resolved) before routes and authorization policies see them.
+        normalize_path: Some(BoolValue { value: true }),
         ..Default::default()
     }
 }
@@ -398,18 +402,18 @@ fn inbound_chains(
     name: &str,
     port: Option<u16>,
     mode: MtlsMode,
-    filter: &dyn Fn(bool) -> Filter,
+    filters: &dyn Fn(bool) -> Vec<Filter>,
     alpn: &[&str],
 ) -> Vec<FilterChain> {
     let matching = |transport: &str, alpn: &[&str]| inbound_match(port, transport, alpn);
     let mtls = || FilterChain {
         filter_chain_match: Some(matching("tls", &tls::ALPN_INBOUND_MATCH)),
         transport_socket: Some(tls::inbound_mtls_socket(alpn)),
-        ..chain(&format!("{name}-mtls"), vec![filter(true)])
+        ..chain(&format!("{name}-mtls"), filters(true))
     };
     let plain = |transport: &str| FilterChain {
         filter_chain_match: Some(matching(transport, &[])),
-        ..chain(name, vec![filter(false)])
+        ..chain(name, filters(false))
     };
     match mode {
         MtlsMode::Strict => vec![mtls()],
@@ -427,10 +431,11 @@ fn sniffed_inbound_chains(
     port: u16,
     mode: MtlsMode,
     cluster: &str,
+    authz: &InboundFilters,
 ) -> Vec<FilterChain> {
     let matching =
         |transport: &str, protocols: &[&str]| inbound_match(Some(port), transport, protocols);
-    let tcp = || tcp_proxy_filter(cluster, cluster);
+    let tcp = || guarded(authz, tcp_proxy_filter(cluster, cluster));
     let mtls = || {
         vec![
             FilterChain {
@@ -438,13 +443,13 @@ fn sniffed_inbound_chains(
                 transport_socket: Some(tls::inbound_mtls_socket(&["h2", "http/1.1"])),
                 ..chain(
                     &format!("{name}-mtls-http"),
-                    vec![inbound_hcm(port, cluster, true)],
+                    vec![inbound_hcm(port, cluster, true, authz)],
                 )
             },
             FilterChain {
                 filter_chain_match: Some(matching("tls", &tls::ALPN_ISTIO)),
                 transport_socket: Some(tls::inbound_mtls_socket(&[])),
-                ..chain(&format!("{name}-mtls"), vec![tcp()])
+                ..chain(&format!("{name}-mtls"), tcp())
             },
         ]
     };
@@ -454,12 +459,12 @@ fn sniffed_inbound_chains(
                 filter_chain_match: Some(matching(transport, &SNIFFED_HTTP)),
                 ..chain(
                     &format!("{name}-http"),
-                    vec![inbound_hcm(port, cluster, false)],
+                    vec![inbound_hcm(port, cluster, false, authz)],
                 )
             },
             FilterChain {
                 filter_chain_match: Some(matching(transport, &[])),
-                ..chain(name, vec![tcp()])
+                ..chain(name, tcp())
             },
         ]
     };
@@ -474,12 +479,23 @@ fn sniffed_inbound_chains(
     }
 }
 
-fn inbound_hcm(port: u16, cluster: &str, mtls: bool) -> Filter {
+/// The network filters of an inbound TCP chain: the RBAC filters, then `last`.
+fn guarded(authz: &InboundFilters, last: Filter) -> Vec<Filter> {
+    let mut filters = authz.tcp.clone();
+    filters.push(last);
+    filters
+}
+
+fn inbound_hcm(port: u16, cluster: &str, mtls: bool, authz: &InboundFilters) -> Filter {
     let mut hcm = hcm(
         format!("inbound_{WILDCARD}_{port}"),
         all_to(cluster, format!("inbound|http|{port}")),
         RouteFilters::default(),
     );
+    // Authorization before the router (the router stays last).
+    let router = hcm.http_filters.len() - 1;
+    hcm.http_filters
+        .splice(router..router, authz.http.iter().cloned());
     // The app sees exactly the verified peer in x-forwarded-client-cert; a header the client
     // sent itself is dropped (Istio appends to it, so a client could prefix a forged entry).
     if mtls {
@@ -504,6 +520,7 @@ fn inbound_hcm(port: u16, cluster: &str, mtls: bool) -> Filter {
 fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
     let ports = push.inbound_ports(proxy);
     let mtls = push.inbound_mtls(&proxy.namespace, &proxy.workload_labels(&push.services));
+    let authz = super::authz::inbound(push, proxy);
     let mut chains: Vec<FilterChain> = Vec::new();
     let mut sniffed = Vec::new();
     for (port, (protocol, _)) in ports {
@@ -516,9 +533,10 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
                 port,
                 mtls.on_port(port),
                 &cluster,
+                &authz,
             ));
         } else if protocol.is_http() {
-            let filter = |m: bool| inbound_hcm(port, &cluster, m);
+            let filter = |m: bool| vec![inbound_hcm(port, &cluster, m, &authz)];
             chains.extend(inbound_chains(
                 &name,
                 Some(port),
@@ -527,7 +545,7 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
                 &["h2", "http/1.1"],
             ));
         } else {
-            let filter = |_: bool| tcp_proxy_filter(&cluster, &cluster);
+            let filter = |_: bool| guarded(&authz, tcp_proxy_filter(&cluster, &cluster));
             chains.extend(inbound_chains(
                 &name,
                 Some(port),
@@ -537,8 +555,13 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
             ));
         }
     }
-    let passthrough =
-        |_: bool| tcp_proxy_filter(INBOUND_PASSTHROUGH_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER);
+    // Ports no service declares are authorized too (as TCP): a policy has no unguarded way in.
+    let passthrough = |_: bool| {
+        guarded(
+            &authz,
+            tcp_proxy_filter(INBOUND_PASSTHROUGH_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER),
+        )
+    };
     match mtls.default {
         // Under STRICT, ports no service names also take mutual TLS only.
         MtlsMode::Strict => chains.extend(inbound_chains(
@@ -548,10 +571,7 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
             &passthrough,
             &[],
         )),
-        _ => chains.push(chain(
-            "virtualInbound-catchall-tcp",
-            vec![passthrough(false)],
-        )),
+        _ => chains.push(chain("virtualInbound-catchall-tcp", passthrough(false))),
     }
     let mut listener_filters = vec![
         listener_filter(

@@ -2,6 +2,7 @@
 //! each (istiod's `pilot/pkg/networking/core` and `pilot/pkg/xds/*gen.go`). Pure functions of
 //! (snapshot, proxy, requested names); the xDS server decides when to call them.
 
+pub mod authz;
 pub mod cds;
 pub mod cluster_policy;
 pub mod eds;

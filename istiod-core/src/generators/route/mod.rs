@@ -71,11 +71,15 @@ pub(crate) fn route_to(cluster: String) -> Route {
 /// default retry policy and the DestinationRule's consistent hash.
 fn default_route(push: &PushContext, svc: &Service, port: u16) -> Route {
     let mut r = route_to(outbound_cluster_name(port, &svc.hostname));
-    let destination = crate::config_store::virtual_service::Destination {
-        host: svc.hostname.clone(),
-        ..Default::default()
+    let hash = if push.destination_rules.contains_key(&svc.hostname) {
+        let destination = crate::config_store::virtual_service::Destination {
+            host: svc.hostname.clone(),
+            ..Default::default()
+        };
+        super::cluster_policy::hash_policy(push, &destination)
+    } else {
+        Vec::new()
     };
-    let hash = super::cluster_policy::hash_policy(push, &destination);
     if let Some(route::Action::Route(action)) = &mut r.action {
         action.retry_policy = Some(retry::default_retry(!hash.is_empty()));
         action.hash_policy = hash;
@@ -92,22 +96,81 @@ fn default_route(push: &PushContext, svc: &Service, port: u16) -> Route {
 }
 
 /// The names a client may use for `svc` on `port`: the FQDN, its short forms within the
-/// namespace, and the VIPs, each with and without the port.
+/// namespace, and the VIPs, each with and without the port. Built without `format!`: this runs
+/// for every service of every HTTP port.
 fn domains(svc: &Service, port: &ServicePort) -> Vec<String> {
-    let mut names = vec![svc.hostname.clone()];
-    let ns_suffix = format!(".{}.svc.", svc.namespace);
-    if let Some(idx) = svc.hostname.find(&ns_suffix) {
-        names.push(svc.hostname[..idx].to_string());
-        names.push(format!("{}.{}", &svc.hostname[..idx], svc.namespace));
-        names.push(format!("{}.{}.svc", &svc.hostname[..idx], svc.namespace));
+    let mut names = Vec::with_capacity(2 * (4 + svc.addresses.len()));
+    names.push(svc.hostname.clone());
+    let ns = svc.namespace.as_str();
+    if let Some(idx) = svc.hostname.find(&[".", ns, ".svc."].concat()) {
+        let short = &svc.hostname[..idx];
+        names.push(short.to_string());
+        names.push([short, ".", ns].concat());
+        names.push([short, ".", ns, ".svc"].concat());
     }
-    names.extend(svc.addresses.iter().map(|a| match a {
-        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
-        v4 => v4.to_string(),
-    }));
-    let with_port: Vec<String> = names.iter().map(|n| format!("{n}:{}", port.port)).collect();
-    names.extend(with_port);
+    for a in &svc.addresses {
+        names.push(match a {
+            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+            std::net::IpAddr::V4(v4) => {
+                let mut out = String::with_capacity(15);
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        out.push('.');
+                    }
+                    push_decimal(&mut out, octet.into());
+                }
+                out
+            }
+        });
+    }
+    let mut suffix = String::with_capacity(6);
+    suffix.push(':');
+    push_decimal(&mut suffix, port.port);
+    for i in 0..names.len() {
+        let name = [names[i].as_str(), suffix.as_str()].concat();
+        names.push(name);
+    }
     names
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, n: u16) {
+    let mut digits = [0u8; 5];
+    let mut len = 0;
+    let mut n = n;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[..len].iter().rev().map(|&d| char::from(d)));
+}
+
+/// Drops every domain an earlier virtual host already claims (Envoy refuses a route
+/// configuration naming a domain twice), then the virtual hosts left with none. One pass over
+/// borrowed names, so no domain is copied.
+fn drop_claimed_domains(virtual_hosts: &mut Vec<VirtualHost>) {
+    let mut claimed: Vec<(usize, usize)> = Vec::new();
+    {
+        let mut seen = foldhash::HashSet::default();
+        for (v, vh) in virtual_hosts.iter().enumerate() {
+            for (d, domain) in vh.domains.iter().enumerate() {
+                if !seen.insert(domain.as_str()) {
+                    claimed.push((v, d));
+                }
+            }
+        }
+    }
+    if claimed.is_empty() {
+        return;
+    }
+    for &(v, d) in claimed.iter().rev() {
+        virtual_hosts[v].domains.remove(d);
+    }
+    virtual_hosts.retain(|vh| !vh.domains.is_empty());
 }
 
 /// The routes of `svc` on `port` for `proxy`: its VirtualService's, else the default route.
@@ -157,29 +220,32 @@ fn route_config(
             port: port_number,
             proxy,
         };
-        let mut used = BTreeSet::new();
         for svc in push.services.iter().filter(|s| visible(s, port_number)) {
             for port in svc
                 .ports
                 .iter()
                 .filter(|p| p.port == port_number && p.protocol.is_http())
             {
-                let domains: Vec<String> = domains(svc, port)
-                    .into_iter()
-                    .filter(|d| used.insert(d.clone()))
-                    .collect();
-                if domains.is_empty() {
-                    continue;
-                }
+                let domains = domains(svc, port);
                 virtual_hosts.push(VirtualHost {
-                    name: format!("{}:{}", svc.hostname, port.port),
+                    // The first name with the port: `FQDN:PORT`.
+                    name: domains[domains.len() / 2].clone(),
                     domains,
                     routes: service_routes(ctx, svc),
                     ..Default::default()
                 });
             }
         }
-        virtual_hosts.extend(vs_host_vhosts(ctx, visible, &mut used));
+        drop_claimed_domains(&mut virtual_hosts);
+        let mut used: BTreeSet<String> = BTreeSet::new();
+        let extra = {
+            let claimed: foldhash::HashSet<&str> = virtual_hosts
+                .iter()
+                .flat_map(|vh| vh.domains.iter().map(String::as_str))
+                .collect();
+            vs_host_vhosts(ctx, visible, &|h| claimed.contains(h), &mut used)
+        };
+        virtual_hosts.extend(extra);
         virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
     }
     // Unknown hosts pass through, as with Istio's default outboundTrafficPolicy ALLOW_ANY;
@@ -213,6 +279,7 @@ fn route_config(
 fn vs_host_vhosts(
     ctx: http::Ctx,
     visible: &dyn Fn(&Service, u16) -> bool,
+    claimed: &dyn Fn(&str) -> bool,
     used: &mut BTreeSet<String>,
 ) -> Vec<VirtualHost> {
     let mut out = Vec::new();
@@ -259,7 +326,7 @@ fn vs_host_vhosts(
             continue;
         }
         for host in others {
-            if !used.insert(host.clone()) {
+            if claimed(host) || !used.insert(host.clone()) {
                 continue;
             }
             out.push(VirtualHost {
@@ -330,4 +397,75 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config_store::{ConfigSet, parse_file};
+
+    fn push(yaml: &str) -> PushContext {
+        let config = ConfigSet {
+            resources: parse_file(std::path::Path::new("t.yaml"), yaml).unwrap(),
+        };
+        PushContext::build(std::sync::Arc::new(config), "cluster.local", "1".into()).unwrap()
+    }
+
+    #[test]
+    fn domains_are_the_names_a_client_uses_each_claimed_once() {
+        let push = push(
+            "kind: ServiceEntry\nmetadata: {name: a, namespace: shop}\nspec:\n  hosts: [cart.shop.svc.cluster.local]\n  addresses: [240.0.0.1, 'fd00::1']\n  ports: [{number: 8080, name: http, protocol: HTTP}]\n  resolution: STATIC\n  endpoints: [{address: 10.0.0.1}]\n---\nkind: ServiceEntry\nmetadata: {name: b, namespace: shop}\nspec:\n  hosts: [other.example.com]\n  addresses: [240.0.0.1]\n  ports: [{number: 8080, name: http, protocol: HTTP}]\n  resolution: STATIC\n  endpoints: [{address: 10.0.0.2}]\n---\nkind: VirtualService\nmetadata: {name: v, namespace: shop}\nspec:\n  hosts: [other.example.com, www.example.com]\n  http: [{route: [{destination: {host: other.example.com}}]}]\n",
+        );
+        let config = route_config(&push, "8080", &|_, _| true, false, None);
+        let hosts: Vec<(&str, Vec<&str>)> = config
+            .virtual_hosts
+            .iter()
+            .map(|vh| {
+                (
+                    vh.name.as_str(),
+                    vh.domains.iter().map(String::as_str).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            hosts,
+            vec![
+                (
+                    "cart.shop.svc.cluster.local:8080",
+                    vec![
+                        "cart.shop.svc.cluster.local",
+                        "cart",
+                        "cart.shop",
+                        "cart.shop.svc",
+                        "240.0.0.1",
+                        "[fd00::1]",
+                        "cart.shop.svc.cluster.local:8080",
+                        "cart:8080",
+                        "cart.shop:8080",
+                        "cart.shop.svc:8080",
+                        "240.0.0.1:8080",
+                        "[fd00::1]:8080",
+                    ]
+                ),
+                // The shared VIP stays with the first service (by name).
+                (
+                    "other.example.com:8080",
+                    vec!["other.example.com", "other.example.com:8080"]
+                ),
+                // A VirtualService host that is a service gets no second virtual host; one that
+                // is not gets its own, as it routes a service on this port.
+                ("www.example.com:8080", vec!["www.example.com"]),
+                ("allow_any", vec!["*"]),
+            ]
+        );
+    }
+
+    #[test]
+    fn decimal_digits() {
+        for n in [0u16, 7, 10, 80, 255, 8080, 15001, 65535] {
+            let mut s = String::new();
+            push_decimal(&mut s, n);
+            assert_eq!(s, n.to_string());
+        }
+    }
 }
