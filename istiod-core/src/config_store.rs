@@ -12,11 +12,13 @@ use serde::Deserialize;
 
 pub mod authorization;
 pub mod destination_rule;
+pub mod request_authentication;
 pub mod traffic;
 pub mod values;
 pub mod virtual_service;
 pub use authorization::AuthorizationPolicySpec;
 pub use destination_rule::DestinationRuleSpec;
+pub use request_authentication::RequestAuthenticationSpec;
 pub use traffic::GatewaySpec;
 pub use virtual_service::VirtualServiceSpec;
 
@@ -307,6 +309,7 @@ pub enum Resource {
     DestinationRule(Metadata, DestinationRuleSpec),
     Gateway(Metadata, GatewaySpec),
     AuthorizationPolicy(Metadata, AuthorizationPolicySpec),
+    RequestAuthentication(Metadata, RequestAuthenticationSpec),
     Namespace(Metadata),
     WorkloadGroup(Metadata, WorkloadGroupSpec),
     MeshConfig(Metadata, MeshConfigSpec),
@@ -503,6 +506,7 @@ impl Resource {
             Resource::DestinationRule(..) => "DestinationRule",
             Resource::Gateway(..) => "Gateway",
             Resource::AuthorizationPolicy(..) => "AuthorizationPolicy",
+            Resource::RequestAuthentication(..) => "RequestAuthentication",
             Resource::Namespace(..) => "Namespace",
             Resource::WorkloadGroup(..) => "WorkloadGroup",
             Resource::MeshConfig(..) => "MeshConfig",
@@ -522,6 +526,7 @@ impl Resource {
             | Resource::DestinationRule(m, _)
             | Resource::Gateway(m, _)
             | Resource::AuthorizationPolicy(m, _)
+            | Resource::RequestAuthentication(m, _)
             | Resource::WorkloadGroup(m, _)
             | Resource::MeshConfig(m, _)
             | Resource::Namespace(m) => m,
@@ -545,6 +550,9 @@ impl Resource {
             Resource::Gateway(m, s) => ("Gateway", m, serde_json::to_value(s)),
             Resource::AuthorizationPolicy(m, s) => {
                 ("AuthorizationPolicy", m, serde_json::to_value(s))
+            }
+            Resource::RequestAuthentication(m, s) => {
+                ("RequestAuthentication", m, serde_json::to_value(s))
             }
             Resource::Namespace(m) => ("Namespace", m, Ok(serde_json::Value::Null)),
             Resource::WorkloadGroup(m, s) => ("WorkloadGroup", m, serde_json::to_value(s)),
@@ -777,15 +785,24 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
                     meta.name
                 ));
             }
-            if spec.target_ref.is_some() || !spec.target_refs.is_empty() {
-                meta.warnings.push(
-                    "spec.targetRef(s): a policy bound by targetRef applies to gateways and \
-                     waypoints, never to a sidecar (as in Istio); this policy applies to no \
-                     sidecar here"
-                        .to_string(),
-                );
-            }
+            warn_if_targeted(
+                spec.target_ref.is_some() || !spec.target_refs.is_empty(),
+                &mut meta,
+            );
             Resource::AuthorizationPolicy(meta, spec)
+        }
+        "RequestAuthentication" => {
+            let spec = checked(
+                spec,
+                &typed,
+                request_authentication::validate_request_authentication,
+                &mut meta,
+            )?;
+            warn_if_targeted(
+                spec.target_ref.is_some() || !spec.target_refs.is_empty(),
+                &mut meta,
+            );
+            Resource::RequestAuthentication(meta, spec)
         }
         "Namespace" => Resource::Namespace(meta),
         // Istio's mesh config lives in the `mesh` key of the `istio` (or `istio-<revision>`)
@@ -826,6 +843,28 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
         other => return Err(format!("unsupported kind {other:?}")),
     };
     Ok(Some(resource))
+}
+
+/// A security policy bound by targetRef applies to gateways and waypoints, never to a sidecar
+/// (as in Istio): accepted, with a warning saying so.
+fn warn_if_targeted(targeted: bool, meta: &mut Metadata) {
+    if targeted {
+        meta.warnings.push(
+            "spec.targetRef(s): a policy bound by targetRef applies to gateways and waypoints, \
+             never to a sidecar (as in Istio); this policy applies to no sidecar here"
+                .to_string(),
+        );
+    }
+}
+
+/// A spec from YAML, then `validate`d (for the typed resources' unit tests).
+#[cfg(test)]
+pub(crate) fn check_spec<T: serde::de::DeserializeOwned>(
+    yaml: &str,
+    validate: fn(&T) -> Result<(), String>,
+) -> Result<(), String> {
+    let spec: T = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
+    validate(&spec)
 }
 
 /// Parses every document in one file's contents (YAML, which includes JSON).

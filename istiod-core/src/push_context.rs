@@ -42,6 +42,8 @@ pub struct PushContext {
     pub peer_authentications: Vec<(Metadata, PeerAuthenticationSpec)>,
     /// Every AuthorizationPolicy, by (namespace, name) (generators::authz picks a proxy's).
     pub authorization_policies: Vec<(Metadata, crate::config_store::AuthorizationPolicySpec)>,
+    /// Every RequestAuthentication, by (namespace, name).
+    pub request_authentications: Vec<(Metadata, crate::config_store::RequestAuthenticationSpec)>,
     pub sidecars: Vec<(Metadata, SidecarSpec)>,
     /// Identities are `spiffe://<trust_domain>/ns/<ns>/sa/<sa>`.
     pub trust_domain: String,
@@ -180,6 +182,7 @@ impl Default for PushContext {
             services: Vec::new(),
             peer_authentications: Vec::new(),
             authorization_policies: Vec::new(),
+            request_authentications: Vec::new(),
             sidecars: Vec::new(),
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
             config: Default::default(),
@@ -395,8 +398,13 @@ impl PushContext {
             Resource::AuthorizationPolicy(m, s) => Some((m, s)),
             _ => None,
         });
+        let request_authentications = by_name(&config, |r| match r {
+            Resource::RequestAuthentication(m, s) => Some((m, s)),
+            _ => None,
+        });
         Ok(PushContext {
             authorization_policies,
+            request_authentications,
             mesh,
             version,
             sidecars,
@@ -424,6 +432,7 @@ impl PushContext {
             && self.routing == other.routing
             && self.peer_authentications == other.peer_authentications
             && self.authorization_policies == other.authorization_policies
+            && self.request_authentications == other.request_authentications
             && self.sidecars == other.sidecars
             && self.trust_domain == other.trust_domain
     }
@@ -439,6 +448,7 @@ impl PushContext {
             || self.routing != old.routing
             || self.peer_authentications != old.peer_authentications
             || self.authorization_policies != old.authorization_policies
+            || self.request_authentications != old.request_authentications
             || self.sidecars != old.sidecars
             || self.trust_domain != old.trust_domain
         {

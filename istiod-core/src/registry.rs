@@ -282,6 +282,7 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
             | Resource::DestinationRule(..)
             | Resource::Gateway(..)
             | Resource::AuthorizationPolicy(..)
+            | Resource::RequestAuthentication(..)
             | Resource::Namespace(..)
             | Resource::WorkloadGroup(..)
             | Resource::MeshConfig(..) => {}

@@ -173,7 +173,11 @@ fn render(yaml_path: &Path) -> String {
     if authz != Default::default() {
         // The inbound RBAC filters decoded (in LDS they are bytes inside each chain).
         use envoy_types::pb::envoy::extensions::filters::{http, network};
-        writeln!(out, "### AUTHZ (inbound RBAC filters, HTTP then TCP)").unwrap();
+        writeln!(
+            out,
+            "### AUTHZ (inbound JWT and RBAC filters, HTTP then TCP)"
+        )
+        .unwrap();
         let pretty = |text: String| {
             let text = collapse_bytes(&text);
             let lines: Vec<&str> = text.lines().collect();
@@ -183,8 +187,15 @@ fn render(yaml_path: &Path) -> String {
             let Some(http_filter::ConfigType::TypedConfig(any)) = &f.config_type else {
                 panic!("{f:?}")
             };
-            let rbac = http::rbac::v3::Rbac::decode(any.value.as_slice()).unwrap();
-            writeln!(out, "{}", pretty(format!("{rbac:#?}"))).unwrap();
+            let text = if f.name == istiod_core::generators::authn::JWT_AUTHN {
+                let jwt =
+                    http::jwt_authn::v3::JwtAuthentication::decode(any.value.as_slice()).unwrap();
+                format!("{jwt:#?}")
+            } else {
+                let rbac = http::rbac::v3::Rbac::decode(any.value.as_slice()).unwrap();
+                format!("{rbac:#?}")
+            };
+            writeln!(out, "{}", pretty(text)).unwrap();
         }
         for f in &authz.tcp {
             let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {

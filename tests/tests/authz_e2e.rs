@@ -47,6 +47,9 @@ impl Mesh {
 /// A request's path and headers, and the status it must get.
 type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], u16);
 
+/// `Case` with header values of its own.
+type OwnedCase<'a> = (&'a str, Vec<(&'a str, String)>, u16);
+
 /// How many answers in a row must agree before a case holds.
 const IN_A_ROW: usize = 4;
 
@@ -187,4 +190,109 @@ fn authorization_policies_allow_deny_and_tcp_with_live_edits() {
     // Removing every policy opens it again.
     m.set_policies("");
     expect(&m, "no policy again", &[("/private", &[], 200)]);
+}
+
+/// A signing key and the JSON Web Key Set that verifies it (ES256).
+struct Signer {
+    pem: String,
+    jwks: String,
+}
+
+impl Signer {
+    fn new(kid: &str) -> Signer {
+        use base64::Engine;
+        let key = rcgen::KeyPair::generate().unwrap();
+        let point = key.public_key_raw(); // 0x04 || x || y
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        let jwks = serde_json::json!({"keys": [{"kty": "EC", "crv": "P-256", "alg": "ES256",
+            "kid": kid, "x": b64(&point[1..33]), "y": b64(&point[33..])}]});
+        Signer {
+            pem: key.serialize_pem(),
+            jwks: jwks.to_string(),
+        }
+    }
+
+    /// A token of `iss`/`sub` with `extra` claims, expiring `ttl_secs` from now (negative: past).
+    fn token(&self, iss: &str, sub: &str, ttl_secs: i64, extra: serde_json::Value) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let mut claims =
+            serde_json::json!({"iss": iss, "sub": sub, "exp": now + ttl_secs, "iat": now - 60});
+        if let (Some(c), Some(e)) = (claims.as_object_mut(), extra.as_object()) {
+            c.extend(e.clone());
+        }
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_ec_pem(self.pem.as_bytes()).unwrap(),
+        )
+        .unwrap()
+    }
+}
+
+#[test]
+fn request_authentication_verifies_tokens_for_authorization() {
+    let Some(m) = mesh(
+        "request_authentication_verifies_tokens_for_authorization",
+        BACKEND,
+        "",
+    ) else {
+        return;
+    };
+    let issuer = "https://issuer.test";
+    let signer = Signer::new("k1");
+    let stranger = Signer::new("k1"); // same kid, other key: a forged signature
+    let jwks = signer.jwks.replace('\'', "''");
+    m.set_policies(&format!(
+        "---\napiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata: {{name: jwt, namespace: {NS}}}\nspec:\n  selector: {{matchLabels: {{app: reviews}}}}\n  jwtRules:\n  - issuer: {issuer}\n    jwks: '{jwks}'\n    outputClaimToHeaders: [{{header: x-jwt-sub, claim: sub}}]\n{}",
+        policy(
+            "require-jwt",
+            "  selector: {matchLabels: {app: reviews}}\n  rules:\n  - to: [{operation: {paths: [/open]}}]\n  - from: [{source: {requestPrincipals: [\"https://issuer.test/alice\"]}}]\n    to: [{operation: {paths: [/secure]}}]\n  - to: [{operation: {paths: [/admin]}}]\n    when: [{key: \"request.auth.claims[groups]\", values: [admins]}]\n",
+        )
+    ));
+    let bearer = |t: &str| format!("Bearer {t}");
+    let alice = bearer(&signer.token(
+        issuer,
+        "alice",
+        600,
+        serde_json::json!({"groups": ["admins", "dev"]}),
+    ));
+    let bob = bearer(&signer.token(issuer, "bob", 600, serde_json::json!({"groups": ["dev"]})));
+    let expired = bearer(&signer.token(issuer, "alice", -600, serde_json::json!({})));
+    let other_issuer =
+        bearer(&signer.token("https://other.test", "alice", 600, serde_json::json!({})));
+    let forged = bearer(&stranger.token(issuer, "alice", 600, serde_json::json!({})));
+    let auth = |v: &str| -> Vec<(&str, String)> { vec![("authorization", v.to_string())] };
+    let cases: Vec<OwnedCase> = vec![
+        ("/open", vec![], 200),
+        // Missing token: passes authentication, but the rule needs a request principal.
+        ("/secure", vec![], 403),
+        ("/secure", auth(&alice), 200),
+        ("/secure", auth(&bob), 403),
+        // Invalid tokens are refused by authentication itself.
+        ("/secure", auth(&expired), 401),
+        ("/secure", auth(&other_issuer), 401),
+        ("/secure", auth(&forged), 401),
+        ("/open", auth(&forged), 401),
+        // A claim condition: alice is in `admins`, bob is not.
+        ("/admin", auth(&alice), 200),
+        ("/admin", auth(&bob), 403),
+    ];
+    for (path, headers, want) in &cases {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        expect(&m, "jwt", &[(path, &headers, *want)]);
+    }
+    // The app sees the verified subject, and not the token (forwardOriginalToken unset).
+    let r = &m.get(
+        "/secure",
+        1,
+        &[
+            ("authorization", &alice),
+            ("x-echo", "x-jwt-sub,authorization"),
+        ],
+    )[0];
+    assert_eq!(r.field("x-jwt-sub"), Some("alice"), "{}", r.body);
+    assert_eq!(r.field("authorization"), Some("None"), "{}", r.body);
 }

@@ -536,9 +536,10 @@ mod tests {
     use super::*;
 
     fn check(yaml: &str) -> Result<(), String> {
-        let spec: AuthorizationPolicySpec =
-            serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
-        validate_authorization_policy(&spec)
+        crate::config_store::check_spec::<AuthorizationPolicySpec>(
+            yaml,
+            validate_authorization_policy,
+        )
     }
 
     #[test]

@@ -35,7 +35,7 @@ use envoy_types::util::pack_any;
 
 use crate::config_store::Metadata;
 use crate::config_store::authorization::{
-    Action, AuthorizationPolicySpec, Condition, ConditionKey, Operation, Rule, Source,
+    Action, AuthorizationPolicySpec, Condition, ConditionKey, Operation, Rule, Selector, Source,
     condition_key, parse_cidr,
 };
 use crate::model::Proxy;
@@ -52,34 +52,56 @@ pub struct InboundFilters {
     pub tcp: Vec<Filter>,
 }
 
-/// The policies that select `proxy`: those of the root namespace (mesh-wide) and of its own
-/// namespace, with no selector or one its labels match. Policies bound by targetRef apply to
-/// gateways and waypoints only.
+/// Whether a security policy (AuthorizationPolicy, RequestAuthentication) in `meta`'s
+/// namespace with `selector` applies to a workload in `namespace` with `labels`: those of the
+/// root namespace apply mesh-wide, others to their own namespace, narrowed by the selector. A
+/// policy bound by targetRef applies to gateways and waypoints only.
+pub(crate) fn selects(
+    push: &PushContext,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+    meta: &Metadata,
+    selector: Option<&Selector>,
+    targeted: bool,
+) -> bool {
+    (meta.namespace() == push.root_namespace() || meta.namespace() == namespace)
+        && !targeted
+        && selector.is_none_or(|sel| {
+            sel.match_labels
+                .iter()
+                .all(|(k, v)| labels.get(k) == Some(v))
+        })
+}
+
+/// The policies that select `proxy`.
 fn selected<'a>(
     push: &'a PushContext,
     proxy: &Proxy,
 ) -> Vec<&'a (Metadata, AuthorizationPolicySpec)> {
     let labels = proxy.workload_labels(&push.services);
-    let root = push.root_namespace();
     push.authorization_policies
         .iter()
         .filter(|(m, s)| {
-            (m.namespace() == root || m.namespace() == proxy.namespace)
-                && s.target_ref.is_none()
-                && s.target_refs.is_empty()
-                && s.selector.as_ref().is_none_or(|sel| {
-                    sel.match_labels
-                        .iter()
-                        .all(|(k, v)| labels.get(k) == Some(v))
-                })
+            let targeted = s.target_ref.is_some() || !s.target_refs.is_empty();
+            selects(
+                push,
+                &proxy.namespace,
+                &labels,
+                m,
+                s.selector.as_ref(),
+                targeted,
+            )
         })
         .collect()
 }
 
-/// The inbound RBAC filters for `proxy` (empty when no policy selects it).
+/// The inbound security filters for `proxy`: JWT verification (RequestAuthentication), then
+/// the RBAC filters (empty when no policy selects it).
 pub fn inbound(push: &PushContext, proxy: &Proxy) -> InboundFilters {
     let policies = selected(push, proxy);
     let mut out = InboundFilters::default();
+    // Tokens are verified first, so the RBAC filters see what a valid token says.
+    out.http.extend(super::authn::jwt_filter(push, proxy));
     if policies.is_empty() {
         return out;
     }
@@ -155,29 +177,25 @@ fn trust_domains(push: &PushContext) -> Vec<String> {
     out
 }
 
-/// An RBAC filter config as an Any, its policies encoded in name order: prost writes a
-/// protobuf map in hash order, which would make every generation of the listener differ.
-/// Protobuf merges concatenated encodings of a message, so the config is written as the
-/// action, then one single-entry map per policy, then `rest` (other fields of the filter).
+/// An RBAC filter config as an Any, its policies in name order (see
+/// `super::encode_map_in_order`): the rules message is written as field 1 of the filter config,
+/// then `rest` (the filter's other fields, encoded).
 fn rbac_any(
     type_url: &str,
     action: rbac::Action,
     policies: &BTreeMap<String, Policy>,
     rest: &[u8],
 ) -> Any {
-    use prost::Message;
-    let mut rules = Rbac {
-        action: action as i32,
-        ..Default::default()
-    }
-    .encode_to_vec();
-    for (name, p) in policies {
-        let one = Rbac {
+    let rules = super::encode_map_in_order(
+        &Rbac {
+            action: action as i32,
+            ..Default::default()
+        },
+        policies.iter().map(|(name, p)| Rbac {
             policies: [(name.clone(), p.clone())].into_iter().collect(),
             ..Default::default()
-        };
-        one.encode_raw(&mut rules);
-    }
+        }),
+    );
     // Field 1 of both filter messages is `rules`, length-delimited.
     let mut value = Vec::with_capacity(rules.len() + rest.len() + 8);
     prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, &mut value);
@@ -489,12 +507,6 @@ fn namespace_matcher(v: &str) -> StringMatcher {
     regex(&format!(".*/ns/{}/.*", pattern.join(".*")))
 }
 
-/// What upstream Envoy's jwt_authn filter records of a verified token (its payload), which
-/// Istio's rules read. RequestAuthentication is refused here, so no such filter runs and these
-/// never match: a rule needing a request principal or claim matches no request, as in Istio
-/// for a request without a token.
-const JWT_METADATA: &str = "envoy.filters.http.jwt_authn";
-
 /// `ISSUER/SUBJECT` (split at the last `/`; `*` any verified token) as matches on the payload.
 fn request_principal(v: &str) -> Principal {
     if v == "*" {
@@ -518,8 +530,8 @@ fn jwt_claim_exact(path: &[&str], v: &str) -> Principal {
 fn jwt_value(path: &[&str], m: StringMatcher) -> Principal {
     let at = |value: value_matcher::MatchPattern| {
         let matcher = MetadataMatcher {
-            filter: JWT_METADATA.to_string(),
-            path: std::iter::once("payload")
+            filter: super::authn::JWT_AUTHN.to_string(),
+            path: std::iter::once(super::authn::PAYLOAD_KEY)
                 .chain(path.iter().copied())
                 .map(|k| metadata_matcher::PathSegment {
                     segment: Some(metadata_matcher::path_segment::Segment::Key(k.to_string())),

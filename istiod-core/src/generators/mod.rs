@@ -2,6 +2,7 @@
 //! each (istiod's `pilot/pkg/networking/core` and `pilot/pkg/xds/*gen.go`). Pure functions of
 //! (snapshot, proxy, requested names); the xDS server decides when to call them.
 
+pub mod authn;
 pub mod authz;
 pub mod cds;
 pub mod cluster_policy;
@@ -116,4 +117,19 @@ pub(crate) fn seconds(s: i64) -> Duration {
         seconds: s,
         nanos: 0,
     }
+}
+
+/// `base` encoded, then each of `entries`: protobuf merges concatenated encodings of one
+/// message, so a map field given as single-entry messages in `entries` decodes as the whole map
+/// with its entries written in the order given. prost writes a protobuf map (a HashMap) in hash
+/// order, which would make each generation of the same config differ in its bytes.
+pub(crate) fn encode_map_in_order<M: prost::Message>(
+    base: &M,
+    entries: impl IntoIterator<Item = M>,
+) -> Vec<u8> {
+    let mut out = base.encode_to_vec();
+    for e in entries {
+        e.encode_raw(&mut out);
+    }
+    out
 }
