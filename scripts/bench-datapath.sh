@@ -8,10 +8,14 @@
 #     cluster and the same TLS (ECDSA P-256 certificates, mutual TLS), nothing else.
 # The app is a third Envoy answering 200 with a 1 KiB body. Proxies and app are pinned to core 0,
 # the load generator (wrk, closed loop: C connections on 1 thread) to core 1.
-# Usage: ./scripts/bench-datapath.sh [seconds] [connections] [rounds] (default 10 16 3). Root.
+# Usage: ./scripts/bench-datapath.sh [seconds] [connections] [rounds] [mode] (default 10 16 3 minimal).
+# Root. mode `authz`: instead of the hand-minimal config, ours is measured with and without an
+# AuthorizationPolicy of 100 ALLOW rules on the server (the request matches only the last, so Envoy
+# evaluates them all), alternating in the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECS="${1:-10}"; CONNS="${2:-16}"; ROUNDS="${3:-3}"
+SECS="${1:-10}"; CONNS="${2:-16}"; ROUNDS="${3:-3}"; MODE="${4:-minimal}"
+case "$MODE" in minimal|authz) ;; *) echo "mode: minimal or authz, not $MODE" >&2; exit 2 ;; esac
 ./scripts/setup.sh >/dev/null
 command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables
@@ -211,16 +215,43 @@ load() { # -> "p50 p90 p99 rps" (ms, ms, ms, requests/s)
   echo "$(ms 50%) $(ms 90%) $(ms 99%) $(awk '/Requests\/sec/ {print $2}' "$WORK/wrk.txt")"
 }
 
+# 100 ALLOW rules: 99 for other callers and paths, the last for the client (authz mode).
+python3 - "$WORK/authz.yaml.off" <<'PY'
+import sys
+rules = "".join(
+    f"  - from: [{{source: {{principals: [cluster.local/ns/bench/sa/caller-{i}]}}}}]\n"
+    f"    to: [{{operation: {{methods: [GET, POST], paths: [/api/v{i}/*]}}}}]\n"
+    for i in range(99))
+rules += "  - from: [{source: {principals: [cluster.local/ns/bench/sa/client]}}]\n    to: [{operation: {methods: [GET], paths: ['/*']}}]\n"
+open(sys.argv[1], "w").write(
+    "kind: AuthorizationPolicy\nmetadata: {name: app, namespace: bench}\nspec:\n"
+    "  selector: {matchLabels: {app: app}}\n  rules:\n" + rules)
+PY
+
 declare -a OURS MIN
 for r in $(seq 1 "$ROUNDS"); do
+  if [ "$MODE" = authz ]; then
+    cp "$WORK/authz.yaml.off" "$WORK/mesh/authz.yaml"
+    start_ours; wait_ok "$C" "http://$VIP:8000/"
+    OURS+=("$(load)"); stop_proxies
+    rm -f "$WORK/mesh/authz.yaml"
+    start_ours; wait_ok "$C" "http://$VIP:8000/"
+    MIN+=("$(load)"); stop_proxies
+    continue
+  fi
   start_ours; wait_ok "$C" "http://$VIP:8000/"
   OURS+=("$(load)"); stop_proxies
   start_minimal; wait_ok "$C" "http://$VIP:8000/"
   MIN+=("$(load)"); stop_proxies
 done
+if [ "$MODE" = authz ]; then
+  A="ours, 100 ALLOW rules"; B="ours, no policy"
+else
+  A="ours"; B="hand-minimal"
+fi
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
 col() { local i="$1"; shift; for x in "$@"; do echo "$x" | awk -v i="$i" '{print $i}'; done | median; }
-echo "| measure (median of $ROUNDS rounds, ${SECS}s, $CONNS connections) | ours | hand-minimal | ratio |"
+echo "| measure (median of $ROUNDS rounds, ${SECS}s, $CONNS connections) | $A | $B | ratio |"
 echo "|---|---|---|---|"
 for i in 1 2 3 4; do
   name=("" "p50 latency (ms)" "p90 latency (ms)" "p99 latency (ms)" "throughput (requests/s)")
@@ -228,5 +259,5 @@ for i in 1 2 3 4; do
   echo "| ${name[$i]} | $o | $m | $(awk -v o="$o" -v m="$m" 'BEGIN {printf "%.3f", o/m}') |"
 done
 echo
-echo "rounds, ours:    ${OURS[*]}"
-echo "rounds, minimal: ${MIN[*]}"
+echo "rounds, $A: ${OURS[*]}"
+echo "rounds, $B: ${MIN[*]}"
