@@ -167,8 +167,8 @@ pub struct WorkloadTemplate {
 
 /// The mesh-wide settings istiod reads from its mesh config (the `mesh` key of the `istio`
 /// ConfigMap, or the `--meshConfig` file). Acted on: trustDomain (checked against the control
-/// plane's), trustDomainAliases, rootNamespace, enableAutoMtls and outboundTrafficPolicy; the
-/// rest is kept as written.
+/// plane's), trustDomainAliases, rootNamespace, enableAutoMtls, outboundTrafficPolicy and the
+/// ext_authz entries of extensionProviders; the rest is kept as written.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct MeshConfigSpec {
@@ -183,6 +183,10 @@ pub struct MeshConfigSpec {
     pub enable_auto_mtls: Option<bool>,
     #[serde(default)]
     pub outbound_traffic_policy: Option<OutboundTrafficPolicy>,
+    /// External authorizers (and other providers, kept as written) that CUSTOM
+    /// AuthorizationPolicies name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extension_providers: Vec<authorization::ExtensionProvider>,
     #[serde(flatten)]
     pub rest: BTreeMap<String, serde_json::Value>,
 }
@@ -195,6 +199,10 @@ impl MeshConfigSpec {
         }
         if other.root_namespace.is_some() {
             self.root_namespace.clone_from(&other.root_namespace);
+        }
+        if !other.extension_providers.is_empty() {
+            self.extension_providers
+                .clone_from(&other.extension_providers);
         }
         if !other.trust_domain_aliases.is_empty() {
             self.trust_domain_aliases
@@ -213,6 +221,10 @@ impl MeshConfigSpec {
 
     fn validate(&self) -> Result<(), String> {
         OutboundTrafficPolicy::check(self.outbound_traffic_policy.as_ref())?;
+        for (i, p) in self.extension_providers.iter().enumerate() {
+            p.check()
+                .map_err(|e| format!("extensionProviders[{i}]{e}"))?;
+        }
         if let Some(ns) = &self.root_namespace
             && !traffic::is_dns1123_label(ns)
         {
@@ -774,17 +786,6 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
                 authorization::validate_authorization_policy,
                 &mut meta,
             )?;
-            if spec.action == authorization::Action::Custom {
-                // An ext_authz provider is not wired yet; accepting the policy would let
-                // through what the provider was meant to check.
-                return Err(format!(
-                    "AuthorizationPolicy {}/{}: action CUSTOM (an ext_authz provider) is not \
-                     enforced by this control plane yet; refused rather than accepted and \
-                     ignored (an ignored policy fails open)",
-                    meta.namespace(),
-                    meta.name
-                ));
-            }
             warn_if_targeted(
                 spec.target_ref.is_some() || !spec.target_refs.is_empty(),
                 &mut meta,
@@ -1224,7 +1225,7 @@ data: {mesh: "whatever: 1"}
             ),
             (
                 "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {action: CUSTOM, provider: {name: ext}}",
-                "action CUSTOM (an ext_authz provider) is not enforced",
+                "spec.rules: a CUSTOM policy needs at least one rule",
             ),
         ];
         let sidecar = |spec: &str| format!("kind: Sidecar\nmetadata: {{name: s}}\nspec: {spec}");

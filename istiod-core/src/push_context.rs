@@ -159,6 +159,36 @@ impl std::fmt::Debug for GenCache {
     }
 }
 
+/// Why a CUSTOM policy's provider cannot be asked (not an ext_authz provider of the mesh config,
+/// or its service is none of the mesh's), if it cannot: its rules then deny.
+fn custom_provider_missing(
+    spec: &crate::config_store::AuthorizationPolicySpec,
+    mesh: &MeshConfigSpec,
+    services: &[Service],
+) -> Option<String> {
+    use crate::config_store::authorization::Action;
+    if spec.action != Action::Custom {
+        return None;
+    }
+    let name = spec.provider.as_ref().map_or("", |p| p.name.as_str());
+    let why = match mesh.extension_providers.iter().find(|p| p.name == name) {
+        None => format!("no extensionProviders entry is named {name:?}"),
+        Some(p) => match p.ext_authz() {
+            None => format!("extension provider {name:?} is no ext_authz provider"),
+            Some((host, ..)) => {
+                let host = host.split_once('/').map_or(host, |(_, h)| h);
+                if services.iter().any(|s| s.hostname == host) {
+                    return None;
+                }
+                format!("extension provider {name:?}: {host:?} is no service of the mesh")
+            }
+        },
+    };
+    Some(format!(
+        "spec.provider: {why}; the policy's rules deny instead (fail closed, as Istio)"
+    ))
+}
+
 /// The resources `pick` selects from `config`, copied, in (namespace, name) order.
 fn by_name<T: Clone>(
     config: &ConfigSet,
@@ -371,6 +401,17 @@ impl PushContext {
             let found = routing::not_applied(r, &config, &services, domain_suffix);
             for w in m.warnings.iter().chain(&found) {
                 warnings.push(format!("{} {}/{}: {w}", r.kind(), m.namespace(), m.name));
+            }
+        }
+        for r in &config.resources {
+            if let Resource::AuthorizationPolicy(m, spec) = r
+                && let Some(w) = custom_provider_missing(spec, &mesh, &services)
+            {
+                warnings.push(format!(
+                    "AuthorizationPolicy {}/{}: {w}",
+                    m.namespace(),
+                    m.name
+                ));
             }
         }
         let mut clusters = HashMap::new();

@@ -187,13 +187,19 @@ fn render(yaml_path: &Path) -> String {
             let Some(http_filter::ConfigType::TypedConfig(any)) = &f.config_type else {
                 panic!("{f:?}")
             };
-            let text = if f.name == istiod_core::generators::authn::JWT_AUTHN {
-                let jwt =
-                    http::jwt_authn::v3::JwtAuthentication::decode(any.value.as_slice()).unwrap();
-                format!("{jwt:#?}")
-            } else {
-                let rbac = http::rbac::v3::Rbac::decode(any.value.as_slice()).unwrap();
-                format!("{rbac:#?}")
+            let bytes = any.value.as_slice();
+            let text = match f.name.as_str() {
+                "envoy.filters.http.jwt_authn" => format!(
+                    "{:#?}",
+                    http::jwt_authn::v3::JwtAuthentication::decode(bytes).unwrap()
+                ),
+                "envoy.filters.http.ext_authz" => {
+                    format!(
+                        "{:#?}",
+                        http::ext_authz::v3::ExtAuthz::decode(bytes).unwrap()
+                    )
+                }
+                _ => format!("{:#?}", http::rbac::v3::Rbac::decode(bytes).unwrap()),
             };
             writeln!(out, "{}", pretty(text)).unwrap();
         }
@@ -201,8 +207,15 @@ fn render(yaml_path: &Path) -> String {
             let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
                 panic!("{f:?}")
             };
-            let rbac = network::rbac::v3::Rbac::decode(any.value.as_slice()).unwrap();
-            writeln!(out, "{}", pretty(format!("{rbac:#?}"))).unwrap();
+            let bytes = any.value.as_slice();
+            let text = match f.name.as_str() {
+                "envoy.filters.network.ext_authz" => format!(
+                    "{:#?}",
+                    network::ext_authz::v3::ExtAuthz::decode(bytes).unwrap()
+                ),
+                _ => format!("{:#?}", network::rbac::v3::Rbac::decode(bytes).unwrap()),
+            };
+            writeln!(out, "{}", pretty(text)).unwrap();
         }
     }
     writeln!(out, "### WARNINGS").unwrap();

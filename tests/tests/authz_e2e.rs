@@ -13,6 +13,26 @@ use mesh::*;
 
 const BACKEND: &[Backend] = &[("v1", "app: reviews, version: v1", &[])];
 
+/// An external authorizer for CUSTOM policies: 200 when the request it checks carries
+/// `x-allow: yes`, else 403 `denied by ext-authz`; each checked path goes to stdout.
+const EXT_AUTHZ: &str = r#"
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        print(f"check {self.path} x-allow={self.headers.get('x-allow')}", flush=True)
+        ok = self.headers.get("x-allow") == "yes"
+        body = b"" if ok else b"denied by ext-authz\n"
+        self.send_response(200 if ok else 403)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_POST = do_GET
+ThreadingHTTPServer(("0.0.0.0", 9191), H).serve_forever()
+"#;
+
 fn policy(name: &str, spec: &str) -> String {
     format!(
         "---\napiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: {name}, namespace: {NS}}}\nspec:\n{spec}\n"
@@ -61,21 +81,34 @@ const IN_A_ROW: usize = 4;
 /// 5 s of the edit (measured: well under a second).
 fn expect(m: &Mesh, what: &str, cases: &[Case]) {
     for (path, headers, want) in cases {
-        let mut seen = Vec::new();
-        let held = wait_until(Duration::from_secs(5), || {
-            (0..IN_A_ROW).all(|_| {
-                let (code, body) = m.status(path, headers);
-                let ok = code == *want && (*want != 403 || body.contains("RBAC: access denied"));
-                seen.push(format!("{code} {body}"));
-                ok
-            })
-        });
-        assert!(
-            held,
-            "{what}: GET {path} {headers:?} wanted {want} {IN_A_ROW} times in a row, got {seen:?}\n{}",
-            m.net.logs()
-        );
+        let needle = (*want == 403).then_some("RBAC: access denied");
+        expect_reply(m, what, (path, headers), *want, needle);
     }
+}
+
+/// GET `path` with `headers` until `want` (with `needle` in the body, if given) comes back
+/// `IN_A_ROW` times in a row, within 5 s.
+fn expect_reply(
+    m: &Mesh,
+    what: &str,
+    (path, headers): (&str, &[(&str, &str)]),
+    want: u16,
+    needle: Option<&str>,
+) {
+    let mut seen = Vec::new();
+    let held = wait_until(Duration::from_secs(5), || {
+        (0..IN_A_ROW).all(|_| {
+            let (code, body) = m.status(path, headers);
+            let ok = code == want && needle.is_none_or(|n| body.contains(n));
+            seen.push(format!("{code} {body}"));
+            ok
+        })
+    });
+    assert!(
+        held,
+        "{what}: GET {path} {headers:?} wanted {want} {IN_A_ROW} times in a row, got {seen:?}\n{}",
+        m.net.logs()
+    );
 }
 
 /// `tcp()` until it returns `want` `IN_A_ROW` times in a row (5 s at most, as `expect`).
@@ -295,4 +328,73 @@ fn request_authentication_verifies_tokens_for_authorization() {
     )[0];
     assert_eq!(r.field("x-jwt-sub"), Some("alice"), "{}", r.body);
     assert_eq!(r.field("authorization"), Some("None"), "{}", r.body);
+}
+
+#[test]
+fn custom_policy_asks_the_external_authorizer() {
+    // The authorizer runs in a pod outside the mesh (no sidecar), as a MESH_EXTERNAL service.
+    let backends: &[Backend] = &[BACKEND[0], ("authz", "", &[])];
+    let authz_ip = harness::pod_ipv4(4);
+    let config = format!(
+        "kind: MeshConfig\nmetadata: {{name: mesh}}\nspec:\n  extensionProviders:\n  - name: ext\n    envoyExtAuthzHttp: {{service: ext-authz.{NS}.svc.cluster.local, port: 9191, includeRequestHeadersInCheck: [x-allow]}}\n---\nkind: ServiceEntry\nmetadata: {{name: ext-authz, namespace: {NS}}}\nspec:\n  hosts: [ext-authz.{NS}.svc.cluster.local]\n  location: MESH_EXTERNAL\n  ports: [{{number: 9191, name: http, protocol: HTTP}}]\n  resolution: STATIC\n  endpoints: [{{address: {authz_ip}}}]\n"
+    );
+    let Some(m) = mesh_with(
+        "custom_policy_asks_the_external_authorizer",
+        backends,
+        &config,
+        |net| {
+            let script = net.dir().join("ext_authz.py");
+            std::fs::write(&script, EXT_AUTHZ).unwrap();
+            let pod = net.pods.iter_mut().find(|p| p.ip == authz_ip).unwrap();
+            pod.spawn(
+                "ext-authz",
+                APP_UID,
+                APP_UID,
+                &[],
+                &["/usr/bin/python3", script.to_str().unwrap()],
+            )
+            .unwrap();
+        },
+    ) else {
+        return;
+    };
+    let custom = |provider: &str| {
+        policy(
+            "ext",
+            &format!(
+                "  selector: {{matchLabels: {{app: reviews}}}}\n  action: CUSTOM\n  provider: {{name: {provider}}}\n  rules: [{{to: [{{operation: {{paths: [\"/guarded/*\"]}}}}]}}]\n"
+            ),
+        )
+    };
+    m.set_policies(&custom("ext"));
+    expect_reply(
+        &m,
+        "guarded, no header",
+        ("/guarded/a", &[]),
+        403,
+        Some("denied by ext-authz"),
+    );
+    expect_reply(
+        &m,
+        "guarded, allowed",
+        ("/guarded/a", &[("x-allow", "yes")]),
+        200,
+        None,
+    );
+    expect_reply(&m, "not guarded", ("/open", &[]), 200, None);
+    // Only requests a CUSTOM rule matched were sent to the authorizer.
+    let authz_pod = m.net.pods.iter().find(|p| p.ip == authz_ip).unwrap();
+    let checks = authz_pod.logs_of("ext-authz");
+    assert!(checks.contains("check /guarded/a x-allow=yes"), "{checks}");
+    assert!(!checks.contains("/open"), "{checks}");
+    // A provider the mesh config does not have: its rules deny (fail closed).
+    m.set_policies(&custom("missing"));
+    expect(
+        &m,
+        "unknown provider",
+        &[
+            ("/guarded/a", &[("x-allow", "yes")], 403),
+            ("/open", &[], 200),
+        ],
+    );
 }

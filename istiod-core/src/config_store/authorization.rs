@@ -172,6 +172,104 @@ pub struct Condition {
     pub not_values: Vec<String>,
 }
 
+/// A mesh config `extensionProviders` entry. The ext_authz kinds are typed (CUSTOM policies
+/// use them); the other kinds (tracing, access logs) are kept as written.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtensionProvider {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envoy_ext_authz_http: Option<ExtAuthzHttp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envoy_ext_authz_grpc: Option<ExtAuthzGrpc>,
+    #[serde(flatten)]
+    pub rest: BTreeMap<String, serde_json::Value>,
+}
+
+/// Istio's EnvoyExternalAuthorizationHttpProvider.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExtAuthzHttp {
+    #[serde(default)]
+    pub service: String,
+    #[serde(default)]
+    pub port: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<super::values::GoDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    #[serde(default)]
+    pub fail_open: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_on_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include_request_headers_in_check: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub include_additional_headers_in_check: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers_to_upstream_on_allow: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers_to_downstream_on_deny: Vec<String>,
+}
+
+/// Istio's EnvoyExternalAuthorizationGrpcProvider.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExtAuthzGrpc {
+    #[serde(default)]
+    pub service: String,
+    #[serde(default)]
+    pub port: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<super::values::GoDuration>,
+    #[serde(default)]
+    pub fail_open: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_on_error: Option<String>,
+}
+
+impl ExtensionProvider {
+    /// Checks the ext_authz kinds; the error starts with the field (`.envoyExtAuthzHttp.port`).
+    pub fn check(&self) -> Result<(), String> {
+        if self.name.is_empty() {
+            return Err(".name: required".into());
+        }
+        let service = |kind: &str, service: &str, port: u32, status: &Option<String>| {
+            if service.is_empty() {
+                return Err(format!(".{kind}.service: required"));
+            }
+            if !(1..=65535).contains(&port) {
+                return Err(format!(".{kind}.port: {port} is not in 1-65535"));
+            }
+            if let Some(s) = status
+                && !s.parse::<u16>().is_ok_and(|c| (100..=599).contains(&c))
+            {
+                return Err(format!(
+                    ".{kind}.statusOnError: {s:?} is not an HTTP status"
+                ));
+            }
+            Ok(())
+        };
+        match (&self.envoy_ext_authz_http, &self.envoy_ext_authz_grpc) {
+            (Some(_), Some(_)) => Err(": one provider kind per entry".into()),
+            (Some(h), None) => service("envoyExtAuthzHttp", &h.service, h.port, &h.status_on_error),
+            (None, Some(g)) => service("envoyExtAuthzGrpc", &g.service, g.port, &g.status_on_error),
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// The service and port of an ext_authz provider, and whether it speaks gRPC.
+    pub fn ext_authz(&self) -> Option<(&str, u16, bool)> {
+        let port = |p: u32| u16::try_from(p).ok();
+        if let Some(h) = &self.envoy_ext_authz_http {
+            return Some((h.service.as_str(), port(h.port)?, false));
+        }
+        let g = self.envoy_ext_authz_grpc.as_ref()?;
+        Some((g.service.as_str(), port(g.port)?, true))
+    }
+}
+
 /// What a `when` key names (Istio's "Authorization Policy Conditions").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConditionKey<'a> {
@@ -505,8 +603,51 @@ pub fn validate_authorization_policy(spec: &AuthorizationPolicySpec) -> Result<(
             ));
         }
     }
-    if spec.action == Action::Deny && spec.rules.as_ref().is_none_or(Vec::is_empty) {
-        return Err("rules: a DENY policy needs at least one rule".into());
+    if matches!(spec.action, Action::Deny | Action::Custom)
+        && spec.rules.as_ref().is_none_or(Vec::is_empty)
+    {
+        return Err(format!(
+            "rules: a {} policy needs at least one rule",
+            if spec.action == Action::Deny {
+                "DENY"
+            } else {
+                "CUSTOM"
+            }
+        ));
+    }
+    if spec.action == Action::Custom {
+        // Istio's rule: the authorizer runs before JWT verification, and identities are its
+        // to check, so a CUSTOM rule names none.
+        for (i, rule) in spec.rules.iter().flatten().enumerate() {
+            for (j, f) in rule.from.iter().enumerate() {
+                if let Some(s) = &f.source
+                    && !(s.principals.is_empty()
+                        && s.not_principals.is_empty()
+                        && s.namespaces.is_empty()
+                        && s.not_namespaces.is_empty()
+                        && s.service_accounts.is_empty()
+                        && s.not_service_accounts.is_empty()
+                        && s.request_principals.is_empty()
+                        && s.not_request_principals.is_empty())
+                {
+                    return Err(format!(
+                        "rules[{i}].from[{j}].source: a CUSTOM rule cannot match principals, namespaces, serviceAccounts or requestPrincipals"
+                    ));
+                }
+            }
+            for (j, c) in rule.when.iter().enumerate() {
+                if c.key.starts_with("source.namespace")
+                    || c.key.starts_with("source.principal")
+                    || c.key.starts_with("source.serviceAccount")
+                    || c.key.starts_with("request.auth.")
+                {
+                    return Err(format!(
+                        "rules[{i}].when[{j}].key: {:?} cannot be used in a CUSTOM rule",
+                        c.key
+                    ));
+                }
+            }
+        }
     }
     for (i, rule) in spec.rules.iter().flatten().enumerate() {
         let at = format!("rules[{i}]");
@@ -549,6 +690,7 @@ mod tests {
             "{action: DENY, rules: [{}]}",
             "rules: [{}]",
             "{action: CUSTOM, provider: {name: ext}, rules: [{to: [{operation: {paths: [/admin/*]}}]}]}",
+            "{action: CUSTOM, provider: {name: ext}, rules: [{from: [{source: {ipBlocks: [10.0.0.0/8]}}]}]}",
             "rules: [{from: [{source: {principals: [cluster.local/ns/a/sa/b, '*', '*/sa/b', 'cluster.local/*']}}]}]",
             "rules: [{from: [{source: {serviceAccounts: [shop/cart]}}]}]",
             "rules: [{to: [{operation: {ports: ['8080', 9090], paths: ['/a/{*}/b', '/x/{**}', '*.png']}}]}]",
@@ -562,7 +704,10 @@ mod tests {
     fn invalid_policies_name_the_field() {
         for (bad, expect) in [
             ("{action: PERMIT}", "unknown variant `PERMIT`"),
-            ("{action: CUSTOM}", "provider.name: a CUSTOM policy"),
+            (
+                "{action: CUSTOM, rules: [{}]}",
+                "provider.name: a CUSTOM policy",
+            ),
             (
                 "{action: DENY, provider: {name: x}}",
                 "provider: only a CUSTOM",
@@ -629,6 +774,14 @@ mod tests {
                 "only one of them",
             ),
             ("{action: DENY}", "rules: a DENY policy needs"),
+            (
+                "{action: CUSTOM, provider: {name: e}, rules: [{from: [{source: {namespaces: [a]}}]}]}",
+                "a CUSTOM rule cannot match principals",
+            ),
+            (
+                "{action: CUSTOM, provider: {name: e}, rules: [{when: [{key: request.auth.principal, values: [a]}]}]}",
+                "cannot be used in a CUSTOM rule",
+            ),
             ("rules: [{from: [{source: {}}]}]", "from[0].source: empty"),
             ("rules: [{to: [{operation: {}}]}]", "to[0].operation: empty"),
             (

@@ -104,6 +104,27 @@ fn is_header_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
+/// A JSON Web Key Set with at least one usable public key (Envoy refuses the whole listener
+/// otherwise); each key is read as a verifier would read it.
+fn check_jwks(jwks: &str) -> Result<(), String> {
+    let value: serde_json::Value = serde_json::from_str(jwks)
+        .map_err(|e| format!("not JSON ({e}); expected a JSON Web Key Set"))?;
+    let keys = value
+        .get("keys")
+        .and_then(|k| k.as_array())
+        .ok_or("not a JSON Web Key Set (a JSON object with a `keys` list)")?;
+    if keys.is_empty() {
+        return Err("no keys: a key set needs at least one public key".into());
+    }
+    for (i, key) in keys.iter().enumerate() {
+        let jwk: jsonwebtoken::jwk::Jwk = serde_json::from_value(key.clone())
+            .map_err(|e| format!("keys[{i}]: not a JSON Web Key: {e}"))?;
+        jsonwebtoken::DecodingKey::from_jwk(&jwk)
+            .map_err(|e| format!("keys[{i}]: not a usable public key: {e}"))?;
+    }
+    Ok(())
+}
+
 pub fn validate_request_authentication(spec: &RequestAuthenticationSpec) -> Result<(), String> {
     if spec.selector.is_some() && (spec.target_ref.is_some() || !spec.target_refs.is_empty()) {
         return Err("selector and targetRef(s): only one of them may be set".into());
@@ -131,16 +152,7 @@ pub fn validate_request_authentication(spec: &RequestAuthenticationSpec) -> Resu
                     "{at}: jwks or jwksUri is required (keys are not discovered from the issuer here)"
                 ));
             }
-            (Some(jwks), None) => {
-                let keys = serde_json::from_str::<serde_json::Value>(jwks)
-                    .ok()
-                    .and_then(|v| v.get("keys").and_then(|k| k.as_array()).map(Vec::len));
-                if keys.is_none() {
-                    return Err(format!(
-                        "{at}.jwks: not a JSON Web Key Set (a JSON object with a `keys` list)"
-                    ));
-                }
-            }
+            (Some(jwks), None) => check_jwks(jwks).map_err(|e| format!("{at}.jwks: {e}"))?,
             (None, Some(uri)) => {
                 if rule.jwks_source().is_none() {
                     return Err(format!(
@@ -207,7 +219,7 @@ mod tests {
 
     #[test]
     fn rules_are_checked_by_field() {
-        let jwks = r#"'{"keys": []}'"#;
+        let jwks = r#"'{"keys": [{"kty": "EC", "crv": "P-256", "x": "gwK2cGIhiZ9bwaEBeJFV3TM0e8bQpcBOGYsHVUbjoew", "y": "c5seC0IjLdQobgFFRX4pTRvwgwoRhVp9a1EYfSf5uHQ"}]}'"#;
         for ok in [
             format!("jwtRules: [{{issuer: a, jwks: {jwks}}}]"),
             "jwtRules: [{issuer: a, jwksUri: 'http://keys.auth.svc.cluster.local:8080/jwks'}, {issuer: b, jwksUri: 'file:///etc/jwks.json', fromHeaders: [{name: x-jwt, prefix: 'Bearer '}], outputClaimToHeaders: [{header: x-sub, claim: sub}]}]".to_string(),

@@ -30,8 +30,10 @@ const JWT_AUTHN_TYPE: &str =
 /// rules of `authz` read).
 pub const PAYLOAD_KEY: &str = "payload";
 /// Keys no token can match: what a rule whose key source cannot be reached gets, so its
-/// tokens are refused rather than trusted (Istio fails closed the same way).
-const NO_KEYS: &str = r#"{"keys":[]}"#;
+/// tokens are refused rather than trusted (Istio fails closed the same way). Envoy refuses a
+/// key set with no usable key, so this is one real P-256 public key whose private key was
+/// discarded when it was made (never written anywhere).
+const NO_KEYS: &str = r#"{"keys":[{"kty":"EC","crv":"P-256","alg":"ES256","kid":"no-key-reachable","x":"gwK2cGIhiZ9bwaEBeJFV3TM0e8bQpcBOGYsHVUbjoew","y":"c5seC0IjLdQobgFFRX4pTRvwgwoRhVp9a1EYfSf5uHQ"}]}"#;
 
 /// The JWT filter for `proxy`'s inbound HTTP chains, if any RequestAuthentication selects it.
 pub fn jwt_filter(push: &PushContext, proxy: &Proxy) -> Option<HttpFilter> {

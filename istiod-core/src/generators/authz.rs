@@ -1,6 +1,8 @@
 //! AuthorizationPolicy → Envoy's RBAC filters on a sidecar's inbound chains, as istiod builds
 //! them (`pilot/pkg/security/authz/builder`): one filter per action, in the order AUDIT, DENY,
-//! ALLOW, ahead of the router (HTTP) or tcp_proxy (TCP). Each rule becomes one Envoy policy
+//! ALLOW, ahead of the router (HTTP) or tcp_proxy (TCP); CUSTOM policies come first, as a shadow
+//! RBAC filter that switches on their provider's ext_authz filter (`ext_authz`) for the requests
+//! their rules match. Each rule becomes one Envoy policy
 //! `ns[NS]-policy[NAME]-rule[I]` whose principal is `from` (any entry) AND the source-side
 //! `when` conditions, and whose permission is `to` (any entry) AND the rest of `when`.
 //!
@@ -100,12 +102,11 @@ fn selected<'a>(
 pub fn inbound(push: &PushContext, proxy: &Proxy) -> InboundFilters {
     let policies = selected(push, proxy);
     let mut out = InboundFilters::default();
-    // Tokens are verified first, so the RBAC filters see what a valid token says.
-    out.http.extend(super::authn::jwt_filter(push, proxy));
-    if policies.is_empty() {
-        return out;
-    }
     let trust_domains = trust_domains(push);
+    // CUSTOM first (ahead of JWT verification, as Istio), then tokens are verified, so the RBAC
+    // filters see what a valid token says.
+    custom(push, &policies, &trust_domains, &mut out);
+    out.http.extend(super::authn::jwt_filter(push, proxy));
     for action in [Action::Audit, Action::Deny, Action::Allow] {
         let of_action: Vec<_> = policies
             .iter()
@@ -116,54 +117,196 @@ pub fn inbound(push: &PushContext, proxy: &Proxy) -> InboundFilters {
         }
         let envoy_action = match action {
             Action::Allow => rbac::Action::Allow,
-            Action::Deny => rbac::Action::Deny,
-            // Custom is refused when the config is read.
-            Action::Audit | Action::Custom => rbac::Action::Log,
+            Action::Deny | Action::Custom => rbac::Action::Deny,
+            Action::Audit => rbac::Action::Log,
         };
-        let mut http = BTreeMap::new();
-        let mut tcp = BTreeMap::new();
-        for (meta, spec) in of_action {
-            for (i, rule) in spec.rules.iter().flatten().enumerate() {
-                let name = format!("ns[{}]-policy[{}]-rule[{i}]", meta.namespace(), meta.name);
-                let ctx = Ctx {
-                    trust_domains: &trust_domains,
-                    tcp: false,
-                };
-                http.insert(name.clone(), policy(ctx, rule));
-                let tcp_ctx = Ctx { tcp: true, ..ctx };
-                if action == Action::Allow && needs_http(rule) {
-                    tracing::debug!(policy = %name, "ALLOW rule with HTTP-only fields left out on TCP chains");
-                    continue;
-                }
-                tcp.insert(name, policy(tcp_ctx, rule));
-            }
-        }
-        out.http.push(HttpFilter {
+        let (http, tcp) = rule_policies(&of_action, &trust_domains, action, "", "");
+        out.push_rbac(envoy_action, &http, &tcp, Enforce::Rules);
+    }
+    out
+}
+
+/// Whether an RBAC filter enforces its policies or only records which one matched.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Enforce {
+    Rules,
+    /// `shadow_rules` with this stat prefix: nothing is denied; the matched policy's name goes
+    /// to the filter's dynamic metadata (`PREFIXshadow_effective_policy_id`).
+    Shadow(&'static str),
+}
+
+impl InboundFilters {
+    /// An HTTP and a network RBAC filter for `action` with these policies.
+    fn push_rbac(
+        &mut self,
+        action: rbac::Action,
+        http: &BTreeMap<String, Policy>,
+        tcp: &BTreeMap<String, Policy>,
+        enforce: Enforce,
+    ) {
+        use envoy_types::pb::envoy::extensions::filters::{http as h, network as n};
+        let (field, shadow_prefix) = match enforce {
+            Enforce::Rules => (1, String::new()),
+            Enforce::Shadow(prefix) => (2, prefix.to_string()),
+        };
+        let http_rest = h::rbac::v3::Rbac {
+            shadow_rules_stat_prefix: shadow_prefix.clone(),
+            ..Default::default()
+        };
+        self.http.push(HttpFilter {
             name: HTTP_RBAC.to_string(),
             config_type: Some(http_filter::ConfigType::TypedConfig(rbac_any(
                 HTTP_RBAC_TYPE,
-                envoy_action,
-                &http,
-                &[],
+                action,
+                http,
+                field,
+                &prost::Message::encode_to_vec(&http_rest),
             ))),
             ..Default::default()
         });
-        // The network filter's stat_prefix (field 5) is required.
-        let stat_prefix = envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac {
+        // The network filter's stat_prefix is required.
+        let tcp_rest = n::rbac::v3::Rbac {
             stat_prefix: "tcp.".to_string(),
+            shadow_rules_stat_prefix: shadow_prefix,
             ..Default::default()
         };
-        out.tcp.push(Filter {
+        self.tcp.push(Filter {
             name: NETWORK_RBAC.to_string(),
             config_type: Some(filter::ConfigType::TypedConfig(rbac_any(
                 NETWORK_RBAC_TYPE,
-                envoy_action,
-                &tcp,
-                &prost::Message::encode_to_vec(&stat_prefix),
+                action,
+                tcp,
+                field,
+                &prost::Message::encode_to_vec(&tcp_rest),
             ))),
         });
     }
-    out
+}
+
+/// The Envoy policies of `policies`' rules for HTTP and for TCP chains, each named
+/// `PREFIXns[NS]-policy[NAME]-rule[I]SUFFIX`. On TCP an ALLOW rule using an HTTP-only field
+/// is left out; other actions keep the rule without those fields.
+fn rule_policies(
+    policies: &[&&(Metadata, AuthorizationPolicySpec)],
+    trust_domains: &[String],
+    action: Action,
+    prefix: &str,
+    suffix: &str,
+) -> (BTreeMap<String, Policy>, BTreeMap<String, Policy>) {
+    let mut http = BTreeMap::new();
+    let mut tcp = BTreeMap::new();
+    for (meta, spec) in policies.iter().map(|p| (&p.0, &p.1)) {
+        for (i, rule) in spec.rules.iter().flatten().enumerate() {
+            let name = format!(
+                "{prefix}ns[{}]-policy[{}]-rule[{i}]{suffix}",
+                meta.namespace(),
+                meta.name
+            );
+            let ctx = Ctx {
+                trust_domains,
+                tcp: false,
+            };
+            http.insert(name.clone(), policy(ctx, rule));
+            if action == Action::Allow && needs_http(rule) {
+                tracing::debug!(policy = %name, "ALLOW rule with HTTP-only fields left out on TCP chains");
+                continue;
+            }
+            tcp.insert(name, policy(Ctx { tcp: true, ..ctx }, rule));
+        }
+    }
+    (http, tcp)
+}
+
+/// The prefix of the shadow RBAC filter's metadata key and of its policy names for CUSTOM
+/// policies (Istio's): the ext_authz filter runs only for requests a CUSTOM rule matched.
+const EXT_AUTHZ_SHADOW_PREFIX: &str = "istio_ext_authz_";
+const EXT_AUTHZ_POLICY_PREFIX: &str = "istio-ext-authz";
+
+/// CUSTOM policies, per provider: a shadow RBAC filter that records whether a rule matched,
+/// then the provider's ext_authz filter, enabled by that record. A provider that is not in the
+/// mesh config (or names no service) cannot be asked, so its rules deny instead (fail closed,
+/// as Istio does); so do HTTP providers on TCP chains (Istio skips them there, which fails
+/// open; there is no HTTP request on TCP to send to an HTTP authorizer).
+fn custom(
+    push: &PushContext,
+    policies: &[&(Metadata, AuthorizationPolicySpec)],
+    trust_domains: &[String],
+    out: &mut InboundFilters,
+) {
+    let mut by_provider: BTreeMap<&str, Vec<&&(Metadata, AuthorizationPolicySpec)>> =
+        BTreeMap::new();
+    for p in policies.iter().filter(|(_, s)| s.action == Action::Custom) {
+        let name = p.1.provider.as_ref().map_or("", |pr| pr.name.as_str());
+        by_provider.entry(name).or_default().push(p);
+    }
+    for (name, of_provider) in by_provider {
+        let target = push
+            .mesh
+            .extension_providers
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| Some((p, p.ext_authz()?)))
+            .and_then(|(p, (host, port, grpc))| {
+                let host = host.split_once('/').map_or(host, |(_, h)| h);
+                let svc = push.service(host)?;
+                Some((p, outbound_cluster(port, &svc.hostname), grpc))
+            });
+        let Some((provider, cluster, grpc)) = target else {
+            let (http, tcp) = rule_policies(
+                &of_provider,
+                trust_domains,
+                Action::Deny,
+                "",
+                "-deny-due-to-bad-CUSTOM-action",
+            );
+            out.push_rbac(rbac::Action::Deny, &http, &tcp, Enforce::Rules);
+            continue;
+        };
+        let prefix = format!("{EXT_AUTHZ_POLICY_PREFIX}-{name}-");
+        let (http, tcp) = rule_policies(&of_provider, trust_domains, Action::Custom, &prefix, "");
+        let mut shadow = InboundFilters::default();
+        shadow.push_rbac(
+            rbac::Action::Deny,
+            &http,
+            &tcp,
+            Enforce::Shadow(EXT_AUTHZ_SHADOW_PREFIX),
+        );
+        out.http.extend(shadow.http);
+        out.http
+            .push(super::ext_authz::http_filter(provider, &cluster));
+        if grpc {
+            out.tcp.extend(shadow.tcp);
+            out.tcp
+                .push(super::ext_authz::network_filter(provider, &cluster));
+        } else {
+            let mut deny = InboundFilters::default();
+            deny.push_rbac(rbac::Action::Deny, &BTreeMap::new(), &tcp, Enforce::Rules);
+            out.tcp.extend(deny.tcp);
+        }
+    }
+}
+
+fn outbound_cluster(port: u16, host: &str) -> String {
+    crate::model::outbound_cluster_name(port, host)
+}
+
+/// The ext_authz filters' switch: the shadow RBAC filter (`rbac_filter`, the HTTP or the
+/// network one) recorded a CUSTOM rule's match.
+pub(crate) fn ext_authz_enabled(rbac_filter: &str) -> MetadataMatcher {
+    MetadataMatcher {
+        filter: rbac_filter.to_string(),
+        path: vec![metadata_matcher::PathSegment {
+            segment: Some(metadata_matcher::path_segment::Segment::Key(format!(
+                "{EXT_AUTHZ_SHADOW_PREFIX}shadow_effective_policy_id"
+            ))),
+        }],
+        value: Some(ValueMatcher {
+            match_pattern: Some(value_matcher::MatchPattern::StringMatch(string(
+                string_matcher::MatchPattern::Prefix(EXT_AUTHZ_POLICY_PREFIX.to_string()),
+            ))),
+        }),
+        ..Default::default()
+    }
 }
 
 /// The local trust domain and its aliases: a principal in any of them is the same identity.
@@ -178,12 +321,13 @@ fn trust_domains(push: &PushContext) -> Vec<String> {
 }
 
 /// An RBAC filter config as an Any, its policies in name order (see
-/// `super::encode_map_in_order`): the rules message is written as field 1 of the filter config,
-/// then `rest` (the filter's other fields, encoded).
+/// `super::encode_map_in_order`): the rules message is written as `field` of the filter config
+/// (1: `rules`, 2: `shadow_rules`), then `rest` (the filter's other fields, encoded).
 fn rbac_any(
     type_url: &str,
     action: rbac::Action,
     policies: &BTreeMap<String, Policy>,
+    field: u32,
     rest: &[u8],
 ) -> Any {
     let rules = super::encode_map_in_order(
@@ -196,9 +340,13 @@ fn rbac_any(
             ..Default::default()
         }),
     );
-    // Field 1 of both filter messages is `rules`, length-delimited.
+    // Fields 1 and 2 of both filter messages are `rules` and `shadow_rules`.
     let mut value = Vec::with_capacity(rules.len() + rest.len() + 8);
-    prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, &mut value);
+    prost::encoding::encode_key(
+        field,
+        prost::encoding::WireType::LengthDelimited,
+        &mut value,
+    );
     prost::encoding::encode_varint(rules.len() as u64, &mut value);
     value.extend_from_slice(&rules);
     value.extend_from_slice(rest);
@@ -330,12 +478,15 @@ fn operation(ctx: Ctx, o: &Operation) -> Permission {
             .map(|p| rule(permission::Rule::DestinationPort(u32::from(p))))
             .collect()
     };
+    // Envoy evaluates an AND in order and stops at the first miss, and a request is checked
+    // against every rule until one matches: the most selective checks go first (the port,
+    // then the path, which differ most between rules), header lookups last.
     field(ports(&o.ports), false);
     field(ports(&o.not_ports), true);
     if !ctx.tcp {
-        let hosts = |hs: &[String]| hs.iter().flat_map(|h| host_rules(h)).collect();
-        field(hosts(&o.hosts), false);
-        field(hosts(&o.not_hosts), true);
+        let paths = |ps: &[String]| ps.iter().map(|p| path_rule(p)).collect();
+        field(paths(&o.paths), false);
+        field(paths(&o.not_paths), true);
         let methods = |ms: &[String]| {
             ms.iter()
                 .map(|m| rule(permission::Rule::Header(header(":method", exact(m)))))
@@ -343,9 +494,9 @@ fn operation(ctx: Ctx, o: &Operation) -> Permission {
         };
         field(methods(&o.methods), false);
         field(methods(&o.not_methods), true);
-        let paths = |ps: &[String]| ps.iter().map(|p| path_rule(p)).collect();
-        field(paths(&o.paths), false);
-        field(paths(&o.not_paths), true);
+        let hosts = |hs: &[String]| hs.iter().flat_map(|h| host_rules(h)).collect();
+        field(hosts(&o.hosts), false);
+        field(hosts(&o.not_hosts), true);
     }
     and_rules(all)
 }

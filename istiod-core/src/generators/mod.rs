@@ -7,6 +7,7 @@ pub mod authz;
 pub mod cds;
 pub mod cluster_policy;
 pub mod eds;
+pub mod ext_authz;
 pub mod lds;
 pub mod nds;
 pub mod route;

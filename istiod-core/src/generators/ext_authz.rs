@@ -1,0 +1,137 @@
+//! The ext_authz filters of CUSTOM AuthorizationPolicies: a mesh config extension provider
+//! (`envoyExtAuthzHttp` / `envoyExtAuthzGrpc`) asked through its service's outbound cluster,
+//! only for requests a CUSTOM rule matched (`authz::ext_authz_enabled`), as Istio builds it.
+
+use envoy_types::pb::envoy::config::core::v3::{
+    ApiVersion, GrpcService, HttpUri, grpc_service, http_uri,
+};
+use envoy_types::pb::envoy::config::listener::v3::{Filter, filter};
+use envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::{
+    AuthorizationResponse, ExtAuthz, HttpService, ext_authz,
+};
+use envoy_types::pb::envoy::extensions::filters::network::ext_authz::v3::ExtAuthz as NetExtAuthz;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpFilter, http_filter,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{
+    ListStringMatcher, StringMatcher, string_matcher,
+};
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
+use envoy_types::util::pack_any;
+
+use crate::config_store::authorization::ExtensionProvider;
+
+pub const HTTP_EXT_AUTHZ: &str = "envoy.filters.http.ext_authz";
+pub const NETWORK_EXT_AUTHZ: &str = "envoy.filters.network.ext_authz";
+
+/// Istio's default: the authorizer has 600 s unless the provider says otherwise.
+const DEFAULT_TIMEOUT_SECS: i64 = 600;
+
+fn exact_list(names: &[String]) -> Option<ListStringMatcher> {
+    (!names.is_empty()).then(|| ListStringMatcher {
+        patterns: names
+            .iter()
+            .map(|n| StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::Exact(n.to_lowercase())),
+                ignore_case: true,
+            })
+            .collect(),
+    })
+}
+
+fn status(s: &Option<String>) -> Option<HttpStatus> {
+    s.as_ref()
+        .and_then(|s| s.parse::<i32>().ok())
+        .map(|code| HttpStatus { code })
+}
+
+fn grpc_target(
+    cluster: &str,
+    timeout: Option<&crate::config_store::values::GoDuration>,
+) -> GrpcService {
+    GrpcService {
+        target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+            grpc_service::EnvoyGrpc {
+                cluster_name: cluster.to_string(),
+                ..Default::default()
+            },
+        )),
+        timeout: Some(timeout.map_or(super::seconds(DEFAULT_TIMEOUT_SECS), |t| t.proto())),
+        ..Default::default()
+    }
+}
+
+/// The HTTP ext_authz filter for `provider`, reached through `cluster`.
+pub fn http_filter(provider: &ExtensionProvider, cluster: &str) -> HttpFilter {
+    let mut config = ExtAuthz {
+        transport_api_version: ApiVersion::V3 as i32,
+        filter_enabled_metadata: Some(super::authz::ext_authz_enabled(super::authz::HTTP_RBAC)),
+        ..Default::default()
+    };
+    if let Some(h) = &provider.envoy_ext_authz_http {
+        config.failure_mode_allow = h.fail_open;
+        config.status_on_error = status(&h.status_on_error);
+        config.allowed_headers = exact_list(&h.include_request_headers_in_check);
+        config.services = Some(ext_authz::Services::HttpService(HttpService {
+            server_uri: Some(HttpUri {
+                uri: format!("http://{}", h.service),
+                timeout: Some(
+                    h.timeout
+                        .as_ref()
+                        .map_or(super::seconds(DEFAULT_TIMEOUT_SECS), |t| t.proto()),
+                ),
+                http_upstream_type: Some(http_uri::HttpUpstreamType::Cluster(cluster.to_string())),
+            }),
+            path_prefix: h.path_prefix.clone().unwrap_or_default(),
+            authorization_request: Some(
+                envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::AuthorizationRequest {
+                    headers_to_add: h
+                        .include_additional_headers_in_check
+                        .iter()
+                        .map(|(k, v)| envoy_types::pb::envoy::config::core::v3::HeaderValue {
+                            key: k.clone(),
+                            value: v.clone(),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                },
+            ),
+            authorization_response: Some(AuthorizationResponse {
+                allowed_upstream_headers: exact_list(&h.headers_to_upstream_on_allow),
+                allowed_client_headers: exact_list(&h.headers_to_downstream_on_deny),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }));
+    } else if let Some(g) = &provider.envoy_ext_authz_grpc {
+        config.failure_mode_allow = g.fail_open;
+        config.status_on_error = status(&g.status_on_error);
+        config.services = Some(ext_authz::Services::GrpcService(grpc_target(
+            cluster,
+            g.timeout.as_ref(),
+        )));
+    }
+    HttpFilter {
+        name: HTTP_EXT_AUTHZ.to_string(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(config))),
+        ..Default::default()
+    }
+}
+
+/// The network ext_authz filter for a gRPC `provider` (TCP chains).
+pub fn network_filter(provider: &ExtensionProvider, cluster: &str) -> Filter {
+    let g = provider.envoy_ext_authz_grpc.as_ref();
+    let config = NetExtAuthz {
+        stat_prefix: "tcp.".to_string(),
+        grpc_service: Some(grpc_target(cluster, g.and_then(|g| g.timeout.as_ref()))),
+        failure_mode_allow: g.is_some_and(|g| g.fail_open),
+        transport_api_version: ApiVersion::V3 as i32,
+        filter_enabled_metadata: Some(super::authz::ext_authz_enabled(super::authz::NETWORK_RBAC)),
+        ..Default::default()
+    };
+    Filter {
+        name: NETWORK_EXT_AUTHZ.to_string(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack_any(config))),
+    }
+}
