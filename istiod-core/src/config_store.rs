@@ -780,12 +780,34 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             Resource::Gateway(meta, spec)
         }
         "AuthorizationPolicy" => {
-            let spec = checked(
+            let mut spec = checked(
                 spec,
                 &typed,
                 authorization::validate_authorization_policy,
                 &mut meta,
             )?;
+            let dry_run = raw_meta
+                .get("annotations")
+                .and_then(|a| a.get(authorization::DRY_RUN_ANNOTATION));
+            spec.dry_run = match dry_run.map(|v| (v.as_str(), v)) {
+                None => false,
+                Some((Some("true"), _)) => true,
+                Some((Some("false"), _)) => false,
+                Some((_, v)) => {
+                    return Err(format!(
+                        "{}: metadata.annotations.{}: {v} is not \"true\" or \"false\"",
+                        typed("metadata"),
+                        authorization::DRY_RUN_ANNOTATION
+                    ));
+                }
+            };
+            if spec.dry_run && spec.action == authorization::Action::Custom {
+                return Err(format!(
+                    "{}: metadata.annotations.{}: a CUSTOM policy cannot be a dry run (as in Istio)",
+                    typed("metadata"),
+                    authorization::DRY_RUN_ANNOTATION
+                ));
+            }
             warn_if_targeted(
                 spec.target_ref.is_some() || !spec.target_refs.is_empty(),
                 &mut meta,
@@ -1280,6 +1302,26 @@ data: {mesh: "whatever: 1"}
         assert_eq!(
             kinds,
             ["VirtualService", "DestinationRule", "Gateway", "Namespace"]
+        );
+        // The dry-run annotation is read (and only "true"/"false" are taken).
+        let dry = |v: &str| {
+            format!(
+                "kind: AuthorizationPolicy\nmetadata: {{name: p, annotations: {{istio.io/dry-run: {v}}}}}\nspec: {{action: DENY, rules: [{{}}]}}\n"
+            )
+        };
+        match parse_file(Path::new("d.yaml"), &dry("\"true\""))
+            .unwrap()
+            .as_slice()
+        {
+            [Resource::AuthorizationPolicy(_, spec)] => assert!(spec.dry_run),
+            other => panic!("{other:?}"),
+        }
+        let err = parse_file(Path::new("d.yaml"), &dry("yes-please"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("metadata.annotations.istio.io/dry-run"),
+            "{err}"
         );
         // A valid ALLOW/DENY/AUDIT AuthorizationPolicy loads, typed whole.
         let policy = "kind: AuthorizationPolicy\nmetadata: {name: p, namespace: shop}\nspec: {action: DENY, rules: [{from: [{source: {notNamespaces: [x]}}], when: [{key: \"request.headers[x]\", values: [\"1\"]}]}]}\n";

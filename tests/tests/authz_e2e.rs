@@ -220,6 +220,29 @@ fn authorization_policies_allow_deny_and_tcp_with_live_edits() {
     expect(&m, "allow-all", &[("/x", &[], 200)]);
     expect_tcp(&m, "tcp", "v1");
 
+    // A dry run (`istio.io/dry-run: "true"`) is recorded, never enforced: neither a DENY-all nor an
+    // ALLOW that matches nothing changes anything.
+    m.set_policies(
+        &format!(
+            "{}{}",
+            policy("deny-dry", "  action: DENY\n  rules: [{}]\n"),
+            policy(
+                "allow-dry",
+                "  rules: [{to: [{operation: {paths: [/never]}}]}]\n"
+            ),
+        )
+        .replace(
+            "metadata: {name: deny-dry,",
+            "metadata: {annotations: {istio.io/dry-run: \"true\"}, name: deny-dry,",
+        )
+        .replace(
+            "metadata: {name: allow-dry,",
+            "metadata: {annotations: {istio.io/dry-run: \"true\"}, name: allow-dry,",
+        ),
+    );
+    expect(&m, "dry run", &[("/x", &[], 200)]);
+    expect_tcp(&m, "dry run", "v1");
+
     // Removing every policy opens it again.
     m.set_policies("");
     expect(&m, "no policy again", &[("/private", &[], 200)]);

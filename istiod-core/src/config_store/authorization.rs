@@ -36,7 +36,14 @@ pub struct AuthorizationPolicySpec {
     /// `None`: no `rules` key at all; `Some(empty)`: `rules: []`. Both match nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rules: Option<Vec<Rule>>,
+    /// The `istio.io/dry-run: "true"` annotation: the rules are evaluated and logged (Envoy's
+    /// shadow rules), never enforced. Set from the metadata, not the spec.
+    #[serde(skip)]
+    pub dry_run: bool,
 }
+
+/// The annotation that makes a policy a dry run.
+pub const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

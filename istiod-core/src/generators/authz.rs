@@ -108,20 +108,29 @@ pub fn inbound(push: &PushContext, proxy: &Proxy) -> InboundFilters {
     custom(push, &policies, &trust_domains, &mut out);
     out.http.extend(super::authn::jwt_filter(push, proxy));
     for action in [Action::Audit, Action::Deny, Action::Allow] {
-        let of_action: Vec<_> = policies
-            .iter()
-            .filter(|(_, s)| s.action == action)
-            .collect();
-        if of_action.is_empty() {
-            continue;
-        }
         let envoy_action = match action {
             Action::Allow => rbac::Action::Allow,
             Action::Deny | Action::Custom => rbac::Action::Deny,
             Action::Audit => rbac::Action::Log,
         };
-        let (http, tcp) = rule_policies(&of_action, &trust_domains, action, "", "");
-        out.push_rbac(envoy_action, &http, &tcp, Enforce::Rules);
+        for dry_run in [false, true] {
+            let of_action: Vec<_> = policies
+                .iter()
+                .filter(|(_, s)| s.action == action && s.dry_run == dry_run)
+                .collect();
+            if of_action.is_empty() {
+                continue;
+            }
+            let (http, tcp) = rule_policies(&of_action, &trust_domains, action, "", "");
+            // A dry run is only recorded (Istio's shadow prefixes): it decides nothing, so an
+            // ALLOW dry run does not turn "no ALLOW policy, allow all" into "deny the rest".
+            let enforce = match (dry_run, action) {
+                (false, _) => Enforce::Rules,
+                (true, Action::Allow) => Enforce::Shadow("istio_dry_run_allow_"),
+                (true, _) => Enforce::Shadow("istio_dry_run_deny_"),
+            };
+            out.push_rbac(envoy_action, &http, &tcp, enforce);
+        }
     }
     out
 }
@@ -952,5 +961,21 @@ mod tests {
                 "policy map order must not vary"
             );
         }
+    }
+
+    #[test]
+    fn a_dry_run_is_only_recorded() {
+        use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
+        let f = filters(
+            "kind: AuthorizationPolicy\nmetadata: {name: p, namespace: shop, annotations: {istio.io/dry-run: \"true\"}}\nspec: {rules: [{to: [{operation: {paths: [/a]}}]}]}\n",
+        );
+        assert_eq!(f.http.len(), 1);
+        let Some(http_filter::ConfigType::TypedConfig(any)) = &f.http[0].config_type else {
+            panic!()
+        };
+        let rbac = HttpRbac::decode(any.value.as_slice()).unwrap();
+        assert!(rbac.rules.is_none(), "a dry run enforces nothing: {rbac:?}");
+        assert_eq!(rbac.shadow_rules_stat_prefix, "istio_dry_run_allow_");
+        assert_eq!(rbac.shadow_rules.unwrap().policies.len(), 1);
     }
 }
