@@ -171,7 +171,21 @@ fn authorization_policies_allow_deny_and_tcp_with_live_edits() {
         "reviews-deny",
         "  action: DENY\n  rules:\n  - when: [{key: \"request.headers[x-block]\", values: [\"1\"]}]\n",
     );
+    // How long a new DENY takes from the file write to being enforced (printed for the
+    // record; the bound asserted is `expect`'s 5 s, a liveness bound, not a benchmark).
+    let written = std::time::Instant::now();
     m.set_policies(&format!("{allow}{deny}"));
+    let taken = written.elapsed();
+    expect(
+        &m,
+        "new DENY",
+        &[("/api/7/items", &[("x-block", "1")], 403)],
+    );
+    eprintln!(
+        "a new DENY: listener taken by Envoy {taken:?} after the file was written; {IN_A_ROW} \
+         denied requests in a row by {:?}",
+        written.elapsed()
+    );
     expect(
         &m,
         "DENY over ALLOW",
@@ -246,6 +260,14 @@ fn authorization_policies_allow_deny_and_tcp_with_live_edits() {
     // Removing every policy opens it again.
     m.set_policies("");
     expect(&m, "no policy again", &[("/private", &[], 200)]);
+}
+
+/// `NAME.book.svc.cluster.local`: an HTTP service on `port` at `ip`, outside the mesh (a pod
+/// with no sidecar).
+fn external_service(name: &str, port: u16, ip: std::net::Ipv4Addr) -> String {
+    format!(
+        "kind: ServiceEntry\nmetadata: {{name: {name}, namespace: {NS}}}\nspec:\n  hosts: [{name}.{NS}.svc.cluster.local]\n  location: MESH_EXTERNAL\n  ports: [{{number: {port}, name: http, protocol: HTTP}}]\n  resolution: STATIC\n  endpoints: [{{address: {ip}}}]\n"
+    )
 }
 
 /// A signing key and the JSON Web Key Set that verifies it (ES256).
@@ -359,7 +381,8 @@ fn custom_policy_asks_the_external_authorizer() {
     let backends: &[Backend] = &[BACKEND[0], ("authz", "", &[])];
     let authz_ip = harness::pod_ipv4(4);
     let config = format!(
-        "kind: MeshConfig\nmetadata: {{name: mesh}}\nspec:\n  extensionProviders:\n  - name: ext\n    envoyExtAuthzHttp: {{service: ext-authz.{NS}.svc.cluster.local, port: 9191, includeRequestHeadersInCheck: [x-allow]}}\n---\nkind: ServiceEntry\nmetadata: {{name: ext-authz, namespace: {NS}}}\nspec:\n  hosts: [ext-authz.{NS}.svc.cluster.local]\n  location: MESH_EXTERNAL\n  ports: [{{number: 9191, name: http, protocol: HTTP}}]\n  resolution: STATIC\n  endpoints: [{{address: {authz_ip}}}]\n"
+        "kind: MeshConfig\nmetadata: {{name: mesh}}\nspec:\n  extensionProviders:\n  - name: ext\n    envoyExtAuthzHttp: {{service: ext-authz.{NS}.svc.cluster.local, port: 9191, includeRequestHeadersInCheck: [x-allow]}}\n---\n{}",
+        external_service("ext-authz", 9191, authz_ip)
     );
     let Some(m) = mesh_with(
         "custom_policy_asks_the_external_authorizer",
@@ -420,4 +443,76 @@ fn custom_policy_asks_the_external_authorizer() {
             ("/open", &[], 200),
         ],
     );
+}
+
+#[test]
+fn request_authentication_fetches_keys_from_a_mesh_service() {
+    // The key set is served by a plain HTTP server in a pod outside the mesh, named by a
+    // MESH_EXTERNAL ServiceEntry; the server's sidecar fetches it through its outbound cluster.
+    let backends: &[Backend] = &[BACKEND[0], ("keys", "", &[])];
+    let keys_ip = harness::pod_ipv4(4);
+    let signer = Signer::new("remote");
+    let stranger = Signer::new("remote");
+    let jwks = signer.jwks.clone();
+    let config = external_service("keys", 8080, keys_ip);
+    let Some(m) = mesh_with(
+        "request_authentication_fetches_keys_from_a_mesh_service",
+        backends,
+        &config,
+        |net| {
+            let dir = net.dir().join("jwks");
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("jwks.json"), &jwks).unwrap();
+            let pod = net.pods.iter_mut().find(|p| p.ip == keys_ip).unwrap();
+            pod.spawn(
+                "keys",
+                APP_UID,
+                APP_UID,
+                &[],
+                &[
+                    "/usr/bin/python3",
+                    "-m",
+                    "http.server",
+                    "8080",
+                    "--directory",
+                    dir.to_str().unwrap(),
+                ],
+            )
+            .unwrap();
+        },
+    ) else {
+        return;
+    };
+    let issuer = "https://remote.test";
+    m.set_policies(&format!(
+        "---\napiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata: {{name: jwt, namespace: {NS}}}\nspec:\n  jwtRules:\n  - issuer: {issuer}\n    jwksUri: http://keys.{NS}.svc.cluster.local:8080/jwks.json\n{}",
+        policy(
+            "any-token",
+            "  rules: [{from: [{source: {requestPrincipals: [\"*\"]}}]}]\n",
+        )
+    ));
+    let good = format!(
+        "Bearer {}",
+        signer.token(issuer, "carol", 600, serde_json::json!({}))
+    );
+    let forged = format!(
+        "Bearer {}",
+        stranger.token(issuer, "carol", 600, serde_json::json!({}))
+    );
+    expect(
+        &m,
+        "fetched keys",
+        &[("/x", &[("authorization", &good)], 200)],
+    );
+    expect_reply(
+        &m,
+        "forged",
+        ("/x", &[("authorization", &forged)]),
+        401,
+        None,
+    );
+    expect(&m, "no token", &[("/x", &[], 403)]);
+    let pod = m.net.pods.iter().find(|p| p.ip == keys_ip).unwrap();
+    let served = pod.logs_of("keys");
+    assert!(served.contains("GET /jwks.json"), "{served}");
 }
