@@ -516,3 +516,145 @@ fn request_authentication_fetches_keys_from_a_mesh_service() {
     let served = pod.logs_of("keys");
     assert!(served.contains("GET /jwks.json"), "{served}");
 }
+
+/// A gRPC external authorizer (`envoy.service.auth.v3.Authorization`): OK when the checked HTTP
+/// request carries `x-allow: yes`, or, for a TCP connection (no HTTP attributes), when
+/// `tcp_allowed` is set; PERMISSION_DENIED otherwise. Counts the checks it answers.
+#[derive(Clone, Default)]
+struct GrpcAuthorizer {
+    tcp_allowed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    http_checks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    tcp_checks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl envoy_types::pb::envoy::service::auth::v3::authorization_server::Authorization
+    for GrpcAuthorizer
+{
+    async fn check(
+        &self,
+        request: tonic::Request<envoy_types::pb::envoy::service::auth::v3::CheckRequest>,
+    ) -> Result<
+        tonic::Response<envoy_types::pb::envoy::service::auth::v3::CheckResponse>,
+        tonic::Status,
+    > {
+        use std::sync::atomic::Ordering::SeqCst;
+        let http = request
+            .into_inner()
+            .attributes
+            .and_then(|a| a.request)
+            .and_then(|r| r.http);
+        let allowed = match http {
+            Some(h) => {
+                self.http_checks.fetch_add(1, SeqCst);
+                h.headers.get("x-allow").is_some_and(|v| v == "yes")
+            }
+            None => {
+                self.tcp_checks.fetch_add(1, SeqCst);
+                self.tcp_allowed.load(SeqCst)
+            }
+        };
+        Ok(tonic::Response::new(
+            envoy_types::pb::envoy::service::auth::v3::CheckResponse {
+                status: Some(envoy_types::pb::google::rpc::Status {
+                    code: if allowed { 0 } else { 7 },
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ))
+    }
+}
+
+impl GrpcAuthorizer {
+    /// Serves on `:port` inside network namespace `ns` (a thread that enters the namespace,
+    /// binds there, and runs its own runtime; the socket stays in that namespace).
+    fn serve_in(&self, ns: &str, port: u16) {
+        let me = self.clone();
+        let ns = ns.to_string();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
+            nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let listener = std::net::TcpListener::bind(("0.0.0.0", port)).unwrap();
+            listener.set_nonblocking(true).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                ready_tx.send(()).unwrap();
+                tonic::transport::Server::builder()
+                    .add_service(
+                        envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer::new(me),
+                    )
+                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                    .await
+                    .unwrap();
+            });
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("authorizer listening");
+    }
+}
+
+#[test]
+fn custom_policy_with_a_grpc_authorizer_guards_http_and_tcp() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let backends: &[Backend] = &[BACKEND[0], ("grpc-authz", "", &[])];
+    let authz_ip = harness::pod_ipv4(4);
+    let config = format!(
+        "kind: MeshConfig\nmetadata: {{name: mesh}}\nspec:\n  extensionProviders:\n  - name: grpc\n    envoyExtAuthzGrpc: {{service: grpc-authz.{NS}.svc.cluster.local, port: 9192}}\n---\n{}",
+        external_service("grpc-authz", 9192, authz_ip)
+            .replace("name: http, protocol: HTTP", "name: grpc, protocol: GRPC")
+    );
+    let authorizer = GrpcAuthorizer::default();
+    let Some(m) = mesh_with(
+        "custom_policy_with_a_grpc_authorizer_guards_http_and_tcp",
+        backends,
+        &config,
+        |net| {
+            let pod = net.pods.iter().find(|p| p.ip == authz_ip).unwrap();
+            authorizer.serve_in(&pod.ns, 9192);
+        },
+    ) else {
+        return;
+    };
+    m.set_policies(&policy(
+        "grpc",
+        "  selector: {matchLabels: {app: reviews}}\n  action: CUSTOM\n  provider: {name: grpc}\n  rules:\n  - to: [{operation: {paths: [\"/guarded/*\"]}}]\n  - to: [{operation: {ports: [\"9000\"]}}]\n",
+    ));
+    expect_reply(&m, "grpc, no header", ("/guarded/a", &[]), 403, None);
+    let backend = &m.net.pods[m.backends["v1"]];
+    let (_, stats) = backend
+        .http_get(
+            0,
+            "http://127.0.0.1:15000/stats?filter=ext_authz|grpc-authz",
+        )
+        .unwrap();
+    eprintln!(
+        "DEBUG checks={} stats={stats}",
+        authorizer.http_checks.load(SeqCst)
+    );
+    expect_reply(
+        &m,
+        "grpc, allowed",
+        ("/guarded/a", &[("x-allow", "yes")]),
+        200,
+        None,
+    );
+    let asked = authorizer.http_checks.load(SeqCst);
+    expect_reply(&m, "not guarded", ("/open", &[]), 200, None);
+    assert_eq!(
+        authorizer.http_checks.load(SeqCst),
+        asked,
+        "a request no CUSTOM rule matches is not sent to the authorizer"
+    );
+    // TCP on port 9000 is checked by the network ext_authz filter.
+    expect_tcp(&m, "grpc authorizer denies TCP", "");
+    authorizer.tcp_allowed.store(true, SeqCst);
+    expect_tcp(&m, "grpc authorizer allows TCP", "v1");
+    assert!(authorizer.tcp_checks.load(SeqCst) > 0);
+}

@@ -45,20 +45,30 @@ fn status(s: &Option<String>) -> Option<HttpStatus> {
         .map(|code| HttpStatus { code })
 }
 
+/// The gRPC target: `cluster`, with the service's host name as `:authority` (Envoy's default
+/// would be the cluster name, whose `|` an HTTP/2 server refuses in an authority: every check
+/// would fail).
 fn grpc_target(
     cluster: &str,
+    host: &str,
     timeout: Option<&crate::config_store::values::GoDuration>,
 ) -> GrpcService {
     GrpcService {
         target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
             grpc_service::EnvoyGrpc {
                 cluster_name: cluster.to_string(),
+                authority: host.to_string(),
                 ..Default::default()
             },
         )),
         timeout: Some(timeout.map_or(super::seconds(DEFAULT_TIMEOUT_SECS), |t| t.proto())),
         ..Default::default()
     }
+}
+
+/// A provider's service as a host name (Istio allows `NAMESPACE/HOST`).
+fn host_of(service: &str) -> &str {
+    service.split_once('/').map_or(service, |(_, h)| h)
 }
 
 /// The HTTP ext_authz filter for `provider`, reached through `cluster`.
@@ -74,7 +84,7 @@ pub fn http_filter(provider: &ExtensionProvider, cluster: &str) -> HttpFilter {
         config.allowed_headers = exact_list(&h.include_request_headers_in_check);
         config.services = Some(ext_authz::Services::HttpService(HttpService {
             server_uri: Some(HttpUri {
-                uri: format!("http://{}", h.service),
+                uri: format!("http://{}", host_of(&h.service)),
                 timeout: Some(
                     h.timeout
                         .as_ref()
@@ -109,6 +119,7 @@ pub fn http_filter(provider: &ExtensionProvider, cluster: &str) -> HttpFilter {
         config.status_on_error = status(&g.status_on_error);
         config.services = Some(ext_authz::Services::GrpcService(grpc_target(
             cluster,
+            host_of(&g.service),
             g.timeout.as_ref(),
         )));
     }
@@ -124,7 +135,11 @@ pub fn network_filter(provider: &ExtensionProvider, cluster: &str) -> Filter {
     let g = provider.envoy_ext_authz_grpc.as_ref();
     let config = NetExtAuthz {
         stat_prefix: "tcp.".to_string(),
-        grpc_service: Some(grpc_target(cluster, g.and_then(|g| g.timeout.as_ref()))),
+        grpc_service: Some(grpc_target(
+            cluster,
+            g.map_or("", |g| host_of(&g.service)),
+            g.and_then(|g| g.timeout.as_ref()),
+        )),
         failure_mode_allow: g.is_some_and(|g| g.fail_open),
         transport_api_version: ApiVersion::V3 as i32,
         filter_enabled_metadata: Some(super::authz::ext_authz_enabled(super::authz::NETWORK_RBAC)),
