@@ -808,10 +808,7 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
                     authorization::DRY_RUN_ANNOTATION
                 ));
             }
-            warn_if_targeted(
-                spec.target_ref.is_some() || !spec.target_refs.is_empty(),
-                &mut meta,
-            );
+            warn_if_targeted(spec.targeted(), &mut meta);
             Resource::AuthorizationPolicy(meta, spec)
         }
         "RequestAuthentication" => {
@@ -821,10 +818,7 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
                 request_authentication::validate_request_authentication,
                 &mut meta,
             )?;
-            warn_if_targeted(
-                spec.target_ref.is_some() || !spec.target_refs.is_empty(),
-                &mut meta,
-            );
+            warn_if_targeted(spec.targeted(), &mut meta);
             Resource::RequestAuthentication(meta, spec)
         }
         "Namespace" => Resource::Namespace(meta),

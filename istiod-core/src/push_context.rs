@@ -159,34 +159,41 @@ impl std::fmt::Debug for GenCache {
     }
 }
 
-/// Why a CUSTOM policy's provider cannot be asked (not an ext_authz provider of the mesh config,
-/// or its service is none of the mesh's), if it cannot: its rules then deny.
-fn custom_provider_missing(
-    spec: &crate::config_store::AuthorizationPolicySpec,
+/// What a security policy asks for that cannot be done as written, and what happens instead:
+/// a CUSTOM policy whose provider cannot be asked (its rules deny), a JWT rule whose key source
+/// is no service of the mesh (its tokens are refused).
+fn security_warnings(
+    resource: &Resource,
     mesh: &MeshConfigSpec,
     services: &[Service],
-) -> Option<String> {
+) -> Vec<String> {
     use crate::config_store::authorization::Action;
-    if spec.action != Action::Custom {
-        return None;
-    }
-    let name = spec.provider.as_ref().map_or("", |p| p.name.as_str());
-    let why = match mesh.extension_providers.iter().find(|p| p.name == name) {
-        None => format!("no extensionProviders entry is named {name:?}"),
-        Some(p) => match p.ext_authz() {
-            None => format!("extension provider {name:?} is no ext_authz provider"),
-            Some((host, ..)) => {
-                let host = host.split_once('/').map_or(host, |(_, h)| h);
-                if services.iter().any(|s| s.hostname == host) {
-                    return None;
-                }
-                format!("extension provider {name:?}: {host:?} is no service of the mesh")
+    use crate::config_store::request_authentication::JwksSource;
+    let is_service = |host: &str| services.iter().any(|s| s.hostname == host);
+    match resource {
+        Resource::AuthorizationPolicy(_, spec) if spec.action == Action::Custom => {
+            let name = spec.provider.as_ref().map_or("", |p| p.name.as_str());
+            match crate::generators::ext_authz::target(mesh, name, &is_service) {
+                Ok(_) => Vec::new(),
+                Err(why) => vec![format!(
+                    "spec.provider: {why}; the policy's rules deny instead (fail closed, as Istio)"
+                )],
             }
-        },
-    };
-    Some(format!(
-        "spec.provider: {why}; the policy's rules deny instead (fail closed, as Istio)"
-    ))
+        }
+        Resource::RequestAuthentication(_, spec) => spec
+            .jwt_rules
+            .iter()
+            .enumerate()
+            .filter_map(|(i, rule)| match rule.jwks_source() {
+                Some(JwksSource::Http { host, .. }) if !is_service(host) => Some(format!(
+                    "spec.jwtRules[{i}].jwksUri: {host:?} is no service of the mesh: its keys cannot be fetched, so every token of issuer {:?} is refused (401)",
+                    rule.issuer
+                )),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The resources `pick` selects from `config`, copied, in (namespace, name) order.
@@ -404,14 +411,9 @@ impl PushContext {
             }
         }
         for r in &config.resources {
-            if let Resource::AuthorizationPolicy(m, spec) = r
-                && let Some(w) = custom_provider_missing(spec, &mesh, &services)
-            {
-                warnings.push(format!(
-                    "AuthorizationPolicy {}/{}: {w}",
-                    m.namespace(),
-                    m.name
-                ));
+            let m = r.metadata();
+            for w in security_warnings(r, &mesh, &services) {
+                warnings.push(format!("{} {}/{}: {w}", r.kind(), m.namespace(), m.name));
             }
         }
         let mut clusters = HashMap::new();

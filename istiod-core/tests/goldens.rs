@@ -169,7 +169,11 @@ fn render(yaml_path: &Path) -> String {
     let routes = route::generate(&push, &proxy, &route_names);
     assert_eq!(route::generate(&push, &proxy, &route_names), routes);
     out.push_str(&show::<RouteConfiguration>(&routes));
-    let authz = istiod_core::generators::authz::inbound(&push, &proxy);
+    let authz = istiod_core::generators::authz::inbound(
+        &push,
+        &proxy,
+        &proxy.workload_labels(&push.services),
+    );
     if authz != Default::default() {
         // The inbound RBAC filters decoded (in LDS they are bytes inside each chain).
         use envoy_types::pb::envoy::extensions::filters::{http, network};

@@ -42,6 +42,13 @@ pub struct AuthorizationPolicySpec {
     pub dry_run: bool,
 }
 
+impl AuthorizationPolicySpec {
+    /// Bound by targetRef(s): it applies to gateways and waypoints, never to a sidecar.
+    pub fn targeted(&self) -> bool {
+        self.target_ref.is_some() || !self.target_refs.is_empty()
+    }
+}
+
 /// The annotation that makes a policy a dry run.
 pub const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
 
@@ -266,15 +273,21 @@ impl ExtensionProvider {
         }
     }
 
-    /// The service and port of an ext_authz provider, and whether it speaks gRPC.
+    /// The service host (without the `NAMESPACE/` prefix Istio allows) and port of an
+    /// ext_authz provider, and whether it speaks gRPC.
     pub fn ext_authz(&self) -> Option<(&str, u16, bool)> {
         let port = |p: u32| u16::try_from(p).ok();
         if let Some(h) = &self.envoy_ext_authz_http {
-            return Some((h.service.as_str(), port(h.port)?, false));
+            return Some((without_namespace(&h.service), port(h.port)?, false));
         }
         let g = self.envoy_ext_authz_grpc.as_ref()?;
-        Some((g.service.as_str(), port(g.port)?, true))
+        Some((without_namespace(&g.service), port(g.port)?, true))
     }
+}
+
+/// `NAMESPACE/HOST` as `HOST` (a plain host as it is).
+fn without_namespace(service: &str) -> &str {
+    service.split_once('/').map_or(service, |(_, h)| h)
 }
 
 /// What a `when` key names (Istio's "Authorization Policy Conditions").

@@ -66,6 +66,13 @@ pub struct ClaimToHeader {
     pub claim: String,
 }
 
+impl RequestAuthenticationSpec {
+    /// Bound by targetRef(s): it applies to gateways and waypoints, never to a sidecar.
+    pub fn targeted(&self) -> bool {
+        self.target_ref.is_some() || !self.target_refs.is_empty()
+    }
+}
+
 /// Where a rule's keys come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JwksSource<'a> {

@@ -35,21 +35,24 @@ pub const PAYLOAD_KEY: &str = "payload";
 /// discarded when it was made (never written anywhere).
 const NO_KEYS: &str = r#"{"keys":[{"kty":"EC","crv":"P-256","alg":"ES256","kid":"no-key-reachable","x":"gwK2cGIhiZ9bwaEBeJFV3TM0e8bQpcBOGYsHVUbjoew","y":"c5seC0IjLdQobgFFRX4pTRvwgwoRhVp9a1EYfSf5uHQ"}]}"#;
 
-/// The JWT filter for `proxy`'s inbound HTTP chains, if any RequestAuthentication selects it.
-pub fn jwt_filter(push: &PushContext, proxy: &Proxy) -> Option<HttpFilter> {
-    let labels = proxy.workload_labels(&push.services);
+/// The JWT filter for `proxy`'s inbound HTTP chains (its workload carrying `labels`), if any
+/// RequestAuthentication selects it.
+pub fn jwt_filter(
+    push: &PushContext,
+    proxy: &Proxy,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Option<HttpFilter> {
     let rules: Vec<&JwtRule> = push
         .request_authentications
         .iter()
         .filter(|(m, s)| {
-            let targeted = s.target_ref.is_some() || !s.target_refs.is_empty();
             super::authz::selects(
                 push,
                 &proxy.namespace,
-                &labels,
+                labels,
                 m,
                 s.selector.as_ref(),
-                targeted,
+                s.targeted(),
             )
         })
         .flat_map(|(_, s)| &s.jwt_rules)

@@ -75,38 +75,35 @@ pub(crate) fn selects(
         })
 }
 
-/// The policies that select `proxy`.
-fn selected<'a>(
-    push: &'a PushContext,
+/// The inbound security filters for `proxy`, whose workload carries `labels`: CUSTOM's, JWT
+/// verification (RequestAuthentication), then the RBAC filters (none when no policy selects
+/// the workload).
+pub fn inbound(
+    push: &PushContext,
     proxy: &Proxy,
-) -> Vec<&'a (Metadata, AuthorizationPolicySpec)> {
-    let labels = proxy.workload_labels(&push.services);
-    push.authorization_policies
+    labels: &BTreeMap<String, String>,
+) -> InboundFilters {
+    let policies: Vec<&(Metadata, AuthorizationPolicySpec)> = push
+        .authorization_policies
         .iter()
         .filter(|(m, s)| {
-            let targeted = s.target_ref.is_some() || !s.target_refs.is_empty();
             selects(
                 push,
                 &proxy.namespace,
-                &labels,
+                labels,
                 m,
                 s.selector.as_ref(),
-                targeted,
+                s.targeted(),
             )
         })
-        .collect()
-}
-
-/// The inbound security filters for `proxy`: JWT verification (RequestAuthentication), then
-/// the RBAC filters (empty when no policy selects it).
-pub fn inbound(push: &PushContext, proxy: &Proxy) -> InboundFilters {
-    let policies = selected(push, proxy);
+        .collect();
     let mut out = InboundFilters::default();
     let trust_domains = trust_domains(push);
     // CUSTOM first (ahead of JWT verification, as Istio), then tokens are verified, so the RBAC
     // filters see what a valid token says.
     custom(push, &policies, &trust_domains, &mut out);
-    out.http.extend(super::authn::jwt_filter(push, proxy));
+    out.http
+        .extend(super::authn::jwt_filter(push, proxy, labels));
     for action in [Action::Audit, Action::Deny, Action::Allow] {
         let envoy_action = match action {
             Action::Allow => rbac::Action::Allow,
@@ -129,7 +126,8 @@ pub fn inbound(push: &PushContext, proxy: &Proxy) -> InboundFilters {
                 (true, Action::Allow) => Enforce::Shadow("istio_dry_run_allow_"),
                 (true, _) => Enforce::Shadow("istio_dry_run_deny_"),
             };
-            out.push_rbac(envoy_action, &http, &tcp, enforce);
+            out.http.push(http_rbac(envoy_action, &http, enforce));
+            out.tcp.push(tcp_rbac(envoy_action, &tcp, enforce));
         }
     }
     out
@@ -144,51 +142,57 @@ enum Enforce {
     Shadow(&'static str),
 }
 
-impl InboundFilters {
-    /// An HTTP and a network RBAC filter for `action` with these policies.
-    fn push_rbac(
-        &mut self,
-        action: rbac::Action,
-        http: &BTreeMap<String, Policy>,
-        tcp: &BTreeMap<String, Policy>,
-        enforce: Enforce,
-    ) {
-        use envoy_types::pb::envoy::extensions::filters::{http as h, network as n};
-        let (field, shadow_prefix) = match enforce {
+impl Enforce {
+    /// The field the policies go in (1: `rules`, 2: `shadow_rules`) and the shadow stat prefix.
+    fn field_and_prefix(self) -> (u32, String) {
+        match self {
             Enforce::Rules => (1, String::new()),
             Enforce::Shadow(prefix) => (2, prefix.to_string()),
-        };
-        let http_rest = h::rbac::v3::Rbac {
-            shadow_rules_stat_prefix: shadow_prefix.clone(),
-            ..Default::default()
-        };
-        self.http.push(HttpFilter {
-            name: HTTP_RBAC.to_string(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(rbac_any(
-                HTTP_RBAC_TYPE,
-                action,
-                http,
-                field,
-                &prost::Message::encode_to_vec(&http_rest),
-            ))),
-            ..Default::default()
-        });
-        // The network filter's stat_prefix is required.
-        let tcp_rest = n::rbac::v3::Rbac {
-            stat_prefix: "tcp.".to_string(),
-            shadow_rules_stat_prefix: shadow_prefix,
-            ..Default::default()
-        };
-        self.tcp.push(Filter {
-            name: NETWORK_RBAC.to_string(),
-            config_type: Some(filter::ConfigType::TypedConfig(rbac_any(
-                NETWORK_RBAC_TYPE,
-                action,
-                tcp,
-                field,
-                &prost::Message::encode_to_vec(&tcp_rest),
-            ))),
-        });
+        }
+    }
+}
+
+/// The HTTP RBAC filter for `action` with these policies.
+fn http_rbac(
+    action: rbac::Action,
+    policies: &BTreeMap<String, Policy>,
+    enforce: Enforce,
+) -> HttpFilter {
+    let (field, shadow_rules_stat_prefix) = enforce.field_and_prefix();
+    let rest = envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac {
+        shadow_rules_stat_prefix,
+        ..Default::default()
+    };
+    HttpFilter {
+        name: HTTP_RBAC.to_string(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(rbac_any(
+            HTTP_RBAC_TYPE,
+            action,
+            policies,
+            field,
+            &prost::Message::encode_to_vec(&rest),
+        ))),
+        ..Default::default()
+    }
+}
+
+/// The network RBAC filter for `action` with these policies (its stat_prefix is required).
+fn tcp_rbac(action: rbac::Action, policies: &BTreeMap<String, Policy>, enforce: Enforce) -> Filter {
+    let (field, shadow_rules_stat_prefix) = enforce.field_and_prefix();
+    let rest = envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac {
+        stat_prefix: "tcp.".to_string(),
+        shadow_rules_stat_prefix,
+        ..Default::default()
+    };
+    Filter {
+        name: NETWORK_RBAC.to_string(),
+        config_type: Some(filter::ConfigType::TypedConfig(rbac_any(
+            NETWORK_RBAC_TYPE,
+            action,
+            policies,
+            field,
+            &prost::Message::encode_to_vec(&rest),
+        ))),
     }
 }
 
@@ -248,19 +252,10 @@ fn custom(
         let name = p.1.provider.as_ref().map_or("", |pr| pr.name.as_str());
         by_provider.entry(name).or_default().push(p);
     }
+    let is_service = |host: &str| push.service(host).is_some();
     for (name, of_provider) in by_provider {
-        let target = push
-            .mesh
-            .extension_providers
-            .iter()
-            .find(|p| p.name == name)
-            .and_then(|p| Some((p, p.ext_authz()?)))
-            .and_then(|(p, (host, port, grpc))| {
-                let host = host.split_once('/').map_or(host, |(_, h)| h);
-                let svc = push.service(host)?;
-                Some((p, outbound_cluster(port, &svc.hostname), grpc))
-            });
-        let Some((provider, cluster, grpc)) = target else {
+        let Ok(target) = super::ext_authz::target(&push.mesh, name, &is_service) else {
+            // Warned in the snapshot (`push_context::security_warnings`).
             let (http, tcp) = rule_policies(
                 &of_provider,
                 trust_domains,
@@ -268,35 +263,25 @@ fn custom(
                 "",
                 "-deny-due-to-bad-CUSTOM-action",
             );
-            out.push_rbac(rbac::Action::Deny, &http, &tcp, Enforce::Rules);
+            out.http
+                .push(http_rbac(rbac::Action::Deny, &http, Enforce::Rules));
+            out.tcp
+                .push(tcp_rbac(rbac::Action::Deny, &tcp, Enforce::Rules));
             continue;
         };
         let prefix = format!("{EXT_AUTHZ_POLICY_PREFIX}-{name}-");
         let (http, tcp) = rule_policies(&of_provider, trust_domains, Action::Custom, &prefix, "");
-        let mut shadow = InboundFilters::default();
-        shadow.push_rbac(
-            rbac::Action::Deny,
-            &http,
-            &tcp,
-            Enforce::Shadow(EXT_AUTHZ_SHADOW_PREFIX),
-        );
-        out.http.extend(shadow.http);
-        out.http
-            .push(super::ext_authz::http_filter(provider, &cluster));
-        if grpc {
-            out.tcp.extend(shadow.tcp);
-            out.tcp
-                .push(super::ext_authz::network_filter(provider, &cluster));
+        let shadow = Enforce::Shadow(EXT_AUTHZ_SHADOW_PREFIX);
+        out.http.push(http_rbac(rbac::Action::Deny, &http, shadow));
+        out.http.push(super::ext_authz::http_filter(&target));
+        if target.grpc {
+            out.tcp.push(tcp_rbac(rbac::Action::Deny, &tcp, shadow));
+            out.tcp.push(super::ext_authz::network_filter(&target));
         } else {
-            let mut deny = InboundFilters::default();
-            deny.push_rbac(rbac::Action::Deny, &BTreeMap::new(), &tcp, Enforce::Rules);
-            out.tcp.extend(deny.tcp);
+            out.tcp
+                .push(tcp_rbac(rbac::Action::Deny, &tcp, Enforce::Rules));
         }
     }
-}
-
-fn outbound_cluster(port: u16, host: &str) -> String {
-    crate::model::outbound_cluster_name(port, host)
 }
 
 /// The ext_authz filters' switch: the shadow RBAC filter (`rbac_filter`, the HTTP or the
@@ -503,7 +488,7 @@ fn operation(ctx: Ctx, o: &Operation) -> Permission {
         };
         field(methods(&o.methods), false);
         field(methods(&o.not_methods), true);
-        let hosts = |hs: &[String]| hs.iter().flat_map(|h| host_rules(h)).collect();
+        let hosts = |hs: &[String]| hs.iter().map(|h| host_rule(h)).collect();
         field(hosts(&o.hosts), false);
         field(hosts(&o.not_hosts), true);
     }
@@ -727,16 +712,19 @@ fn header(name: &str, m: StringMatcher) -> HeaderMatcher {
 
 /// A host as a match on the request's authority, ignoring case (`*` any authority; as in
 /// Istio, `example.com` does not match `example.com:8080`, `example.com:*` does).
-fn host_rules(h: &str) -> Vec<Permission> {
+fn host_rule(h: &str) -> Permission {
     let m = if h == "*" {
-        return vec![rule(permission::Rule::Header(present(":authority")))];
+        present(":authority")
     } else {
-        StringMatcher {
-            ignore_case: true,
-            ..wildcard_matcher(h)
-        }
+        header(
+            ":authority",
+            StringMatcher {
+                ignore_case: true,
+                ..wildcard_matcher(h)
+            },
+        )
     };
-    vec![rule(permission::Rule::Header(header(":authority", m)))]
+    rule(permission::Rule::Header(m))
 }
 
 fn present(name: &str) -> HeaderMatcher {
@@ -847,7 +835,7 @@ mod tests {
         let push =
             PushContext::build(std::sync::Arc::new(config), "cluster.local", "1".into()).unwrap();
         let proxy = Proxy::from_node_id("sidecar~10.0.0.1~p.shop~shop.svc.cluster.local").unwrap();
-        inbound(&push, &proxy)
+        inbound(&push, &proxy, &proxy.workload_labels(&push.services))
     }
 
     fn http_rules(f: &HttpFilter) -> Rbac {

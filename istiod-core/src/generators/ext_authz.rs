@@ -19,6 +19,7 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::util::pack_any;
 
+use crate::config_store::MeshConfigSpec;
 use crate::config_store::authorization::ExtensionProvider;
 
 pub const HTTP_EXT_AUTHZ: &str = "envoy.filters.http.ext_authz";
@@ -66,13 +67,46 @@ fn grpc_target(
     }
 }
 
-/// A provider's service as a host name (Istio allows `NAMESPACE/HOST`).
-fn host_of(service: &str) -> &str {
-    service.split_once('/').map_or(service, |(_, h)| h)
+/// A CUSTOM policy's provider, resolved: its mesh config entry, the host of its service, the
+/// outbound cluster that reaches it, and whether it speaks gRPC.
+pub struct Target<'a> {
+    pub provider: &'a ExtensionProvider,
+    pub host: &'a str,
+    pub cluster: String,
+    pub grpc: bool,
 }
 
-/// The HTTP ext_authz filter for `provider`, reached through `cluster`.
-pub fn http_filter(provider: &ExtensionProvider, cluster: &str) -> HttpFilter {
+/// The provider named `name` in `mesh`, if it can be asked: an ext_authz entry whose service
+/// `is_service` knows. The error says why not (the policy's rules then deny).
+pub fn target<'a>(
+    mesh: &'a MeshConfigSpec,
+    name: &str,
+    is_service: &dyn Fn(&str) -> bool,
+) -> Result<Target<'a>, String> {
+    let provider = mesh
+        .extension_providers
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| format!("no extensionProviders entry is named {name:?}"))?;
+    let (host, port, grpc) = provider
+        .ext_authz()
+        .ok_or_else(|| format!("extension provider {name:?} is no ext_authz provider"))?;
+    if !is_service(host) {
+        return Err(format!(
+            "extension provider {name:?}: {host:?} is no service of the mesh"
+        ));
+    }
+    Ok(Target {
+        provider,
+        host,
+        cluster: crate::model::outbound_cluster_name(port, host),
+        grpc,
+    })
+}
+
+/// The HTTP ext_authz filter for a resolved provider.
+pub fn http_filter(target: &Target) -> HttpFilter {
+    let (provider, cluster) = (target.provider, target.cluster.as_str());
     let mut config = ExtAuthz {
         transport_api_version: ApiVersion::V3 as i32,
         filter_enabled_metadata: Some(super::authz::ext_authz_enabled(super::authz::HTTP_RBAC)),
@@ -84,7 +118,7 @@ pub fn http_filter(provider: &ExtensionProvider, cluster: &str) -> HttpFilter {
         config.allowed_headers = exact_list(&h.include_request_headers_in_check);
         config.services = Some(ext_authz::Services::HttpService(HttpService {
             server_uri: Some(HttpUri {
-                uri: format!("http://{}", host_of(&h.service)),
+                uri: format!("http://{}", target.host),
                 timeout: Some(
                     h.timeout
                         .as_ref()
@@ -119,7 +153,7 @@ pub fn http_filter(provider: &ExtensionProvider, cluster: &str) -> HttpFilter {
         config.status_on_error = status(&g.status_on_error);
         config.services = Some(ext_authz::Services::GrpcService(grpc_target(
             cluster,
-            host_of(&g.service),
+            target.host,
             g.timeout.as_ref(),
         )));
     }
@@ -130,14 +164,14 @@ pub fn http_filter(provider: &ExtensionProvider, cluster: &str) -> HttpFilter {
     }
 }
 
-/// The network ext_authz filter for a gRPC `provider` (TCP chains).
-pub fn network_filter(provider: &ExtensionProvider, cluster: &str) -> Filter {
-    let g = provider.envoy_ext_authz_grpc.as_ref();
+/// The network ext_authz filter for a resolved gRPC provider (TCP chains).
+pub fn network_filter(target: &Target) -> Filter {
+    let g = target.provider.envoy_ext_authz_grpc.as_ref();
     let config = NetExtAuthz {
         stat_prefix: "tcp.".to_string(),
         grpc_service: Some(grpc_target(
-            cluster,
-            g.map_or("", |g| host_of(&g.service)),
+            &target.cluster,
+            target.host,
             g.and_then(|g| g.timeout.as_ref()),
         )),
         failure_mode_allow: g.is_some_and(|g| g.fail_open),

@@ -519,8 +519,9 @@ fn inbound_hcm(port: u16, cluster: &str, mtls: bool, authz: &InboundFilters) -> 
 
 fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
     let ports = push.inbound_ports(proxy);
-    let mtls = push.inbound_mtls(&proxy.namespace, &proxy.workload_labels(&push.services));
-    let authz = super::authz::inbound(push, proxy);
+    let labels = proxy.workload_labels(&push.services);
+    let mtls = push.inbound_mtls(&proxy.namespace, &labels);
+    let authz = super::authz::inbound(push, proxy, &labels);
     let mut chains: Vec<FilterChain> = Vec::new();
     let mut sniffed = Vec::new();
     for (port, (protocol, _)) in ports {

@@ -487,19 +487,6 @@ pub fn not_applied(
 ) -> Vec<String> {
     let mut out = Vec::new();
     match resource {
-        Resource::RequestAuthentication(_, spec) => {
-            use crate::config_store::request_authentication::JwksSource;
-            for (i, rule) in spec.jwt_rules.iter().enumerate() {
-                if let Some(JwksSource::Http { host, .. }) = rule.jwks_source()
-                    && !services.iter().any(|s| s.hostname == host)
-                {
-                    out.push(format!(
-                        "spec.jwtRules[{i}].jwksUri: {host:?} is no service of the mesh: its keys cannot be fetched, so every token of issuer {:?} is refused (401)",
-                        rule.issuer
-                    ));
-                }
-            }
-        }
         Resource::VirtualService(meta, spec) => {
             for (i, g) in spec.gateways.iter().enumerate() {
                 if g.contains('#') {

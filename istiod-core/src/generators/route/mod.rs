@@ -150,27 +150,32 @@ fn push_decimal(out: &mut String, n: u16) {
 }
 
 /// Drops every domain an earlier virtual host already claims (Envoy refuses a route
-/// configuration naming a domain twice), then the virtual hosts left with none. One pass over
-/// borrowed names, so no domain is copied.
-fn drop_claimed_domains(virtual_hosts: &mut Vec<VirtualHost>) {
-    let mut claimed: Vec<(usize, usize)> = Vec::new();
-    {
+/// configuration naming a domain twice), then the virtual hosts left with none, and returns
+/// what `with_claimed` makes of the claimed names (a membership check; dropping duplicates does
+/// not change the set). One pass over borrowed names, so no domain is copied.
+fn claim_domains<T>(
+    virtual_hosts: &mut Vec<VirtualHost>,
+    with_claimed: impl FnOnce(&dyn Fn(&str) -> bool) -> T,
+) -> T {
+    let mut duplicates: Vec<(usize, usize)> = Vec::new();
+    let out = {
         let mut seen = foldhash::HashSet::default();
         for (v, vh) in virtual_hosts.iter().enumerate() {
             for (d, domain) in vh.domains.iter().enumerate() {
                 if !seen.insert(domain.as_str()) {
-                    claimed.push((v, d));
+                    duplicates.push((v, d));
                 }
             }
         }
+        with_claimed(&|name| seen.contains(name))
+    };
+    if !duplicates.is_empty() {
+        for &(v, d) in duplicates.iter().rev() {
+            virtual_hosts[v].domains.remove(d);
+        }
+        virtual_hosts.retain(|vh| !vh.domains.is_empty());
     }
-    if claimed.is_empty() {
-        return;
-    }
-    for &(v, d) in claimed.iter().rev() {
-        virtual_hosts[v].domains.remove(d);
-    }
-    virtual_hosts.retain(|vh| !vh.domains.is_empty());
+    out
 }
 
 /// The routes of `svc` on `port` for `proxy`: its VirtualService's, else the default route.
@@ -236,15 +241,9 @@ fn route_config(
                 });
             }
         }
-        drop_claimed_domains(&mut virtual_hosts);
-        let mut used: BTreeSet<String> = BTreeSet::new();
-        let extra = {
-            let claimed: foldhash::HashSet<&str> = virtual_hosts
-                .iter()
-                .flat_map(|vh| vh.domains.iter().map(String::as_str))
-                .collect();
-            vs_host_vhosts(ctx, visible, &|h| claimed.contains(h), &mut used)
-        };
+        let extra = claim_domains(&mut virtual_hosts, |claimed| {
+            vs_host_vhosts(ctx, visible, claimed)
+        });
         virtual_hosts.extend(extra);
         virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
     }
@@ -280,9 +279,10 @@ fn vs_host_vhosts(
     ctx: http::Ctx,
     visible: &dyn Fn(&Service, u16) -> bool,
     claimed: &dyn Fn(&str) -> bool,
-    used: &mut BTreeSet<String>,
 ) -> Vec<VirtualHost> {
     let mut out = Vec::new();
+    // VirtualService hosts given a virtual host here (two VirtualServices may name one).
+    let mut used = BTreeSet::new();
     let ns = ctx.proxy.map(|p| p.namespace.as_str());
     for vs in &ctx.push.routing.virtual_services {
         if ns.is_some_and(|ns| !vs.visible_in(ns)) {
