@@ -12,14 +12,15 @@ use serde::Deserialize;
 
 pub mod authorization;
 pub mod destination_rule;
+pub mod gateway;
 pub mod request_authentication;
 pub mod traffic;
 pub mod values;
 pub mod virtual_service;
 pub use authorization::AuthorizationPolicySpec;
 pub use destination_rule::DestinationRuleSpec;
+pub use gateway::{GatewaySpec, TlsSecret};
 pub use request_authentication::RequestAuthenticationSpec;
-pub use traffic::GatewaySpec;
 pub use virtual_service::VirtualServiceSpec;
 
 #[derive(Debug, thiserror::Error)]
@@ -320,6 +321,8 @@ pub enum Resource {
     VirtualService(Metadata, VirtualServiceSpec),
     DestinationRule(Metadata, DestinationRuleSpec),
     Gateway(Metadata, GatewaySpec),
+    /// A Kubernetes Secret holding TLS material (a Gateway's `credentialName`).
+    Secret(Metadata, TlsSecret),
     AuthorizationPolicy(Metadata, AuthorizationPolicySpec),
     RequestAuthentication(Metadata, RequestAuthenticationSpec),
     Namespace(Metadata),
@@ -517,6 +520,7 @@ impl Resource {
             Resource::VirtualService(..) => "VirtualService",
             Resource::DestinationRule(..) => "DestinationRule",
             Resource::Gateway(..) => "Gateway",
+            Resource::Secret(..) => "Secret",
             Resource::AuthorizationPolicy(..) => "AuthorizationPolicy",
             Resource::RequestAuthentication(..) => "RequestAuthentication",
             Resource::Namespace(..) => "Namespace",
@@ -537,6 +541,7 @@ impl Resource {
             | Resource::VirtualService(m, _)
             | Resource::DestinationRule(m, _)
             | Resource::Gateway(m, _)
+            | Resource::Secret(m, _)
             | Resource::AuthorizationPolicy(m, _)
             | Resource::RequestAuthentication(m, _)
             | Resource::WorkloadGroup(m, _)
@@ -560,6 +565,7 @@ impl Resource {
             Resource::VirtualService(m, s) => ("VirtualService", m, serde_json::to_value(s)),
             Resource::DestinationRule(m, s) => ("DestinationRule", m, serde_json::to_value(s)),
             Resource::Gateway(m, s) => ("Gateway", m, serde_json::to_value(s)),
+            Resource::Secret(m, s) => ("Secret", m, serde_json::to_value(s)),
             Resource::AuthorizationPolicy(m, s) => {
                 ("AuthorizationPolicy", m, serde_json::to_value(s))
             }
@@ -596,6 +602,10 @@ struct Envelope {
     address_type: Option<String>,
     #[serde(default)]
     data: Option<BTreeMap<String, String>>,
+    #[serde(default, rename = "stringData")]
+    string_data: Option<BTreeMap<String, String>>,
+    #[serde(default, rename = "type")]
+    secret_type: Option<String>,
 }
 
 /// The parsed contents of a config directory.
@@ -776,7 +786,7 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             Resource::DestinationRule(meta, spec)
         }
         "Gateway" => {
-            let spec = checked(spec, &typed, traffic::validate_gateway, &mut meta)?;
+            let spec = checked(spec, &typed, gateway::validate_gateway, &mut meta)?;
             Resource::Gateway(meta, spec)
         }
         "AuthorizationPolicy" => {
@@ -822,6 +832,19 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             Resource::RequestAuthentication(meta, spec)
         }
         "Namespace" => Resource::Namespace(meta),
+        // Secrets with TLS material (a Gateway's credentialName); other Secrets are not ours.
+        "Secret" => {
+            let secret = gateway::tls_secret(
+                env.secret_type.as_deref(),
+                env.data.as_ref().unwrap_or(&BTreeMap::new()),
+                env.string_data.as_ref().unwrap_or(&BTreeMap::new()),
+            )
+            .map_err(|e| format!("Secret {}: {e}", meta.name))?;
+            match secret {
+                Some(s) => Resource::Secret(meta, s),
+                None => return Ok(None),
+            }
+        }
         // Istio's mesh config lives in the `mesh` key of the `istio` (or `istio-<revision>`)
         // ConfigMap; other ConfigMaps are not config of ours.
         "ConfigMap" if meta.name == "istio" || meta.name.starts_with("istio-") => {
@@ -1217,7 +1240,7 @@ data: {mesh: "whatever: 1"}
             ),
             (
                 "kind: Gateway\nmetadata: {name: g}\nspec: {servers: [{port: {number: 0, name: http, protocol: HTTP}, hosts: [\"*\"]}]}",
-                "spec.servers[0].port: port number 0",
+                "spec.servers[0].port.number: port number 0",
             ),
             (
                 "kind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {action: PERMIT}",

@@ -182,6 +182,8 @@ fn build(
         });
     }
     push.trust_domain = trust_domain.to_string();
+    push.scope_gateway_to_namespace = std::env::var("PILOT_SCOPE_GATEWAY_TO_NAMESPACE")
+        .is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
     Ok(push)
 }
 

@@ -188,6 +188,10 @@ pub struct Proxy {
     pub labels: BTreeMap<String, String>,
     /// The WorkloadGroup this proxy registers itself in (node metadata `AUTO_REGISTER_GROUP`).
     pub auto_register_group: Option<String>,
+    /// Whether the stream's caller is known to act for `namespace` (in process, or a verified
+    /// client certificate of that namespace): only then does a router get its namespace's
+    /// Secrets (`credentialName`).
+    pub reads_secrets: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -219,6 +223,7 @@ impl Proxy {
             dns_domain: domain.to_string(),
             labels: BTreeMap::new(),
             auto_register_group: None,
+            reads_secrets: false,
         })
     }
 

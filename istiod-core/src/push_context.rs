@@ -45,6 +45,12 @@ pub struct PushContext {
     /// Every RequestAuthentication, by (namespace, name).
     pub request_authentications: Vec<(Metadata, crate::config_store::RequestAuthenticationSpec)>,
     pub sidecars: Vec<(Metadata, SidecarSpec)>,
+    /// Every Gateway, by (namespace, name) (generators::gateway picks a router's).
+    pub gateways: Vec<(Metadata, crate::config_store::GatewaySpec)>,
+    /// Every Secret holding TLS material, by (namespace, name): `kubernetes://NAME` over SDS.
+    pub secrets: Vec<(Metadata, crate::config_store::TlsSecret)>,
+    /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE: a Gateway selects routers of its own namespace only.
+    pub scope_gateway_to_namespace: bool,
     /// Identities are `spiffe://<trust_domain>/ns/<ns>/sa/<sa>`.
     pub trust_domain: String,
     /// The config this snapshot was built from (/debug/configz).
@@ -221,6 +227,9 @@ impl Default for PushContext {
             authorization_policies: Vec::new(),
             request_authentications: Vec::new(),
             sidecars: Vec::new(),
+            gateways: Vec::new(),
+            secrets: Vec::new(),
+            scope_gateway_to_namespace: false,
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
             config: Default::default(),
             clusters: Default::default(),
@@ -445,7 +454,18 @@ impl PushContext {
             Resource::RequestAuthentication(m, s) => Some((m, s)),
             _ => None,
         });
+        let gateways = by_name(&config, |r| match r {
+            Resource::Gateway(m, s) => Some((m, s)),
+            _ => None,
+        });
+        let secrets = by_name(&config, |r| match r {
+            Resource::Secret(m, s) => Some((m, s)),
+            _ => None,
+        });
         Ok(PushContext {
+            gateways,
+            secrets,
+            scope_gateway_to_namespace: false,
             authorization_policies,
             request_authentications,
             mesh,
@@ -468,8 +488,12 @@ impl PushContext {
 
     /// Everything but the version: two snapshots with equal content push nothing new.
     pub fn same_content(&self, other: &PushContext) -> bool {
-        self.services == other.services
-            && self.mesh == other.mesh
+        self.services == other.services && self.same_policies(other)
+    }
+
+    /// Everything but the services and the version.
+    fn same_policies(&self, other: &PushContext) -> bool {
+        self.mesh == other.mesh
             && self.subsets == other.subsets
             && self.destination_rules == other.destination_rules
             && self.routing == other.routing
@@ -477,6 +501,9 @@ impl PushContext {
             && self.authorization_policies == other.authorization_policies
             && self.request_authentications == other.request_authentications
             && self.sidecars == other.sidecars
+            && self.gateways == other.gateways
+            && self.secrets == other.secrets
+            && self.scope_gateway_to_namespace == other.scope_gateway_to_namespace
             && self.trust_domain == other.trust_domain
     }
 
@@ -484,17 +511,7 @@ impl PushContext {
     /// but for its endpoints, and those still have the same identities and TLS modes (which
     /// clusters carry), and the policies are unchanged.
     pub fn change_from(&self, old: &PushContext) -> Change {
-        if self.services.len() != old.services.len()
-            || self.mesh != old.mesh
-            || self.subsets != old.subsets
-            || self.destination_rules != old.destination_rules
-            || self.routing != old.routing
-            || self.peer_authentications != old.peer_authentications
-            || self.authorization_policies != old.authorization_policies
-            || self.request_authentications != old.request_authentications
-            || self.sidecars != old.sidecars
-            || self.trust_domain != old.trust_domain
-        {
+        if self.services.len() != old.services.len() || !self.same_policies(old) {
             return Change::Full;
         }
         let identities = |s: &Service| {

@@ -281,6 +281,7 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
             | Resource::VirtualService(..)
             | Resource::DestinationRule(..)
             | Resource::Gateway(..)
+            | Resource::Secret(..)
             | Resource::AuthorizationPolicy(..)
             | Resource::RequestAuthentication(..)
             | Resource::Namespace(..)

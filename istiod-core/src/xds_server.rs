@@ -29,9 +29,10 @@ use crate::push_context::{Change, PushContext};
 use crate::wire::Outgoing;
 
 /// Order in which types are pushed, so Envoy never sees a reference before its target.
-const PUSH_ORDER: [&str; 5] = [
+const PUSH_ORDER: [&str; 6] = [
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
+    generators::gateway::SECRET_TYPE,
     LISTENER_TYPE,
     ROUTE_TYPE,
     istio_proto::nds::TYPE_URL,
@@ -182,8 +183,31 @@ impl From<DeltaDiscoveryRequest> for DeltaRequest {
 
 struct Connection {
     proxy: Option<Proxy>,
+    /// Who is on the other end (`CallerScope::of`).
+    scope: CallerScope,
     watches: HashMap<String, Watch>,
     next_nonce: u64,
+}
+
+/// The namespace a stream's caller is known to act for: in process (trusted: its node's),
+/// or the namespace of a verified client certificate (none without one). A router reads the
+/// Secrets of its namespace only when this is it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum CallerScope {
+    #[default]
+    InProcess,
+    Verified(Option<String>),
+}
+
+impl CallerScope {
+    fn of(caller: &Caller) -> CallerScope {
+        match caller {
+            Caller::InProcess => CallerScope::InProcess,
+            Caller::Peer(identity) => {
+                CallerScope::Verified(identity.as_ref().map(|i| i.namespace.clone()))
+            }
+        }
+    }
 }
 
 /// Resources of `type_url` for `proxy`, or `None` for a type we do not serve.
@@ -199,6 +223,7 @@ fn generate(
         LISTENER_TYPE => generators::lds::generate(push, proxy),
         ROUTE_TYPE => generators::route::generate(push, proxy, names),
         istio_proto::nds::TYPE_URL => generators::nds::generate(push, proxy),
+        generators::gateway::SECRET_TYPE => generators::gateway::secrets(push, proxy, names),
         _ => return None,
     })
 }
@@ -300,6 +325,7 @@ impl XdsServer {
         let requests = requests.map(|r| r.map(SotwRequest::from));
         let conn = Connection {
             proxy: None,
+            scope: CallerScope::of(&caller),
             watches: HashMap::new(),
             next_nonce: 0,
         };
@@ -321,7 +347,11 @@ impl XdsServer {
         S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
     {
         let requests = requests.map(|r| r.map(DeltaRequest::from));
-        serve_stream(self, caller, DeltaConnection::default(), requests)
+        let conn = DeltaConnection {
+            scope: CallerScope::of(&caller),
+            ..Default::default()
+        };
+        serve_stream(self, caller, conn, requests)
     }
 
     /// The tonic service for serving this over gRPC.
@@ -611,6 +641,7 @@ fn proxy_sync<W>(
 fn identify(
     proxy: &mut Option<Proxy>,
     node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
+    scope: &CallerScope,
 ) -> Result<(), Status> {
     if proxy.is_none() {
         let node = node.ok_or_else(|| Status::invalid_argument("first request carries no node"))?;
@@ -618,6 +649,10 @@ fn identify(
             Proxy::from_node_id(&node.id).map_err(|e| Status::invalid_argument(e.to_string()))?;
         p.labels = node_labels(node);
         p.auto_register_group = node_string(node, "AUTO_REGISTER_GROUP");
+        p.reads_secrets = match scope {
+            CallerScope::InProcess => true,
+            CallerScope::Verified(ns) => ns.as_deref() == Some(p.namespace.as_str()),
+        };
         tracing::info!(proxy = %node.id, "xds stream connected");
         *proxy = Some(p);
     }
@@ -698,7 +733,7 @@ fn handle_request(
     req: SotwRequest,
     stats: &XdsStats,
 ) -> Result<Option<Outgoing>, Status> {
-    identify(&mut conn.proxy, req.node.as_ref())?;
+    identify(&mut conn.proxy, req.node.as_ref(), &conn.scope)?;
     let watch = conn.watches.entry(req.type_url.clone()).or_default();
     if !req.nonce.is_empty() {
         let answer = answer(
@@ -752,6 +787,7 @@ struct DeltaWatch {
 #[derive(Default)]
 struct DeltaConnection {
     proxy: Option<Proxy>,
+    scope: CallerScope,
     watches: HashMap<String, DeltaWatch>,
     next_nonce: u64,
 }
@@ -763,7 +799,7 @@ impl DeltaConnection {
         req: DeltaRequest,
         stats: &XdsStats,
     ) -> Result<Option<Outgoing>, Status> {
-        identify(&mut self.proxy, req.node.as_ref())?;
+        identify(&mut self.proxy, req.node.as_ref(), &self.scope)?;
         let first = !self.watches.contains_key(&req.type_url);
         let watch = self.watches.entry(req.type_url.clone()).or_default();
         if first {

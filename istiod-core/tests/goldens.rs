@@ -111,7 +111,9 @@ fn render(yaml_path: &Path) -> String {
         .next()
         .and_then(|l| l.strip_prefix("# proxy: "))
         .expect("first line: # proxy: <node id>");
-    let proxy = Proxy::from_node_id(node).unwrap();
+    let mut proxy = Proxy::from_node_id(node).unwrap();
+    // As the embedded control plane trusts its agent.
+    proxy.reads_secrets = true;
     let set = ConfigSet {
         resources: parse_file(yaml_path, &text).unwrap(),
     };
@@ -226,6 +228,27 @@ fn render(yaml_path: &Path) -> String {
     for w in &push.warnings {
         writeln!(out, "{w}").unwrap();
     }
+    if istiod_core::generators::gateway::is_router(&proxy) {
+        // The credentials the listeners ask for over SDS (ADS), as Envoy would.
+        let dump = format!("{:?}", listeners_text(&listeners));
+        let mut names: Vec<String> = dump
+            .match_indices("kubernetes://")
+            .map(|(i, _)| {
+                dump[i..]
+                    .split(['"', '\\'])
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        writeln!(out, "### SDS").unwrap();
+        let secrets = istiod_core::generators::gateway::secrets(&push, &proxy, &names);
+        out.push_str(&show::<
+            envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret,
+        >(&secrets));
+    }
     writeln!(out, "### NDS").unwrap();
     for n in nds::generate(&push, &proxy) {
         let table = istio_proto::nds::NameTable::decode(n.resource.value.as_slice()).unwrap();
@@ -233,6 +256,24 @@ fn render(yaml_path: &Path) -> String {
         names.sort_by(|a, b| a.0.cmp(b.0));
         for (name, info) in names {
             writeln!(out, "{name} -> {:?}", info.ips).unwrap();
+        }
+    }
+    out
+}
+
+/// The listeners decoded, transport sockets included, as one text.
+fn listeners_text(listeners: &[Named]) -> String {
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
+    let mut out = String::new();
+    for n in listeners {
+        let l = Listener::decode(n.resource.value.as_slice()).unwrap();
+        for c in l.filter_chains {
+            if let Some(ts) = c.transport_socket
+                && let Some(envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(any)) = ts.config_type
+            {
+                let tls = DownstreamTlsContext::decode(any.value.as_slice()).unwrap();
+                writeln!(out, "{tls:?}").unwrap();
+            }
         }
     }
     out

@@ -378,6 +378,35 @@ impl Pod {
         Ok(())
     }
 
+    /// Puts a file at `/etc/REL` as the pod's processes see it (a container image's file):
+    /// `ip netns exec` bind-mounts each entry of /etc/netns/NS over /etc, which needs the
+    /// mount point (`/etc/<first part of REL>`) to exist on the host; an empty directory is
+    /// made for it when missing.
+    pub fn etc_file(&self, rel: &str, contents: &[u8]) -> Result<()> {
+        let top = rel.split('/').next().unwrap_or(rel);
+        if rel.contains('/') && !Path::new("/etc").join(top).exists() {
+            fs::create_dir_all(Path::new("/etc").join(top))?;
+        }
+        let path = Path::new("/etc/netns").join(&self.ns).join(rel);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        fs::write(path, contents)?;
+        Ok(())
+    }
+
+    /// Lets unprivileged processes (Envoy as 1337) bind ports below 1024, as the pod sysctl
+    /// `net.ipv4.ip_unprivileged_port_start=0` of Istio's gateway charts does.
+    pub fn allow_low_ports(&self) -> Result<()> {
+        let out = self.exec(&["sysctl", "-w", "net.ipv4.ip_unprivileged_port_start=0"])?;
+        anyhow::ensure!(
+            out.status.success(),
+            "sysctl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
     /// All captured logs, for failure messages.
     pub fn logs(&self) -> String {
         self.procs
@@ -533,6 +562,7 @@ impl Drop for Network {
         for pod in &mut self.pods {
             pod.procs.clear();
             kill_all_in(&pod.ns);
+            let _ = fs::remove_dir_all(Path::new("/etc/netns").join(&pod.ns));
             let _ = Command::new("ip")
                 .args(["netns", "delete", &pod.ns])
                 .status();

@@ -505,31 +505,17 @@ spec:
 /// A CA and a server certificate for `secure.external.test`, written as PEM files: (ca,
 /// cert, key).
 fn server_certs(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    // Distinct names: a leaf whose issuer equals its subject would look self-signed.
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "traffic-e2e test CA");
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params =
-        rcgen::CertificateParams::new(vec!["secure.external.test".to_string()]).unwrap();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "secure.external.test");
-    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (ca, issuer) = mesh::test_ca("traffic-e2e test CA");
+    let (cert, key) = mesh::leaf_cert(&issuer, "secure.external.test");
     std::fs::create_dir_all(dir).unwrap();
     let paths = (
         dir.join("ca.pem"),
         dir.join("server.pem"),
         dir.join("server-key.pem"),
     );
-    std::fs::write(&paths.0, ca.pem()).unwrap();
-    std::fs::write(&paths.1, cert.pem()).unwrap();
-    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    std::fs::write(&paths.0, ca).unwrap();
+    std::fs::write(&paths.1, cert).unwrap();
+    std::fs::write(&paths.2, key).unwrap();
     for p in [&paths.1, &paths.2] {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -79,13 +79,28 @@ fn with_http2(mut c: Cluster) -> Cluster {
 /// (built once, shared by every proxy) and the proxy's own inbound and fixed clusters.
 /// A proxy under a Sidecar resource sees only its egress hosts (generated for it, uncached).
 pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
-    let mut out = match push.sidecar_scope(proxy) {
-        None => push
-            .cache
+    let shared = || {
+        push.cache
             .get(&push.cache.outbound_clusters, "outbound clusters", || {
                 outbound(push, &|_, _| true)
             })
-            .clone(),
+            .clone()
+    };
+    // A router: every service's clusters (and the SNI-named ones AUTO_PASSTHROUGH routes to).
+    if super::gateway::is_router(proxy) {
+        let mut out = shared();
+        if super::gateway::auto_passthrough(push, proxy) {
+            let sni = super::gateway::sni_clusters(&out);
+            out.extend(sni);
+        }
+        out.extend(named(vec![base(
+            BLACKHOLE_CLUSTER.to_string(),
+            cluster::DiscoveryType::Static,
+        )]));
+        return out;
+    }
+    let mut out = match push.sidecar_scope(proxy) {
+        None => shared(),
         Some(scope) => outbound(push, &|s, p| scope.sees_port(s, p)),
     };
     out.extend(own(push, proxy));

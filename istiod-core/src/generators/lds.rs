@@ -39,14 +39,14 @@ use crate::push_context::PushContext;
 
 const WILDCARD: &str = "0.0.0.0";
 
-fn network_filter(name: &str, config: Any) -> Filter {
+pub(super) fn network_filter(name: &str, config: Any) -> Filter {
     Filter {
         name: name.to_string(),
         config_type: Some(filter::ConfigType::TypedConfig(config)),
     }
 }
 
-fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
+pub(super) fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
     network_filter(
         "envoy.filters.network.tcp_proxy",
         pack_any(TcpProxy {
@@ -70,17 +70,18 @@ fn http_filter(name: &str, config: Any) -> HttpFilter {
 /// snapshot uses them, since each costs every request something. Inbound routes are ours and
 /// use neither.
 #[derive(Debug, Clone, Copy, Default)]
-struct RouteFilters {
+pub(super) struct RouteFilters {
     fault: bool,
     cors: bool,
 }
 
 impl RouteFilters {
-    fn of(push: &PushContext) -> RouteFilters {
+    pub(super) fn of(push: &PushContext) -> RouteFilters {
         let http = || {
             push.routing
                 .virtual_services
                 .iter()
+                .chain(&push.routing.gateway_routes)
                 .flat_map(|vs| vs.http.iter())
         };
         RouteFilters {
@@ -90,7 +91,7 @@ impl RouteFilters {
     }
 }
 
-fn hcm(
+pub(super) fn hcm(
     stat_prefix: String,
     routes: http_connection_manager::RouteSpecifier,
     filters: RouteFilters,
@@ -146,7 +147,7 @@ fn listener(name: String, ip: &str, port: u16, chains: Vec<FilterChain>, bind: b
     }
 }
 
-fn listener_filter(name: &str, config: Any) -> ListenerFilter {
+pub(super) fn listener_filter(name: &str, config: Any) -> ListenerFilter {
     ListenerFilter {
         name: name.to_string(),
         config_type: Some(listener_filter::ConfigType::TypedConfig(config)),
@@ -188,7 +189,7 @@ fn inbound_match(port: Option<u16>, transport: &str, protocols: &[&str]) -> Filt
     }
 }
 
-fn chain(name: &str, filters: Vec<Filter>) -> FilterChain {
+pub(super) fn chain(name: &str, filters: Vec<Filter>) -> FilterChain {
     FilterChain {
         name: name.to_string(),
         filters,
@@ -632,8 +633,11 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
     }
 }
 
-/// All listeners for `proxy` (LDS is requested as a wildcard).
+/// All listeners for `proxy` (LDS is requested as a wildcard); a router's are its Gateways'.
 pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
+    if super::gateway::is_router(proxy) {
+        return super::gateway::listeners(push, proxy);
+    }
     let named = |l: Listener| Named::new(l.name.clone(), pack_any(l));
     let scope = push.sidecar_scope(proxy);
     let mut out = match scope {

@@ -8,6 +8,7 @@ pub mod cds;
 pub mod cluster_policy;
 pub mod eds;
 pub mod ext_authz;
+pub mod gateway;
 pub mod lds;
 pub mod nds;
 pub mod route;

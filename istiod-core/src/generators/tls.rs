@@ -19,6 +19,8 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher}
 use envoy_types::pb::google::protobuf::{BoolValue, Duration, Struct, Value, value};
 use envoy_types::util::pack_any;
 
+use crate::config_store::gateway::{ServerTls, TlsMode as GatewayTlsMode, TlsVersion};
+
 /// The agent's SDS resource names and the bootstrap cluster that reaches its socket.
 pub const SDS_DEFAULT: &str = "default";
 pub const SDS_ROOT: &str = "ROOTCA";
@@ -37,7 +39,7 @@ pub const ALPN_INBOUND_MATCH: [&str; 5] = [
     "istio-h2",
 ];
 
-fn sds(name: &str) -> SdsSecretConfig {
+pub(crate) fn sds(name: &str) -> SdsSecretConfig {
     SdsSecretConfig {
         name: name.to_string(),
         sds_config: Some(ConfigSource {
@@ -69,7 +71,7 @@ fn sds(name: &str) -> SdsSecretConfig {
 }
 
 /// TLS 1.2 to 1.3, as Istio's contexts allow.
-fn tls_1_2_to_1_3() -> TlsParameters {
+pub(crate) fn tls_1_2_to_1_3() -> TlsParameters {
     TlsParameters {
         tls_minimum_protocol_version: tls_parameters::TlsProtocol::TlSv12 as i32,
         tls_maximum_protocol_version: tls_parameters::TlsProtocol::TlSv13 as i32,
@@ -111,7 +113,10 @@ fn common(peer_sans: &[String], alpn: &[&str]) -> CommonTlsContext {
     }
 }
 
-fn socket(name: &str, config: envoy_types::pb::google::protobuf::Any) -> TransportSocket {
+pub(crate) fn socket(
+    name: &str,
+    config: envoy_types::pb::google::protobuf::Any,
+) -> TransportSocket {
     TransportSocket {
         name: name.to_string(),
         config_type: Some(transport_socket::ConfigType::TypedConfig(config)),
@@ -197,6 +202,24 @@ pub struct OriginatedTls<'a> {
     pub alpn: &'a [&'a str],
 }
 
+/// Exact matchers for `sans`: URI SANs (`scheme://...`) and DNS names.
+fn san_matchers(sans: &[String]) -> Vec<SubjectAltNameMatcher> {
+    sans.iter()
+        .map(|san| SubjectAltNameMatcher {
+            san_type: if san.contains("://") {
+                subject_alt_name_matcher::SanType::Uri
+            } else {
+                subject_alt_name_matcher::SanType::Dns
+            } as i32,
+            matcher: Some(StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::Exact(san.clone())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect()
+}
+
 pub fn originated_socket(o: &OriginatedTls) -> TransportSocket {
     let sds_plain = |name: String| {
         let mut s = sds(&name);
@@ -209,24 +232,7 @@ pub fn originated_socket(o: &OriginatedTls) -> TransportSocket {
         common_tls_context::ValidationContextType::CombinedValidationContext(
             common_tls_context::CombinedCertificateValidationContext {
                 default_validation_context: Some(CertificateValidationContext {
-                    match_typed_subject_alt_names: o
-                        .sans
-                        .iter()
-                        .map(|san| SubjectAltNameMatcher {
-                            san_type: if san.contains("://") {
-                                subject_alt_name_matcher::SanType::Uri
-                            } else {
-                                subject_alt_name_matcher::SanType::Dns
-                            } as i32,
-                            matcher: Some(StringMatcher {
-                                match_pattern: Some(string_matcher::MatchPattern::Exact(
-                                    san.clone(),
-                                )),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        })
-                        .collect(),
+                    match_typed_subject_alt_names: san_matchers(o.sans),
                     ..Default::default()
                 }),
                 validation_context_sds_secret_config: Some(sds_plain(format!(
@@ -250,6 +256,107 @@ pub fn originated_socket(o: &OriginatedTls) -> TransportSocket {
             ..Default::default()
         }),
         sni: o.sni.to_string(),
+        ..Default::default()
+    };
+    socket("envoy.transport_sockets.tls", pack_any(tls))
+}
+
+/// SDS over the ADS stream: how a router gets a `credentialName` (`kubernetes://NAME`) from the
+/// control plane, as istiod serves it.
+fn sds_ads(name: String) -> SdsSecretConfig {
+    SdsSecretConfig {
+        name,
+        sds_config: Some(super::ads_config_source()),
+    }
+}
+
+/// The TLS a gateway server ends: its certificate from `credentialName` (SDS over ADS) or
+/// from files (`file-cert:`/`file-root:`, the agent's SDS), or the mesh certificate
+/// (ISTIO_MUTUAL); clients verified for MUTUAL and ISTIO_MUTUAL (required) and
+/// OPTIONAL_MUTUAL (when they present one); `http` offers h2 and http/1.1 by ALPN.
+pub fn gateway_socket(t: &ServerTls, http: bool) -> TransportSocket {
+    let alpn: &[&str] = if http { &["h2", "http/1.1"] } else { &[] };
+    let verifies = matches!(
+        t.mode,
+        GatewayTlsMode::Mutual | GatewayTlsMode::OptionalMutual | GatewayTlsMode::IstioMutual
+    );
+    let mut context = if t.mode == GatewayTlsMode::IstioMutual {
+        common(&[], alpn)
+    } else {
+        let (cert, ca) = match &t.credential_name {
+            Some(c) => (
+                sds_ads(format!("kubernetes://{c}")),
+                sds_ads(format!("kubernetes://{c}-cacert")),
+            ),
+            None => {
+                let plain = |name: String| {
+                    let mut s = sds(&name);
+                    if let Some(c) = &mut s.sds_config {
+                        c.initial_fetch_timeout = None;
+                    }
+                    s
+                };
+                (
+                    plain(format!(
+                        "file-cert:{}~{}",
+                        t.server_certificate.as_deref().unwrap_or_default(),
+                        t.private_key.as_deref().unwrap_or_default()
+                    )),
+                    plain(format!(
+                        "file-root:{}",
+                        t.ca_certificates.as_deref().unwrap_or_default()
+                    )),
+                )
+            }
+        };
+        CommonTlsContext {
+            tls_certificate_sds_secret_configs: vec![cert],
+            validation_context_type: verifies.then(|| {
+                common_tls_context::ValidationContextType::CombinedValidationContext(
+                    common_tls_context::CombinedCertificateValidationContext {
+                        default_validation_context: Some(CertificateValidationContext::default()),
+                        validation_context_sds_secret_config: Some(ca),
+                        ..Default::default()
+                    },
+                )
+            }),
+            alpn_protocols: alpn.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    };
+    let version = |v: Option<TlsVersion>, default: tls_parameters::TlsProtocol| match v {
+        None => default,
+        Some(TlsVersion::Auto) => tls_parameters::TlsProtocol::TlsAuto,
+        Some(TlsVersion::V1_0) => tls_parameters::TlsProtocol::TlSv10,
+        Some(TlsVersion::V1_1) => tls_parameters::TlsProtocol::TlSv11,
+        Some(TlsVersion::V1_2) => tls_parameters::TlsProtocol::TlSv12,
+        Some(TlsVersion::V1_3) => tls_parameters::TlsProtocol::TlSv13,
+    };
+    context.tls_params = Some(TlsParameters {
+        tls_minimum_protocol_version: version(
+            t.min_protocol_version,
+            tls_parameters::TlsProtocol::TlSv12,
+        ) as i32,
+        tls_maximum_protocol_version: version(
+            t.max_protocol_version,
+            tls_parameters::TlsProtocol::TlSv13,
+        ) as i32,
+        cipher_suites: t.cipher_suites.clone(),
+        ..Default::default()
+    });
+    if let Some(common_tls_context::ValidationContextType::CombinedValidationContext(c)) =
+        &mut context.validation_context_type
+        && let Some(v) = &mut c.default_validation_context
+    {
+        v.match_typed_subject_alt_names = san_matchers(&t.subject_alt_names);
+        v.verify_certificate_spki = t.verify_certificate_spki.clone();
+        v.verify_certificate_hash = t.verify_certificate_hash.clone();
+    }
+    let tls = DownstreamTlsContext {
+        common_tls_context: Some(context),
+        require_client_certificate: Some(BoolValue {
+            value: matches!(t.mode, GatewayTlsMode::Mutual | GatewayTlsMode::IstioMutual),
+        }),
         ..Default::default()
     };
     socket("envoy.transport_sockets.tls", pack_any(tls))

@@ -164,6 +164,9 @@ pub struct MeshRoute {
     pub http: Vec<HttpRoute>,
     pub tcp: Vec<TcpRoute>,
     pub tls: Vec<TlsRoute>,
+    /// `spec.gateways` resolved: `mesh` or `namespace/name` (empty: `mesh`). Match blocks'
+    /// `gateways` are resolved the same way.
+    pub gateways: Vec<String>,
 }
 
 impl MeshRoute {
@@ -193,6 +196,27 @@ pub struct Routing {
     /// Whether a route depends on the proxy asking (sourceLabels, sourceNamespace, exportTo):
     /// then route configurations are generated per proxy, not shared.
     pub per_proxy: bool,
+    /// The VirtualServices bound to a Gateway (`namespace/name` in `gateways`), in order.
+    pub gateway_routes: Vec<Arc<MeshRoute>>,
+}
+
+/// A gateway name as a VirtualService in namespace `ns` writes it, resolved as Istio's
+/// ResolveGatewayName does: `mesh`; `ns/name` (`./name` is the VirtualService's namespace);
+/// the legacy `name.ns.svc...` form; a bare name is in the VirtualService's namespace.
+pub fn resolve_gateway(g: &str, ns: &str) -> String {
+    let g = gateway_name(g);
+    if g == MESH_GATEWAY {
+        return g.to_string();
+    }
+    if let Some((gns, name)) = g.split_once('/') {
+        let gns = if gns == "." { ns } else { gns };
+        return format!("{gns}/{name}");
+    }
+    if let Some((name, rest)) = g.split_once('.') {
+        let gns = rest.split('.').next().unwrap_or(ns);
+        return format!("{gns}/{name}");
+    }
+    format!("{ns}/{g}")
 }
 
 /// A gateway name as written; `mesh#comment` (a YAML comment without its space, as in some
@@ -239,10 +263,8 @@ impl Routing {
             .collect();
         let mut virtual_services = Vec::new();
         let mut per_proxy = false;
+        let mut gateway_routes = Vec::new();
         for (meta, spec) in all.iter().filter(|(_, s)| !s.hosts.is_empty()) {
-            if !binds_mesh(&spec.gateways) {
-                continue;
-            }
             let ns = meta.namespace();
             let mut http = Vec::new();
             for route in &spec.http {
@@ -292,8 +314,34 @@ impl Routing {
                     .flat_map(|r| &r.matches)
                     .any(|m| on_source(&m.source_labels, &m.source_namespace));
             let export_to = spec.export_to.clone();
-            per_proxy |= source_bound || !export_to.iter().all(|e| e == "*");
-            virtual_services.push(Arc::new(MeshRoute {
+            let gateways: Vec<String> = if spec.gateways.is_empty() {
+                vec![MESH_GATEWAY.to_string()]
+            } else {
+                spec.gateways
+                    .iter()
+                    .map(|g| resolve_gateway(g, ns))
+                    .collect()
+            };
+            let resolve_all = |gs: &mut Vec<String>| {
+                for g in gs.iter_mut() {
+                    *g = resolve_gateway(g, ns);
+                }
+            };
+            http.iter_mut()
+                .flat_map(|r| &mut r.matches)
+                .for_each(|m| resolve_all(&mut m.gateways));
+            tcp.iter_mut()
+                .flat_map(|r| &mut r.matches)
+                .for_each(|m| resolve_all(&mut m.gateways));
+            tls.iter_mut()
+                .flat_map(|r| &mut r.matches)
+                .for_each(|m| resolve_all(&mut m.gateways));
+            let to_mesh = gateways.iter().any(|g| g == MESH_GATEWAY);
+            let to_gateway = gateways.iter().any(|g| g != MESH_GATEWAY);
+            if to_mesh {
+                per_proxy |= source_bound || !export_to.iter().all(|e| e == "*");
+            }
+            let route = Arc::new(MeshRoute {
                 name: meta.name.clone(),
                 namespace: ns.to_string(),
                 config: config_path("virtual-service", meta),
@@ -306,7 +354,14 @@ impl Routing {
                 http,
                 tcp,
                 tls,
-            }));
+                gateways,
+            });
+            if to_gateway {
+                gateway_routes.push(route.clone());
+            }
+            if to_mesh {
+                virtual_services.push(route);
+            }
         }
         let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
         let mut wildcards = Vec::new();
@@ -324,6 +379,7 @@ impl Routing {
             exact,
             wildcards,
             per_proxy,
+            gateway_routes,
         }
     }
 
@@ -507,11 +563,20 @@ pub fn not_applied(
                     }
                 }
             }
-            if !spec.gateways.is_empty() && !binds_mesh(&spec.gateways) {
-                out.push(
-                    "spec.gateways: names no `mesh`: sidecars do not apply it, and gateways are not served yet"
-                        .to_string(),
-                );
+            for (i, g) in spec.gateways.iter().enumerate() {
+                let name = resolve_gateway(g, ns);
+                if name == MESH_GATEWAY {
+                    continue;
+                }
+                let (gns, gname) = name.split_once('/').unwrap_or_default();
+                let found = config.resources.iter().any(|r| {
+                    matches!(r, Resource::Gateway(m, _) if m.namespace() == gns && m.name == gname)
+                });
+                if !found {
+                    out.push(format!(
+                        "spec.gateways[{i}]: no Gateway {name}: no gateway applies this VirtualService for it"
+                    ));
+                }
             }
             for (i, r) in spec.http.iter().enumerate() {
                 if let Some(d) = &r.delegate {
@@ -539,11 +604,6 @@ pub fn not_applied(
                 }
             }
         }
-        Resource::Gateway(..) => out.push(
-            "gateway listeners are not generated yet (`proxy router` serves no Gateway servers); \
-             this Gateway configures nothing"
-                .to_string(),
-        ),
         Resource::DestinationRule(_, spec) => {
             if spec.workload_selector.is_some() {
                 out.push(

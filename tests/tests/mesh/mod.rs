@@ -280,9 +280,14 @@ impl Mesh {
 
     /// Runs python3 with `args` in the client pod, as the app's uid.
     pub fn python(&self, args: &[&str]) -> std::process::Output {
+        self.python_in(CLIENT_POD, args)
+    }
+
+    /// Runs python3 with `args` in pod `pod`, as the app's uid.
+    pub fn python_in(&self, pod: usize, args: &[&str]) -> std::process::Output {
         let mut all = vec!["/usr/bin/python3"];
         all.extend_from_slice(args);
-        self.client().exec_as(APP_UID, APP_UID, &all).unwrap()
+        self.net.pods[pod].exec_as(APP_UID, APP_UID, &all).unwrap()
     }
 
     /// One line exchange with the TCP service `lines`: the backend's name, or nothing when
@@ -297,7 +302,7 @@ impl Mesh {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
-    /// `n` requests to `http://VIP:PORT{path}` with `headers`, `workers` at a time.
+    /// `n` requests to `url` with `headers`, `workers` at a time, from the client pod.
     pub fn send(
         &self,
         url: &str,
@@ -305,15 +310,30 @@ impl Mesh {
         headers: &[(&str, &str)],
         workers: usize,
     ) -> Vec<Reply> {
+        self.send_from(CLIENT_POD, url, n, headers, workers)
+    }
+
+    /// `send` from pod `pod`.
+    pub fn send_from(
+        &self,
+        pod: usize,
+        url: &str,
+        n: usize,
+        headers: &[(&str, &str)],
+        workers: usize,
+    ) -> Vec<Reply> {
         let headers: BTreeMap<&str, &str> = headers.iter().copied().collect();
         let script = self.net.dir().join("client.py");
-        let out = self.python(&[
-            script.to_str().unwrap(),
-            url,
-            &n.to_string(),
-            &serde_json::to_string(&headers).unwrap(),
-            &workers.to_string(),
-        ]);
+        let out = self.python_in(
+            pod,
+            &[
+                script.to_str().unwrap(),
+                url,
+                &n.to_string(),
+                &serde_json::to_string(&headers).unwrap(),
+                &workers.to_string(),
+            ],
+        );
         let text = String::from_utf8_lossy(&out.stdout);
         let replies: Vec<Reply> = text
             .lines()
@@ -384,4 +404,28 @@ pub fn count_by_instance(replies: &[Reply]) -> BTreeMap<String, usize> {
             .or_insert(0) += 1;
     }
     out
+}
+
+/// A test CA (a distinct subject, so its leaves never look self-signed): its PEM and the
+/// issuer that signs leaves.
+pub fn test_ca(name: &str) -> (String, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    let pem = params.self_signed(&key).unwrap().pem();
+    (pem, rcgen::Issuer::new(params, key))
+}
+
+/// A leaf certificate for DNS name `name` signed by `issuer`: (certificate PEM, key PEM).
+pub fn leaf_cert(issuer: &rcgen::Issuer<'static, rcgen::KeyPair>, name: &str) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    let cert = params.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
 }

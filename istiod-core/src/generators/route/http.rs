@@ -46,6 +46,8 @@ pub struct Ctx<'a> {
     pub push: &'a PushContext,
     pub port: u16,
     pub proxy: Option<&'a Proxy>,
+    /// The Gateway (`namespace/name`) the routes are for; `None` for sidecars (`mesh`).
+    pub gateway: Option<&'a str>,
 }
 
 /// `metadata.filter_metadata.istio.config`: the resource a route or cluster came from.
@@ -74,6 +76,7 @@ fn applies(m: &HttpMatch, ctx: Ctx) -> bool {
             &m.source_labels,
             m.source_namespace.as_ref(),
             ctx.proxy,
+            ctx.gateway,
         )
 }
 

@@ -26,19 +26,22 @@ use crate::model::{Proxy, Service, ServicePort, outbound_cluster_name};
 use crate::push_context::PushContext;
 
 /// The per-proxy part of a route's match (Istio's sourceMatchHTTP / matchTCP): named gateways
-/// must include `mesh` (the source is then not checked), else the proxy's labels and namespace
-/// must fit. Without a proxy (routes shared by all) only a match on no source applies; shared
-/// routes exist only when no route matches on its source (`Routing::per_proxy`).
+/// (resolved, `routing::resolve_gateway`) must include the one the routes are built for
+/// (`gateway`, `namespace/name`; `None` is `mesh`), and the source is then not checked; else
+/// the proxy's labels and namespace must fit. Without a proxy (routes shared by all) only a
+/// match on no source applies; shared routes exist only when no route matches on its source
+/// (`Routing::per_proxy`).
 pub(crate) fn source_applies(
     gateways: &[String],
     labels: &std::collections::BTreeMap<String, String>,
     namespace: Option<&String>,
     proxy: Option<&Proxy>,
+    gateway: Option<&str>,
 ) -> bool {
     use crate::config_store::virtual_service::MESH_GATEWAY;
-    use crate::push_context::routing::gateway_name;
     if !gateways.is_empty() {
-        return gateways.iter().any(|g| gateway_name(g) == MESH_GATEWAY);
+        let me = gateway.unwrap_or(MESH_GATEWAY);
+        return gateways.iter().any(|g| g == me);
     }
     match proxy {
         None => labels.is_empty() && namespace.is_none(),
@@ -208,7 +211,15 @@ fn route_config(
             virtual_hosts.push(VirtualHost {
                 name: format!("{host}:{port}"),
                 domains: vec!["*".to_string()],
-                routes: service_routes(http::Ctx { push, port, proxy }, svc),
+                routes: service_routes(
+                    http::Ctx {
+                        push,
+                        port,
+                        proxy,
+                        gateway: None,
+                    },
+                    svc,
+                ),
                 ..Default::default()
             });
         }
@@ -224,6 +235,7 @@ fn route_config(
             push,
             port: port_number,
             proxy,
+            gateway: None,
         };
         for svc in push.services.iter().filter(|s| visible(s, port_number)) {
             for port in svc
@@ -344,6 +356,9 @@ fn vs_host_vhosts(
 /// Shared by every proxy unless a route depends on the proxy (sourceLabels, sourceNamespace,
 /// exportTo) or a Sidecar scopes it.
 pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> Vec<Named> {
+    if super::gateway::is_router(proxy) {
+        return super::gateway::routes(push, proxy, names);
+    }
     let scope = push.sidecar_scope(proxy);
     if scope.is_some() || push.routing.per_proxy {
         let registry_only = scope

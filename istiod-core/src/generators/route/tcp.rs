@@ -8,7 +8,7 @@ use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpPro
 use super::http::destination_cluster;
 use crate::config_store::virtual_service::{L4Match, RouteDestination, TlsMatch};
 use crate::model::{Proxy, Service};
-use crate::push_context::PushContext;
+use crate::push_context::{MeshRoute, PushContext};
 
 fn in_subnet(ip: std::net::IpAddr, subnet: &str) -> bool {
     let (net, len) = subnet.split_once('/').unwrap_or((subnet, ""));
@@ -34,7 +34,15 @@ fn in_subnet(ip: std::net::IpAddr, subnet: &str) -> bool {
     bits(ip) & mask == bits(net) & mask
 }
 
-fn applies(m: &L4Match, port: u16, vip: std::net::IpAddr, proxy: Option<&Proxy>) -> bool {
+/// Where the routes are built: the proxy (`None` when shared) and the Gateway
+/// (`namespace/name`; `None` for sidecars).
+#[derive(Clone, Copy)]
+pub struct Source<'a> {
+    pub proxy: Option<&'a Proxy>,
+    pub gateway: Option<&'a str>,
+}
+
+fn applies(m: &L4Match, port: u16, vip: std::net::IpAddr, source: Source) -> bool {
     if m.port.is_some_and(|p| p.0 != port) {
         return false;
     }
@@ -46,7 +54,8 @@ fn applies(m: &L4Match, port: u16, vip: std::net::IpAddr, proxy: Option<&Proxy>)
         &m.gateways,
         &m.source_labels,
         m.source_namespace.as_ref(),
-        proxy,
+        source.proxy,
+        source.gateway,
     )
 }
 
@@ -61,10 +70,24 @@ pub fn tcp_route(
 ) -> Option<(tcp_proxy::ClusterSpecifier, String)> {
     let ns = proxy.map_or(svc.namespace.as_str(), |p| p.namespace.as_str());
     let vs = push.routing.for_host(&svc.hostname, ns)?;
-    let route = vs
-        .tcp
-        .iter()
-        .find(|r| r.matches.is_empty() || r.matches.iter().any(|m| applies(m, port, vip, proxy)))?;
+    let source = Source {
+        proxy,
+        gateway: None,
+    };
+    vs_tcp_route(push, vs, port, vip, source)
+}
+
+/// The first of `vs`'s tcp routes that applies here, as (where to, stat prefix).
+pub fn vs_tcp_route(
+    push: &PushContext,
+    vs: &MeshRoute,
+    port: u16,
+    vip: std::net::IpAddr,
+    source: Source,
+) -> Option<(tcp_proxy::ClusterSpecifier, String)> {
+    let route = vs.tcp.iter().find(|r| {
+        r.matches.is_empty() || r.matches.iter().any(|m| applies(m, port, vip, source))
+    })?;
     Some(specifier(
         push,
         &route.route,
@@ -115,12 +138,28 @@ pub fn tls_routes(
     let Some(vs) = push.routing.for_host(&svc.hostname, ns) else {
         return Vec::new();
     };
+    let source = Source {
+        proxy,
+        gateway: None,
+    };
+    vs_tls_routes(push, vs, port, vip, source)
+}
+
+/// `vs`'s tls routes that apply here, each as (SNI names, where to, stat prefix); see
+/// `tls_routes`.
+pub fn vs_tls_routes(
+    push: &PushContext,
+    vs: &MeshRoute,
+    port: u16,
+    vip: Option<std::net::IpAddr>,
+    source: Source,
+) -> Vec<(Vec<String>, tcp_proxy::ClusterSpecifier, String)> {
     let mut out: Vec<(Vec<String>, tcp_proxy::ClusterSpecifier, String)> = Vec::new();
     for r in &vs.tls {
         for m in r
             .matches
             .iter()
-            .filter(|m| tls_applies(m, port, vip, proxy))
+            .filter(|m| tls_applies(m, port, vip, source))
         {
             let mut names: Vec<String> = if m.sni_hosts.iter().any(|h| h == "*") {
                 Vec::new()
@@ -144,12 +183,7 @@ pub fn tls_routes(
     out
 }
 
-fn tls_applies(
-    m: &TlsMatch,
-    port: u16,
-    vip: Option<std::net::IpAddr>,
-    proxy: Option<&Proxy>,
-) -> bool {
+fn tls_applies(m: &TlsMatch, port: u16, vip: Option<std::net::IpAddr>, source: Source) -> bool {
     let as_l4 = L4Match {
         destination_subnets: if vip.is_some() {
             m.destination_subnets.clone()
@@ -165,7 +199,7 @@ fn tls_applies(
         &as_l4,
         port,
         vip.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
-        proxy,
+        source,
     )
 }
 
