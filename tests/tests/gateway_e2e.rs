@@ -6,6 +6,7 @@
 //! - The seed's Gateway and VirtualService as written: HTTP 80 redirects (301) to https, HTTPS
 //!   443 from certificate files (/etc/certs) routes the seed's canary; an unknown host gets 404;
 //!   readiness on 15021.
+//! - An AuthorizationPolicy selecting the gateway pod denies a path at the gateway.
 //! - Egress: a mesh client's request for an external host goes through the gateway (the
 //!   VirtualService bound to `mesh` and to the egress Gateway).
 //! - HTTPS MUTUAL from a Secret (`credentialName`): a client without a certificate is refused,
@@ -233,6 +234,13 @@ spec:
     - destination:
         host: core.book.svc.cluster.local
 ---
+kind: AuthorizationPolicy
+metadata: {{name: gateway-deny-admin, namespace: {GATEWAY_NS}}}
+spec:
+  selector: {{matchLabels: {{istio: ingressgateway}}}}
+  action: DENY
+  rules: [{{to: [{{operation: {{paths: ["/admin*"]}}}}]}}]
+---
 kind: ServiceEntry
 metadata: {{name: external, namespace: {NS}}}
 spec:
@@ -345,6 +353,9 @@ fn the_seed_gateway_redirects_serves_https_from_files_and_egress_goes_through_it
         line.starts_with("200 ") && line.contains("instance=v1 path=/reviews"),
         "{line}"
     );
+    // An AuthorizationPolicy selecting the gateway pod guards its routes.
+    let denied = tls_get(&m, gw, 443, "bookinfo.com", "/admin/users", &ca_path, &[]);
+    assert!(denied.starts_with("403 "), "{denied}");
     // Egress: the mesh client asks for external.example; its sidecar sends it to the egress
     // gateway, which sends it on to the external server.
     let replies = m.send(
