@@ -23,9 +23,7 @@
 use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::config::core::v3::{DataSource, TrafficDirection, data_source};
-use envoy_types::pb::envoy::config::listener::v3::{
-    Filter, FilterChain, FilterChainMatch, Listener,
-};
+use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::envoy::config::route::v3::{
     DirectResponseAction, Route, RouteConfiguration, RouteMatch, VirtualHost, route, route_match,
     virtual_host,
@@ -41,11 +39,12 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
-use super::lds::{RouteFilters, chain, hcm, listener_filter, network_filter};
+use super::lds::{RouteFilters, chain, guarded, hcm, listener_filter, network_filter, with_authz};
 use super::route::http::{self, Ctx};
 use super::route::tcp::{self, Source};
 use super::{BLACKHOLE_CLUSTER, Named, ads_config_source, socket_address, tls};
 use crate::config_store::Metadata;
+use crate::config_store::TlsSecret;
 use crate::config_store::gateway::{GatewaySpec, Server, ServerProtocol, TlsMode, split_host};
 use crate::model::Proxy;
 use crate::push_context::routing::host_matches;
@@ -127,9 +126,13 @@ pub fn is_router(proxy: &Proxy) -> bool {
     proxy.kind == ROUTER
 }
 
-/// The servers of every Gateway that selects `proxy`, Gateways in (namespace, name) order.
-pub fn servers<'a>(push: &'a PushContext, proxy: &Proxy) -> Vec<GatewayServer<'a>> {
-    let labels = proxy.workload_labels(&push.services);
+/// The servers of every Gateway that selects `proxy` (whose workload carries `labels`),
+/// Gateways in (namespace, name) order.
+pub fn servers<'a>(
+    push: &'a PushContext,
+    proxy: &Proxy,
+    labels: &BTreeMap<String, String>,
+) -> Vec<GatewayServer<'a>> {
     let selects = |meta: &Metadata, spec: &GatewaySpec| {
         (!push.scope_gateway_to_namespace || meta.namespace() == proxy.namespace)
             && spec.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
@@ -224,8 +227,8 @@ fn by_listener<'a>(
 
 /// The router's listeners.
 pub fn listeners(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
-    let servers = servers(push, proxy);
     let labels = proxy.workload_labels(&push.services);
+    let servers = servers(push, proxy, &labels);
     let authz = super::authz::inbound(push, proxy, &labels);
     let filters = RouteFilters::of(push);
     let mut out = Vec::new();
@@ -322,10 +325,7 @@ fn sni_match(names: Vec<String>) -> Option<FilterChainMatch> {
 fn http_chain(
     listener: &str,
     route_name: String,
-    tls: Option<(
-        FilterChainMatch,
-        envoy_types::pb::envoy::config::core::v3::TransportSocket,
-    )>,
+    tls: Option<TlsMatch>,
     authz: &super::authz::InboundFilters,
     filters: RouteFilters,
 ) -> FilterChain {
@@ -341,10 +341,7 @@ fn http_chain(
     manager.use_remote_address = Some(BoolValue { value: true });
     manager.forward_client_cert_details =
         http_connection_manager::ForwardClientCertDetails::Sanitize as i32;
-    let router = manager.http_filters.len() - 1;
-    manager
-        .http_filters
-        .splice(router..router, authz.http.iter().cloned());
+    with_authz(&mut manager, authz);
     let mut c = chain(
         &route_name,
         vec![network_filter(
@@ -352,17 +349,22 @@ fn http_chain(
             pack_any(manager),
         )],
     );
+    behind_tls(&mut c, tls);
+    c
+}
+
+/// What a TLS-terminating chain matches (SNI) and its TLS.
+type TlsMatch = (
+    FilterChainMatch,
+    envoy_types::pb::envoy::config::core::v3::TransportSocket,
+);
+
+/// Puts chain `c` behind `tls` (an empty match matches any connection).
+fn behind_tls(c: &mut FilterChain, tls: Option<TlsMatch>) {
     if let Some((m, socket)) = tls {
         c.filter_chain_match = Some(m).filter(|m| *m != FilterChainMatch::default());
         c.transport_socket = Some(socket);
     }
-    c
-}
-
-fn guarded(authz: &super::authz::InboundFilters, last: Filter) -> Vec<Filter> {
-    let mut filters = authz.tcp.clone();
-    filters.push(last);
-    filters
 }
 
 /// The first bound VirtualService's `tcp` route that applies to this server.
@@ -371,10 +373,7 @@ fn tcp_chain(
     proxy: &Proxy,
     gs: &GatewayServer,
     listener: &str,
-    tls: Option<(
-        FilterChainMatch,
-        envoy_types::pb::envoy::config::core::v3::TransportSocket,
-    )>,
+    tls: Option<TlsMatch>,
     authz: &super::authz::InboundFilters,
 ) -> Option<FilterChain> {
     let gateway = gs.gateway();
@@ -396,10 +395,7 @@ fn tcp_chain(
             ),
         ),
     );
-    if let Some((m, socket)) = tls {
-        c.filter_chain_match = Some(m).filter(|m| *m != FilterChainMatch::default());
-        c.transport_socket = Some(socket);
-    }
+    behind_tls(&mut c, tls);
     Some(c)
 }
 
@@ -522,32 +518,36 @@ fn sni_pattern(host: &str) -> String {
 /// `kubernetes://name-cacert`): a server whose credential is missing is left out rather than
 /// leaving the whole listener waiting for it.
 fn has_secret(push: &PushContext, namespace: &str, name: &str, ca: bool) -> bool {
-    let find = |n: &str| {
-        push.secrets
-            .iter()
-            .find(|(m, _)| m.namespace() == namespace && m.name == n)
-            .map(|(_, s)| s)
-    };
-    let Some(s) = find(name) else {
-        return false;
-    };
-    s.cert.is_some()
-        && s.key.is_some()
-        && (!ca
-            || s.ca.is_some()
-            || find(&format!("{name}{CACERT_SUFFIX}")).is_some_and(|c| c.ca.is_some()))
+    find_secret(push, namespace, name).is_some_and(|s| s.cert.is_some() && s.key.is_some())
+        && (!ca || credential_ca(push, namespace, name).is_some())
+}
+
+/// The Secret `name` of `namespace`.
+fn find_secret<'a>(push: &'a PushContext, namespace: &str, name: &str) -> Option<&'a TlsSecret> {
+    push.secrets
+        .iter()
+        .find(|(m, _)| m.namespace() == namespace && m.name == name)
+        .map(|(_, s)| s)
+}
+
+/// The CA of credential `name` (`kubernetes://name-cacert`), as istiod finds it: the CA of
+/// the Secret `name-cacert`, else that of the Secret `name`.
+fn credential_ca<'a>(push: &'a PushContext, namespace: &str, name: &str) -> Option<&'a [u8]> {
+    find_secret(push, namespace, &format!("{name}{CACERT_SUFFIX}"))
+        .and_then(|s| s.ca.as_deref())
+        .or_else(|| find_secret(push, namespace, name).and_then(|s| s.ca.as_deref()))
 }
 
 /// Whether any server of the router passes TLS through by SNI cluster (AUTO_PASSTHROUGH).
 pub fn auto_passthrough(push: &PushContext, proxy: &Proxy) -> bool {
-    servers(push, proxy)
+    servers(push, proxy, &proxy.workload_labels(&push.services))
         .iter()
         .any(|gs| gs.server.tls.as_ref().map(|t| t.mode) == Some(TlsMode::AutoPassthrough))
 }
 
 /// Route configurations `names` for the router.
 pub fn routes(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> Vec<Named> {
-    let servers = servers(push, proxy);
+    let servers = servers(push, proxy, &proxy.workload_labels(&push.services));
     names
         .iter()
         .map(|n| {
@@ -645,7 +645,7 @@ fn route_config(
         }
     }
     // Envoy refuses a domain twice: a `*` host (domain `*`) may sit with `*:*`.
-    dedup_domains(&mut virtual_hosts);
+    super::route::claim_domains(&mut virtual_hosts, |_| ());
     if virtual_hosts.is_empty() {
         virtual_hosts.push(VirtualHost {
             name: "blackhole:80".to_string(),
@@ -660,14 +660,6 @@ fn route_config(
         validate_clusters: Some(BoolValue { value: false }),
         ..Default::default()
     }
-}
-
-fn dedup_domains(virtual_hosts: &mut Vec<VirtualHost>) {
-    let mut seen = std::collections::HashSet::new();
-    for vh in virtual_hosts.iter_mut() {
-        vh.domains.retain(|d| seen.insert(d.clone()));
-    }
-    virtual_hosts.retain(|vh| !vh.domains.is_empty());
 }
 
 fn not_found() -> Route {
@@ -734,12 +726,6 @@ pub fn secrets(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> 
         );
         return Vec::new();
     }
-    let find = |name: &str| {
-        push.secrets
-            .iter()
-            .find(|(m, _)| m.namespace() == proxy.namespace && m.name == name)
-            .map(|(_, s)| s)
-    };
     let bytes = |b: &[u8]| DataSource {
         specifier: Some(data_source::Specifier::InlineBytes(b.to_vec())),
         ..Default::default()
@@ -751,17 +737,14 @@ pub fn secrets(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> 
             continue;
         };
         let kind = if let Some(base) = credential.strip_suffix(CACERT_SUFFIX) {
-            let ca = find(credential)
-                .and_then(|s| s.ca.as_ref())
-                .or_else(|| find(base).and_then(|s| s.ca.as_ref()));
-            ca.map(|ca| {
+            credential_ca(push, &proxy.namespace, base).map(|ca| {
                 secret::Type::ValidationContext(CertificateValidationContext {
                     trusted_ca: Some(bytes(ca)),
                     ..Default::default()
                 })
             })
         } else {
-            find(credential).and_then(|s| {
+            find_secret(push, &proxy.namespace, credential).and_then(|s| {
                 Some(secret::Type::TlsCertificate(TlsCertificate {
                     certificate_chain: Some(bytes(s.cert.as_ref()?)),
                     private_key: Some(bytes(s.key.as_ref()?)),
@@ -817,7 +800,10 @@ mod tests {
         );
         let gw = router("gw", &[("istio", "ingress")], true);
         let names = |p: &PushContext, r: &Proxy| -> Vec<String> {
-            servers(p, r).iter().map(|s| s.gateway()).collect()
+            servers(p, r, &r.workload_labels(&p.services))
+                .iter()
+                .map(|s| s.gateway())
+                .collect()
         };
         // An empty selector selects every router.
         assert_eq!(names(&p, &gw), ["gw/a", "other/b"]);

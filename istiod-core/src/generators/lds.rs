@@ -481,10 +481,18 @@ fn sniffed_inbound_chains(
 }
 
 /// The network filters of an inbound TCP chain: the RBAC filters, then `last`.
-fn guarded(authz: &InboundFilters, last: Filter) -> Vec<Filter> {
+/// The network filters of a chain: the authorization filters, then `last`.
+pub(super) fn guarded(authz: &InboundFilters, last: Filter) -> Vec<Filter> {
     let mut filters = authz.tcp.clone();
     filters.push(last);
     filters
+}
+
+/// Puts the authorization HTTP filters just before the router (the router stays last).
+pub(super) fn with_authz(hcm: &mut HttpConnectionManager, authz: &InboundFilters) {
+    let router = hcm.http_filters.len() - 1;
+    hcm.http_filters
+        .splice(router..router, authz.http.iter().cloned());
 }
 
 fn inbound_hcm(port: u16, cluster: &str, mtls: bool, authz: &InboundFilters) -> Filter {
@@ -493,10 +501,7 @@ fn inbound_hcm(port: u16, cluster: &str, mtls: bool, authz: &InboundFilters) -> 
         all_to(cluster, format!("inbound|http|{port}")),
         RouteFilters::default(),
     );
-    // Authorization before the router (the router stays last).
-    let router = hcm.http_filters.len() - 1;
-    hcm.http_filters
-        .splice(router..router, authz.http.iter().cloned());
+    with_authz(&mut hcm, authz);
     // The app sees exactly the verified peer in x-forwarded-client-cert; a header the client
     // sent itself is dropped (Istio appends to it, so a client could prefix a forged entry).
     if mtls {

@@ -220,14 +220,17 @@ fn san_matchers(sans: &[String]) -> Vec<SubjectAltNameMatcher> {
         .collect()
 }
 
+/// A `file-cert:`/`file-root:` resource of the agent's SDS, with Envoy's default initial
+/// fetch timeout (a missing file does not hold the listener or cluster forever).
+fn sds_file(name: String) -> SdsSecretConfig {
+    let mut s = sds(&name);
+    if let Some(c) = &mut s.sds_config {
+        c.initial_fetch_timeout = None;
+    }
+    s
+}
+
 pub fn originated_socket(o: &OriginatedTls) -> TransportSocket {
-    let sds_plain = |name: String| {
-        let mut s = sds(&name);
-        if let Some(c) = &mut s.sds_config {
-            c.initial_fetch_timeout = None;
-        }
-        s
-    };
     let validation = (!o.insecure_skip_verify).then(|| {
         common_tls_context::ValidationContextType::CombinedValidationContext(
             common_tls_context::CombinedCertificateValidationContext {
@@ -235,7 +238,7 @@ pub fn originated_socket(o: &OriginatedTls) -> TransportSocket {
                     match_typed_subject_alt_names: san_matchers(o.sans),
                     ..Default::default()
                 }),
-                validation_context_sds_secret_config: Some(sds_plain(format!(
+                validation_context_sds_secret_config: Some(sds_file(format!(
                     "file-root:{}",
                     o.ca.unwrap_or("system")
                 ))),
@@ -248,7 +251,7 @@ pub fn originated_socket(o: &OriginatedTls) -> TransportSocket {
             tls_params: Some(tls_1_2_to_1_3()),
             tls_certificate_sds_secret_configs: o
                 .client
-                .map(|(cert, key)| sds_plain(format!("file-cert:{cert}~{key}")))
+                .map(|(cert, key)| sds_file(format!("file-cert:{cert}~{key}")))
                 .into_iter()
                 .collect(),
             validation_context_type: validation,
@@ -288,26 +291,17 @@ pub fn gateway_socket(t: &ServerTls, http: bool) -> TransportSocket {
                 sds_ads(format!("kubernetes://{c}")),
                 sds_ads(format!("kubernetes://{c}-cacert")),
             ),
-            None => {
-                let plain = |name: String| {
-                    let mut s = sds(&name);
-                    if let Some(c) = &mut s.sds_config {
-                        c.initial_fetch_timeout = None;
-                    }
-                    s
-                };
-                (
-                    plain(format!(
-                        "file-cert:{}~{}",
-                        t.server_certificate.as_deref().unwrap_or_default(),
-                        t.private_key.as_deref().unwrap_or_default()
-                    )),
-                    plain(format!(
-                        "file-root:{}",
-                        t.ca_certificates.as_deref().unwrap_or_default()
-                    )),
-                )
-            }
+            None => (
+                sds_file(format!(
+                    "file-cert:{}~{}",
+                    t.server_certificate.as_deref().unwrap_or_default(),
+                    t.private_key.as_deref().unwrap_or_default()
+                )),
+                sds_file(format!(
+                    "file-root:{}",
+                    t.ca_certificates.as_deref().unwrap_or_default()
+                )),
+            ),
         };
         CommonTlsContext {
             tls_certificate_sds_secret_configs: vec![cert],

@@ -156,7 +156,7 @@ fn push_decimal(out: &mut String, n: u16) {
 /// configuration naming a domain twice), then the virtual hosts left with none, and returns
 /// what `with_claimed` makes of the claimed names (a membership check; dropping duplicates does
 /// not change the set). One pass over borrowed names, so no domain is copied.
-fn claim_domains<T>(
+pub(super) fn claim_domains<T>(
     virtual_hosts: &mut Vec<VirtualHost>,
     with_claimed: impl FnOnce(&dyn Fn(&str) -> bool) -> T,
 ) -> T {
