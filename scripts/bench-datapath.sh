@@ -11,11 +11,15 @@
 # Usage: ./scripts/bench-datapath.sh [seconds] [connections] [rounds] [mode] (default 10 16 3 minimal).
 # Root. mode `authz`: instead of the hand-minimal config, ours is measured with and without an
 # AuthorizationPolicy of 100 ALLOW rules on the server (the request matches only the last, so Envoy
-# evaluates them all), alternating in the same run.
+# evaluates them all), alternating in the same run. Mode `gateway`: the client side is an ingress
+# gateway instead of a sidecar (no capture there; wrk in the same namespace sends Host
+# app.example.com to its port 8080): ours is `pilot-agent proxy router` serving a Gateway and a
+# VirtualService bound to it, to the server's sidecar over mTLS; hand-minimal is an Envoy with one
+# listener on 8080, one route and the same TLS cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS="${1:-10}"; CONNS="${2:-16}"; ROUNDS="${3:-3}"; MODE="${4:-minimal}"
-case "$MODE" in minimal|authz) ;; *) echo "mode: minimal or authz, not $MODE" >&2; exit 2 ;; esac
+case "$MODE" in minimal|authz|gateway) ;; *) echo "mode: minimal, authz or gateway, not $MODE" >&2; exit 2 ;; esac
 ./scripts/setup.sh >/dev/null
 command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables
@@ -39,8 +43,13 @@ ip -n "$C" addr add "$CIP/24" dev "dpc$$"; ip -n "$S" addr add "$SIP/24" dev "dp
 for ns in "$C" "$S"; do ip -n "$ns" link set lo up; done
 ip -n "$C" link set "dpc$$" up; ip -n "$S" link set "dps$$" up
 ip -n "$C" route add default dev "dpc$$"
-# The capture exactly as Istio's injector asks for it.
-for ns in "$C" "$S"; do
+# Where wrk sends its requests, and the client-side listener of the hand-minimal config.
+URL="http://$VIP:8000/"; HOSTHDR="app.bench.svc.cluster.local"; MIN_PORT=15001; CAPTURED=("$C" "$S")
+if [ "$MODE" = gateway ]; then
+  URL="http://$CIP:8080/"; HOSTHDR="app.example.com"; MIN_PORT=8080; CAPTURED=("$S")
+fi
+# The capture exactly as Istio's injector asks for it (a gateway has none).
+for ns in "${CAPTURED[@]}"; do
   ip netns exec "$ns" "$BIN/istio-iptables" -p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -x "" -b '*' \
     -d 15090,15021,15020 >/dev/null
 done
@@ -88,7 +97,7 @@ EOF
 cat > "$WORK/min-client.yaml" <<EOF
 static_resources:
   listeners:
-  - address: {socket_address: {address: 0.0.0.0, port_value: 15001}}
+  - address: {socket_address: {address: 0.0.0.0, port_value: $MIN_PORT}}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -167,10 +176,28 @@ spec:
   - route: [{destination: {host: app, subset: v1}}]
     timeout: 10s
 EOF
+if [ "$MODE" = gateway ]; then
+  cat > "$WORK/mesh/gateway.yaml" <<EOF
+kind: Gateway
+metadata: {name: edge, namespace: bench}
+spec:
+  selector: {istio: ingressgateway}
+  servers: [{port: {number: 8080, name: http, protocol: HTTP}, hosts: [app.example.com]}]
+---
+kind: VirtualService
+metadata: {name: edge, namespace: bench}
+spec:
+  hosts: [app.example.com]
+  gateways: [edge]
+  http:
+  - route: [{destination: {host: app.bench.svc.cluster.local, port: {number: 8000}}}]
+    timeout: 10s
+EOF
+fi
 
 wait_ok() { # ns url
   for _ in $(seq 1 600); do
-    [ "$(ip netns exec "$1" setpriv --reuid 1000 --regid 1000 --clear-groups -- curl -s --max-time 2 -o /dev/null -w '%{http_code}' "$2")" = 200 ] && return 0
+    [ "$(ip netns exec "$1" setpriv --reuid 1000 --regid 1000 --clear-groups -- curl -s --max-time 2 -H "Host: $HOSTHDR" -o /dev/null -w '%{http_code}' "$2")" = 200 ] && return 0
     sleep 0.05
   done
   echo "no 200 from $2" >&2; tail -n 20 "$WORK"/*.log >&2; return 1
@@ -189,11 +216,13 @@ stop_proxies() {
 start_ours() {
   for side in client server; do
     ns="$C"; ip="$CIP"; [ "$side" = server ] && { ns="$S"; ip="$SIP"; }
-    mkdir -p "$WORK/$side"; chmod 0755 "$WORK/$side"
+    kind=sidecar; [ "$MODE" = gateway ] && [ "$side" = client ] && kind=router
+    mkdir -p "$WORK/$side/etc/istio/pod"; chmod -R 0755 "$WORK/$side"
+    [ "$kind" = router ] && echo 'istio="ingressgateway"' > "$WORK/$side/etc/istio/pod/labels"
     (cd "$WORK/$side" && ip netns exec "$ns" taskset -c 0 env POD_NAME="$side" POD_NAMESPACE=bench \
       INSTANCE_IP="$ip" SERVICE_ACCOUNT="$side" ISTIO_META_CLUSTER_ID=Kubernetes \
       PROXY_CONFIG='{"concurrency": 1, "terminationDrainDuration": "0s"}' \
-      "$BIN/pilot-agent" proxy sidecar --configDir "$WORK/mesh" --proxyLogLevel=error \
+      "$BIN/pilot-agent" proxy "$kind" --configDir "$WORK/mesh" --proxyLogLevel=error \
       >"$WORK/$side.log" 2>&1 &)
   done
 }
@@ -207,9 +236,9 @@ start_minimal() {
 }
 load() { # -> "p50 p90 p99 rps" (ms, ms, ms, requests/s)
   ip netns exec "$C" taskset -c 1 setpriv --reuid 1000 --regid 1000 --clear-groups -- \
-    wrk -t1 -c"$CONNS" -d2s "http://$VIP:8000/" >/dev/null
+    wrk -t1 -c"$CONNS" -d2s -H "Host: $HOSTHDR" "$URL" >/dev/null
   ip netns exec "$C" taskset -c 1 setpriv --reuid 1000 --regid 1000 --clear-groups -- \
-    wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "http://$VIP:8000/" > "$WORK/wrk.txt"
+    wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -H "Host: $HOSTHDR" "$URL" > "$WORK/wrk.txt"
   grep -q "Non-2xx\|Socket errors" "$WORK/wrk.txt" && { cat "$WORK/wrk.txt" >&2; echo "errors in the run" >&2; return 1; }
   ms() { awk -v k="$1" '$1==k {v=$2; if (v ~ /us$/) {sub(/us/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1000}; printf "%.3f", v}' "$WORK/wrk.txt"; }
   echo "$(ms 50%) $(ms 90%) $(ms 99%) $(awk '/Requests\/sec/ {print $2}' "$WORK/wrk.txt")"
@@ -232,20 +261,22 @@ declare -a OURS MIN
 for r in $(seq 1 "$ROUNDS"); do
   if [ "$MODE" = authz ]; then
     cp "$WORK/authz.yaml.off" "$WORK/mesh/authz.yaml"
-    start_ours; wait_ok "$C" "http://$VIP:8000/"
+    start_ours; wait_ok "$C" "$URL"
     OURS+=("$(load)"); stop_proxies
     rm -f "$WORK/mesh/authz.yaml"
-    start_ours; wait_ok "$C" "http://$VIP:8000/"
+    start_ours; wait_ok "$C" "$URL"
     MIN+=("$(load)"); stop_proxies
     continue
   fi
-  start_ours; wait_ok "$C" "http://$VIP:8000/"
+  start_ours; wait_ok "$C" "$URL"
   OURS+=("$(load)"); stop_proxies
-  start_minimal; wait_ok "$C" "http://$VIP:8000/"
+  start_minimal; wait_ok "$C" "$URL"
   MIN+=("$(load)"); stop_proxies
 done
 if [ "$MODE" = authz ]; then
   A="ours, 100 ALLOW rules"; B="ours, no policy"
+elif [ "$MODE" = gateway ]; then
+  A="ours, gateway"; B="hand-minimal gateway"
 else
   A="ours"; B="hand-minimal"
 fi
