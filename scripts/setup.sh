@@ -15,7 +15,9 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 need_apt=()
-for pair in iptables:iptables ip:iproute2 setpriv:util-linux curl:curl /usr/bin/python3:python3 dnsmasq:dnsmasq-base openssl:openssl; do
+# podman with runc (crun fails on these machines' hybrid cgroups) and mmdebstrap (root
+# filesystems from Debian packages) build and run the images (scripts/image.sh, the pod tests).
+for pair in iptables:iptables ip:iproute2 setpriv:util-linux curl:curl /usr/bin/python3:python3 dnsmasq:dnsmasq-base openssl:openssl podman:podman runc:runc mmdebstrap:mmdebstrap; do
   cmd="${pair%%:*}"; pkg="${pair##*:}"
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
@@ -26,7 +28,7 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 else
-  say "iptables, iproute2, util-linux, curl, python3, dnsmasq: present"
+  say "iptables, iproute2, util-linux, curl, python3, dnsmasq, openssl, podman, runc, mmdebstrap: present"
 fi
 
 have_envoy_version() {
@@ -62,6 +64,23 @@ else
   useradd --system --uid "$PROXY_UID" --gid "$PROXY_UID" --home-dir /var/lib/istio --no-create-home \
     --shell /usr/sbin/nologin istio-proxy
   say "created user istio-proxy (uid/gid ${PROXY_UID})"
+fi
+
+# podman's default ulimits fail here unless emptied; runc as its runtime.
+CONF=/etc/containers/containers.conf
+if ! grep -q '^default_ulimits = \[\]' "$CONF" 2>/dev/null || ! grep -q '^runtime = "runc"' "$CONF" 2>/dev/null; then
+  mkdir -p /etc/containers
+  [ -f "$CONF" ] && cp "$CONF" "$CONF.before-istio-rs"
+  cat > "$CONF" <<'EOF'
+# Written by scripts/setup.sh: podman's default ulimits fail on these machines, and crun fails on
+# their hybrid cgroups.
+[containers]
+default_ulimits = []
+
+[engine]
+runtime = "runc"
+EOF
+  say "wrote $CONF (default_ulimits = [], runtime runc)"
 fi
 
 if command -v cargo-nextest >/dev/null 2>&1 || cargo nextest --version >/dev/null 2>&1; then

@@ -13,6 +13,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== build (once, for all tests)"
 cargo build --workspace --bins --tests
+echo "== images (from the debug binaries, for the pod tests)"
+./scripts/image.sh --debug --tag test
 echo "== tests"
 # Root-only tests must run in CI; the harness fails them there if they cannot.
 export CI="${CI:-false}"

@@ -49,6 +49,24 @@ pub enum AgentError {
     TaskEnded(mesh_common::tasks::Ended),
 }
 
+/// Sets `dir`'s permission bits to `mode`. A directory another uid owns cannot be chmod-ed (a
+/// pod's emptyDir is root's, mode 0777, while the agent runs as 1337): it is left as it is, and
+/// its mode is returned for the caller to judge; `None` when `mode` was set.
+pub(crate) fn set_dir_mode(dir: &std::path::Path, mode: u32) -> std::io::Result<Option<u32>> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)) {
+        Ok(()) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            let meta = std::fs::metadata(dir)?;
+            if meta.uid() == nix::unistd::geteuid().as_raw() {
+                return Err(e);
+            }
+            Ok(Some(meta.mode() & 0o7777))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn write_file(path: &std::path::Path, contents: &[u8], mode: u32) -> Result<(), AgentError> {
     let fail = |source| AgentError::Write {
         path: path.to_path_buf(),
@@ -139,9 +157,18 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         source,
     };
     std::fs::create_dir_all(&cfg.config_path).map_err(dir_fail)?;
-    // Envoy runs as another uid and must reach the socket and bootstrap inside.
-    std::fs::set_permissions(&cfg.config_path, std::fs::Permissions::from_mode(0o755))
-        .map_err(dir_fail)?;
+    // Envoy runs as another uid (when the agent is root) and must reach the socket and bootstrap
+    // inside. A pod's emptyDir is used as it is when Envoy can enter it.
+    if let Some(mode) = set_dir_mode(&cfg.config_path, 0o755).map_err(dir_fail)? {
+        let envoy_enters =
+            mode & 0o005 == 0o005 || cfg.envoy_uid == nix::unistd::geteuid().as_raw();
+        if !envoy_enters {
+            return Err(dir_fail(std::io::Error::other(format!(
+                "owned by another uid, mode {mode:o}: Envoy (uid {}) cannot enter it",
+                cfg.envoy_uid
+            ))));
+        }
+    }
 
     let as_root = nix::unistd::geteuid().is_root();
     let certs = start_identity(&cfg, &mut tasks)?;

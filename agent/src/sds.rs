@@ -61,7 +61,9 @@ pub struct SdsError {
     pub source: std::io::Error,
 }
 
-/// Creates the socket's directory (0700) and the socket (0600), both owned by `owner`.
+/// Creates the socket's directory (0700) and the socket (0600), both owned by `owner`. In a pod
+/// the directory is an emptyDir of the proxy container that the agent (1337) does not own and
+/// cannot chmod: then the socket's own mode (0600, the agent's) and the peer check guard it.
 pub fn bind(path: &Path, owner: Option<u32>) -> Result<UnixListener, SdsError> {
     use std::os::unix::fs::PermissionsExt;
     let fail = |source| SdsError {
@@ -70,9 +72,17 @@ pub fn bind(path: &Path, owner: Option<u32>) -> Result<UnixListener, SdsError> {
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(fail)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(fail)?;
-    if let Some(uid) = owner {
-        std::os::unix::fs::chown(dir, Some(uid), Some(uid)).map_err(fail)?;
+    match crate::set_dir_mode(dir, 0o700).map_err(fail)? {
+        None => {
+            if let Some(uid) = owner {
+                std::os::unix::fs::chown(dir, Some(uid), Some(uid)).map_err(fail)?;
+            }
+        }
+        Some(mode) => tracing::debug!(
+            dir = %dir.display(),
+            mode = format!("{mode:o}"),
+            "socket directory owned by another uid: left as it is"
+        ),
     }
     if path.exists() {
         std::fs::remove_file(path).map_err(fail)?;

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+pub mod podman;
+
 /// Every namespace the harness creates starts with this.
 pub const PREFIX: &str = "istt";
 
@@ -134,6 +136,16 @@ pub fn pids_named(ns: &str, comm: &str) -> Vec<i32> {
         .collect()
 }
 
+/// True if `name` is one of ours (`PREFIX-PID-...`) and process PID is gone.
+pub fn orphaned(name: &str) -> bool {
+    let mut parts = name.split('-');
+    parts.next() == Some(PREFIX)
+        && !parts
+            .next()
+            .and_then(|p| p.parse::<i32>().ok())
+            .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+}
+
 /// Deletes namespaces with our prefix whose creating process is gone.
 pub fn sweep_stale() {
     let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
@@ -141,15 +153,7 @@ pub fn sweep_stale() {
     };
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let name = line.split_whitespace().next().unwrap_or_default();
-        let mut parts = name.split('-');
-        if parts.next() != Some(PREFIX) {
-            continue;
-        }
-        let alive = parts
-            .next()
-            .and_then(|p| p.parse::<i32>().ok())
-            .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
-        if !alive {
+        if orphaned(name) {
             kill_all_in(name);
             let _ = fs::remove_dir_all(Path::new("/etc/netns").join(name));
             let _ = Command::new("ip").args(["netns", "delete", name]).status();

@@ -8,6 +8,8 @@
 //!   netprobe line-echo PORT         TCP on 0.0.0.0, client speaks first: answers each line L
 //!                                   with `echo L`
 //!   netprobe say ADDR TEXT          sends the line TEXT; exit 0 if the answer is `echo TEXT`
+//!   netprobe http-get ADDR HOST PATH  one HTTP/1.1 GET, no retry; prints the response, exit 0
+//!                                   if its status is 200
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -211,6 +213,23 @@ fn say(addr: &str, text: &str) -> std::io::Result<()> {
     }
 }
 
+fn http_get(addr: &str, host: &str, path: &str) -> std::io::Result<()> {
+    let addr: SocketAddr = addr.parse().map_err(std::io::Error::other)?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
+    let mut response = String::new();
+    s.read_to_string(&mut response)?;
+    println!("{response}");
+    if response.starts_with("HTTP/1.1 200 ") {
+        Ok(())
+    } else {
+        Err(std::io::Error::other("status is not 200"))
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or_default();
@@ -222,6 +241,7 @@ fn main() {
         "http-echo" => http_echo(arg(1)),
         "line-echo" => line_echo(arg(1)),
         "say" => say(arg(1), arg(2)),
+        "http-get" => http_get(arg(1), arg(2), arg(3)),
         _ => Err(std::io::Error::other(
             "usage: netprobe listen|udp-echo|connect|udp ...",
         )),
