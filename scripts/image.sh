@@ -11,7 +11,7 @@
 # into a FROM-scratch image with that timestamp. Two runs over the same Debian packages give the
 # same tar (the script prints its sha256).
 # Usage: ./scripts/image.sh [--debug] [--tag TAG] [proxyv2|istiod|all]   (root; default: release, latest, all)
-#   --debug uses the debug binaries (target/debug), as the test suite does: no release build.
+#   --debug packs the debug binaries the test suite built (target/debug), without building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROFILE=release; TAG=latest; WHICH=all
@@ -39,8 +39,11 @@ if [ "$PROFILE" = release ]; then
   cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables \
     -p istiod-core --bin istiod-core
 else
-  cargo build --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables \
-    -p istiod-core --bin istiod-core
+  # The test suite's binaries as `cargo build --workspace --bins --tests` made them: building
+  # only these packages here would resolve features differently and replace them.
+  for b in pilot-agent istio-iptables istiod-core; do
+    [ -x "target/debug/$b" ] || { echo "${0##*/}: target/debug/$b missing: run cargo build --workspace --bins --tests" >&2; exit 1; }
+  done
 fi
 BIN="$PWD/target/$PROFILE"
 # Both images carry the sha256 of the three binaries (label istio-rs.binaries), so a test can

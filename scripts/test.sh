@@ -15,6 +15,8 @@ echo "== build (once, for all tests)"
 cargo build --workspace --bins --tests
 echo "== images (from the debug binaries, for the pod tests)"
 ./scripts/image.sh --debug --tag test
+echo "== VM package (from the debug binaries, for the VM test)"
+./scripts/deb.sh --debug
 echo "== tests"
 # Root-only tests must run in CI; the harness fails them there if they cannot.
 export CI="${CI:-false}"

@@ -816,19 +816,17 @@ impl Config {
             },
         };
 
-        let mut metadata: Vec<(String, String)> = env_vars
-            .iter()
-            .filter_map(|(k, v)| {
-                k.strip_prefix(env::ISTIO_META_PREFIX)
-                    .map(|key| (key.to_string(), v.clone()))
-            })
-            .collect();
-        for (k, v) in pc.proxy_metadata.iter().flatten() {
+        // One value per key: ProxyConfig's proxyMetadata, overridden by the process env (a VM's
+        // cluster.env and its mesh config usually both carry ISTIO_META_CLUSTER_ID).
+        let mut by_key = std::collections::BTreeMap::new();
+        let env_pairs = env_vars.iter().map(|(k, v)| (k, v));
+        let meta_pairs = pc.proxy_metadata.iter().flatten().chain(env_pairs);
+        for (k, v) in meta_pairs {
             if let Some(key) = k.strip_prefix(env::ISTIO_META_PREFIX) {
-                metadata.push((key.to_string(), v.clone()));
+                by_key.insert(key.to_string(), v.clone());
             }
         }
-        metadata.sort();
+        let metadata: Vec<(String, String)> = by_key.into_iter().collect();
 
         let xds_client = match &control_plane {
             ControlPlaneSource::Remote { address } => {
@@ -992,6 +990,30 @@ mod tests {
         assert_eq!(c.metadata, vec![("CLUSTER_ID".into(), "Kubernetes".into())]);
         assert_eq!(c.status_port, 15020);
         assert_eq!(c.termination_drain_duration, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn metadata_has_one_value_per_key_and_the_env_wins() {
+        // A VM: cluster.env (the env) and the mesh config's proxyMetadata name the same keys.
+        let c = cfg(
+            &[
+                ("POD_NAMESPACE", "vmns"),
+                ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
+                (
+                    "PROXY_CONFIG",
+                    r#"{"proxyMetadata": {"ISTIO_META_CLUSTER_ID": "other", "ISTIO_META_MESH_ID": "m1"}}"#,
+                ),
+            ],
+            embedded(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.metadata,
+            vec![
+                ("CLUSTER_ID".into(), "Kubernetes".into()),
+                ("MESH_ID".into(), "m1".into())
+            ]
+        );
     }
 
     #[test]
