@@ -16,8 +16,9 @@ fi
 
 need_apt=()
 # podman with runc (crun fails on these machines' hybrid cgroups) and mmdebstrap (root
-# filesystems from Debian packages) build and run the images (scripts/image.sh, the pod tests).
-for pair in iptables:iptables ip:iproute2 setpriv:util-linux curl:curl /usr/bin/python3:python3 dnsmasq:dnsmasq-base openssl:openssl podman:podman runc:runc mmdebstrap:mmdebstrap; do
+# filesystems from Debian packages) build and run the images (scripts/image.sh, the pod tests);
+# catatonit is the init of the pause image podman builds locally for a pod.
+for pair in iptables:iptables ip:iproute2 setpriv:util-linux curl:curl /usr/bin/python3:python3 dnsmasq:dnsmasq-base openssl:openssl podman:podman runc:runc catatonit:catatonit mmdebstrap:mmdebstrap; do
   cmd="${pair%%:*}"; pkg="${pair##*:}"
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
