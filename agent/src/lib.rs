@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod probes;
 pub mod sds;
 pub mod status;
+pub mod uds;
 pub mod xds_proxy;
 
 use std::os::unix::fs::PermissionsExt;
@@ -193,13 +194,11 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         as_root.then_some(cfg.envoy_uid),
     )?;
     let sds_drain = drain.clone();
-    let mut sds_uids = vec![0, cfg.envoy_uid, nix::unistd::geteuid().as_raw()];
-    sds_uids.dedup();
     tasks.spawn(
         "sds",
         sds::serve(
             sds_listener,
-            sds_uids,
+            uds::allowed_uids(cfg.envoy_uid),
             certs.clone(),
             cfg.identity.file_allow_dirs.clone(),
             async move { sds_drain.finished().await },
@@ -255,6 +254,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         "xds-proxy",
         xds_proxy::serve(
             xds_listener,
+            uds::allowed_uids(cfg.envoy_uid),
             upstream,
             metrics.clone(),
             dns_state,

@@ -61,64 +61,12 @@ pub struct SdsError {
     pub source: std::io::Error,
 }
 
-/// Creates the socket's directory (0700) and the socket (0600), both owned by `owner`. In a pod
-/// the directory is an emptyDir of the proxy container that the agent (1337) does not own and
-/// cannot chmod: then the socket's own mode (0600, the agent's) and the peer check guard it.
+/// Creates the socket's directory (0700) and the socket (0600), both owned by `owner`
+/// (`uds::bind`; in a pod the directory is an emptyDir the agent cannot chmod).
 pub fn bind(path: &Path, owner: Option<u32>) -> Result<UnixListener, SdsError> {
-    use std::os::unix::fs::PermissionsExt;
-    let fail = |source| SdsError {
+    crate::uds::bind(path, owner, true).map_err(|source| SdsError {
         path: path.to_path_buf(),
         source,
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(fail)?;
-    match crate::set_dir_mode(dir, 0o700).map_err(fail)? {
-        None => {
-            if let Some(uid) = owner {
-                std::os::unix::fs::chown(dir, Some(uid), Some(uid)).map_err(fail)?;
-            }
-        }
-        Some(mode) => tracing::debug!(
-            dir = %dir.display(),
-            mode = format!("{mode:o}"),
-            "socket directory owned by another uid: left as it is"
-        ),
-    }
-    if path.exists() {
-        std::fs::remove_file(path).map_err(fail)?;
-    }
-    let listener = UnixListener::bind(path).map_err(fail)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
-    if let Some(uid) = owner {
-        std::os::unix::fs::chown(path, Some(uid), Some(uid)).map_err(fail)?;
-    }
-    Ok(listener)
-}
-
-/// Accepted connections whose peer is one of `allowed` uids; others are closed and logged.
-pub fn authorized(
-    listener: UnixListener,
-    allowed: Vec<u32>,
-) -> impl Stream<Item = Result<UnixStream, std::io::Error>> {
-    futures::stream::unfold((listener, allowed), |(listener, allowed)| async move {
-        loop {
-            match listener.accept().await {
-                Ok((stream, _)) => match stream.peer_cred() {
-                    Ok(cred) if allowed.contains(&cred.uid()) => {
-                        return Some((Ok(stream), (listener, allowed)));
-                    }
-                    Ok(cred) => tracing::warn!(
-                        uid = cred.uid(),
-                        pid = ?cred.pid(),
-                        "SDS connection refused: only the proxy uid or root may read certificates"
-                    ),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "SDS connection refused: no peer credentials")
-                    }
-                },
-                Err(e) => return Some((Err(e), (listener, allowed))),
-            }
-        }
     })
 }
 
@@ -375,7 +323,10 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
         .add_service(SdsService::new(certs, file_dirs))
-        .serve_with_incoming_shutdown(authorized(listener, allowed_uids), shutdown)
+        .serve_with_incoming_shutdown(
+            crate::uds::authorized(listener, allowed_uids, "SDS"),
+            shutdown,
+        )
         .await
 }
 
@@ -520,18 +471,5 @@ mod tests {
             .unwrap();
         let resp = responses.next().await.unwrap().unwrap();
         assert_eq!(names(&resp), vec!["default".to_string(), inside]);
-    }
-
-    #[tokio::test]
-    async fn other_uids_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("socket");
-        let listener = bind(&path, None).unwrap();
-        let me = nix::unistd::geteuid().as_raw();
-        // Only a uid that is not ours is allowed: our own connection must be dropped.
-        let mut accepted = Box::pin(authorized(listener, vec![me.wrapping_add(4242)]));
-        let _client = tokio::net::UnixStream::connect(&path).await.unwrap();
-        let next = tokio::time::timeout(Duration::from_millis(300), accepted.next()).await;
-        assert!(next.is_err(), "a connection from another uid was accepted");
     }
 }

@@ -19,7 +19,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, Disc
 use futures::{Stream, StreamExt};
 use prost::Message;
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::{Body, BoxFuture, StdError, http};
 use tonic::metadata::{Ascii, MetadataKey, MetadataValue};
@@ -535,25 +535,19 @@ where
     }
 }
 
-/// Binds the socket (replacing a stale one) and makes it usable by Envoy's uid.
+/// Binds the socket (replacing a stale one): 0600, owned by Envoy's uid when given
+/// (`uds::bind`; its directory, the config dir, is shared with the bootstrap and stays as it is).
 pub fn bind(path: &Path, envoy_uid: Option<u32>) -> Result<UnixListener, XdsProxyError> {
-    let fail = |source| XdsProxyError::Socket {
+    crate::uds::bind(path, envoy_uid, false).map_err(|source| XdsProxyError::Socket {
         path: path.to_path_buf(),
         source,
-    };
-    if path.exists() {
-        std::fs::remove_file(path).map_err(fail)?;
-    }
-    let listener = UnixListener::bind(path).map_err(fail)?;
-    if let Some(uid) = envoy_uid {
-        std::os::unix::fs::chown(path, Some(uid), Some(uid)).map_err(fail)?;
-    }
-    Ok(listener)
+    })
 }
 
-/// Serves until `shutdown` resolves.
+/// Serves connections from `allowed_uids` (SO_PEERCRED) until `shutdown` resolves.
 pub async fn serve(
     listener: UnixListener,
+    allowed_uids: Vec<u32>,
     upstream: Upstream,
     metrics: Arc<crate::metrics::Metrics>,
     dns: Option<DnsState>,
@@ -569,7 +563,10 @@ pub async fn serve(
     };
     tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            crate::uds::authorized(listener, allowed_uids, "xDS"),
+            shutdown,
+        )
         .await?;
     Ok(())
 }
@@ -591,6 +588,7 @@ mod tests {
         let cp = istiod_core::ControlPlane::in_memory("cluster.local").unwrap();
         tokio::spawn(serve(
             listener,
+            crate::uds::allowed_uids(1337),
             Upstream::Embedded(cp.xds()),
             Arc::new(crate::metrics::Metrics::new()),
             None,

@@ -234,55 +234,70 @@ fn mtls_between_sidecars_carries_the_client_identity() {
 
     // Another uid cannot reach the socket, and one that gets past the file permissions
     // (CAP_DAC_OVERRIDE) is refused by the peer-credential check before any byte is served.
-    let sock = socket.to_str().unwrap();
-    let script = format!(
+    // The xDS socket Envoy takes its config from is guarded the same way.
+    let xds = server.dir.join("etc/istio/proxy/XDS");
+    let xds_meta = std::fs::metadata(&xds).unwrap();
+    assert_eq!((xds_meta.mode() & 0o777, xds_meta.uid()), (0o600, 1337));
+    for (path, what) in [(&socket, "SDS"), (&xds, "xDS")] {
+        let script = socket_probe(path.to_str().unwrap());
+        let run = |extra: &[&str]| {
+            let mut args = vec![
+                "setpriv",
+                "--reuid",
+                "1000",
+                "--regid",
+                "1000",
+                "--clear-groups",
+            ];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["--", "/usr/bin/python3", "-c", &script]);
+            let out = server.exec(&args).unwrap();
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        };
+        assert_eq!(
+            run(&[]),
+            "connect 13",
+            "{what}: EACCES expected for uid 1000"
+        );
+        let with_cap = run(&[
+            "--inh-caps",
+            "+dac_override",
+            "--ambient-caps",
+            "+dac_override",
+        ]);
+        assert!(
+            with_cap == "read 0" || with_cap.starts_with("io-error"),
+            "{what}: uid 1000 was served: {with_cap}"
+        );
+        assert!(
+            server.wait_log(
+                "pilot-agent",
+                &format!("{what} connection refused"),
+                Duration::from_secs(5)
+            ),
+            "{}",
+            server.logs()
+        );
+        // Root (and the proxy uid, which Envoy proves) are served.
+        let out = server.exec(&["/usr/bin/python3", "-c", &script]).unwrap();
+        let root = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            root.starts_with("read ") && root != "read 0",
+            "{what}: root was not served: {root}"
+        );
+    }
+}
+
+/// A Python client that connects to the Unix socket, sends an HTTP/2 preface and a SETTINGS
+/// frame, and prints `read N` (bytes answered), `connect ERRNO` or `io-error ERRNO`.
+fn socket_probe(sock: &str) -> String {
+    format!(
         "import socket\ns = socket.socket(socket.AF_UNIX)\ns.settimeout(5)\ntry:\n    s.connect({sock:?})\nexcept OSError as e:\n    print('connect', e.errno); raise SystemExit\ntry:\n    s.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n' + bytes([0,0,0,4,0,0,0,0,0]))\n    print('read', len(s.recv(100)))\nexcept OSError as e:\n    print('io-error', e.errno)\n"
-    );
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "setpriv",
-            "--reuid",
-            "1000",
-            "--regid",
-            "1000",
-            "--clear-groups",
-        ];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&["--", "/usr/bin/python3", "-c", &script]);
-        let out = server.exec(&args).unwrap();
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-    };
-    assert_eq!(run(&[]), "connect 13", "EACCES expected for uid 1000");
-    let with_cap = run(&[
-        "--inh-caps",
-        "+dac_override",
-        "--ambient-caps",
-        "+dac_override",
-    ]);
-    assert!(
-        with_cap == "read 0" || with_cap.starts_with("io-error"),
-        "uid 1000 was served: {with_cap}"
-    );
-    assert!(
-        server.wait_log(
-            "pilot-agent",
-            "SDS connection refused",
-            Duration::from_secs(5)
-        ),
-        "{}",
-        server.logs()
-    );
-    // Root (and the proxy uid, which Envoy proves) are served.
-    let out = server.exec(&["/usr/bin/python3", "-c", &script]).unwrap();
-    let root = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(
-        root.starts_with("read ") && root != "read 0",
-        "root was not served: {root}"
-    );
+    )
 }
 
 #[test]
