@@ -80,9 +80,14 @@ pack() { # name
 }
 
 build() { # name dockerfile
+  local ref="localhost/istio-rs/$1:$TAG" old new
+  old="$(podman image inspect --format '{{.Id}}' "$ref" 2>/dev/null || true)"
   podman --runtime runc build --quiet --timestamp "$EPOCH" --label "istio-rs.binaries=$BINARIES_SHA" \
-    -f "$2" -t "localhost/istio-rs/$1:$TAG" "$OUT" >/dev/null
-  echo "image.sh: localhost/istio-rs/$1:$TAG $(podman image inspect --format '{{.Size}}' "localhost/istio-rs/$1:$TAG" | awk '{printf "%.1f MB", $1/1e6}')"
+    -f "$2" -t "$ref" "$OUT" >/dev/null
+  new="$(podman image inspect --format '{{.Id}}' "$ref")"
+  # The image this tag named before is removed (unless a container uses it): rebuilds do not pile up.
+  if [ -n "$old" ] && [ "$old" != "$new" ]; then podman rmi "$old" >/dev/null 2>&1 || true; fi
+  echo "image.sh: $ref $(podman image inspect --format '{{.Size}}' "$ref" | awk '{printf "%.1f MB", $1/1e6}')"
 }
 
 if [ "$WHICH" = all ] || [ "$WHICH" = proxyv2 ]; then
