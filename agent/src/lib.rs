@@ -172,6 +172,8 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     }
 
     let as_root = nix::unistd::geteuid().is_root();
+    // Who may connect to the SDS and xDS sockets (root, Envoy's uid, the agent's).
+    let socket_peers = uds::allowed_uids(cfg.envoy_uid);
     let certs = start_identity(&cfg, &mut tasks)?;
     let cert_metrics = metrics.clone();
     let mut cert_updates = certs.clone();
@@ -198,7 +200,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         "sds",
         sds::serve(
             sds_listener,
-            uds::allowed_uids(cfg.envoy_uid),
+            socket_peers.clone(),
             certs.clone(),
             cfg.identity.file_allow_dirs.clone(),
             async move { sds_drain.finished().await },
@@ -254,7 +256,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
         "xds-proxy",
         xds_proxy::serve(
             xds_listener,
-            uds::allowed_uids(cfg.envoy_uid),
+            socket_peers,
             upstream,
             metrics.clone(),
             dns_state,

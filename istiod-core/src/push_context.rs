@@ -740,6 +740,16 @@ impl PushContext {
     }
 }
 
+/// The snapshot of one YAML document set, for unit tests of the generators.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn from_yaml(yaml: &str) -> PushContext {
+    let set = ConfigSet {
+        resources: crate::config_store::parse_file(std::path::Path::new("t.yaml"), yaml).unwrap(),
+    };
+    PushContext::build(std::sync::Arc::new(set), "cluster.local", "1".into()).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -747,10 +757,7 @@ mod tests {
     use std::path::Path;
 
     fn push(yaml: &str) -> PushContext {
-        let set = ConfigSet {
-            resources: parse_file(Path::new("pa.yaml"), yaml).unwrap(),
-        };
-        PushContext::build(std::sync::Arc::new(set), "cluster.local", "1".into()).unwrap()
+        from_yaml(yaml)
     }
 
     #[test]

@@ -91,6 +91,17 @@ fn which(cmd: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Writes `contents` at `path` (parents created) readable by every uid (0644): files the pods'
+/// other users (the app, Envoy as 1337) read.
+pub fn write_readable(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::write(path, contents)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o644))?;
+    Ok(())
+}
+
 /// Runs a command to completion, failing with its output if it fails.
 pub fn run(cmd: &str, args: &[&str]) -> Result<Output> {
     let out = Command::new(cmd)

@@ -146,9 +146,7 @@ fn tls_get(
 /// Writes `text` where the app uid can read it (the test's shared directory).
 fn shared_file(m: &Mesh, name: &str, text: &str) -> String {
     let path = m.net.dir().join(name);
-    std::fs::write(&path, text).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    harness::write_readable(&path, text).unwrap();
     path.display().to_string()
 }
 
@@ -459,12 +457,8 @@ fn credential_name_mutual_tls_rotation_and_sni_passthrough() {
     let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
     let backend_path = leak(shared.join("secure.pem").display().to_string());
     let backend_key_path = leak(shared.join("secure-key.pem").display().to_string());
-    std::fs::write(backend_path, &backend).unwrap();
-    std::fs::write(backend_key_path, &backend_key).unwrap();
-    for p in [backend_path, backend_key_path] {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
+    harness::write_readable(std::path::Path::new(backend_path), &backend).unwrap();
+    harness::write_readable(std::path::Path::new(backend_key_path), &backend_key).unwrap();
     let tls_env: &'static [(&'static str, &'static str)] = Box::leak(Box::new([
         ("TLS_CERT", backend_path),
         ("TLS_KEY", backend_key_path),

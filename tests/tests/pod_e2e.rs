@@ -18,7 +18,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use harness::podman::{ISTIOD_IMAGE, PROXY_IMAGE, PodmanPod, podman_ok, require_images};
-use harness::{INJECTOR_INIT_ARGS, Network, Pod, TestCa, binary, require_root, wait_until};
+use harness::{
+    INJECTOR_INIT_ARGS, Network, Pod, TestCa, binary, require_root, wait_until, write_readable,
+};
 
 const NS: &str = "default";
 const VIP: &str = "10.234.0.80";
@@ -46,12 +48,6 @@ spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}
 "#
     );
     std::fs::write(dir.join("mesh.yaml"), yaml).unwrap();
-}
-
-fn write(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
 }
 
 /// The control-plane pod: the istiod-core image serving the config directory, with its CA, on
@@ -155,22 +151,25 @@ fn injector_env(name: &str, ip: &str) -> Vec<String> {
 /// (token, root, downward-API files) are under `pod.dir`.
 fn add_init_and_proxy(p: &PodmanPod, pod: &Pod, name: &str, ca: &TestCa, init_extra: &[&str]) {
     let files = pod.dir.join("volumes");
-    write(
+    write_readable(
         &files.join("tokens/istio-token"),
-        &ca.token(NS, name).unwrap(),
-    );
+        ca.token(NS, name).unwrap(),
+    )
+    .unwrap();
     let root = std::fs::read_to_string(ca.root_cert()).unwrap();
-    write(&files.join("istiod-ca-cert/root-cert.pem"), &root);
-    write(
+    write_readable(&files.join("istiod-ca-cert/root-cert.pem"), &root).unwrap();
+    write_readable(
         &files.join("podinfo/labels"),
-        &format!(
+        format!(
             "app=\"{name}\"\npod-template-hash=\"7d4f8b6c9\"\nsecurity.istio.io/tlsMode=\"istio\"\n"
         ),
-    );
-    write(
+    )
+    .unwrap();
+    write_readable(
         &files.join("podinfo/annotations"),
         "kubectl.kubernetes.io/default-container=\"app\"\nsidecar.istio.io/status=\"{}\"\n",
-    );
+    )
+    .unwrap();
 
     let mut init: Vec<&str> = vec![PROXY_IMAGE, "istio-iptables"];
     init.extend(INJECTOR_INIT_ARGS);
@@ -358,7 +357,7 @@ fn a_failing_init_container_keeps_the_pod_from_starting() {
     let ca = TestCa::new(&net.dir().join("ca")).unwrap();
     // No control plane is needed: nothing after the init container may start. The root file
     // the proxy container would mount is a placeholder.
-    write(&ca.root_cert(), "unused");
+    write_readable(&ca.root_cert(), "unused").unwrap();
     let p = PodmanPod::create("bad", &net.pods[i].ns).unwrap();
     add_init_and_proxy(
         &p,

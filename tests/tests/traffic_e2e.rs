@@ -514,12 +514,8 @@ fn server_certs(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
         dir.join("server-key.pem"),
     );
     std::fs::write(&paths.0, ca).unwrap();
-    std::fs::write(&paths.1, cert).unwrap();
-    std::fs::write(&paths.2, key).unwrap();
-    for p in [&paths.1, &paths.2] {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
+    harness::write_readable(&paths.1, cert).unwrap();
+    harness::write_readable(&paths.2, key).unwrap();
     (paths.0, paths.1, paths.2)
 }
 

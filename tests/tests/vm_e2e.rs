@@ -9,12 +9,11 @@
 //! rules, the files and the istio-proxy user. The control plane is `istiod-core serve` with its
 //! CA, on 15012 over TLS.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use harness::podman::{podman, podman_ok};
-use harness::{Network, TestCa, binary, cannot_run, require_root, run, wait_until};
+use harness::{Network, TestCa, binary, cannot_run, require_root, run, wait_until, write_readable};
 
 const NS: &str = "vmns";
 const SA: &str = "vmsa";
@@ -60,12 +59,7 @@ spec: {{address: {VM_IP}, labels: {{app: vmapp}}, serviceAccount: {SA}}}
 
 /// The files `istioctl x workload entry configure` writes, placed as Istio's VM guide says.
 fn place_vm_files(root: &Path, ca: &TestCa) {
-    let put = |rel: &str, text: &str| {
-        let path = root.join(rel);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, text).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    };
+    let put = |rel: &str, text: &str| write_readable(&root.join(rel), text).unwrap();
     put(
         "var/lib/istio/envoy/cluster.env",
         &format!(

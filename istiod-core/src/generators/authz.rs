@@ -824,16 +824,11 @@ fn not_rule(p: Permission) -> Permission {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config_store::{ConfigSet, parse_file};
     use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
     use prost::Message;
 
     fn filters(yaml: &str) -> InboundFilters {
-        let config = ConfigSet {
-            resources: parse_file(std::path::Path::new("t.yaml"), yaml).unwrap(),
-        };
-        let push =
-            PushContext::build(std::sync::Arc::new(config), "cluster.local", "1".into()).unwrap();
+        let push = crate::push_context::from_yaml(yaml);
         let proxy = Proxy::from_node_id("sidecar~10.0.0.1~p.shop~shop.svc.cluster.local").unwrap();
         inbound(&push, &proxy, &proxy.workload_labels(&push.services))
     }

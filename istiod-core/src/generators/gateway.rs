@@ -773,14 +773,8 @@ pub fn secrets(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config_store::{ConfigSet, parse_file};
 
-    fn push(yaml: &str) -> PushContext {
-        let config = ConfigSet {
-            resources: parse_file(std::path::Path::new("t.yaml"), yaml).unwrap(),
-        };
-        PushContext::build(std::sync::Arc::new(config), "cluster.local", "1".into()).unwrap()
-    }
+    use crate::push_context::from_yaml as push;
 
     fn router(ns: &str, labels: &[(&str, &str)], reads_secrets: bool) -> Proxy {
         let mut p = Proxy::from_node_id(&format!("router~10.0.0.9~gw.{ns}~{ns}.svc.cluster.local"))

@@ -417,14 +417,8 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config_store::{ConfigSet, parse_file};
 
-    fn push(yaml: &str) -> PushContext {
-        let config = ConfigSet {
-            resources: parse_file(std::path::Path::new("t.yaml"), yaml).unwrap(),
-        };
-        PushContext::build(std::sync::Arc::new(config), "cluster.local", "1".into()).unwrap()
-    }
+    use crate::push_context::from_yaml as push;
 
     #[test]
     fn domains_are_the_names_a_client_uses_each_claimed_once() {
