@@ -109,8 +109,9 @@ pub const DNS_PROXY_PORT: &str = "15053";
 /// Mark for Envoy's own outbound packets to the local workload in TPROXY mode (Istio's OutboundMark).
 pub const OUTBOUND_MARK: &str = "1338";
 
+/// The rules of one family, in the order they are built.
+#[derive(Default)]
 struct Builder {
-    family: Family,
     rules: Vec<Rule>,
 }
 
@@ -137,52 +138,113 @@ impl Builder {
     }
 }
 
-/// Builds the plan for one family, in the order of Istio's `capture/run.go`. Pure: reads nothing
-/// but its arguments.
+/// One family's view of the config: the values the sections share, worked out once.
+struct Ctx<'a> {
+    cfg: &'a Config,
+    v4: bool,
+    tproxy: bool,
+    loopback: String,
+    /// Envoy's inbound passthrough source address of this family.
+    passthrough: &'static str,
+    tunnel: String,
+    capture_port: String,
+    mark: String,
+    /// `--uid-owner` with each proxy uid, then `--gid-owner` with each proxy gid.
+    owners: Vec<(&'static str, String)>,
+    /// This family's DNS servers, as host routes.
+    dns_servers: Vec<String>,
+    /// DNS capture is on: requested, and there is something to capture anywhere (as in Istio).
+    redirect_dns: bool,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(cfg: &'a Config, family: Family, facts: &PodFacts) -> Ctx<'a> {
+        let v4 = family == Family::V4;
+        let (loopback, passthrough, host_bits) = if v4 {
+            (
+                cfg.loopback_cidr_v4.to_string(),
+                INBOUND_PASSTHROUGH_V4,
+                "/32",
+            )
+        } else {
+            ("::1/128".to_string(), INBOUND_PASSTHROUGH_V6, "/128")
+        };
+        let uids = cfg.proxy_uids.iter().map(|id| ("--uid-owner", id));
+        let gids = cfg.proxy_gids.iter().map(|id| ("--gid-owner", id));
+        Ctx {
+            cfg,
+            v4,
+            tproxy: cfg.mode == InterceptionMode::Tproxy,
+            loopback,
+            passthrough,
+            tunnel: cfg.inbound_tunnel_port.to_string(),
+            capture_port: cfg.inbound_capture_port.to_string(),
+            mark: cfg.tproxy_mark.to_string(),
+            owners: uids
+                .chain(gids)
+                .map(|(kind, id)| (kind, id.to_string()))
+                .collect(),
+            dns_servers: facts
+                .dns_servers
+                .iter()
+                .filter(|s| s.is_ipv4() == v4)
+                .map(|s| format!("{s}{host_bits}"))
+                .collect(),
+            redirect_dns: cfg.redirect_dns
+                && (cfg.capture_all_dns || !facts.dns_servers.is_empty()),
+        }
+    }
+
+    /// The CIDRs of this family, rendered.
+    fn of_family(&self, cidrs: &[Cidr]) -> Vec<String> {
+        cidrs
+            .iter()
+            .filter(|c| c.is_v4() == self.v4)
+            .map(ToString::to_string)
+            .collect()
+    }
+}
+
+/// Builds the plan for one family, in the order of Istio's `capture/run.go`: one section function
+/// per block of `Run()`, called in its order. Pure: reads nothing but its arguments.
 pub fn plan(cfg: &Config, family: Family, facts: &PodFacts) -> Plan {
-    let v4 = family == Family::V4;
-    let (loopback, passthrough, host_bits) = if v4 {
-        (
-            cfg.loopback_cidr_v4.to_string(),
-            INBOUND_PASSTHROUGH_V4,
-            "/32",
-        )
-    } else {
-        ("::1/128".to_string(), INBOUND_PASSTHROUGH_V6, "/128")
-    };
-    let of_family = |c: &&Cidr| c.is_v4() == v4;
-    let tproxy = cfg.mode == InterceptionMode::Tproxy;
-    let mut b = Builder {
+    let c = Ctx::new(cfg, family, facts);
+    let mut b = Builder::default();
+    excluded_interfaces(&c, &mut b);
+    drop_invalid(&c, &mut b);
+    redirect_chains(&c, &mut b);
+    inbound_capture(&c, &mut b);
+    outbound_exclusions(&c, &mut b);
+    proxy_owner_rules(&c, &mut b);
+    owner_groups(&c, &mut b);
+    if c.redirect_dns {
+        dns_redirect(&c, &mut b);
+        dns_conntrack_zones(&c, &mut b);
+    }
+    outbound_capture(&c, &mut b);
+    if c.tproxy {
+        tproxy_marks(&c, &mut b);
+    }
+    Plan {
         family,
-        rules: Vec::new(),
-    };
-    let tunnel = cfg.inbound_tunnel_port.to_string();
-    let proxy_port = cfg.proxy_port.to_string();
-    let capture_port = cfg.inbound_capture_port.to_string();
-    let mark = cfg.tproxy_mark.to_string();
-    let uids: Vec<String> = cfg.proxy_uids.iter().map(ToString::to_string).collect();
-    let gids: Vec<String> = cfg.proxy_gids.iter().map(ToString::to_string).collect();
+        rules: b.rules,
+    }
+}
 
-    // DNS servers of this family; capture is off when there are none anywhere (as in Istio).
-    let servers: Vec<String> = facts
-        .dns_servers
-        .iter()
-        .filter(|s| s.is_ipv4() == v4)
-        .map(|s| format!("{s}{host_bits}"))
-        .collect();
-    let redirect_dns = cfg.redirect_dns && (cfg.capture_all_dns || !facts.dns_servers.is_empty());
-
-    for iface in &cfg.exclude_interfaces {
+/// Excluded interfaces are never captured; KubeVirt interfaces skip the rest of PREROUTING
+/// (Istio's `shortCircuitKubeInternalInterface`).
+fn excluded_interfaces(c: &Ctx, b: &mut Builder) {
+    for iface in &c.cfg.exclude_interfaces {
         b.nat("PREROUTING", &["-i", iface, "-j", "RETURN"]);
         b.nat("OUTPUT", &["-o", iface, "-j", "RETURN"]);
     }
-    if tproxy {
-        for iface in &cfg.exclude_interfaces {
+    if c.tproxy {
+        for iface in &c.cfg.exclude_interfaces {
             b.mangle("PREROUTING", &["-i", iface, "-j", "RETURN"]);
             b.mangle("OUTPUT", &["-o", iface, "-j", "RETURN"]);
         }
     }
-    for iface in &cfg.kube_virt_interfaces {
+    for iface in &c.cfg.kube_virt_interfaces {
         b.push(
             Table::Nat,
             "PREROUTING",
@@ -190,17 +252,25 @@ pub fn plan(cfg: &Config, family: Family, facts: &PodFacts) -> Plan {
             &["-i", iface, "-j", "RETURN"],
         );
     }
-    if cfg.drop_invalid {
+}
+
+/// `--drop-invalid`: out-of-window packets are dropped rather than answered with a reset.
+fn drop_invalid(c: &Ctx, b: &mut Builder) {
+    if c.cfg.drop_invalid {
         b.mangle(
             "PREROUTING",
             &["-m", "conntrack", "--ctstate", "INVALID", "-j", ISTIO_DROP],
         );
         b.mangle(ISTIO_DROP, &["-j", "DROP"]);
     }
+}
 
+/// The tunnel port bypass and the two redirect chains (to Envoy's outbound and inbound ports).
+fn redirect_chains(c: &Ctx, b: &mut Builder) {
+    let proxy_port = c.cfg.proxy_port.to_string();
     b.nat(
         ISTIO_INBOUND,
-        &["-p", "tcp", "--dport", &tunnel, "-j", "RETURN"],
+        &["-p", "tcp", "--dport", &c.tunnel, "-j", "RETURN"],
     );
     b.nat(
         ISTIO_REDIRECT,
@@ -208,101 +278,119 @@ pub fn plan(cfg: &Config, family: Family, facts: &PodFacts) -> Plan {
     );
     b.nat(
         ISTIO_IN_REDIRECT,
-        &["-p", "tcp", "-j", "REDIRECT", "--to-ports", &capture_port],
+        &["-p", "tcp", "-j", "REDIRECT", "--to-ports", &c.capture_port],
     );
+}
 
-    if cfg.inbound != InboundPorts::None {
-        let table = if tproxy {
-            let tproxy_mark = format!("{mark}/0xffffffff");
-            b.mangle(ISTIO_DIVERT, &["-j", "MARK", "--set-mark", &mark]);
-            b.mangle(ISTIO_DIVERT, &["-j", "ACCEPT"]);
+/// Inbound capture, REDIRECT (nat) or TPROXY (mangle) (Istio's `handleInboundPortsInclude`).
+fn inbound_capture(c: &Ctx, b: &mut Builder) {
+    let table = match &c.cfg.inbound {
+        InboundPorts::None => return,
+        _ if c.tproxy => {
+            tproxy_divert_chains(c, b);
+            Table::Mangle
+        }
+        _ => Table::Nat,
+    };
+    b.append(table, "PREROUTING", &["-p", "tcp", "-j", ISTIO_INBOUND]);
+    match &c.cfg.inbound {
+        InboundPorts::All { exclude } => inbound_all_ports(c, b, table, exclude),
+        InboundPorts::Only(ports) => inbound_listed_ports(c, b, ports),
+        InboundPorts::None => {}
+    }
+}
+
+/// ISTIO_DIVERT marks and accepts packets of established inbound connections; ISTIO_TPROXY
+/// hands new ones to Envoy's inbound port.
+fn tproxy_divert_chains(c: &Ctx, b: &mut Builder) {
+    let tproxy_mark = format!("{}/0xffffffff", c.mark);
+    b.mangle(ISTIO_DIVERT, &["-j", "MARK", "--set-mark", &c.mark]);
+    b.mangle(ISTIO_DIVERT, &["-j", "ACCEPT"]);
+    b.mangle(
+        ISTIO_TPROXY,
+        &[
+            "!",
+            "-d",
+            &c.loopback,
+            "-p",
+            "tcp",
+            "-j",
+            "TPROXY",
+            "--tproxy-mark",
+            &tproxy_mark,
+            "--on-port",
+            &c.capture_port,
+        ],
+    );
+}
+
+/// `-b '*'`: every inbound port but the excluded ones.
+fn inbound_all_ports(c: &Ctx, b: &mut Builder, table: Table, exclude: &[u16]) {
+    for port in exclude {
+        let port = port.to_string();
+        b.append(
+            table,
+            ISTIO_INBOUND,
+            &["-p", "tcp", "--dport", &port, "-j", "RETURN"],
+        );
+    }
+    if c.tproxy {
+        b.mangle(
+            ISTIO_INBOUND,
+            &[
+                "-p",
+                "tcp",
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "RELATED,ESTABLISHED",
+                "-j",
+                ISTIO_DIVERT,
+            ],
+        );
+        b.mangle(ISTIO_INBOUND, &["-p", "tcp", "-j", ISTIO_TPROXY]);
+    } else {
+        b.nat(ISTIO_INBOUND, &["-p", "tcp", "-j", ISTIO_IN_REDIRECT]);
+    }
+}
+
+/// `-b p1,p2`: only the listed inbound ports.
+fn inbound_listed_ports(c: &Ctx, b: &mut Builder, ports: &[u16]) {
+    for port in ports {
+        let port = port.to_string();
+        if c.tproxy {
             b.mangle(
-                ISTIO_TPROXY,
+                ISTIO_INBOUND,
                 &[
-                    "!",
-                    "-d",
-                    &loopback,
                     "-p",
                     "tcp",
+                    "--dport",
+                    &port,
+                    "-m",
+                    "conntrack",
+                    "--ctstate",
+                    "RELATED,ESTABLISHED",
                     "-j",
-                    "TPROXY",
-                    "--tproxy-mark",
-                    &tproxy_mark,
-                    "--on-port",
-                    &capture_port,
+                    ISTIO_DIVERT,
                 ],
             );
-            Table::Mangle
+            b.mangle(
+                ISTIO_INBOUND,
+                &["-p", "tcp", "--dport", &port, "-j", ISTIO_TPROXY],
+            );
         } else {
-            Table::Nat
-        };
-        b.append(table, "PREROUTING", &["-p", "tcp", "-j", ISTIO_INBOUND]);
-        match &cfg.inbound {
-            InboundPorts::All { exclude } => {
-                for port in exclude {
-                    let port = port.to_string();
-                    b.append(
-                        table,
-                        ISTIO_INBOUND,
-                        &["-p", "tcp", "--dport", &port, "-j", "RETURN"],
-                    );
-                }
-                if tproxy {
-                    b.mangle(
-                        ISTIO_INBOUND,
-                        &[
-                            "-p",
-                            "tcp",
-                            "-m",
-                            "conntrack",
-                            "--ctstate",
-                            "RELATED,ESTABLISHED",
-                            "-j",
-                            ISTIO_DIVERT,
-                        ],
-                    );
-                    b.mangle(ISTIO_INBOUND, &["-p", "tcp", "-j", ISTIO_TPROXY]);
-                } else {
-                    b.nat(ISTIO_INBOUND, &["-p", "tcp", "-j", ISTIO_IN_REDIRECT]);
-                }
-            }
-            InboundPorts::Only(ports) => {
-                for port in ports {
-                    let port = port.to_string();
-                    if tproxy {
-                        b.mangle(
-                            ISTIO_INBOUND,
-                            &[
-                                "-p",
-                                "tcp",
-                                "--dport",
-                                &port,
-                                "-m",
-                                "conntrack",
-                                "--ctstate",
-                                "RELATED,ESTABLISHED",
-                                "-j",
-                                ISTIO_DIVERT,
-                            ],
-                        );
-                        b.mangle(
-                            ISTIO_INBOUND,
-                            &["-p", "tcp", "--dport", &port, "-j", ISTIO_TPROXY],
-                        );
-                    } else {
-                        b.nat(
-                            ISTIO_INBOUND,
-                            &["-p", "tcp", "--dport", &port, "-j", ISTIO_IN_REDIRECT],
-                        );
-                    }
-                }
-            }
-            InboundPorts::None => {}
+            b.nat(
+                ISTIO_INBOUND,
+                &["-p", "tcp", "--dport", &port, "-j", ISTIO_IN_REDIRECT],
+            );
         }
     }
+}
 
+/// The jump into ISTIO_OUTPUT, excluded outbound ports, and Envoy's inbound passthrough source.
+fn outbound_exclusions(c: &Ctx, b: &mut Builder) {
     b.nat("OUTPUT", &["-j", ISTIO_OUTPUT]);
-    for port in &cfg.outbound_exclude_ports {
+    for port in &c.cfg.outbound_exclude_ports {
         let port = port.to_string();
         b.nat(
             ISTIO_OUTPUT,
@@ -315,89 +403,94 @@ pub fn plan(cfg: &Config, family: Family, facts: &PodFacts) -> Plan {
     }
     b.nat(
         ISTIO_OUTPUT,
-        &["-o", "lo", "-s", passthrough, "-j", "RETURN"],
+        &["-o", "lo", "-s", c.passthrough, "-j", "RETURN"],
     );
+}
 
+/// Per proxy uid, then per gid: the app calling itself through Envoy is redirected inbound, the
+/// app calling itself directly is not captured, and Envoy's own traffic is never captured.
+fn proxy_owner_rules(c: &Ctx, b: &mut Builder) {
     // If the include list names a loopback range, traffic to lo is captured rather than returned.
-    let include_has_loopback = match &cfg.outbound {
-        OutboundCidrs::Only(cidrs) => cidrs.iter().any(|c| c.addr.is_loopback()),
+    let include_has_loopback = match &c.cfg.outbound {
+        OutboundCidrs::Only(cidrs) => cidrs.iter().any(|cidr| cidr.addr.is_loopback()),
         _ => false,
     };
-    let dns_tunnel_ports = format!("53,{tunnel}");
-    for (kind, ids) in [("--uid-owner", &uids), ("--gid-owner", &gids)] {
-        for id in ids {
-            // The app calling itself through a service VIP: Envoy's outbound connection to the
-            // pod's own address goes over lo and must be treated as inbound.
-            if redirect_dns && kind == "--uid-owner" {
+    let dns_tunnel_ports = format!("53,{}", c.tunnel);
+    for (kind, id) in &c.owners {
+        // The app calling itself through a service VIP: Envoy's outbound connection to the
+        // pod's own address goes over lo and must be treated as inbound.
+        if c.redirect_dns && *kind == "--uid-owner" {
+            b.nat(
+                ISTIO_OUTPUT,
+                &[
+                    "-o",
+                    "lo",
+                    "!",
+                    "-d",
+                    &c.loopback,
+                    "-p",
+                    "tcp",
+                    "-m",
+                    "multiport",
+                    "!",
+                    "--dports",
+                    &dns_tunnel_ports,
+                    "-m",
+                    "owner",
+                    kind,
+                    id,
+                    "-j",
+                    ISTIO_IN_REDIRECT,
+                ],
+            );
+        } else {
+            b.nat(
+                ISTIO_OUTPUT,
+                &[
+                    "-o",
+                    "lo",
+                    "!",
+                    "-d",
+                    &c.loopback,
+                    "-p",
+                    "tcp",
+                    "!",
+                    "--dport",
+                    &c.tunnel,
+                    "-m",
+                    "owner",
+                    kind,
+                    id,
+                    "-j",
+                    ISTIO_IN_REDIRECT,
+                ],
+            );
+        }
+        if !include_has_loopback {
+            if c.redirect_dns {
                 b.nat(
                     ISTIO_OUTPUT,
                     &[
-                        "-o",
-                        "lo",
-                        "!",
-                        "-d",
-                        &loopback,
-                        "-p",
-                        "tcp",
-                        "-m",
-                        "multiport",
-                        "!",
-                        "--dports",
-                        &dns_tunnel_ports,
-                        "-m",
-                        "owner",
-                        kind,
-                        id,
-                        "-j",
-                        ISTIO_IN_REDIRECT,
+                        "-o", "lo", "-p", "tcp", "!", "--dport", "53", "-m", "owner", "!", kind,
+                        id, "-j", "RETURN",
                     ],
                 );
             } else {
                 b.nat(
                     ISTIO_OUTPUT,
-                    &[
-                        "-o",
-                        "lo",
-                        "!",
-                        "-d",
-                        &loopback,
-                        "-p",
-                        "tcp",
-                        "!",
-                        "--dport",
-                        &tunnel,
-                        "-m",
-                        "owner",
-                        kind,
-                        id,
-                        "-j",
-                        ISTIO_IN_REDIRECT,
-                    ],
+                    &["-o", "lo", "-m", "owner", "!", kind, id, "-j", "RETURN"],
                 );
             }
-            if !include_has_loopback {
-                if redirect_dns {
-                    b.nat(
-                        ISTIO_OUTPUT,
-                        &[
-                            "-o", "lo", "-p", "tcp", "!", "--dport", "53", "-m", "owner", "!",
-                            kind, id, "-j", "RETURN",
-                        ],
-                    );
-                } else {
-                    b.nat(
-                        ISTIO_OUTPUT,
-                        &["-o", "lo", "-m", "owner", "!", kind, id, "-j", "RETURN"],
-                    );
-                }
-            }
-            b.nat(ISTIO_OUTPUT, &["-m", "owner", kind, id, "-j", "RETURN"]);
         }
+        b.nat(ISTIO_OUTPUT, &["-m", "owner", kind, id, "-j", "RETURN"]);
     }
+}
 
-    match &cfg.owner_groups_include {
+/// ISTIO_OUTBOUND_OWNER_GROUPS(_EXCLUDE) (Istio's `handleCaptureByOwnerGroup`).
+fn owner_groups(c: &Ctx, b: &mut Builder) {
+    match &c.cfg.owner_groups_include {
         None => {
-            for group in &cfg.owner_groups_exclude {
+            for group in &c.cfg.owner_groups_exclude {
                 b.nat(
                     ISTIO_OUTPUT,
                     &["-m", "owner", "--gid-owner", group, "-j", "RETURN"],
@@ -413,152 +506,158 @@ pub fn plan(cfg: &Config, family: Family, facts: &PodFacts) -> Plan {
             b.nat(ISTIO_OUTPUT, &args);
         }
     }
+}
 
-    if redirect_dns {
-        b.raw("OUTPUT", &["-j", ISTIO_OUTPUT_DNS]);
-        if cfg.capture_all_dns || !servers.is_empty() {
-            b.nat(ISTIO_OUTPUT, &["-j", ISTIO_OUTPUT_DNS]);
-        }
-        if cfg.capture_all_dns {
-            b.nat(
-                ISTIO_OUTPUT_DNS,
-                &[
-                    "-p",
-                    "tcp",
-                    "--dport",
-                    "53",
-                    "-j",
-                    "REDIRECT",
-                    "--to-ports",
-                    DNS_PROXY_PORT,
-                ],
-            );
-            b.nat(
-                ISTIO_OUTPUT_DNS,
-                &[
-                    "-p",
-                    "udp",
-                    "--dport",
-                    "53",
-                    "-j",
-                    "REDIRECT",
-                    "--to-port",
-                    DNS_PROXY_PORT,
-                ],
-            );
-        } else {
-            for s in &servers {
-                b.nat(
-                    ISTIO_OUTPUT_DNS,
-                    &[
-                        "-p",
-                        "tcp",
-                        "--dport",
-                        "53",
-                        "-d",
-                        s,
-                        "-j",
-                        "REDIRECT",
-                        "--to-ports",
-                        DNS_PROXY_PORT,
-                    ],
-                );
-            }
-            for s in &servers {
-                b.nat(
-                    ISTIO_OUTPUT_DNS,
-                    &[
-                        "-p",
-                        "udp",
-                        "--dport",
-                        "53",
-                        "-d",
-                        s,
-                        "-j",
-                        "REDIRECT",
-                        "--to-port",
-                        DNS_PROXY_PORT,
-                    ],
-                );
-            }
-        }
-        // Split DNS into two conntrack zones: agent ↔ upstream (1) and app ↔ agent (2).
-        for (kind, ids) in [("--uid-owner", &uids), ("--gid-owner", &gids)] {
-            for id in ids {
-                b.raw(
-                    ISTIO_OUTPUT_DNS,
-                    &[
-                        "-p", "udp", "--dport", "53", "-m", "owner", kind, id, "-j", "CT",
-                        "--zone", "1",
-                    ],
-                );
-                b.raw(
-                    ISTIO_OUTPUT_DNS,
-                    &[
-                        "-p",
-                        "udp",
-                        "--sport",
-                        DNS_PROXY_PORT,
-                        "-m",
-                        "owner",
-                        kind,
-                        id,
-                        "-j",
-                        "CT",
-                        "--zone",
-                        "2",
-                    ],
-                );
-            }
-        }
-        if cfg.capture_all_dns {
-            b.raw("PREROUTING", &["-j", ISTIO_INBOUND]);
-            b.raw(
-                ISTIO_OUTPUT_DNS,
-                &["-p", "udp", "--dport", "53", "-j", "CT", "--zone", "2"],
-            );
-            b.raw(
-                ISTIO_INBOUND,
-                &["-p", "udp", "--sport", "53", "-j", "CT", "--zone", "1"],
-            );
-        } else {
-            if !servers.is_empty() {
-                b.raw("PREROUTING", &["-j", ISTIO_INBOUND]);
-            }
-            for s in &servers {
-                b.raw(
-                    ISTIO_OUTPUT_DNS,
-                    &[
-                        "-p", "udp", "--dport", "53", "-d", s, "-j", "CT", "--zone", "2",
-                    ],
-                );
-                b.raw(
-                    ISTIO_INBOUND,
-                    &[
-                        "-p", "udp", "--sport", "53", "-s", s, "-j", "CT", "--zone", "1",
-                    ],
-                );
-            }
-        }
+/// DNS to the resolv.conf servers (or all DNS) goes to the agent's DNS proxy (Istio's
+/// `SetupDNSRedir`).
+fn dns_redirect(c: &Ctx, b: &mut Builder) {
+    let all = c.cfg.capture_all_dns;
+    b.raw("OUTPUT", &["-j", ISTIO_OUTPUT_DNS]);
+    if all || !c.dns_servers.is_empty() {
+        b.nat(ISTIO_OUTPUT, &["-j", ISTIO_OUTPUT_DNS]);
     }
+    if all {
+        b.nat(
+            ISTIO_OUTPUT_DNS,
+            &[
+                "-p",
+                "tcp",
+                "--dport",
+                "53",
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                DNS_PROXY_PORT,
+            ],
+        );
+        b.nat(
+            ISTIO_OUTPUT_DNS,
+            &[
+                "-p",
+                "udp",
+                "--dport",
+                "53",
+                "-j",
+                "REDIRECT",
+                "--to-port",
+                DNS_PROXY_PORT,
+            ],
+        );
+        return;
+    }
+    for s in &c.dns_servers {
+        b.nat(
+            ISTIO_OUTPUT_DNS,
+            &[
+                "-p",
+                "tcp",
+                "--dport",
+                "53",
+                "-d",
+                s,
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                DNS_PROXY_PORT,
+            ],
+        );
+    }
+    for s in &c.dns_servers {
+        b.nat(
+            ISTIO_OUTPUT_DNS,
+            &[
+                "-p",
+                "udp",
+                "--dport",
+                "53",
+                "-d",
+                s,
+                "-j",
+                "REDIRECT",
+                "--to-port",
+                DNS_PROXY_PORT,
+            ],
+        );
+    }
+}
 
-    b.nat(ISTIO_OUTPUT, &["-d", &loopback, "-j", "RETURN"]);
-    for cidr in cfg.outbound_exclude_cidrs.iter().filter(of_family) {
-        let cidr = cidr.to_string();
+/// Splits DNS into two conntrack zones: agent ↔ upstream (1) and app ↔ agent (2).
+fn dns_conntrack_zones(c: &Ctx, b: &mut Builder) {
+    for (kind, id) in &c.owners {
+        b.raw(
+            ISTIO_OUTPUT_DNS,
+            &[
+                "-p", "udp", "--dport", "53", "-m", "owner", kind, id, "-j", "CT", "--zone", "1",
+            ],
+        );
+        b.raw(
+            ISTIO_OUTPUT_DNS,
+            &[
+                "-p",
+                "udp",
+                "--sport",
+                DNS_PROXY_PORT,
+                "-m",
+                "owner",
+                kind,
+                id,
+                "-j",
+                "CT",
+                "--zone",
+                "2",
+            ],
+        );
+    }
+    if c.cfg.capture_all_dns {
+        b.raw("PREROUTING", &["-j", ISTIO_INBOUND]);
+        b.raw(
+            ISTIO_OUTPUT_DNS,
+            &["-p", "udp", "--dport", "53", "-j", "CT", "--zone", "2"],
+        );
+        b.raw(
+            ISTIO_INBOUND,
+            &["-p", "udp", "--sport", "53", "-j", "CT", "--zone", "1"],
+        );
+        return;
+    }
+    if !c.dns_servers.is_empty() {
+        b.raw("PREROUTING", &["-j", ISTIO_INBOUND]);
+    }
+    for s in &c.dns_servers {
+        b.raw(
+            ISTIO_OUTPUT_DNS,
+            &[
+                "-p", "udp", "--dport", "53", "-d", s, "-j", "CT", "--zone", "2",
+            ],
+        );
+        b.raw(
+            ISTIO_INBOUND,
+            &[
+                "-p", "udp", "--sport", "53", "-s", s, "-j", "CT", "--zone", "1",
+            ],
+        );
+    }
+}
+
+/// Loopback and excluded CIDRs return; outbound ports and included CIDRs go to Envoy, also from
+/// KubeVirt interfaces (Istio's `handleOutboundPortsInclude` and `handleOutboundIncludeRules`).
+fn outbound_capture(c: &Ctx, b: &mut Builder) {
+    b.nat(ISTIO_OUTPUT, &["-d", &c.loopback, "-j", "RETURN"]);
+    for cidr in c.of_family(&c.cfg.outbound_exclude_cidrs) {
         b.nat(ISTIO_OUTPUT, &["-d", &cidr, "-j", "RETURN"]);
     }
-    for port in &cfg.outbound_ports {
+    for port in &c.cfg.outbound_ports {
         let port = port.to_string();
         b.nat(
             ISTIO_OUTPUT,
             &["-p", "tcp", "--dport", &port, "-j", ISTIO_REDIRECT],
         );
     }
-    match &cfg.outbound {
+    match &c.cfg.outbound {
         OutboundCidrs::None => {}
         OutboundCidrs::All => {
             b.nat(ISTIO_OUTPUT, &["-j", ISTIO_REDIRECT]);
-            for iface in &cfg.kube_virt_interfaces {
+            for iface in &c.cfg.kube_virt_interfaces {
                 b.push(
                     Table::Nat,
                     "PREROUTING",
@@ -568,9 +667,8 @@ pub fn plan(cfg: &Config, family: Family, facts: &PodFacts) -> Plan {
             }
         }
         OutboundCidrs::Only(cidrs) => {
-            for cidr in cidrs.iter().filter(of_family) {
-                let cidr = cidr.to_string();
-                for iface in &cfg.kube_virt_interfaces {
+            for cidr in c.of_family(cidrs) {
+                for iface in &c.cfg.kube_virt_interfaces {
                     b.push(
                         Table::Nat,
                         "PREROUTING",
@@ -582,100 +680,96 @@ pub fn plan(cfg: &Config, family: Family, facts: &PodFacts) -> Plan {
             }
         }
     }
+}
 
-    if tproxy {
-        b.mangle(
-            "PREROUTING",
-            &[
-                "-p",
-                "tcp",
-                "-m",
-                "mark",
-                "--mark",
-                &mark,
-                "-j",
-                "CONNMARK",
-                "--save-mark",
-            ],
-        );
-        b.mangle(
-            "OUTPUT",
-            &[
-                "-p", "tcp", "-o", "lo", "-m", "mark", "--mark", &mark, "-j", "RETURN",
-            ],
-        );
-        for (kind, ids) in [("--uid-owner", &uids), ("--gid-owner", &gids)] {
-            for id in ids {
-                b.mangle(
-                    "OUTPUT",
-                    &[
-                        "!",
-                        "-d",
-                        &loopback,
-                        "-p",
-                        "tcp",
-                        "-o",
-                        "lo",
-                        "-m",
-                        "owner",
-                        kind,
-                        id,
-                        "-j",
-                        "MARK",
-                        "--set-mark",
-                        OUTBOUND_MARK,
-                    ],
-                );
-            }
-        }
+/// TPROXY mode's marks: the connection keeps Envoy's original-source mark, Envoy's packets to the
+/// local workload are marked outbound, and marked or passthrough inbound packets skip capture.
+fn tproxy_marks(c: &Ctx, b: &mut Builder) {
+    let mark = c.mark.as_str();
+    b.mangle(
+        "PREROUTING",
+        &[
+            "-p",
+            "tcp",
+            "-m",
+            "mark",
+            "--mark",
+            mark,
+            "-j",
+            "CONNMARK",
+            "--save-mark",
+        ],
+    );
+    b.mangle(
+        "OUTPUT",
+        &[
+            "-p", "tcp", "-o", "lo", "-m", "mark", "--mark", mark, "-j", "RETURN",
+        ],
+    );
+    for (kind, id) in &c.owners {
         b.mangle(
             "OUTPUT",
             &[
+                "!",
+                "-d",
+                &c.loopback,
                 "-p",
                 "tcp",
-                "-m",
-                "connmark",
-                "--mark",
-                &mark,
-                "-j",
-                "CONNMARK",
-                "--restore-mark",
-            ],
-        );
-        b.push(
-            Table::Mangle,
-            ISTIO_INBOUND,
-            Position::Insert(1),
-            &["-p", "tcp", "-m", "mark", "--mark", &mark, "-j", "RETURN"],
-        );
-        b.push(
-            Table::Mangle,
-            ISTIO_INBOUND,
-            Position::Insert(2),
-            &["-p", "tcp", "-s", passthrough, "-i", "lo", "-j", "RETURN"],
-        );
-        b.push(
-            Table::Mangle,
-            ISTIO_INBOUND,
-            Position::Insert(3),
-            &[
-                "-p",
-                "tcp",
-                "-i",
+                "-o",
                 "lo",
                 "-m",
-                "mark",
-                "!",
-                "--mark",
-                OUTBOUND_MARK,
+                "owner",
+                kind,
+                id,
                 "-j",
-                "RETURN",
+                "MARK",
+                "--set-mark",
+                OUTBOUND_MARK,
             ],
         );
     }
-
-    Plan {
-        family: b.family,
-        rules: b.rules,
-    }
+    b.mangle(
+        "OUTPUT",
+        &[
+            "-p",
+            "tcp",
+            "-m",
+            "connmark",
+            "--mark",
+            mark,
+            "-j",
+            "CONNMARK",
+            "--restore-mark",
+        ],
+    );
+    b.push(
+        Table::Mangle,
+        ISTIO_INBOUND,
+        Position::Insert(1),
+        &["-p", "tcp", "-m", "mark", "--mark", mark, "-j", "RETURN"],
+    );
+    b.push(
+        Table::Mangle,
+        ISTIO_INBOUND,
+        Position::Insert(2),
+        &["-p", "tcp", "-s", c.passthrough, "-i", "lo", "-j", "RETURN"],
+    );
+    b.push(
+        Table::Mangle,
+        ISTIO_INBOUND,
+        Position::Insert(3),
+        &[
+            "-p",
+            "tcp",
+            "-i",
+            "lo",
+            "-m",
+            "mark",
+            "!",
+            "--mark",
+            OUTBOUND_MARK,
+            "-j",
+            "RETURN",
+        ],
+    );
 }
