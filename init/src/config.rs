@@ -230,26 +230,6 @@ struct Input {
     value: String,
 }
 
-fn pick(
-    cli: &Option<String>,
-    long: &str,
-    envs: &[&str],
-    lookup: &dyn Fn(&str) -> Option<String>,
-) -> Option<Input> {
-    if let Some(v) = cli {
-        return Some(Input {
-            name: format!("--{long}"),
-            value: v.clone(),
-        });
-    }
-    envs.iter().find_map(|e| {
-        lookup(e).map(|value| Input {
-            name: format!("env {e}"),
-            value,
-        })
-    })
-}
-
 fn err(input: &Input, expected: &str) -> ConfigError {
     ConfigError {
         input: input.name.clone(),
@@ -379,70 +359,123 @@ fn parse_groups(input: &Input) -> Result<Vec<String>, ConfigError> {
     Ok(groups)
 }
 
-impl Config {
-    /// Builds the configuration from flags and env vars (looked up through `lookup`, so tests never
-    /// touch the process environment). `user_uid` resolves `$ENVOY_USER` to a uid.
-    pub fn from_args(
-        args: &Args,
-        lookup: &dyn Fn(&str) -> Option<String>,
-        user_uid: &dyn Fn(&str) -> Option<u32>,
-    ) -> Result<Config, ConfigError> {
-        let get = |cli: &Option<String>, long: &str, envs: &[&str]| pick(cli, long, envs, lookup);
-        let flag = |cli: &Option<String>, long: &str, envs: &[&str]| -> Result<bool, ConfigError> {
-            get(cli, long, envs).map_or(Ok(false), |i| parse_bool(&i))
-        };
-        let port = |cli: &Option<String>, long: &str, envs: &[&str], default: u16| {
-            get(cli, long, envs).map_or(Ok(default), |i| parse_port(&i, &i.value))
-        };
+/// Where a value comes from: the command line first, then the env vars bound to its flag (through
+/// `lookup`, so tests never touch the process environment).
+struct Sources<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+}
 
-        let proxy_port = port(&args.envoy_port, "envoy-port", &[], 15001)?;
-        let inbound_capture_port = port(
-            &args.inbound_capture_port,
-            "inbound-capture-port",
-            &["INBOUND_CAPTURE_PORT"],
-            15006,
-        )?;
-        let inbound_tunnel_port = port(
-            &args.inbound_tunnel_port,
-            "inbound-tunnel-port",
-            &["INBOUND_TUNNEL_PORT"],
-            15008,
-        )?;
+impl Sources<'_> {
+    /// The flag `--long` if given, else the first of `envs` that is set.
+    fn get(&self, cli: &Option<String>, long: &str, envs: &[&str]) -> Option<Input> {
+        if let Some(v) = cli {
+            return Some(Input {
+                name: format!("--{long}"),
+                value: v.clone(),
+            });
+        }
+        envs.iter().find_map(|e| self.env(e))
+    }
 
-        let proxy_uids = match get(&args.proxy_uid, "proxy-uid", &["PROXY_UID"]) {
-            Some(i) if !i.value.trim().is_empty() => parse_id_list(&i)?,
-            _ => {
-                let user = lookup(env::ENVOY_USER).unwrap_or_else(|| "istio-proxy".to_string());
-                vec![user_uid(&user).unwrap_or(1337)]
-            }
-        };
-        let proxy_gids = match get(&args.proxy_gid, "proxy-gid", &["PROXY_GID"]) {
-            Some(i) if !i.value.trim().is_empty() => parse_id_list(&i)?,
-            _ => proxy_uids.clone(),
-        };
+    /// An env var on its own (Istio binds some to no flag).
+    fn env(&self, name: &str) -> Option<Input> {
+        (self.lookup)(name).map(|value| Input {
+            name: format!("env {name}"),
+            value,
+        })
+    }
 
-        let mode = match get(
-            &args.inbound_interception_mode,
-            "istio-inbound-interception-mode",
-            &["ISTIO_INBOUND_INTERCEPTION_MODE"],
-        ) {
-            None => InterceptionMode::Redirect,
-            Some(i) => match i.value.as_str() {
-                "" | "REDIRECT" => InterceptionMode::Redirect,
-                "TPROXY" => InterceptionMode::Tproxy,
-                _ => return Err(err(&i, "REDIRECT or TPROXY")),
-            },
-        };
+    fn flag(&self, cli: &Option<String>, long: &str, envs: &[&str]) -> Result<bool, ConfigError> {
+        self.get(cli, long, envs)
+            .map_or(Ok(false), |i| parse_bool(&i))
+    }
 
-        let exclude = match get(
-            &args.local_exclude_ports,
-            "istio-local-exclude-ports",
-            &["ISTIO_LOCAL_EXCLUDE_PORTS"],
-        ) {
-            Some(i) => parse_port_list(&i)?,
-            None => Vec::new(),
-        };
-        let inbound = match get(
+    fn port(
+        &self,
+        cli: &Option<String>,
+        long: &str,
+        envs: &[&str],
+        default: u16,
+    ) -> Result<u16, ConfigError> {
+        self.get(cli, long, envs)
+            .map_or(Ok(default), |i| parse_port(&i, &i.value))
+    }
+
+    fn ports(&self, cli: &Option<String>, long: &str, env: &str) -> Result<Vec<u16>, ConfigError> {
+        self.get(cli, long, &[env])
+            .map_or(Ok(Vec::new()), |i| parse_port_list(&i))
+    }
+
+    fn interfaces(
+        &self,
+        cli: &Option<String>,
+        long: &str,
+        env: &str,
+    ) -> Result<Vec<String>, ConfigError> {
+        self.get(cli, long, &[env])
+            .map_or(Ok(Vec::new()), |i| parse_interfaces(&i))
+    }
+
+    fn number(
+        &self,
+        cli: &Option<String>,
+        long: &str,
+        env: &str,
+        default: u32,
+    ) -> Result<u32, ConfigError> {
+        self.get(cli, long, &[env])
+            .map_or(Ok(default), |i| parse_u32(&i))
+    }
+}
+
+/// The uids and gids whose traffic bypasses capture: `-u`, else the uid of `$ENVOY_USER`
+/// (istio-proxy), else 1337; `-g`, else the uids.
+fn proxy_owners(
+    src: &Sources,
+    args: &Args,
+    user_uid: &dyn Fn(&str) -> Option<u32>,
+) -> Result<(Vec<u32>, Vec<u32>), ConfigError> {
+    let uids = match src.get(&args.proxy_uid, "proxy-uid", &["PROXY_UID"]) {
+        Some(i) if !i.value.trim().is_empty() => parse_id_list(&i)?,
+        _ => {
+            let user = (src.lookup)(env::ENVOY_USER).unwrap_or_else(|| "istio-proxy".to_string());
+            vec![user_uid(&user).unwrap_or(1337)]
+        }
+    };
+    let gids = match src.get(&args.proxy_gid, "proxy-gid", &["PROXY_GID"]) {
+        Some(i) if !i.value.trim().is_empty() => parse_id_list(&i)?,
+        _ => uids.clone(),
+    };
+    Ok((uids, gids))
+}
+
+fn interception_mode(src: &Sources, args: &Args) -> Result<InterceptionMode, ConfigError> {
+    match src.get(
+        &args.inbound_interception_mode,
+        "istio-inbound-interception-mode",
+        &["ISTIO_INBOUND_INTERCEPTION_MODE"],
+    ) {
+        None => Ok(InterceptionMode::Redirect),
+        Some(i) => match i.value.as_str() {
+            "" | "REDIRECT" => Ok(InterceptionMode::Redirect),
+            "TPROXY" => Ok(InterceptionMode::Tproxy),
+            _ => Err(err(&i, "REDIRECT or TPROXY")),
+        },
+    }
+}
+
+/// `-b` (none, '*' or a list), with `-d` excluded when it is '*'.
+fn inbound_ports(src: &Sources, args: &Args) -> Result<InboundPorts, ConfigError> {
+    let exclude = match src.get(
+        &args.local_exclude_ports,
+        "istio-local-exclude-ports",
+        &["ISTIO_LOCAL_EXCLUDE_PORTS"],
+    ) {
+        Some(i) => parse_port_list(&i)?,
+        None => Vec::new(),
+    };
+    Ok(
+        match src.get(
             &args.inbound_ports,
             "istio-inbound-ports",
             &["ISTIO_INBOUND_PORTS"],
@@ -451,138 +484,178 @@ impl Config {
             Some(i) if i.value.trim().is_empty() => InboundPorts::None,
             Some(i) if i.value.trim() == "*" => InboundPorts::All { exclude },
             Some(i) => InboundPorts::Only(parse_port_list(&i)?),
-        };
+        },
+    )
+}
 
-        let outbound = match get(
-            &args.service_cidr,
-            "istio-service-cidr",
-            &["ISTIO_SERVICE_CIDR"],
-        ) {
-            None => OutboundCidrs::None,
-            Some(i) if i.value.trim().is_empty() => OutboundCidrs::None,
-            Some(i) if i.value.trim() == "*" => OutboundCidrs::All,
-            Some(i) => OutboundCidrs::Only(parse_cidr_list(&i)?),
-        };
-        let outbound_exclude_cidrs = match get(
-            &args.service_exclude_cidr,
-            "istio-service-exclude-cidr",
-            &["ISTIO_SERVICE_EXCLUDE_CIDR"],
-        ) {
-            Some(i) if i.value.trim() == "*" => {
-                return Err(err(&i, "a list of CIDRs ('*' would disable all capture)"));
-            }
-            Some(i) => parse_cidr_list(&i)?,
-            None => Vec::new(),
-        };
+/// `-i` (none, '*' or a list) and `-x` (a list; '*' is refused).
+fn outbound_cidrs(src: &Sources, args: &Args) -> Result<(OutboundCidrs, Vec<Cidr>), ConfigError> {
+    let include = match src.get(
+        &args.service_cidr,
+        "istio-service-cidr",
+        &["ISTIO_SERVICE_CIDR"],
+    ) {
+        None => OutboundCidrs::None,
+        Some(i) if i.value.trim().is_empty() => OutboundCidrs::None,
+        Some(i) if i.value.trim() == "*" => OutboundCidrs::All,
+        Some(i) => OutboundCidrs::Only(parse_cidr_list(&i)?),
+    };
+    let exclude = match src.get(
+        &args.service_exclude_cidr,
+        "istio-service-exclude-cidr",
+        &["ISTIO_SERVICE_EXCLUDE_CIDR"],
+    ) {
+        Some(i) if i.value.trim() == "*" => {
+            return Err(err(&i, "a list of CIDRs ('*' would disable all capture)"));
+        }
+        Some(i) => parse_cidr_list(&i)?,
+        None => Vec::new(),
+    };
+    Ok((include, exclude))
+}
 
-        let list = |cli: &Option<String>, long: &str, env: &str| {
-            get(cli, long, &[env]).map_or(Ok(Vec::new()), |i| parse_port_list(&i))
-        };
-        let outbound_ports = list(
+/// TPROXY's packet mark (1337) and policy routing table (133).
+fn tproxy_routing(src: &Sources, args: &Args) -> Result<(u32, u32), ConfigError> {
+    let mark = src.number(
+        &args.tproxy_mark,
+        "istio-inbound-tproxy-mark",
+        "ISTIO_INBOUND_TPROXY_MARK",
+        1337,
+    )?;
+    let route_table = src.number(
+        &args.tproxy_route_table,
+        "istio-inbound-tproxy-route-table",
+        "ISTIO_INBOUND_TPROXY_ROUTE_TABLE",
+        133,
+    )?;
+    Ok((mark, route_table))
+}
+
+/// `--run-validation`'s probe port (15002) and timeout (5s).
+fn validation_probe(src: &Sources, args: &Args) -> Result<(u16, Duration), ConfigError> {
+    let port = src.port(
+        &args.iptables_probe_port,
+        "iptables-probe-port",
+        &["IPTABLES_PROBE_PORT"],
+        15002,
+    )?;
+    let timeout = src
+        .get(&args.probe_timeout, "probe-timeout", &["PROBE_TIMEOUT"])
+        .map_or(Ok(Duration::from_secs(5)), |i| parse_duration(&i))?;
+    Ok((port, timeout))
+}
+
+fn forced_binary(src: &Sources, args: &Args) -> Result<Option<ForcedBinary>, ConfigError> {
+    match src.get(
+        &args.force_iptables_binary,
+        "force-iptables-binary",
+        &["FORCE_IPTABLES_BINARY"],
+    ) {
+        None => Ok(None),
+        Some(i) => match i.value.as_str() {
+            "" => Ok(None),
+            "legacy" => Ok(Some(ForcedBinary::Legacy)),
+            "nft" => Ok(Some(ForcedBinary::Nft)),
+            _ => Err(err(&i, "legacy or nft")),
+        },
+    }
+}
+
+/// `$ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR`: an IPv4 loopback range, 127.0.0.1/32 by default.
+fn loopback_cidr_v4(src: &Sources) -> Result<Cidr, ConfigError> {
+    let Some(input) = src.env(env::OUTBOUND_IPV4_LOOPBACK_CIDR) else {
+        return Ok(Cidr {
+            addr: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
+            prefix: 32,
+        });
+    };
+    match parse_cidr(input.value.trim()) {
+        Some(c) if c.addr.is_loopback() && c.is_v4() && c.prefix >= 8 => Ok(c),
+        _ => Err(err(
+            &input,
+            "an IPv4 loopback CIDR with a mask of /8 to /32",
+        )),
+    }
+}
+
+/// `$ISTIO_OUTBOUND_OWNER_GROUPS` (none for '*' or empty) and `..._EXCLUDE`.
+fn owner_groups(src: &Sources) -> Result<(Option<Vec<String>>, Vec<String>), ConfigError> {
+    let include = match src.env(env::OUTBOUND_OWNER_GROUPS) {
+        None => None,
+        Some(i) if i.value.trim() == "*" || i.value.trim().is_empty() => None,
+        Some(i) => Some(parse_groups(&i)?),
+    };
+    let exclude = match src.env(env::OUTBOUND_OWNER_GROUPS_EXCLUDE) {
+        None => Vec::new(),
+        Some(i) => parse_groups(&i)?,
+    };
+    Ok((include, exclude))
+}
+
+/// The network namespace to enter, if named.
+fn network_namespace(src: &Sources, args: &Args) -> Option<String> {
+    src.get(
+        &args.network_namespace,
+        "network-namespace",
+        &["NETWORK_NAMESPACE"],
+    )
+    .map(|i| i.value)
+    .filter(|s| !s.is_empty())
+}
+
+impl Config {
+    /// Builds the configuration from flags and env vars (looked up through `lookup`, so tests never
+    /// touch the process environment). `user_uid` resolves `$ENVOY_USER` to a uid. Values are
+    /// checked one after another, and the first bad one is the one reported.
+    pub fn from_args(
+        args: &Args,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        user_uid: &dyn Fn(&str) -> Option<u32>,
+    ) -> Result<Config, ConfigError> {
+        let src = Sources { lookup };
+        let proxy_port = src.port(&args.envoy_port, "envoy-port", &[], 15001)?;
+        let inbound_capture_port = src.port(
+            &args.inbound_capture_port,
+            "inbound-capture-port",
+            &["INBOUND_CAPTURE_PORT"],
+            15006,
+        )?;
+        let inbound_tunnel_port = src.port(
+            &args.inbound_tunnel_port,
+            "inbound-tunnel-port",
+            &["INBOUND_TUNNEL_PORT"],
+            15008,
+        )?;
+        let (proxy_uids, proxy_gids) = proxy_owners(&src, args, user_uid)?;
+        let mode = interception_mode(&src, args)?;
+        let inbound = inbound_ports(&src, args)?;
+        let (outbound, outbound_exclude_cidrs) = outbound_cidrs(&src, args)?;
+        let outbound_ports = src.ports(
             &args.outbound_ports,
             "istio-outbound-ports",
             "ISTIO_OUTBOUND_PORTS",
         )?;
-        let outbound_exclude_ports = list(
+        let outbound_exclude_ports = src.ports(
             &args.local_outbound_ports_exclude,
             "istio-local-outbound-ports-exclude",
             "ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE",
         )?;
-        let ifaces = |cli: &Option<String>, long: &str, env: &str| {
-            get(cli, long, &[env]).map_or(Ok(Vec::new()), |i| parse_interfaces(&i))
-        };
-        let exclude_interfaces = ifaces(
+        let exclude_interfaces = src.interfaces(
             &args.exclude_interfaces,
             "istio-exclude-interfaces",
             "ISTIO_EXCLUDE_INTERFACES",
         )?;
-        let kube_virt_interfaces = ifaces(
+        let kube_virt_interfaces = src.interfaces(
             &args.kube_virt_interfaces,
             "kube-virt-interfaces",
             "KUBE_VIRT_INTERFACES",
         )?;
-
-        let tproxy_mark = get(
-            &args.tproxy_mark,
-            "istio-inbound-tproxy-mark",
-            &["ISTIO_INBOUND_TPROXY_MARK"],
-        )
-        .map_or(Ok(1337), |i| parse_u32(&i))?;
-        let tproxy_route_table = get(
-            &args.tproxy_route_table,
-            "istio-inbound-tproxy-route-table",
-            &["ISTIO_INBOUND_TPROXY_ROUTE_TABLE"],
-        )
-        .map_or(Ok(133), |i| parse_u32(&i))?;
-
-        let probe_port = port(
-            &args.iptables_probe_port,
-            "iptables-probe-port",
-            &["IPTABLES_PROBE_PORT"],
-            15002,
-        )?;
-        let probe_timeout = get(&args.probe_timeout, "probe-timeout", &["PROBE_TIMEOUT"])
-            .map_or(Ok(Duration::from_secs(5)), |i| parse_duration(&i))?;
-
-        let force_binary = match get(
-            &args.force_iptables_binary,
-            "force-iptables-binary",
-            &["FORCE_IPTABLES_BINARY"],
-        ) {
-            None => None,
-            Some(i) => match i.value.as_str() {
-                "" => None,
-                "legacy" => Some(ForcedBinary::Legacy),
-                "nft" => Some(ForcedBinary::Nft),
-                _ => return Err(err(&i, "legacy or nft")),
-            },
-        };
-
-        let loopback_cidr_v4 = match lookup(env::OUTBOUND_IPV4_LOOPBACK_CIDR) {
-            None => Cidr {
-                addr: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
-                prefix: 32,
-            },
-            Some(value) => {
-                let input = Input {
-                    name: format!("env {}", env::OUTBOUND_IPV4_LOOPBACK_CIDR),
-                    value,
-                };
-                match parse_cidr(input.value.trim()) {
-                    Some(c) if c.addr.is_loopback() && c.is_v4() && c.prefix >= 8 => c,
-                    _ => {
-                        return Err(err(
-                            &input,
-                            "an IPv4 loopback CIDR with a mask of /8 to /32",
-                        ));
-                    }
-                }
-            }
-        };
-
-        let owner_groups_include = match lookup(env::OUTBOUND_OWNER_GROUPS) {
-            None => None,
-            Some(v) if v.trim() == "*" || v.trim().is_empty() => None,
-            Some(value) => Some(parse_groups(&Input {
-                name: format!("env {}", env::OUTBOUND_OWNER_GROUPS),
-                value,
-            })?),
-        };
-        let owner_groups_exclude = match lookup(env::OUTBOUND_OWNER_GROUPS_EXCLUDE) {
-            None => Vec::new(),
-            Some(value) => parse_groups(&Input {
-                name: format!("env {}", env::OUTBOUND_OWNER_GROUPS_EXCLUDE),
-                value,
-            })?,
-        };
-
-        let network_namespace = get(
-            &args.network_namespace,
-            "network-namespace",
-            &["NETWORK_NAMESPACE"],
-        )
-        .map(|i| i.value)
-        .filter(|s| !s.is_empty());
+        let (tproxy_mark, tproxy_route_table) = tproxy_routing(&src, args)?;
+        let (probe_port, probe_timeout) = validation_probe(&src, args)?;
+        let force_binary = forced_binary(&src, args)?;
+        let loopback_cidr_v4 = loopback_cidr_v4(&src)?;
+        let (owner_groups_include, owner_groups_exclude) = owner_groups(&src)?;
+        let network_namespace = network_namespace(&src, args);
 
         Ok(Config {
             proxy_port,
@@ -600,39 +673,43 @@ impl Config {
             kube_virt_interfaces,
             tproxy_mark,
             tproxy_route_table,
-            dry_run: flag(&args.dry_run, "dry-run", &["DRY_RUN"])?,
+            dry_run: src.flag(&args.dry_run, "dry-run", &["DRY_RUN"])?,
             probe_port,
             probe_timeout,
-            skip_rule_apply: flag(
+            skip_rule_apply: src.flag(
                 &args.skip_rule_apply,
                 "skip-rule-apply",
                 &["SKIP_RULE_APPLY"],
             )?,
-            run_validation: flag(&args.run_validation, "run-validation", &["RUN_VALIDATION"])?,
-            redirect_dns: flag(
+            run_validation: src.flag(
+                &args.run_validation,
+                "run-validation",
+                &["RUN_VALIDATION"],
+            )?,
+            redirect_dns: src.flag(
                 &args.redirect_dns,
                 "redirect-dns",
                 &["REDIRECT_DNS", "ISTIO_META_DNS_CAPTURE"],
             )?,
-            capture_all_dns: flag(
+            capture_all_dns: src.flag(
                 &args.capture_all_dns,
                 "capture-all-dns",
                 &["CAPTURE_ALL_DNS"],
             )?,
-            drop_invalid: flag(
+            drop_invalid: src.flag(
                 &args.drop_invalid,
                 "drop-invalid",
                 &["DROP_INVALID", "INVALID_DROP"],
             )?,
-            dual_stack: flag(
+            dual_stack: src.flag(
                 &args.dual_stack,
                 "dual-stack",
                 &["DUAL_STACK", "ISTIO_DUAL_STACK"],
             )?,
             network_namespace,
-            reconcile: flag(&args.reconcile, "reconcile", &["RECONCILE"])?,
-            cleanup_only: flag(&args.cleanup_only, "cleanup-only", &["CLEANUP_ONLY"])?,
-            force_apply: flag(&args.force_apply, "force-apply", &["FORCE_APPLY"])?,
+            reconcile: src.flag(&args.reconcile, "reconcile", &["RECONCILE"])?,
+            cleanup_only: src.flag(&args.cleanup_only, "cleanup-only", &["CLEANUP_ONLY"])?,
+            force_apply: src.flag(&args.force_apply, "force-apply", &["FORCE_APPLY"])?,
             force_binary,
             loopback_cidr_v4,
             owner_groups_include,
