@@ -51,9 +51,22 @@ pub enum Error {
     #[error("cannot enter network namespace {path}: {reason}")]
     Netns { path: String, reason: String },
     #[error("IPv6 rules failed ({v6}); IPv4 rollback{rollback}")]
-    PartialApply { v6: ApplyError, rollback: String },
+    PartialApply { v6: ApplyError, rollback: Rollback },
     #[error(transparent)]
     Validation(#[from] validation::ValidationError),
+}
+
+/// What became of this run's IPv4 rules after IPv6 failed (the tail of `Error::PartialApply`).
+#[derive(Debug, thiserror::Error)]
+pub enum Rollback {
+    #[error(": IPv4 rules of this run removed")]
+    Removed,
+    #[error(" failed: {0}")]
+    Failed(ApplyError),
+    #[error(" (IPv4 had been reconciled to the new config and stays)")]
+    ReconciledStays,
+    #[error(" (nothing of this run to roll back)")]
+    NothingApplied,
 }
 
 impl Error {
@@ -269,14 +282,12 @@ fn apply_all(
         let rollback = match (&report.outcomes[..], backends.first(), plans.first()) {
             ([(Family::V4, Outcome::Applied)], Some(b), Some(p)) => {
                 match apply::cleanup(b, Some(p)) {
-                    Ok(_) => ": IPv4 rules of this run removed".to_string(),
-                    Err(re) => format!(" failed: {re}"),
+                    Ok(_) => Rollback::Removed,
+                    Err(re) => Rollback::Failed(re),
                 }
             }
-            ([(Family::V4, Outcome::Reconciled)], ..) => {
-                " (IPv4 had been reconciled to the new config and stays)".to_string()
-            }
-            _ => " (nothing of this run to roll back)".to_string(),
+            ([(Family::V4, Outcome::Reconciled)], ..) => Rollback::ReconciledStays,
+            _ => Rollback::NothingApplied,
         };
         return Err(Error::PartialApply { v6, rollback });
     }
@@ -336,5 +347,46 @@ pub mod cli {
 
     fn e_code(e: &Error) -> i32 {
         e.exit_code()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(cmd: &str) -> ApplyError {
+        ApplyError::Failed {
+            cmd: cmd.into(),
+            code: Some(1),
+            stderr: "bad".into(),
+        }
+    }
+
+    #[test]
+    fn partial_apply_says_what_became_of_ipv4() {
+        let message = |rollback| {
+            Error::PartialApply {
+                v6: failed("ip6tables-restore"),
+                rollback,
+            }
+            .to_string()
+        };
+        let v6 = "IPv6 rules failed (ip6tables-restore failed (exit Some(1)): bad); IPv4 rollback";
+        assert_eq!(
+            message(Rollback::Removed),
+            format!("{v6}: IPv4 rules of this run removed")
+        );
+        assert_eq!(
+            message(Rollback::Failed(failed("iptables-restore"))),
+            format!("{v6} failed: iptables-restore failed (exit Some(1)): bad")
+        );
+        assert_eq!(
+            message(Rollback::ReconciledStays),
+            format!("{v6} (IPv4 had been reconciled to the new config and stays)")
+        );
+        assert_eq!(
+            message(Rollback::NothingApplied),
+            format!("{v6} (nothing of this run to roll back)")
+        );
     }
 }
