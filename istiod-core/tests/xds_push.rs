@@ -258,6 +258,7 @@ async fn debug_port_serves_syncz_configz_and_registryz() {
         listener,
         cp.clone(),
         server.clone(),
+        std::future::pending(),
     ));
     let get = |path: &'static str| async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
