@@ -23,7 +23,7 @@ use tonic::server::NamedService;
 
 use crate::autoregister::Caller;
 use crate::wire::{self, Outgoing};
-use crate::xds_server::{MAX_REQUEST_BYTES, XdsServer};
+use crate::xds_server::{MAX_REQUEST_BYTES, Requests, XdsServer};
 
 const SOTW: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -180,15 +180,12 @@ impl tower::Service<http::Request<tonic::body::Body>> for AdsHttp {
             let path = req.uri().path().to_string();
             let caller = caller(&req);
             let body = req.into_body();
-            Ok(match path.as_str() {
-                SOTW => grpc_response(self::body(
-                    server.stream_wire_from(requests::<DiscoveryRequest>(body), caller),
-                )),
-                DELTA => grpc_response(self::body(
-                    server.delta_stream_wire_from(requests::<DeltaDiscoveryRequest>(body), caller),
-                )),
-                _ => Status::unimplemented(format!("no method {path}")).into_http(),
-            })
+            let requests = match path.as_str() {
+                SOTW => Requests::Sotw(Box::pin(requests::<DiscoveryRequest>(body))),
+                DELTA => Requests::Delta(Box::pin(requests::<DeltaDiscoveryRequest>(body))),
+                _ => return Ok(Status::unimplemented(format!("no method {path}")).into_http()),
+            };
+            Ok(grpc_response(self::body(server.open(requests, caller))))
         })
     }
 }
@@ -337,8 +334,11 @@ mod tests {
 
         let typed: Vec<DiscoveryResponse> = cp
             .xds()
-            .stream(futures::stream::iter([Ok(request)]))
-            .map(|r| r.unwrap())
+            .open(
+                Requests::Sotw(Box::pin(futures::stream::iter([Ok(request)]))),
+                Caller::InProcess,
+            )
+            .map(|r| r.unwrap().decode().unwrap())
             .collect()
             .await;
         assert_eq!(typed.len(), 1);
