@@ -228,13 +228,16 @@ impl Upstream {
         requests: ReceiverStream<Bytes>,
     ) -> Result<ByteStream, Status> {
         match self {
-            Upstream::Embedded(server) => Ok(if delta {
-                let out = server.delta_stream_wire(decoded::<DeltaDiscoveryRequest>(requests));
-                Box::pin(out.map(|r| r.map(|m| m.to_bytes())))
-            } else {
-                let out = server.stream_wire(decoded::<DiscoveryRequest>(requests));
-                Box::pin(out.map(|r| r.map(|m| m.to_bytes())))
-            }),
+            Upstream::Embedded(server) => {
+                use istiod_core::xds_server::Requests;
+                let requests = if delta {
+                    Requests::Delta(Box::pin(decoded::<DeltaDiscoveryRequest>(requests)))
+                } else {
+                    Requests::Sotw(Box::pin(decoded::<DiscoveryRequest>(requests)))
+                };
+                let out = server.open(requests, istiod_core::autoregister::Caller::InProcess);
+                Ok(Box::pin(out.map(|r| r.map(|m| m.to_bytes()))))
+            }
             Upstream::Remote { address, client } => {
                 let channel = dial(address, client).await?;
                 let mut grpc = tonic::client::Grpc::new(channel)

@@ -1,8 +1,11 @@
 //! Primitives the three programs share, so each exists once: the Go-duration parser that every
 //! flag, env var, ProxyConfig field and traffic resource goes through, the supervisor of the
-//! long-running programs' background tasks, and the side-port HTTP server with limits.
+//! long-running programs' background tasks, the side-port HTTP server with limits, and the gRPC
+//! method paths and message framing.
 
 pub mod duration;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 #[cfg(feature = "http")]
 pub mod side_port;
 #[cfg(feature = "tasks")]

@@ -13,22 +13,17 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::BytesMut;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use futures::{Stream, StreamExt};
 use http_body::Frame;
+use mesh_common::grpc::{ADS_DELTA_PATH, ADS_SERVICE, ADS_SOTW_PATH, FrameDecoder, FrameError};
 use prost::Message;
 use tonic::Status;
 use tonic::server::NamedService;
 
 use crate::autoregister::Caller;
 use crate::wire::{self, Outgoing};
-use crate::xds_server::{MAX_REQUEST_BYTES, XdsServer};
-
-const SOTW: &str =
-    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
-const DELTA: &str =
-    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+use crate::xds_server::{MAX_REQUEST_BYTES, Requests, XdsServer};
 
 /// `AggregatedDiscoveryService` over HTTP/2, for `tonic::transport::Server::add_service`.
 #[derive(Clone)]
@@ -37,7 +32,7 @@ pub struct AdsHttp {
 }
 
 impl NamedService for AdsHttp {
-    const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+    const NAME: &'static str = ADS_SERVICE;
 }
 
 fn trailers(status: &Status) -> http::HeaderMap {
@@ -48,61 +43,55 @@ fn trailers(status: &Status) -> http::HeaderMap {
     map
 }
 
+/// The status a refused request frame ends its stream with.
+fn refused(e: FrameError) -> Status {
+    match e {
+        FrameError::Compressed(_) => {
+            Status::unimplemented("compressed xDS requests are not accepted")
+        }
+        FrameError::TooLarge { len, max } => Status::resource_exhausted(format!(
+            "xDS request of {len} bytes is over the {max}-byte limit"
+        )),
+    }
+}
+
 /// The requests of one stream, decoded from gRPC frames (uncompressed; Envoy does not compress).
 fn requests<M: Message + Default + 'static>(
     body: tonic::body::Body,
 ) -> impl Stream<Item = Result<M, Status>> + Send + 'static {
     let frames = http_body_util::BodyStream::new(body);
     futures::stream::unfold(
-        (frames, BytesMut::new(), false),
-        |(mut frames, mut buf, failed)| async move {
+        (frames, FrameDecoder::new(MAX_REQUEST_BYTES), false),
+        |(mut frames, mut decoder, failed)| async move {
             if failed {
                 return None;
             }
             loop {
-                if buf.len() >= 5 {
-                    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-                    let refused = if buf[0] != 0 {
-                        Some(Status::unimplemented(
-                            "compressed xDS requests are not accepted",
-                        ))
-                    } else if len > MAX_REQUEST_BYTES {
-                        Some(Status::resource_exhausted(format!(
-                            "xDS request of {len} bytes is over the {MAX_REQUEST_BYTES}-byte limit"
-                        )))
-                    } else {
-                        None
-                    };
-                    if let Some(status) = refused {
-                        return Some((Err(status), (frames, BytesMut::new(), true)));
-                    }
-                    if buf.len() >= 5 + len {
-                        let _ = buf.split_to(5);
-                        let msg = buf.split_to(len).freeze();
-                        if buf.is_empty() {
-                            buf = BytesMut::new();
-                        }
-                        return match M::decode(msg) {
-                            Ok(m) => Some((Ok(m), (frames, buf, false))),
-                            Err(e) => Some((
+                match decoder.next_message() {
+                    Ok(Some(msg)) => {
+                        return Some(match M::decode(msg) {
+                            Ok(m) => (Ok(m), (frames, decoder, false)),
+                            Err(e) => (
                                 Err(Status::invalid_argument(format!(
                                     "undecodable xDS request: {e}"
                                 ))),
-                                (frames, BytesMut::new(), true),
-                            )),
-                        };
+                                (frames, decoder, true),
+                            ),
+                        });
                     }
+                    Ok(None) => {}
+                    Err(e) => return Some((Err(refused(e)), (frames, decoder, true))),
                 }
                 match frames.next().await {
                     Some(Ok(frame)) => {
                         if let Ok(data) = frame.into_data() {
-                            buf.extend_from_slice(&data);
+                            decoder.extend(&data);
                         }
                     }
                     Some(Err(e)) => {
                         return Some((
                             Err(Status::unavailable(format!("request stream: {e}"))),
-                            (frames, BytesMut::new(), true),
+                            (frames, decoder, true),
                         ));
                     }
                     None => return None,
@@ -180,15 +169,14 @@ impl tower::Service<http::Request<tonic::body::Body>> for AdsHttp {
             let path = req.uri().path().to_string();
             let caller = caller(&req);
             let body = req.into_body();
-            Ok(match path.as_str() {
-                SOTW => grpc_response(self::body(
-                    server.stream_wire_from(requests::<DiscoveryRequest>(body), caller),
-                )),
-                DELTA => grpc_response(self::body(
-                    server.delta_stream_wire_from(requests::<DeltaDiscoveryRequest>(body), caller),
-                )),
-                _ => Status::unimplemented(format!("no method {path}")).into_http(),
-            })
+            let requests = match path.as_str() {
+                ADS_SOTW_PATH => Requests::Sotw(Box::pin(requests::<DiscoveryRequest>(body))),
+                ADS_DELTA_PATH => {
+                    Requests::Delta(Box::pin(requests::<DeltaDiscoveryRequest>(body)))
+                }
+                _ => return Ok(Status::unimplemented(format!("no method {path}")).into_http()),
+            };
+            Ok(grpc_response(self::body(server.open(requests, caller))))
         })
     }
 }
@@ -196,16 +184,13 @@ impl tower::Service<http::Request<tonic::body::Body>> for AdsHttp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::{BufMut, Bytes};
+    use bytes::{Bytes, BytesMut};
+    use mesh_common::grpc::frame_header;
 
     /// One gRPC message frame: compression flag 0, big-endian length, the message.
     fn frame<M: Message>(msg: &M) -> Bytes {
-        let len = msg.encoded_len();
-        let mut buf = BytesMut::with_capacity(5 + len);
-        buf.put_u8(0);
-        buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-        // Cannot fail: the buffer has exactly the room the message needs.
-        let _ = msg.encode(&mut buf);
+        let mut buf = BytesMut::from(&frame_header(msg.encoded_len())[..]);
+        buf.extend_from_slice(&msg.encode_to_vec());
         buf.freeze()
     }
 
@@ -249,10 +234,8 @@ mod tests {
         assert_eq!(got, vec![request(3), request(500)]);
 
         // A length over the limit is refused before anything is buffered for it.
-        let mut huge = BytesMut::new();
-        huge.put_u8(0);
-        huge.put_u32(u32::try_from(MAX_REQUEST_BYTES + 1).unwrap());
-        let got: Vec<_> = requests::<DiscoveryRequest>(body(vec![huge.freeze()]))
+        let huge = Bytes::copy_from_slice(&frame_header(MAX_REQUEST_BYTES + 1));
+        let got: Vec<_> = requests::<DiscoveryRequest>(body(vec![huge]))
             .collect()
             .await;
         assert_eq!(got.len(), 1);
@@ -303,7 +286,7 @@ mod tests {
 
         let mut service = AdsHttp { server: cp.xds() };
         let http_request = http::Request::builder()
-            .uri(SOTW)
+            .uri(ADS_SOTW_PATH)
             .body(body(vec![frame(&request)]))
             .unwrap();
         let response = service.call(http_request).await.unwrap();
@@ -337,8 +320,11 @@ mod tests {
 
         let typed: Vec<DiscoveryResponse> = cp
             .xds()
-            .stream(futures::stream::iter([Ok(request)]))
-            .map(|r| r.unwrap())
+            .open(
+                Requests::Sotw(Box::pin(futures::stream::iter([Ok(request)]))),
+                Caller::InProcess,
+            )
+            .map(|r| r.unwrap().decode().unwrap())
             .collect()
             .await;
         assert_eq!(typed.len(), 1);

@@ -214,15 +214,3 @@ impl Drop for Registration {
         self.owner.disconnect(self.key.clone());
     }
 }
-
-/// PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (a Go duration), or the default.
-pub fn grace_from_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Duration, String> {
-    match get("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD") {
-        None => Ok(DEFAULT_GRACE),
-        Some(v) => crate::parse_go_duration(&v).map_err(|e| {
-            format!(
-                "PILOT_WORKLOAD_ENTRY_GRACE_PERIOD={v:?}: expected a duration such as 10s ({e})"
-            )
-        }),
-    }
-}

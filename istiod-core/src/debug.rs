@@ -65,8 +65,14 @@ fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>
     }
 }
 
-/// Serves until the process ends.
-pub async fn serve(listener: TcpListener, cp: Arc<ControlPlane>, xds: XdsServer) {
+/// Serves on the side-port server (its limits, and no spin on accept errors) until `shutdown`
+/// resolves.
+pub async fn serve(
+    listener: TcpListener,
+    cp: Arc<ControlPlane>,
+    xds: XdsServer,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     mesh_common::side_port::serve(
         listener,
         mesh_common::side_port::Limits::default(),
@@ -74,7 +80,7 @@ pub async fn serve(listener: TcpListener, cp: Arc<ControlPlane>, xds: XdsServer)
             let resp = route(req.uri().path(), &cp, &xds);
             async move { resp }
         },
-        std::future::pending(),
+        shutdown,
     )
     .await;
 }

@@ -8,6 +8,7 @@ pub mod ads_http;
 pub mod autoregister;
 pub mod ca;
 pub mod ca_server;
+pub mod config;
 pub mod config_store;
 pub mod debug;
 pub mod generators;
@@ -15,6 +16,7 @@ pub mod intern;
 pub mod model;
 pub mod push_context;
 pub mod registry;
+pub mod serve;
 pub mod store;
 pub mod wire;
 pub mod xds_server;
@@ -153,6 +155,8 @@ pub struct ControlPlane {
     memory: Arc<store::MemoryStore>,
     domain_suffix: String,
     trust_domain: String,
+    /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE, given at construction.
+    scope_gateway_to_namespace: bool,
     tx: watch::Sender<Arc<PushContext>>,
     generation: std::sync::atomic::AtomicU64,
     autoregister: Arc<autoregister::AutoRegistration>,
@@ -162,6 +166,7 @@ fn build(
     store: &dyn store::ConfigStore,
     domain: &str,
     trust_domain: &str,
+    scope_gateway_to_namespace: bool,
     generation: u64,
 ) -> Result<PushContext, Error> {
     let set = store::config_set(store)?;
@@ -182,8 +187,7 @@ fn build(
         });
     }
     push.trust_domain = trust_domain.to_string();
-    push.scope_gateway_to_namespace = std::env::var("PILOT_SCOPE_GATEWAY_TO_NAMESPACE")
-        .is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    push.scope_gateway_to_namespace = scope_gateway_to_namespace;
     Ok(push)
 }
 
@@ -200,7 +204,7 @@ fn log_warnings(push: &PushContext, old: Option<&PushContext>) {
 impl ControlPlane {
     /// Loads `config_dir`; fails if it does not load, so a bad start is loud.
     pub fn load(config_dir: &Path, domain_suffix: &str) -> Result<Arc<ControlPlane>, Error> {
-        Self::with_sources(
+        Self::load_with_mesh_config(
             Some(config_dir),
             None,
             domain_suffix,
@@ -215,12 +219,12 @@ impl ControlPlane {
         domain_suffix: &str,
         trust_domain: &str,
     ) -> Result<Arc<ControlPlane>, Error> {
-        Self::with_sources(Some(config_dir), None, domain_suffix, trust_domain)
+        Self::load_with_mesh_config(Some(config_dir), None, domain_suffix, trust_domain)
     }
 
     /// A control plane fed only by its in-memory store (tests, embedders).
     pub fn in_memory(domain_suffix: &str) -> Result<Arc<ControlPlane>, Error> {
-        Self::with_sources(
+        Self::load_with_mesh_config(
             None,
             None,
             domain_suffix,
@@ -230,20 +234,30 @@ impl ControlPlane {
 
     /// As `load_with_trust_domain`, with a mesh config file (istiod's `--meshConfig`: plain
     /// MeshConfig YAML) read after the directory, its fields overriding any MeshConfig there.
+    /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE is read from the process environment.
     pub fn load_with_mesh_config(
         config_dir: Option<&Path>,
         mesh_file: Option<&Path>,
         domain_suffix: &str,
         trust_domain: &str,
     ) -> Result<Arc<ControlPlane>, Error> {
-        Self::with_sources(config_dir, mesh_file, domain_suffix, trust_domain)
+        Self::load_with_settings(
+            config_dir,
+            mesh_file,
+            domain_suffix,
+            trust_domain,
+            config::scope_gateway_to_namespace(&config::process_env),
+        )
     }
 
-    fn with_sources(
+    /// As `load_with_mesh_config`, with PILOT_SCOPE_GATEWAY_TO_NAMESPACE given
+    /// (`config::PilotEnv`).
+    pub fn load_with_settings(
         config_dir: Option<&Path>,
         mesh_file: Option<&Path>,
         domain_suffix: &str,
         trust_domain: &str,
+        scope_gateway_to_namespace: bool,
     ) -> Result<Arc<ControlPlane>, Error> {
         let memory = store::MemoryStore::new();
         let mut sources: Vec<Arc<dyn store::ConfigStore>> = Vec::new();
@@ -259,7 +273,13 @@ impl ControlPlane {
             }));
         }
         let store = store::AggregateStore { sources };
-        let push = build(&store, domain_suffix, trust_domain, 1)?;
+        let push = build(
+            &store,
+            domain_suffix,
+            trust_domain,
+            scope_gateway_to_namespace,
+            1,
+        )?;
         tracing::info!(dir = ?config_dir, services = push.services.len(), "config loaded");
         log_warnings(&push, None);
         let (tx, _) = watch::channel(Arc::new(push));
@@ -269,6 +289,7 @@ impl ControlPlane {
             store,
             domain_suffix: domain_suffix.to_string(),
             trust_domain: trust_domain.to_string(),
+            scope_gateway_to_namespace,
             tx,
             generation: 1.into(),
             autoregister: autoregister::AutoRegistration::new(
@@ -301,6 +322,7 @@ impl ControlPlane {
                 &self.store,
                 &self.domain_suffix,
                 &self.trust_domain,
+                self.scope_gateway_to_namespace,
                 generation,
             );
             tries += 1;
@@ -441,21 +463,10 @@ impl Default for Debounce {
 pub use mesh_common::{DurationError, parse_go_duration};
 
 impl Debounce {
-    /// From PILOT_DEBOUNCE_AFTER and PILOT_DEBOUNCE_MAX; an unparsable value is an error
-    /// naming the variable.
-    pub fn from_env(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Debounce, String> {
-        let mut d = Debounce::default();
-        for (name, field) in [
-            ("PILOT_DEBOUNCE_AFTER", &mut d.after),
-            ("PILOT_DEBOUNCE_MAX", &mut d.max),
-        ] {
-            if let Some(raw) = lookup(name).filter(|v| !v.trim().is_empty()) {
-                *field = parse_go_duration(&raw).map_err(|e| {
-                    format!("{name}={raw:?}: expected a duration such as 100ms or 10s ({e})")
-                })?;
-            }
-        }
-        Ok(d)
+    /// From PILOT_DEBOUNCE_AFTER and PILOT_DEBOUNCE_MAX (`config::debounce`); an unparsable
+    /// value is an error naming the variable.
+    pub fn from_env(lookup: config::Lookup) -> Result<Debounce, String> {
+        config::debounce(lookup).map_err(|e| e.to_string())
     }
 
     /// Called after a first event: returns once `after` passes with no new event, or `max`

@@ -145,8 +145,7 @@ impl Outgoing {
     pub fn chunks(self, grpc_frame: bool, chunk: usize) -> Chunks {
         let mut first = BytesMut::new();
         if grpc_frame {
-            first.put_u8(0);
-            first.put_u32(u32::try_from(self.len).unwrap_or(u32::MAX));
+            first.extend_from_slice(&mesh_common::grpc::frame_header(self.len));
         }
         first.extend_from_slice(&self.head);
         Chunks {

@@ -2,24 +2,19 @@
 //! subscribed to, the nonce last sent and what was ACKed or NACKed, and pushes every subscribed
 //! type when a new PushContext is published. Mirrors istiod's `pilot/pkg/xds/ads.go`.
 //!
-//! `XdsServer::stream` works on any request stream, so the agent can embed the server in process
-//! and the tonic service (`AdsService`) is a thin adapter over it.
+//! `XdsServer::open` serves any request stream, so the agent embeds the server in process and
+//! `ads_http` serves it over gRPC; both take the responses as they go on the wire (`Outgoing`).
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Status};
 
 use crate::autoregister::{AutoRegistration, Caller};
 use crate::generators::{self, CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
@@ -40,9 +35,15 @@ const PUSH_ORDER: [&str; 6] = [
 
 /// A stream's responses as they go on the wire (resources shared with the snapshot).
 pub type WireStream = ReceiverStream<Result<Outgoing, Status>>;
-pub type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
-pub type DeltaResponseStream =
-    Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+/// One ADS stream's requests, in either flavour.
+pub enum Requests {
+    /// State of the world (`StreamAggregatedResources`).
+    Sotw(BoxStream<'static, Result<DiscoveryRequest, Status>>),
+    /// Delta (`DeltaAggregatedResources`): per type, Envoy's subscriptions and the version of
+    /// each resource it holds; a push sends only what changed, plus the names that went away.
+    Delta(BoxStream<'static, Result<DeltaDiscoveryRequest, Status>>),
+}
 
 /// Counters of the server's ACK/NACK traffic, for tests and debugging.
 #[derive(Debug, Default)]
@@ -292,82 +293,30 @@ impl XdsServer {
         self.stats.clone()
     }
 
-    /// Serves one ADS stream: reads `requests`, returns the responses.
-    pub fn stream<S>(&self, requests: S) -> ResponseStream
-    where
-        S: Stream<Item = Result<DiscoveryRequest, Status>> + Send + 'static,
-    {
-        Box::pin(self.stream_wire(requests).map(decoded))
+    /// Serves one ADS stream from `caller`: reads `requests`, returns the responses.
+    pub fn open(&self, requests: Requests, caller: Caller) -> WireStream {
+        let scope = CallerScope::of(&caller);
+        match requests {
+            Requests::Sotw(requests) => {
+                let conn = Connection {
+                    proxy: None,
+                    scope,
+                    watches: HashMap::new(),
+                    next_nonce: 0,
+                };
+                let requests = requests.map(|r| r.map(SotwRequest::from));
+                serve_stream(self, caller, conn, requests)
+            }
+            Requests::Delta(requests) => {
+                let conn = DeltaConnection {
+                    scope,
+                    ..Default::default()
+                };
+                let requests = requests.map(|r| r.map(DeltaRequest::from));
+                serve_stream(self, caller, conn, requests)
+            }
+        }
     }
-
-    /// Serves one Delta ADS stream (see `delta_stream_wire`).
-    pub fn delta_stream<S>(&self, requests: S) -> DeltaResponseStream
-    where
-        S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
-    {
-        Box::pin(self.delta_stream_wire(requests).map(decoded))
-    }
-
-    /// Serves one ADS stream from a proxy in this process, its responses left to be encoded
-    /// when written.
-    pub fn stream_wire<S>(&self, requests: S) -> WireStream
-    where
-        S: Stream<Item = Result<DiscoveryRequest, Status>> + Send + 'static,
-    {
-        self.stream_wire_from(requests, Caller::InProcess)
-    }
-
-    /// Serves one ADS stream from `caller`.
-    pub fn stream_wire_from<S>(&self, requests: S, caller: Caller) -> WireStream
-    where
-        S: Stream<Item = Result<DiscoveryRequest, Status>> + Send + 'static,
-    {
-        let requests = requests.map(|r| r.map(SotwRequest::from));
-        let conn = Connection {
-            proxy: None,
-            scope: CallerScope::of(&caller),
-            watches: HashMap::new(),
-            next_nonce: 0,
-        };
-        serve_stream(self, caller, conn, requests)
-    }
-
-    /// Serves one Delta ADS stream: per type, Envoy's subscriptions and the version of each
-    /// resource it holds; a push sends only what changed, plus the names that went away.
-    pub fn delta_stream_wire<S>(&self, requests: S) -> WireStream
-    where
-        S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
-    {
-        self.delta_stream_wire_from(requests, Caller::InProcess)
-    }
-
-    /// Serves one Delta ADS stream from `caller`.
-    pub fn delta_stream_wire_from<S>(&self, requests: S, caller: Caller) -> WireStream
-    where
-        S: Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Send + 'static,
-    {
-        let requests = requests.map(|r| r.map(DeltaRequest::from));
-        let conn = DeltaConnection {
-            scope: CallerScope::of(&caller),
-            ..Default::default()
-        };
-        serve_stream(self, caller, conn, requests)
-    }
-
-    /// The tonic service for serving this over gRPC.
-    pub fn service(self) -> AggregatedDiscoveryServiceServer<AdsService> {
-        // Requests are small (Istio caps them at 4 MiB, ISTIO_GPRC_MAXRECVMSGSIZE); responses
-        // carry whole meshes and are bounded only by what we generate.
-        AggregatedDiscoveryServiceServer::new(AdsService { server: self })
-            .max_decoding_message_size(MAX_REQUEST_BYTES)
-            .max_encoding_message_size(usize::MAX)
-    }
-}
-
-/// A wire response decoded as the typed message.
-fn decoded<M: prost::Message + Default>(r: Result<Outgoing, Status>) -> Result<M, Status> {
-    r?.decode()
-        .map_err(|e| Status::internal(format!("encoding our own response: {e}")))
 }
 
 /// The per-stream protocol state of one xDS flavour (state of the world or Delta).
@@ -531,7 +480,7 @@ where
             Request(R),
             Push(Arc<PushContext>, Vec<&'static str>),
         }
-        'stream: loop {
+        loop {
             let step = tokio::select! {
                 req = requests.next() => match req {
                     Some(Ok(req)) => Step::Request(req),
@@ -591,33 +540,44 @@ where
             if let (Some(sync), Ok(mut syncs)) = (conn.sync(), shared.syncs.lock()) {
                 syncs.insert(id, sync);
             }
-            // The permit is kept while the responses are handed to the proxy's connection, so
-            // the memory of pushes in flight stays bounded by the throttle; but only for
-            // THROTTLE_HOLD: a proxy that stops reading then loses it and blocks only itself.
-            let mut throttle = Some(throttle);
-            let hold_until = tokio::time::Instant::now() + THROTTLE_HOLD;
-            for resp in out {
-                stats.pushes.fetch_add(1, Ordering::Relaxed);
-                let send = tx.send(Ok(resp));
-                tokio::pin!(send);
-                if throttle.is_some() {
-                    match tokio::time::timeout_at(hold_until, &mut send).await {
-                        Ok(Ok(())) => continue,
-                        Ok(Err(_)) => break 'stream,
-                        Err(_) => throttle = None,
-                    }
-                }
-                if send.await.is_err() {
-                    break 'stream;
-                }
+            if !send_all(&tx, out, throttle, &stats).await {
+                break;
             }
-            drop(throttle);
         }
         if let Ok(mut syncs) = shared.syncs.lock() {
             syncs.remove(&id);
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// Hands `out` to the proxy's connection; false when the stream is gone. The throttle permit
+/// is kept meanwhile, so the memory of pushes in flight stays bounded by the throttle; but only
+/// for THROTTLE_HOLD: a proxy that stops reading then loses it and blocks only itself.
+async fn send_all(
+    tx: &mpsc::Sender<Result<Outgoing, Status>>,
+    out: Vec<Outgoing>,
+    throttle: tokio::sync::SemaphorePermit<'_>,
+    stats: &XdsStats,
+) -> bool {
+    let mut throttle = Some(throttle);
+    let hold_until = tokio::time::Instant::now() + THROTTLE_HOLD;
+    for resp in out {
+        stats.pushes.fetch_add(1, Ordering::Relaxed);
+        let send = tx.send(Ok(resp));
+        tokio::pin!(send);
+        if throttle.is_some() {
+            match tokio::time::timeout_at(hold_until, &mut send).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) => return false,
+                Err(_) => throttle = None,
+            }
+        }
+        if send.await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// A stream's sync state for /debug/syncz, once the proxy is known.
@@ -896,37 +856,6 @@ impl DeltaConnection {
         watch.nonce_sent = nonce;
         watch.sync.sent = Some(push.version.clone());
         Some(out)
-    }
-}
-
-/// The tonic adapter.
-pub struct AdsService {
-    server: XdsServer,
-}
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for AdsService {
-    type StreamAggregatedResourcesStream = ResponseStream;
-    type DeltaAggregatedResourcesStream = DeltaResponseStream;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let caller = Caller::peer(request.peer_certs());
-        let out = self.server.stream_wire_from(request.into_inner(), caller);
-        Ok(Response::new(Box::pin(out.map(decoded))))
-    }
-
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let caller = Caller::peer(request.peer_certs());
-        let out = self
-            .server
-            .delta_stream_wire_from(request.into_inner(), caller);
-        Ok(Response::new(Box::pin(out.map(decoded))))
     }
 }
 

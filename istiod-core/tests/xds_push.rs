@@ -10,7 +10,9 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use futures::StreamExt;
 use istiod_core::ControlPlane;
+use istiod_core::autoregister::Caller;
 use istiod_core::generators::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE};
+use istiod_core::xds_server::Requests;
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -42,7 +44,17 @@ impl Client {
         // push_context::CACHE_CHECK).
         istiod_core::push_context::set_cache_check(true);
         let (tx, rx) = mpsc::channel(16);
-        let responses = server.stream(ReceiverStream::new(rx));
+        let responses = server
+            .open(
+                Requests::Sotw(Box::pin(ReceiverStream::new(rx))),
+                Caller::InProcess,
+            )
+            .map(|r| {
+                r.and_then(|out| {
+                    out.decode::<DiscoveryResponse>()
+                        .map_err(|e| Status::internal(e.to_string()))
+                })
+            });
         Client {
             tx,
             rx: Box::pin(responses),
@@ -258,6 +270,7 @@ async fn debug_port_serves_syncz_configz_and_registryz() {
         listener,
         cp.clone(),
         server.clone(),
+        std::future::pending(),
     ));
     let get = |path: &'static str| async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -467,7 +480,6 @@ async fn proxies_register_themselves_in_their_workload_group() {
 /// Over the network only the group's own identity may register.
 #[tokio::test]
 async fn only_the_groups_identity_may_register_over_the_network() {
-    use istiod_core::autoregister::Caller;
     use istiod_core::ca::Identity;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mesh.yaml"), group_mesh()).unwrap();
@@ -489,7 +501,10 @@ async fn only_the_groups_identity_may_register_over_the_network() {
     ] {
         let (tx, rx) = mpsc::channel(1);
         tx.send(first("10.2.0.9")).await.unwrap();
-        let mut out = server.stream_wire_from(ReceiverStream::new(rx), caller.clone());
+        let mut out = server.open(
+            Requests::Sotw(Box::pin(ReceiverStream::new(rx))),
+            caller.clone(),
+        );
         let got = tokio::time::timeout(Duration::from_secs(2), out.next())
             .await
             .unwrap()

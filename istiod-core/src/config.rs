@@ -1,0 +1,310 @@
+//! The configuration of `istiod-core serve`, parsed once at the edge: the flags (`ServeArgs`)
+//! and the environment (`PilotEnv`), together a typed `ServeConfig`. Every environment variable
+//! istiod-core reads is named in `env`; parsing takes a lookup function, so tests pass a map and
+//! never touch the process environment. The names and meanings are istiod's (`pilot/pkg/features`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::Debounce;
+
+/// The environment variables istiod-core reads, by name.
+pub mod env {
+    /// Quiet period after a config change before it is pushed (Go duration, 100ms).
+    pub const PILOT_DEBOUNCE_AFTER: &str = "PILOT_DEBOUNCE_AFTER";
+    /// Longest a change waits for quiet (Go duration, 10s).
+    pub const PILOT_DEBOUNCE_MAX: &str = "PILOT_DEBOUNCE_MAX";
+    /// Streams that generate a push at once (0 or unset: `min(15 + 5 × cores, 100)`).
+    pub const PILOT_PUSH_THROTTLE: &str = "PILOT_PUSH_THROTTLE";
+    /// How long an auto-registered WorkloadEntry outlives its proxy's last stream (10s).
+    pub const PILOT_WORKLOAD_ENTRY_GRACE_PERIOD: &str = "PILOT_WORKLOAD_ENTRY_GRACE_PERIOD";
+    /// `true`: a Gateway selects routers of its own namespace only.
+    pub const PILOT_SCOPE_GATEWAY_TO_NAMESPACE: &str = "PILOT_SCOPE_GATEWAY_TO_NAMESPACE";
+    /// `true`: every cached resource is generated again on read and compared (`GenCache`).
+    /// The agent's embedded control plane reads it through `push_context::cache_check_from_env`.
+    pub const ISTIOD_CACHE_CHECK: &str = "ISTIOD_CACHE_CHECK";
+}
+
+/// How the environment is read: a variable's value by name.
+pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// The process environment, as a `Lookup` (for `main` and for constructors that are given no
+/// settings).
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// An environment variable whose value is not what it should be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name}={value:?}: expected {expected}")]
+pub struct EnvError {
+    pub name: &'static str,
+    pub value: String,
+    pub expected: String,
+}
+
+/// A Go duration (`10s`, `1m30s`) from `name`, if set (and not blank, when `skip_blank`);
+/// `example` is what the error suggests.
+fn duration(
+    lookup: Lookup,
+    name: &'static str,
+    example: &str,
+    skip_blank: bool,
+) -> Result<Option<Duration>, EnvError> {
+    let Some(value) = lookup(name).filter(|v| !skip_blank || !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    match crate::parse_go_duration(&value) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) => Err(EnvError {
+            name,
+            expected: format!("a duration such as {example} ({e})"),
+            value,
+        }),
+    }
+}
+
+/// A boolean that is on when set to `true` (any case, when `any_case`) or `1`.
+fn flag(lookup: Lookup, name: &str, any_case: bool) -> bool {
+    lookup(name).is_some_and(|v| {
+        v == "1"
+            || if any_case {
+                v.eq_ignore_ascii_case("true")
+            } else {
+                v == "true"
+            }
+    })
+}
+
+/// PILOT_DEBOUNCE_AFTER and PILOT_DEBOUNCE_MAX (blank: the default).
+pub fn debounce(lookup: Lookup) -> Result<Debounce, EnvError> {
+    let mut d = Debounce::default();
+    for (name, field) in [
+        (env::PILOT_DEBOUNCE_AFTER, &mut d.after),
+        (env::PILOT_DEBOUNCE_MAX, &mut d.max),
+    ] {
+        if let Some(value) = duration(lookup, name, "100ms or 10s", true)? {
+            *field = value;
+        }
+    }
+    Ok(d)
+}
+
+/// PILOT_SCOPE_GATEWAY_TO_NAMESPACE.
+pub fn scope_gateway_to_namespace(lookup: Lookup) -> bool {
+    flag(lookup, env::PILOT_SCOPE_GATEWAY_TO_NAMESPACE, true)
+}
+
+/// What istiod-core takes from its environment (`env`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PilotEnv {
+    pub debounce: Debounce,
+    /// Streams generating at once (already resolved from 0/unset to the default).
+    pub push_throttle: usize,
+    pub workload_entry_grace: Duration,
+    pub scope_gateway_to_namespace: bool,
+    pub cache_check: bool,
+}
+
+impl PilotEnv {
+    pub fn from_lookup(lookup: Lookup) -> Result<PilotEnv, EnvError> {
+        let push_throttle = match lookup(env::PILOT_PUSH_THROTTLE) {
+            None => None,
+            Some(value) => match value.trim().parse::<usize>() {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    return Err(EnvError {
+                        name: env::PILOT_PUSH_THROTTLE,
+                        value,
+                        expected: "a whole number".into(),
+                    });
+                }
+            },
+        };
+        Ok(PilotEnv {
+            debounce: debounce(lookup)?,
+            push_throttle: push_throttle
+                .filter(|n| *n > 0)
+                .unwrap_or_else(crate::xds_server::default_push_throttle),
+            workload_entry_grace: duration(
+                lookup,
+                env::PILOT_WORKLOAD_ENTRY_GRACE_PERIOD,
+                "10s",
+                false,
+            )?
+            .unwrap_or(crate::autoregister::DEFAULT_GRACE),
+            scope_gateway_to_namespace: scope_gateway_to_namespace(lookup),
+            cache_check: flag(lookup, env::ISTIOD_CACHE_CHECK, false),
+        })
+    }
+}
+
+/// The flags of `istiod-core serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Directory of Kubernetes-style YAML/JSON (ServiceEntry, WorkloadEntry, Service, Endpoints, ...).
+    #[arg(long = "config-dir")]
+    pub config_dir: PathBuf,
+    /// Address for the gRPC xDS server.
+    #[arg(long = "grpc-addr", default_value = "127.0.0.1:15010")]
+    pub grpc_addr: SocketAddr,
+    /// DNS suffix of Kubernetes services.
+    #[arg(long = "domain-suffix", default_value = crate::DEFAULT_DOMAIN_SUFFIX)]
+    pub domain_suffix: String,
+    /// Serve TLS with this certificate chain (PEM); requires --tls-key.
+    #[arg(long = "tls-cert", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long = "tls-key", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require `authorization: Bearer <contents of this file>` on every xDS stream.
+    #[arg(long = "token-file")]
+    pub token_file: Option<PathBuf>,
+    /// Serve the CA (istio.v1.auth.IstioCertificateService) with the root kept in this
+    /// directory (or Istio's cacerts files found there). Requires --jwt-public-key or
+    /// --jwt-jwks. Unless --grpc-addr is on 15010 (Istio's plaintext port) or --tls-cert is
+    /// given, gRPC is served over TLS with a certificate for istiod.istio-system.svc from
+    /// this CA, and mesh client certificates also authenticate CA calls.
+    #[arg(long = "ca-dir")]
+    pub ca_dir: Option<PathBuf>,
+    /// PEM public key (EC P-256 or RSA) that signs the service-account tokens the CA accepts.
+    #[arg(
+        long = "jwt-public-key",
+        requires = "ca_dir",
+        conflicts_with = "jwt_jwks"
+    )]
+    pub jwt_public_key: Option<PathBuf>,
+    /// A JWKS file (EC P-256 / RSA keys) instead of --jwt-public-key.
+    #[arg(long = "jwt-jwks", requires = "ca_dir")]
+    pub jwt_jwks: Option<PathBuf>,
+    /// Issuer the CA requires in those tokens.
+    #[arg(
+        long = "jwt-issuer",
+        default_value = "https://kubernetes.default.svc.cluster.local"
+    )]
+    pub jwt_issuer: String,
+    /// The mesh trust domain of issued identities [default: the mesh config's trustDomain,
+    /// else cluster.local].
+    #[arg(long = "trust-domain")]
+    pub trust_domain: Option<String>,
+    /// Mesh config file (MeshConfig YAML, as istiod's --meshConfig): rootNamespace,
+    /// enableAutoMtls, outboundTrafficPolicy and trustDomain are acted on. Watched.
+    #[arg(long = "mesh-config", alias = "meshConfig")]
+    pub mesh_config: Option<PathBuf>,
+    /// Longest certificate lifetime the CA issues, in seconds.
+    #[arg(long = "max-cert-ttl", default_value_t = 7 * 24 * 3600)]
+    pub max_cert_ttl: u64,
+    /// Serve /debug/syncz, /debug/configz and /debug/registryz (JSON) on this address
+    /// (istiod uses 15014).
+    #[arg(long = "debug-addr")]
+    pub debug_addr: Option<SocketAddr>,
+    /// Refuse ADS streams beyond this many at once (RESOURCE_EXHAUSTED).
+    #[arg(long = "max-streams", default_value_t = crate::xds_server::DEFAULT_MAX_STREAMS)]
+    pub max_streams: usize,
+}
+
+/// Everything `serve::serve` needs: the flags and the environment, parsed.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub args: ServeArgs,
+    pub env: PilotEnv,
+}
+
+impl ServeConfig {
+    pub fn new(args: ServeArgs, lookup: Lookup) -> Result<ServeConfig, EnvError> {
+        Ok(ServeConfig {
+            args,
+            env: PilotEnv::from_lookup(lookup)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: std::collections::HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| vars.get(k).cloned()
+    }
+
+    #[test]
+    fn unset_environment_gives_istiods_defaults() {
+        let got = PilotEnv::from_lookup(&env(&[])).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            got,
+            PilotEnv {
+                debounce: Debounce::default(),
+                push_throttle: crate::xds_server::default_push_throttle(),
+                workload_entry_grace: Duration::from_secs(10),
+                scope_gateway_to_namespace: false,
+                cache_check: false,
+            }
+        );
+    }
+
+    #[test]
+    fn each_variable_is_read() {
+        let got = PilotEnv::from_lookup(&env(&[
+            (env::PILOT_DEBOUNCE_AFTER, "50ms"),
+            (env::PILOT_DEBOUNCE_MAX, " "),
+            (env::PILOT_PUSH_THROTTLE, " 7 "),
+            (env::PILOT_WORKLOAD_ENTRY_GRACE_PERIOD, "1m"),
+            (env::PILOT_SCOPE_GATEWAY_TO_NAMESPACE, "TRUE"),
+            (env::ISTIOD_CACHE_CHECK, "1"),
+        ]))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            got,
+            PilotEnv {
+                debounce: Debounce {
+                    after: Duration::from_millis(50),
+                    max: Duration::from_secs(10),
+                },
+                push_throttle: 7,
+                workload_entry_grace: Duration::from_secs(60),
+                scope_gateway_to_namespace: true,
+                cache_check: true,
+            }
+        );
+        let zero = PilotEnv::from_lookup(&env(&[(env::PILOT_PUSH_THROTTLE, "0")]));
+        assert_eq!(
+            zero.map(|e| e.push_throttle),
+            Ok(crate::xds_server::default_push_throttle())
+        );
+        // ISTIOD_CACHE_CHECK takes lower-case `true` only, as before.
+        let upper = PilotEnv::from_lookup(&env(&[(env::ISTIOD_CACHE_CHECK, "TRUE")]));
+        assert_eq!(upper.map(|e| e.cache_check), Ok(false));
+    }
+
+    #[test]
+    fn a_bad_value_names_the_variable_and_the_value() {
+        for (name, value, expected) in [
+            (env::PILOT_PUSH_THROTTLE, "many", "a whole number"),
+            (
+                env::PILOT_WORKLOAD_ENTRY_GRACE_PERIOD,
+                "",
+                "a duration such as 10s",
+            ),
+            (
+                env::PILOT_DEBOUNCE_MAX,
+                "soon",
+                "a duration such as 100ms or 10s",
+            ),
+        ] {
+            let e = PilotEnv::from_lookup(&env(&[(name, value)]))
+                .err()
+                .unwrap_or_else(|| panic!("{name}={value:?} accepted"));
+            assert_eq!((e.name, e.value.as_str()), (name, value));
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("{name}={value:?}: expected {expected}")),
+                "{e}"
+            );
+        }
+    }
+}

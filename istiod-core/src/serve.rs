@@ -1,0 +1,273 @@
+//! `istiod-core serve` as a library: from a `ServeConfig`, the mesh config, the CA and its JWT
+//! check, the control plane and its config watch, the debug port and the gRPC server (ADS, the
+//! CA; TLS and the bearer token when asked), serving until `shutdown` resolves. Returns the
+//! addresses it bound (`Bound`), so tests serve on port 0 in process.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use mesh_common::tasks::{Ended, Supervisor};
+
+use crate::ca::{Ca, CaError};
+use crate::ca_server::{CaService, JwtAuthenticator, KeyError};
+use crate::config::{ServeArgs, ServeConfig};
+use crate::config_store::ConfigError;
+use crate::{ControlPlane, ads_http, debug, push_context, xds_server};
+
+/// Why `serve` could not start, or stopped before it was asked to.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("--mesh-config: {0}")]
+    MeshConfig(ConfigError),
+    #[error("cannot read {flag} {}: {source}", path.display())]
+    Read {
+        flag: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Ca(#[from] CaError),
+    #[error(transparent)]
+    JwtKey(#[from] KeyError),
+    #[error("--ca-dir needs --jwt-public-key or --jwt-jwks to verify callers' tokens")]
+    NoJwtKey,
+    #[error(transparent)]
+    ControlPlane(#[from] crate::Error),
+    #[error("cannot listen on {flag} {addr}: {source}")]
+    Listen {
+        flag: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("{0}; exiting so the process is restarted")]
+    TaskEnded(Ended),
+}
+
+/// A started server: the addresses it listens on, and the serving itself.
+pub struct Bound {
+    /// The gRPC address (ADS, and the CA when it is served).
+    pub grpc: SocketAddr,
+    /// The debug port, when `--debug-addr` was given.
+    pub debug: Option<SocketAddr>,
+    serving: Pin<Box<dyn Future<Output = Result<(), ServeError>> + Send>>,
+}
+
+impl Bound {
+    /// Serves until the shutdown given to `serve` resolves (`Ok`), the gRPC server fails, or a
+    /// background task ends (the config watch above all: a server that answers but never sees
+    /// another config change must not stay up).
+    pub async fn wait(self) -> Result<(), ServeError> {
+        self.serving.await
+    }
+}
+
+fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, ServeError> {
+    std::fs::read(path).map_err(|source| ServeError::Read {
+        flag,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+async fn listen(
+    flag: &'static str,
+    addr: SocketAddr,
+) -> Result<tokio::net::TcpListener, ServeError> {
+    let listen = |source| ServeError::Listen { flag, addr, source };
+    tokio::net::TcpListener::bind(addr).await.map_err(listen)
+}
+
+/// The CA service, with the JWT check `--jwt-public-key` or `--jwt-jwks` configures.
+fn ca_service(
+    args: &ServeArgs,
+    ca: &Arc<Ca>,
+    trust_domain: &str,
+) -> Result<
+    istio_proto::ca::istio_certificate_service_server::IstioCertificateServiceServer<CaService>,
+    ServeError,
+> {
+    let issuer = &args.jwt_issuer;
+    let auth = match (&args.jwt_public_key, &args.jwt_jwks) {
+        (Some(path), _) => JwtAuthenticator::from_pem(
+            &read("--jwt-public-key", path)?,
+            &path.display().to_string(),
+            issuer,
+            trust_domain,
+        )?,
+        (None, Some(path)) => JwtAuthenticator::from_jwks(
+            &read("--jwt-jwks", path)?,
+            &path.display().to_string(),
+            issuer,
+            trust_domain,
+        )?,
+        (None, None) => return Err(ServeError::NoJwtKey),
+    };
+    tracing::info!(%trust_domain, "serving the CA");
+    Ok(CaService::new(ca.clone(), Arc::new(auth)))
+}
+
+/// The serving certificate and key: `--tls-cert`/`--tls-key`, else one from the CA
+/// unless on Istio's plaintext port 15010, else none (plaintext).
+fn tls_identity(
+    args: &ServeArgs,
+    ca: Option<&Ca>,
+) -> Result<Option<tonic::transport::Identity>, ServeError> {
+    let pem = match (&args.tls_cert, &args.tls_key, ca) {
+        (Some(cert), Some(key), _) => Some((read("--tls-cert", cert)?, read("--tls-key", key)?)),
+        (_, _, Some(ca)) if args.grpc_addr.port() != 15010 => {
+            let (chain, key) = ca.serving_cert(
+                &[
+                    "istiod.istio-system.svc",
+                    "istiod.istio-system.svc.cluster.local",
+                    "istiod",
+                    "localhost",
+                ],
+                Duration::from_secs(365 * 24 * 3600),
+            )?;
+            Some((chain.into_bytes(), key.into_bytes()))
+        }
+        _ => None,
+    };
+    Ok(pem.map(|(cert, key)| tonic::transport::Identity::from_pem(cert, key)))
+}
+
+/// Starts serving `cfg` until `shutdown` resolves; returns once every port is bound.
+pub async fn serve(
+    cfg: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Bound, ServeError> {
+    let ServeConfig { args, env } = cfg;
+    // The trust domain is fixed for the process: the CA issues in it and the generators
+    // expect it; the flag wins over the mesh config, which wins over the default.
+    let mesh = match &args.mesh_config {
+        Some(path) => Some(
+            crate::store::MeshConfigFile { path: path.clone() }
+                .read()
+                .map_err(ServeError::MeshConfig)?,
+        ),
+        None => None,
+    };
+    let trust_domain = args
+        .trust_domain
+        .clone()
+        .or_else(|| mesh.as_ref().and_then(|m| m.trust_domain.clone()))
+        .unwrap_or_else(|| push_context::DEFAULT_TRUST_DOMAIN.to_string());
+    let ca = match &args.ca_dir {
+        Some(dir) => Some(Arc::new(Ca::load_or_create(
+            dir,
+            &trust_domain,
+            Duration::from_secs(args.max_cert_ttl),
+        )?)),
+        None => None,
+    };
+    let ca_service = match &ca {
+        Some(ca) => Some(ca_service(&args, ca, &trust_domain)?),
+        None => None,
+    };
+    let cp = ControlPlane::load_with_settings(
+        Some(&args.config_dir),
+        args.mesh_config.as_deref(),
+        &args.domain_suffix,
+        &trust_domain,
+        env.scope_gateway_to_namespace,
+    )?;
+    let mut tasks = Supervisor::new();
+    tasks.spawn_forever("config-watch", cp.clone().watch(env.debounce));
+    if env.cache_check {
+        push_context::set_cache_check(true);
+        tracing::warn!("ISTIOD_CACHE_CHECK: every cached resource is generated again and compared");
+    }
+    cp.auto_registration().set_grace(env.workload_entry_grace);
+    let xds = cp.xds_with_limits(args.max_streams, env.push_throttle);
+    let stop = shutdown.boxed().shared();
+    let debug = match args.debug_addr {
+        Some(addr) => {
+            let listener = listen("--debug-addr", addr).await?;
+            let bound = local_addr("--debug-addr", addr, &listener)?;
+            tracing::info!(addr = %bound, "serving /debug");
+            tasks.spawn_forever(
+                "debug",
+                debug::serve(listener, cp.clone(), xds.clone(), stop.clone()),
+            );
+            Some(bound)
+        }
+        None => None,
+    };
+    let listener = listen("--grpc-addr", args.grpc_addr).await?;
+    let grpc = local_addr("--grpc-addr", args.grpc_addr, &listener)?;
+    let mut server = tonic::transport::Server::builder();
+    let tls = tls_identity(&args, ca.as_deref())?;
+    let serving_tls = tls.is_some();
+    if let Some(identity) = tls {
+        let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
+        if let Some(ca) = &ca {
+            config = config
+                .client_ca_root(tonic::transport::Certificate::from_pem(ca.root_pem()))
+                .client_auth_optional(true);
+        }
+        server = server.tls_config(config)?;
+    }
+    let token = match &args.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|source| ServeError::Read {
+                    flag: "--token-file",
+                    path: path.clone(),
+                    source,
+                })?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
+    tracing::info!(addr = %grpc, tls = serving_tls, token = token.is_some(), "serving xDS");
+    let serving = server
+        .add_optional_service(ca_service)
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            ads_http::AdsHttp { server: xds },
+            xds_server::bearer_check(token),
+        ))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            stop.clone(),
+        );
+    Ok(Bound {
+        grpc,
+        debug,
+        serving: Box::pin(until_stopped(serving, tasks, stop)),
+    })
+}
+
+fn local_addr(
+    flag: &'static str,
+    addr: SocketAddr,
+    listener: &tokio::net::TcpListener,
+) -> Result<SocketAddr, ServeError> {
+    listener
+        .local_addr()
+        .map_err(|source| ServeError::Listen { flag, addr, source })
+}
+
+/// Runs the gRPC server until `stop`; a background task ending before that is an error. After
+/// `stop` the servers wind down (the debug port's task ends then, as it should).
+async fn until_stopped(
+    serving: impl Future<Output = Result<(), tonic::transport::Error>>,
+    mut tasks: Supervisor,
+    stop: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    tokio::pin!(serving);
+    tokio::select! {
+        biased;
+        () = stop => {}
+        served = &mut serving => return Ok(served?),
+        ended = tasks.ended() => return Err(ServeError::TaskEnded(ended)),
+    }
+    Ok(serving.await?)
+}
