@@ -7,7 +7,7 @@
 //! and retries with capped backoff; a response that fails the checks never replaces it.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -16,70 +16,8 @@ use rcgen::{CertificateParams, KeyPair, SanType};
 use tokio::sync::watch;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::config::XdsClientConfig;
+use crate::config::{IdentityConfig, KeyAlgorithm, MountedFiles, XdsClientConfig};
 
-/// The key type of workload certificates. ECDSA P-256 is the default (as ztunnel; Istio's
-/// default is RSA 2048): smaller keys, cheaper handshakes and a keygen in microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyAlgorithm {
-    EcdsaP256,
-    EcdsaP384,
-    Rsa(usize),
-}
-
-/// Where the workload certificate comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CertSource {
-    /// The embedded control plane's CA, with its root kept in this directory.
-    Embedded { ca_dir: PathBuf },
-    /// A remote CA (istiod or `istiod-core serve`) at `host:port`.
-    Remote {
-        address: String,
-        client: XdsClientConfig,
-    },
-    /// Certificates mounted as files (FILE_MOUNTED_CERTS, workload-spiffe-credentials, /etc/certs).
-    Files(MountedFiles),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountedFiles {
-    pub cert_chain: PathBuf,
-    pub key: PathBuf,
-    pub root: PathBuf,
-}
-
-impl MountedFiles {
-    pub fn in_dir(dir: &Path) -> MountedFiles {
-        MountedFiles {
-            cert_chain: dir.join("cert-chain.pem"),
-            key: dir.join("key.pem"),
-            root: dir.join("root-cert.pem"),
-        }
-    }
-
-    pub fn all_exist(&self) -> bool {
-        self.cert_chain.is_file() && self.key.is_file() && self.root.is_file()
-    }
-}
-
-/// Identity settings, parsed from Istio's env vars by `config`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct IdentityConfig {
-    pub identity: Identity,
-    pub key: KeyAlgorithm,
-    /// SECRET_TTL: the lifetime asked of the CA.
-    pub ttl: Duration,
-    /// SECRET_GRACE_PERIOD_RATIO and _JITTER: rotate at expiry − (ratio ± jitter) × lifetime.
-    pub grace_ratio: f64,
-    pub grace_jitter: f64,
-    pub source: CertSource,
-    /// OUTPUT_CERTS: also write key.pem, cert-chain.pem and root-cert.pem here.
-    pub output_dir: Option<PathBuf>,
-    /// Directories whose files SDS `file-cert:`/`file-root:` resources may name.
-    pub file_allow_dirs: Vec<PathBuf>,
-}
-
-/// A certificate the agent serves to Envoy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkloadCert {
     /// Leaf first, then intermediates; no root.
@@ -528,6 +466,8 @@ pub fn seconds_left(cert: &WorkloadCert) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::CertSource;
+    use std::path::PathBuf;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     fn identity() -> Identity {

@@ -86,7 +86,8 @@ async fn listen_for_signals(drain: Drain) -> std::io::Result<()> {
 
 /// Starts keeping the workload certificate fresh, from the configured source.
 fn start_identity(cfg: &Config, tasks: &mut Supervisor) -> Result<identity::CertWatch, AgentError> {
-    use identity::{CertSource, EmbeddedSigner, RemoteSigner};
+    use config::CertSource;
+    use identity::{EmbeddedSigner, RemoteSigner};
     let (tx, rx) = tokio::sync::watch::channel(None);
     let id = std::sync::Arc::new(cfg.identity.clone());
     match &cfg.identity.source {
@@ -134,7 +135,9 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
                 &cfg.identity.identity.trust_domain,
             )?;
             tasks.spawn_forever("config-watch", cp.clone().watch(cfg.debounce));
-            istiod_core::push_context::cache_check_from_env(&|k| std::env::var(k).ok());
+            if cfg.cache_check {
+                istiod_core::push_context::set_cache_check(true);
+            }
             xds_proxy::Upstream::Embedded(cp.xds())
         }
         ControlPlaneSource::Remote { address } => xds_proxy::Upstream::Remote {

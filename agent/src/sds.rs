@@ -39,21 +39,6 @@ const DEFAULT: &str = "default";
 const ROOTCA: &str = "ROOTCA";
 const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-/// Directories `file-cert:`/`file-root:` may read from, unless configured otherwise.
-pub fn default_file_dirs() -> Vec<PathBuf> {
-    [
-        "./etc/certs",
-        "./var/run/secrets/workload-spiffe-credentials",
-        "./var/run/secrets/istio",
-        "/etc/certs",
-        "/etc/istio",
-        "/etc/ssl/certs",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .collect()
-}
-
 #[derive(Debug, thiserror::Error)]
 #[error("SDS socket {path}: {source}")]
 pub struct SdsError {
@@ -347,7 +332,8 @@ pub async fn connect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::{KeyAlgorithm, WorkloadCert, key_and_csr, verify_chain};
+    use crate::config::KeyAlgorithm;
+    use crate::identity::{WorkloadCert, key_and_csr, verify_chain};
     use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
     use istiod_core::ca::{Ca, Identity};
     use prost::Message;
