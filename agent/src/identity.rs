@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::config::{IdentityConfig, KeyAlgorithm, MountedFiles, XdsClientConfig};
+use crate::grpc_client::{Backoff, dial, unit_random};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkloadCert {
@@ -69,7 +70,7 @@ impl Signer for RemoteSigner {
     async fn sign(&self, csr_pem: String, ttl: Duration) -> Result<Vec<String>, String> {
         use istio_proto::ca::IstioCertificateRequest;
         use istio_proto::ca::istio_certificate_service_client::IstioCertificateServiceClient;
-        let channel = crate::xds_proxy::dial(&self.address, &self.client)
+        let channel = dial(&self.address, &self.client)
             .await
             .map_err(|s| format!("CA {}: {}", self.address, s.message()))?;
         let mut client = IstioCertificateServiceClient::new(channel);
@@ -254,20 +255,11 @@ pub fn renew_after(
 /// Retry delay after `failures` failed renewals: 1 s doubling to 30 s, but never so long that
 /// a still-valid certificate expires before the next try.
 pub fn retry_after(failures: u32, remaining: Option<Duration>) -> Duration {
-    let backoff =
-        Duration::from_secs(1u64 << failures.saturating_sub(1).min(5)).min(Duration::from_secs(30));
+    let backoff = Backoff::CA.after(failures);
     match remaining {
         Some(r) => backoff.min((r / 4).max(Duration::from_secs(1))),
         None => backoff,
     }
-}
-
-fn unit_random() -> f64 {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    f64::from(nanos % 1_000_000) / 1_000_000.0
 }
 
 /// Keeps a certificate published on `tx`: the first one as soon as possible, then renewals on

@@ -8,6 +8,7 @@ pub mod config;
 pub mod dns;
 pub mod drain;
 pub mod envoy;
+pub mod grpc_client;
 pub mod identity;
 pub mod metrics;
 pub mod probes;
