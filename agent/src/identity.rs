@@ -262,6 +262,23 @@ pub fn retry_after(failures: u32, remaining: Option<Duration>) -> Duration {
     }
 }
 
+/// Keeps the agent's certificate-expiry gauge on the current certificate's notAfter (0 while
+/// there is none). Runs until the process ends.
+pub async fn export_expiry(mut certs: CertWatch, metrics: Arc<crate::metrics::Metrics>) {
+    certs.mark_changed();
+    while certs.changed().await.is_ok() {
+        let expiry = certs.borrow().as_ref().map(|c| {
+            c.not_after
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or_default()
+        });
+        metrics
+            .cert_expiry_timestamp
+            .set(expiry.unwrap_or_default());
+    }
+}
+
 /// Keeps a certificate published on `tx`: the first one as soon as possible, then renewals on
 /// schedule. Runs until the process ends.
 pub async fn run_rotation<S: Signer>(
