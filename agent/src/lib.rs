@@ -9,6 +9,7 @@ pub mod dns;
 pub mod drain;
 pub mod envoy;
 pub mod grpc_client;
+pub mod http_client;
 pub mod identity;
 pub mod metrics;
 pub mod probes;

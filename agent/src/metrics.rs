@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -145,20 +144,15 @@ pub fn strip_eof(text: &str) -> String {
 }
 
 async fn get(port: u16, path: &str) -> Result<hyper::Response<hyper::body::Incoming>, String> {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| format!("127.0.0.1:{port}: {e}"))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
     let req = hyper::Request::builder()
         .uri(path)
         .header(hyper::header::HOST, "localhost")
         .header(hyper::header::ACCEPT, "text/plain")
         .body(http_body_util::Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;
-    sender.send_request(req).await.map_err(|e| e.to_string())
+    crate::http_client::loopback(port, req)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Streams the merged exposition into `tx`. `query` is passed to Envoy; each source is bounded by

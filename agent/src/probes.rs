@@ -15,7 +15,6 @@ use std::sync::Arc;
 use crate::config::probes::{Check, Probe};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::rt::TokioIo;
 
 const MAX_REDIRECTS: usize = 10;
 const MAX_BODY: usize = 10 * 1024;
@@ -128,10 +127,6 @@ async fn send<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
     let mut req = hyper::Request::builder()
         .method(hyper::Method::GET)
         .uri(path)
@@ -141,7 +136,9 @@ where
         req = req.header(k.as_str(), v.as_str());
     }
     let req = req.body(Empty::<Bytes>::new()).map_err(|e| e.to_string())?;
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let resp = crate::http_client::send(io, req)
+        .await
+        .map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();
     let location = resp
         .headers()
