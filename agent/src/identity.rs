@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use istiod_core::ca::{Ca, Identity, split_pem};
+use mesh_common::watch::{FileWatch, Watched};
 use rcgen::{CertificateParams, KeyPair, SanType};
 use tokio::sync::watch;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -398,16 +399,8 @@ pub fn read_mounted(files: &MountedFiles) -> Result<WorkloadCert, String> {
     Ok(cert)
 }
 
-fn fingerprint(files: &MountedFiles) -> Vec<Option<(u64, Option<SystemTime>)>> {
-    [&files.cert_chain, &files.key, &files.root]
-        .iter()
-        .map(|p| {
-            std::fs::metadata(p)
-                .ok()
-                .map(|m| (m.len(), m.modified().ok()))
-        })
-        .collect()
-}
+/// How often mounted certificate files are looked at.
+const MOUNTED_POLL: Duration = Duration::from_millis(500);
 
 /// File-mounted mode: publishes the files, and again whenever they change. A change that does
 /// not pass the checks (a half-written file, a bundle that does not verify) is logged and the
@@ -417,22 +410,21 @@ pub async fn run_mounted(
     files: MountedFiles,
     tx: watch::Sender<Option<Arc<WorkloadCert>>>,
 ) {
-    let mut last = None;
+    let paths = [&files.cert_chain, &files.key, &files.root].map(|p| Watched::File(p.clone()));
+    let mut watch = FileWatch::unseen(paths.to_vec());
     loop {
-        let now = fingerprint(&files);
-        if last.as_ref() != Some(&now) {
-            match read_mounted(&files) {
-                Ok(cert) => {
-                    tracing::info!(serial = %cert.serial, "mounted workload certificate loaded");
-                    last = Some(now);
-                    publish(&cfg, &tx, cert);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "mounted certificate not usable; keeping the last good one")
-                }
+        let now = watch.next_change(MOUNTED_POLL).await;
+        match read_mounted(&files) {
+            Ok(cert) => {
+                tracing::info!(serial = %cert.serial, "mounted workload certificate loaded");
+                watch.mark_seen(now);
+                publish(&cfg, &tx, cert);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "mounted certificate not usable; keeping the last good one")
             }
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(MOUNTED_POLL).await;
     }
 }
 
