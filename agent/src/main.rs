@@ -272,8 +272,7 @@ fn main() {
                     template_file: template_file.map(PathBuf::from),
                     resolv_conf: None,
                 };
-                let env: Vec<(String, String)> = std::env::vars().collect();
-                let cfg = Config::from_env(&args, &process_env, &env, &uid_of)?;
+                let cfg = Config::from_process_env(&args, &uid_of)?;
                 pilot_agent::run(cfg).await?;
                 Ok(())
             }

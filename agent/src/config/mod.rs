@@ -243,6 +243,15 @@ impl Config {
         Config::parse(args, &inputs, lookup, env_vars, user_uid)
     }
 
+    /// `from_env` over the process environment: what the binary calls.
+    pub fn from_process_env(
+        args: &ProxyArgs,
+        user_uid: &dyn Fn(&str) -> Option<u32>,
+    ) -> Result<Config, ConfigError> {
+        let env_vars: Vec<(String, String)> = std::env::vars().collect();
+        Config::from_env(args, &process_env, &env_vars, user_uid)
+    }
+
     /// The config from the flags, the files already read and the env; reads nothing else.
     pub fn parse(
         args: &ProxyArgs,
