@@ -270,22 +270,7 @@ impl Config {
         let metadata_json = metadata_json(env_vars, &mut labels)?;
         let (bootstrap_override, bootstrap_template) = bootstrap_fragments(args, lookup, &merged)?;
         let locality = Locality::from_labels(&labels);
-        let app_probes = match lookup(env::ISTIO_KUBE_APP_PROBERS) {
-            Some(json) if !json.trim().is_empty() => {
-                probes::parse(&json).map_err(|why| err(env::ISTIO_KUBE_APP_PROBERS, &json, &why))?
-            }
-            _ => Default::default(),
-        };
-        let legacy_localhost = parse_bool(
-            env::REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION,
-            lookup(env::REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION),
-            false,
-        )?;
-        let localhost = IpAddr::from([127, 0, 0, 1]);
-        let probe_target = match instance_ips.first() {
-            Some(ip) if !legacy_localhost => *ip,
-            _ => localhost,
-        };
+        let (app_probes, probe_target) = app_probes(lookup, &instance_ips)?;
         let dns = DnsConfig::from_env(lookup, &pc, inputs)?;
         let app_metrics = match lookup(env::ISTIO_PROMETHEUS_ANNOTATIONS) {
             Some(json) if !json.trim().is_empty() => metrics::parse_app_metrics(&json)
@@ -415,6 +400,31 @@ fn instance_ips(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<IpAddr>, 
 
 fn downward_api(text: Option<&str>) -> BTreeMap<String, String> {
     text.map(parse_downward_api).unwrap_or_default()
+}
+
+/// ISTIO_KUBE_APP_PROBERS, and where the probes are dialled: the pod IP, or localhost with
+/// REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION.
+fn app_probes(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    instance_ips: &[IpAddr],
+) -> Result<(BTreeMap<String, probes::Probe>, IpAddr), ConfigError> {
+    let app_probes = match lookup(env::ISTIO_KUBE_APP_PROBERS) {
+        Some(json) if !json.trim().is_empty() => {
+            probes::parse(&json).map_err(|why| err(env::ISTIO_KUBE_APP_PROBERS, &json, &why))?
+        }
+        _ => Default::default(),
+    };
+    let legacy_localhost = parse_bool(
+        env::REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION,
+        lookup(env::REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION),
+        false,
+    )?;
+    let localhost = IpAddr::from([127, 0, 0, 1]);
+    let probe_target = match instance_ips.first() {
+        Some(ip) if !legacy_localhost => *ip,
+        _ => localhost,
+    };
+    Ok((app_probes, probe_target))
 }
 
 /// ProxyConfig overlaid in Istio's order: the mesh config file, PROXY_CONFIG, the pod annotation;
@@ -923,6 +933,28 @@ mod tests {
             e.to_string().contains("Go templates are not supported"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_unreadable_file_is_a_named_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("annotations")).unwrap();
+        std::fs::create_dir(dir.path().join("resolv.conf")).unwrap();
+        let args = ProxyArgs {
+            pod_info_dir: Some(dir.path().to_path_buf()),
+            ..embedded()
+        };
+        let e = cfg(&[], args).unwrap_err();
+        assert_eq!(e.input, "pod annotations file");
+
+        // resolv.conf matters only to the DNS proxy.
+        let args = ProxyArgs {
+            resolv_conf: Some(dir.path().join("resolv.conf")),
+            ..embedded()
+        };
+        assert!(cfg(&[], args.clone()).is_ok());
+        let e = cfg(&[("ISTIO_META_DNS_CAPTURE", "true")], args).unwrap_err();
+        assert_eq!(e.input, "resolv.conf");
     }
 
     #[test]
