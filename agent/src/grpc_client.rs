@@ -27,8 +27,9 @@ impl tonic::service::Interceptor for CallMetadata {
 pub type Channel =
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, CallMetadata>;
 
-/// Dials the control plane for one Envoy stream. The root certificate and the token are read
-/// on every connect, so rotated files take effect without a restart.
+/// Dials `address`: the control plane for one Envoy stream, or the CA for one request. The root
+/// certificate and the token are read on every connect, so rotated files take effect without a
+/// restart.
 pub async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Status> {
     let scheme = if cfg.tls { "https" } else { "http" };
     let uri = format!("{scheme}://{address}");
