@@ -11,9 +11,8 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
 use futures::StreamExt;
 use istiod_core::ca::{Ca, Identity};
-use pilot_agent::identity::{
-    CertSource, EmbeddedSigner, IdentityConfig, KeyAlgorithm, issue, key_and_csr,
-};
+use pilot_agent::config::{CertSource, IdentityConfig, KeyAlgorithm};
+use pilot_agent::identity::{EmbeddedSigner, issue, key_and_csr};
 use pilot_agent::sds;
 
 fn median(mut v: Vec<Duration>) -> (Duration, Duration) {

@@ -2,8 +2,6 @@
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -32,23 +30,15 @@ pub async fn exchange(
     body: Bytes,
 ) -> Result<(u16, String), AdminError> {
     let unreachable = |reason: String| AdminError::Unreachable { port, reason };
-    let stream = TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
-    tokio::spawn(conn);
     let req = hyper::Request::builder()
         .method(method)
         .uri(path)
         .header(hyper::header::HOST, "localhost")
         .body(Full::new(body))
         .map_err(|e| unreachable(e.to_string()))?;
-    let resp = sender
-        .send_request(req)
+    let resp = crate::http_client::loopback(port, req)
         .await
-        .map_err(|e| unreachable(e.to_string()))?;
+        .map_err(|e| unreachable(e.reason()))?;
     let status = resp.status().as_u16();
     let body = resp
         .into_body()

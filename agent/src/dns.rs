@@ -294,6 +294,26 @@ async fn answer(packet: &[u8], table: &TableWatch, up: &Upstreams, max: usize) -
     }
 }
 
+/// Starts the DNS proxy for `cfg` under `tasks`. Returns the table's sender (the xDS proxy fills
+/// it from NDS) and a receiver of it (readiness waits for the first table).
+pub fn start(
+    cfg: &crate::config::DnsConfig,
+    metrics: Arc<crate::metrics::Metrics>,
+    tasks: &mut mesh_common::tasks::Supervisor,
+) -> (watch::Sender<Option<Arc<DnsTable>>>, TableWatch) {
+    let (table_tx, table_rx) = watch::channel(None);
+    let upstreams = Upstreams {
+        servers: cfg.upstreams.clone(),
+        timeout: cfg.forward_timeout,
+        parallel: cfg.forward_parallel,
+    };
+    tasks.spawn(
+        "dns",
+        serve(cfg.listen, table_rx.clone(), upstreams, metrics),
+    );
+    (table_tx, table_rx)
+}
+
 /// Serves UDP and TCP on `addr` until the process ends.
 pub async fn serve(
     addr: SocketAddr,

@@ -7,79 +7,19 @@
 //! and retries with capped backoff; a response that fails the checks never replaces it.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use istiod_core::ca::{Ca, Identity, split_pem};
+use mesh_common::watch::{FileWatch, Watched};
 use rcgen::{CertificateParams, KeyPair, SanType};
 use tokio::sync::watch;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::config::XdsClientConfig;
+use crate::config::{IdentityConfig, KeyAlgorithm, MountedFiles, XdsClientConfig};
+use crate::grpc_client::{Backoff, dial, unit_random};
 
-/// The key type of workload certificates. ECDSA P-256 is the default (as ztunnel; Istio's
-/// default is RSA 2048): smaller keys, cheaper handshakes and a keygen in microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyAlgorithm {
-    EcdsaP256,
-    EcdsaP384,
-    Rsa(usize),
-}
-
-/// Where the workload certificate comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CertSource {
-    /// The embedded control plane's CA, with its root kept in this directory.
-    Embedded { ca_dir: PathBuf },
-    /// A remote CA (istiod or `istiod-core serve`) at `host:port`.
-    Remote {
-        address: String,
-        client: XdsClientConfig,
-    },
-    /// Certificates mounted as files (FILE_MOUNTED_CERTS, workload-spiffe-credentials, /etc/certs).
-    Files(MountedFiles),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountedFiles {
-    pub cert_chain: PathBuf,
-    pub key: PathBuf,
-    pub root: PathBuf,
-}
-
-impl MountedFiles {
-    pub fn in_dir(dir: &Path) -> MountedFiles {
-        MountedFiles {
-            cert_chain: dir.join("cert-chain.pem"),
-            key: dir.join("key.pem"),
-            root: dir.join("root-cert.pem"),
-        }
-    }
-
-    pub fn all_exist(&self) -> bool {
-        self.cert_chain.is_file() && self.key.is_file() && self.root.is_file()
-    }
-}
-
-/// Identity settings, parsed from Istio's env vars by `config`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct IdentityConfig {
-    pub identity: Identity,
-    pub key: KeyAlgorithm,
-    /// SECRET_TTL: the lifetime asked of the CA.
-    pub ttl: Duration,
-    /// SECRET_GRACE_PERIOD_RATIO and _JITTER: rotate at expiry − (ratio ± jitter) × lifetime.
-    pub grace_ratio: f64,
-    pub grace_jitter: f64,
-    pub source: CertSource,
-    /// OUTPUT_CERTS: also write key.pem, cert-chain.pem and root-cert.pem here.
-    pub output_dir: Option<PathBuf>,
-    /// Directories whose files SDS `file-cert:`/`file-root:` resources may name.
-    pub file_allow_dirs: Vec<PathBuf>,
-}
-
-/// A certificate the agent serves to Envoy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkloadCert {
     /// Leaf first, then intermediates; no root.
@@ -131,7 +71,7 @@ impl Signer for RemoteSigner {
     async fn sign(&self, csr_pem: String, ttl: Duration) -> Result<Vec<String>, String> {
         use istio_proto::ca::IstioCertificateRequest;
         use istio_proto::ca::istio_certificate_service_client::IstioCertificateServiceClient;
-        let channel = crate::xds_proxy::dial(&self.address, &self.client)
+        let channel = dial(&self.address, &self.client)
             .await
             .map_err(|s| format!("CA {}: {}", self.address, s.message()))?;
         let mut client = IstioCertificateServiceClient::new(channel);
@@ -316,20 +256,28 @@ pub fn renew_after(
 /// Retry delay after `failures` failed renewals: 1 s doubling to 30 s, but never so long that
 /// a still-valid certificate expires before the next try.
 pub fn retry_after(failures: u32, remaining: Option<Duration>) -> Duration {
-    let backoff =
-        Duration::from_secs(1u64 << failures.saturating_sub(1).min(5)).min(Duration::from_secs(30));
+    let backoff = Backoff::CA.after(failures);
     match remaining {
         Some(r) => backoff.min((r / 4).max(Duration::from_secs(1))),
         None => backoff,
     }
 }
 
-fn unit_random() -> f64 {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    f64::from(nanos % 1_000_000) / 1_000_000.0
+/// Keeps the agent's certificate-expiry gauge on the current certificate's notAfter (0 while
+/// there is none). Runs until the process ends.
+pub async fn export_expiry(mut certs: CertWatch, metrics: Arc<crate::metrics::Metrics>) {
+    certs.mark_changed();
+    while certs.changed().await.is_ok() {
+        let expiry = certs.borrow().as_ref().map(|c| {
+            c.not_after
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or_default()
+        });
+        metrics
+            .cert_expiry_timestamp
+            .set(expiry.unwrap_or_default());
+    }
 }
 
 /// Keeps a certificate published on `tx`: the first one as soon as possible, then renewals on
@@ -451,16 +399,8 @@ pub fn read_mounted(files: &MountedFiles) -> Result<WorkloadCert, String> {
     Ok(cert)
 }
 
-fn fingerprint(files: &MountedFiles) -> Vec<Option<(u64, Option<SystemTime>)>> {
-    [&files.cert_chain, &files.key, &files.root]
-        .iter()
-        .map(|p| {
-            std::fs::metadata(p)
-                .ok()
-                .map(|m| (m.len(), m.modified().ok()))
-        })
-        .collect()
-}
+/// How often mounted certificate files are looked at.
+const MOUNTED_POLL: Duration = Duration::from_millis(500);
 
 /// File-mounted mode: publishes the files, and again whenever they change. A change that does
 /// not pass the checks (a half-written file, a bundle that does not verify) is logged and the
@@ -470,22 +410,21 @@ pub async fn run_mounted(
     files: MountedFiles,
     tx: watch::Sender<Option<Arc<WorkloadCert>>>,
 ) {
-    let mut last = None;
+    let paths = [&files.cert_chain, &files.key, &files.root].map(|p| Watched::File(p.clone()));
+    let mut watch = FileWatch::unseen(paths.to_vec());
     loop {
-        let now = fingerprint(&files);
-        if last.as_ref() != Some(&now) {
-            match read_mounted(&files) {
-                Ok(cert) => {
-                    tracing::info!(serial = %cert.serial, "mounted workload certificate loaded");
-                    last = Some(now);
-                    publish(&cfg, &tx, cert);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "mounted certificate not usable; keeping the last good one")
-                }
+        let now = watch.next_change(MOUNTED_POLL).await;
+        match read_mounted(&files) {
+            Ok(cert) => {
+                tracing::info!(serial = %cert.serial, "mounted workload certificate loaded");
+                watch.mark_seen(now);
+                publish(&cfg, &tx, cert);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "mounted certificate not usable; keeping the last good one")
             }
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(MOUNTED_POLL).await;
     }
 }
 
@@ -528,6 +467,8 @@ pub fn seconds_left(cert: &WorkloadCert) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::CertSource;
+    use std::path::PathBuf;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     fn identity() -> Identity {

@@ -8,6 +8,8 @@ pub mod config;
 pub mod dns;
 pub mod drain;
 pub mod envoy;
+pub mod grpc_client;
+pub mod http_client;
 pub mod identity;
 pub mod metrics;
 pub mod probes;
@@ -18,6 +20,7 @@ pub mod xds_proxy;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use config::{Config, ControlPlaneSource};
 use drain::Drain;
@@ -84,11 +87,73 @@ async fn listen_for_signals(drain: Drain) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Starts keeping the workload certificate fresh, from the configured source.
-fn start_identity(cfg: &Config, tasks: &mut Supervisor) -> Result<identity::CertWatch, AgentError> {
-    use identity::{CertSource, EmbeddedSigner, RemoteSigner};
+/// The upstream Envoy's xDS is proxied to: the embedded control plane, started here (with its
+/// config watch), or a remote one.
+fn start_control_plane(
+    cfg: &Config,
+    tasks: &mut Supervisor,
+) -> Result<xds_proxy::Upstream, AgentError> {
+    match &cfg.control_plane {
+        ControlPlaneSource::Embedded {
+            config_dir,
+            mesh_file,
+        } => {
+            let cp = istiod_core::ControlPlane::load_with_mesh_config(
+                Some(config_dir),
+                mesh_file.as_deref(),
+                istiod_core::DEFAULT_DOMAIN_SUFFIX,
+                &cfg.identity.identity.trust_domain,
+            )?;
+            tasks.spawn_forever("config-watch", cp.clone().watch(cfg.debounce));
+            if cfg.cache_check {
+                istiod_core::push_context::set_cache_check(true);
+            }
+            Ok(xds_proxy::Upstream::Embedded(cp.xds()))
+        }
+        ControlPlaneSource::Remote { address } => Ok(xds_proxy::Upstream::Remote {
+            address: address.clone(),
+            client: cfg.xds_client.clone().ok_or_else(|| config::ConfigError {
+                input: "discoveryAddress".into(),
+                value: address.clone(),
+                expected: "dial options for a remote control plane".into(),
+            })?,
+        }),
+    }
+}
+
+/// Creates the directory of Envoy's bootstrap and xDS socket. Envoy runs as another uid (when
+/// the agent is root) and must reach what is inside. A pod's emptyDir is used as it is when
+/// Envoy can enter it.
+fn prepare_config_dir(cfg: &Config) -> Result<(), AgentError> {
+    let dir_fail = |source| AgentError::Write {
+        path: cfg.config_path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&cfg.config_path).map_err(dir_fail)?;
+    if let Some(mode) = set_dir_mode(&cfg.config_path, 0o755).map_err(dir_fail)? {
+        let envoy_enters =
+            mode & 0o005 == 0o005 || cfg.envoy_uid == nix::unistd::geteuid().as_raw();
+        if !envoy_enters {
+            return Err(dir_fail(std::io::Error::other(format!(
+                "owned by another uid, mode {mode:o}: Envoy (uid {}) cannot enter it",
+                cfg.envoy_uid
+            ))));
+        }
+    }
+    Ok(())
+}
+
+/// Starts keeping the workload certificate fresh, from the configured source, and its expiry
+/// gauge. Returns the certificate's watch.
+fn start_identity(
+    cfg: &Config,
+    tasks: &mut Supervisor,
+    metrics: &Arc<metrics::Metrics>,
+) -> Result<identity::CertWatch, AgentError> {
+    use config::CertSource;
+    use identity::{EmbeddedSigner, RemoteSigner};
     let (tx, rx) = tokio::sync::watch::channel(None);
-    let id = std::sync::Arc::new(cfg.identity.clone());
+    let id = Arc::new(cfg.identity.clone());
     match &cfg.identity.source {
         CertSource::Embedded { ca_dir } => {
             let ca = istiod_core::ca::Ca::load_or_create(
@@ -98,7 +163,7 @@ fn start_identity(cfg: &Config, tasks: &mut Supervisor) -> Result<identity::Cert
             )
             .map_err(|e| AgentError::Identity(e.to_string()))?;
             let signer = EmbeddedSigner {
-                ca: std::sync::Arc::new(ca),
+                ca: Arc::new(ca),
                 identity: id.identity.clone(),
             };
             tasks.spawn_forever("identity", identity::run_rotation(id, signer, tx));
@@ -114,162 +179,164 @@ fn start_identity(cfg: &Config, tasks: &mut Supervisor) -> Result<identity::Cert
             tasks.spawn_forever("identity", identity::run_mounted(id, files.clone(), tx));
         }
     }
+    tasks.spawn_forever(
+        "cert-metrics",
+        identity::export_expiry(rx.clone(), metrics.clone()),
+    );
     Ok(rx)
 }
 
-/// Runs the sidecar agent until shutdown. Envoy exiting, or any background task ending, ends
-/// it with an error (the container restarts), never a process left running without them.
-pub async fn run(cfg: Config) -> Result<(), AgentError> {
-    tracing::info!(config = ?cfg, "starting pilot-agent");
-    let mut tasks = Supervisor::new();
-    let upstream = match &cfg.control_plane {
-        ControlPlaneSource::Embedded {
-            config_dir,
-            mesh_file,
-        } => {
-            let cp = istiod_core::ControlPlane::load_with_mesh_config(
-                Some(config_dir),
-                mesh_file.as_deref(),
-                istiod_core::DEFAULT_DOMAIN_SUFFIX,
-                &cfg.identity.identity.trust_domain,
-            )?;
-            tasks.spawn_forever("config-watch", cp.clone().watch(cfg.debounce));
-            istiod_core::push_context::cache_check_from_env(&|k| std::env::var(k).ok());
-            xds_proxy::Upstream::Embedded(cp.xds())
-        }
-        ControlPlaneSource::Remote { address } => xds_proxy::Upstream::Remote {
-            address: address.clone(),
-            client: cfg.xds_client.clone().ok_or_else(|| config::ConfigError {
-                input: "discoveryAddress".into(),
-                value: address.clone(),
-                expected: "dial options for a remote control plane".into(),
-            })?,
-        },
-    };
+/// Who may connect to the SDS and xDS sockets (root, Envoy's uid, the agent's), and the owner
+/// the sockets are given (Envoy's uid, when the agent is root).
+struct SocketAccess {
+    peers: Vec<u32>,
+    owner: Option<u32>,
+}
 
-    let drain = Drain::default();
-    tasks.spawn("signals", listen_for_signals(drain.clone()));
-    let metrics = std::sync::Arc::new(metrics::Metrics::new());
-    // Readiness also waits for the DNS table when the DNS proxy is on.
-    let (status_dns, status_dns_rx) = tokio::sync::watch::channel(None);
-
-    let dir_fail = |source| AgentError::Write {
-        path: cfg.config_path.clone(),
-        source,
-    };
-    std::fs::create_dir_all(&cfg.config_path).map_err(dir_fail)?;
-    // Envoy runs as another uid (when the agent is root) and must reach the socket and bootstrap
-    // inside. A pod's emptyDir is used as it is when Envoy can enter it.
-    if let Some(mode) = set_dir_mode(&cfg.config_path, 0o755).map_err(dir_fail)? {
-        let envoy_enters =
-            mode & 0o005 == 0o005 || cfg.envoy_uid == nix::unistd::geteuid().as_raw();
-        if !envoy_enters {
-            return Err(dir_fail(std::io::Error::other(format!(
-                "owned by another uid, mode {mode:o}: Envoy (uid {}) cannot enter it",
-                cfg.envoy_uid
-            ))));
+impl SocketAccess {
+    fn for_envoy(cfg: &Config) -> SocketAccess {
+        SocketAccess {
+            peers: uds::allowed_uids(cfg.envoy_uid),
+            owner: nix::unistd::geteuid().is_root().then_some(cfg.envoy_uid),
         }
     }
+}
 
-    let as_root = nix::unistd::geteuid().is_root();
-    // Who may connect to the SDS and xDS sockets (root, Envoy's uid, the agent's).
-    let socket_peers = uds::allowed_uids(cfg.envoy_uid);
-    let certs = start_identity(&cfg, &mut tasks)?;
-    let cert_metrics = metrics.clone();
-    let mut cert_updates = certs.clone();
-    cert_updates.mark_changed();
-    tasks.spawn_forever("cert-metrics", async move {
-        while cert_updates.changed().await.is_ok() {
-            let expiry = cert_updates.borrow().as_ref().map(|c| {
-                c.not_after
-                    .duration_since(std::time::SystemTime::UNIX_EPOCH)
-                    .map(|d| d.as_secs_f64())
-                    .unwrap_or_default()
-            });
-            cert_metrics
-                .cert_expiry_timestamp
-                .set(expiry.unwrap_or_default());
-        }
-    });
-    let sds_listener = sds::bind(
-        std::path::Path::new(sds::SOCKET_PATH),
-        as_root.then_some(cfg.envoy_uid),
-    )?;
-    let sds_drain = drain.clone();
+/// Serves the workload certificate to Envoy over SDS. Returns the socket's path.
+fn start_sds(
+    cfg: &Config,
+    tasks: &mut Supervisor,
+    drain: &Drain,
+    certs: &identity::CertWatch,
+    access: &SocketAccess,
+) -> Result<PathBuf, AgentError> {
+    let path = PathBuf::from(sds::SOCKET_PATH);
+    let listener = sds::bind(&path, access.owner)?;
+    let drain = drain.clone();
     tasks.spawn(
         "sds",
         sds::serve(
-            sds_listener,
-            socket_peers.clone(),
+            listener,
+            access.peers.clone(),
             certs.clone(),
             cfg.identity.file_allow_dirs.clone(),
-            async move { sds_drain.finished().await },
+            async move { drain.finished().await },
         ),
     );
+    Ok(path)
+}
 
-    let status_listener =
+/// Serves the status port (15020). Returns where readiness learns of the DNS proxy's table.
+async fn start_status(
+    cfg: &Config,
+    tasks: &mut Supervisor,
+    drain: &Drain,
+    metrics: &Arc<metrics::Metrics>,
+    certs: &identity::CertWatch,
+) -> Result<tokio::sync::watch::Sender<Option<dns::TableWatch>>, AgentError> {
+    // Readiness also waits for the DNS table when the DNS proxy is on.
+    let (dns_tx, dns_rx) = tokio::sync::watch::channel(None);
+    let listener =
         status::bind(cfg.status_port)
             .await
             .map_err(|source| AgentError::StatusPort {
                 port: cfg.status_port,
                 source,
             })?;
-    tasks.spawn_forever(
-        "status",
-        status::serve(
-            status_listener,
-            status::State::new(
-                &cfg,
-                drain.clone(),
-                metrics.clone(),
-                status_dns_rx,
-                certs.clone(),
-            ),
-        ),
-    );
+    let state = status::State::new(cfg, drain.clone(), metrics.clone(), dns_rx, certs.clone());
+    tasks.spawn_forever("status", status::serve(listener, state));
+    Ok(dns_tx)
+}
 
-    let xds_listener = xds_proxy::bind(&cfg.xds_socket_path(), as_root.then_some(cfg.envoy_uid))?;
-    let xds_drain = drain.clone();
-    // The DNS proxy answers from the table the xDS proxy receives over NDS.
-    let dns_state = match &cfg.dns {
-        Some(dns_cfg) => {
-            let (table_tx, table_rx) = tokio::sync::watch::channel(None);
-            let upstreams = dns::Upstreams {
-                servers: dns_cfg.upstreams.clone(),
-                timeout: dns_cfg.forward_timeout,
-                parallel: dns_cfg.forward_parallel,
-            };
-            let listen = dns_cfg.listen;
-            let rx = table_rx.clone();
-            let dns_metrics = metrics.clone();
-            tasks.spawn("dns", dns::serve(listen, rx, upstreams, dns_metrics));
-            status_dns.send_replace(Some(table_rx));
-            Some(xds_proxy::DnsState {
-                table: table_tx,
-                pod_namespace: cfg.pod_namespace.clone(),
-                search: dns_cfg.search.clone(),
-            })
-        }
-        None => None,
-    };
+/// Starts the DNS proxy when it is on, and tells readiness of its table. Returns what the xDS
+/// proxy needs to fill the table from NDS.
+fn start_dns(
+    cfg: &Config,
+    tasks: &mut Supervisor,
+    metrics: &Arc<metrics::Metrics>,
+    status_dns: &tokio::sync::watch::Sender<Option<dns::TableWatch>>,
+) -> Option<xds_proxy::DnsState> {
+    let dns_cfg = cfg.dns.as_ref()?;
+    let (table, readiness) = dns::start(dns_cfg, metrics.clone(), tasks);
+    status_dns.send_replace(Some(readiness));
+    Some(xds_proxy::DnsState {
+        table,
+        pod_namespace: cfg.pod_namespace.clone(),
+        search: dns_cfg.search.clone(),
+    })
+}
+
+/// Serves Envoy's xDS on the socket in the config directory, proxied to `upstream`. Returns the
+/// socket's path.
+fn start_xds(
+    cfg: &Config,
+    tasks: &mut Supervisor,
+    upstream: xds_proxy::Upstream,
+    drain: &Drain,
+    metrics: &Arc<metrics::Metrics>,
+    dns: Option<xds_proxy::DnsState>,
+    access: &SocketAccess,
+) -> Result<PathBuf, AgentError> {
+    let path = cfg.xds_socket_path();
+    let listener = xds_proxy::bind(&path, access.owner)?;
+    let drain = drain.clone();
     tasks.spawn(
-        "xds-proxy",
+        XDS_TASK,
         xds_proxy::serve(
-            xds_listener,
-            socket_peers,
+            listener,
+            access.peers.clone(),
             upstream,
             metrics.clone(),
-            dns_state,
-            async move { xds_drain.finished().await },
+            dns,
+            async move { drain.finished().await },
         ),
     );
+    Ok(path)
+}
+
+const XDS_TASK: &str = "xds-proxy";
+
+/// Runs the sidecar agent until shutdown. Envoy exiting, or any background task ending, ends
+/// it with an error (the container restarts), never a process left running without them.
+pub async fn run(cfg: Config) -> Result<(), AgentError> {
+    tracing::info!(config = ?cfg, "starting pilot-agent");
+    let mut tasks = Supervisor::new();
+    let upstream = start_control_plane(&cfg, &mut tasks)?;
+    let drain = Drain::default();
+    tasks.spawn("signals", listen_for_signals(drain.clone()));
+    let metrics = Arc::new(metrics::Metrics::new());
+    prepare_config_dir(&cfg)?;
+    let access = SocketAccess::for_envoy(&cfg);
+    let certs = start_identity(&cfg, &mut tasks, &metrics)?;
+    let sds_socket = start_sds(&cfg, &mut tasks, &drain, &certs, &access)?;
+    let status_dns = start_status(&cfg, &mut tasks, &drain, &metrics, &certs).await?;
+    let dns = start_dns(&cfg, &mut tasks, &metrics, &status_dns);
+    let xds_socket = start_xds(&cfg, &mut tasks, upstream, &drain, &metrics, dns, &access)?;
 
     let bootstrap_path = cfg.bootstrap_path();
     let bootstrap = serde_json::to_vec_pretty(&bootstrap::render(&cfg)).unwrap_or_default();
     write_file(&bootstrap_path, &bootstrap, 0o644)?;
-
     let mut child = envoy::spawn(&cfg, &bootstrap_path)?;
-    let result = tokio::select! {
+    let result = supervise(&cfg, &mut child, &drain, &mut tasks).await;
+    drain.trigger(drain::Shutdown::Immediate);
+    drain.finish();
+    tasks.wait_for(XDS_TASK).await;
+    for path in [&bootstrap_path, &xds_socket, &sds_socket] {
+        let _ = std::fs::remove_file(path);
+    }
+    tracing::info!("pilot-agent stopped");
+    result
+}
+
+/// Waits for a drain (then stops Envoy gracefully), Envoy's exit or a task's end, whichever
+/// comes first.
+async fn supervise(
+    cfg: &Config,
+    child: &mut tokio::process::Child,
+    drain: &Drain,
+    tasks: &mut Supervisor,
+) -> Result<(), AgentError> {
+    tokio::select! {
         // A drain first: the signal task ends once it has triggered one.
         biased;
         how = drain.triggered() => {
@@ -280,7 +347,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
                 minimum: cfg.minimum_drain_duration,
                 maximum: cfg.drain_duration,
             };
-            envoy::stop(&mut child, cfg.admin_port, how, policy, &drain).await;
+            envoy::stop(child, cfg.admin_port, how, policy, drain).await;
             Ok(())
         }
         status = child.wait() => match status {
@@ -295,13 +362,5 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
             let _ = child.wait().await;
             Err(AgentError::TaskEnded(ended))
         }
-    };
-    drain.trigger(drain::Shutdown::Immediate);
-    drain.finish();
-    tasks.wait_for("xds-proxy").await;
-    let _ = std::fs::remove_file(&bootstrap_path);
-    let _ = std::fs::remove_file(cfg.xds_socket_path());
-    let _ = std::fs::remove_file(sds::SOCKET_PATH);
-    tracing::info!("pilot-agent stopped");
-    result
+    }
 }

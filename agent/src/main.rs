@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use pilot_agent::config::{Config, ProxyArgs};
+use pilot_agent::config::{Config, ProxyArgs, envoy_user, process_env};
 
 /// Exit code for any error, as Istio's pilot-agent (`os.Exit(-1)`).
 const ERROR_CODE: i32 = 255;
@@ -160,7 +160,7 @@ fn run_with_proxy_gid() {
     if !nix::unistd::geteuid().is_root() {
         return;
     }
-    let user = std::env::var("ENVOY_USER").unwrap_or_else(|_| "istio-proxy".to_string());
+    let user = envoy_user(&process_env);
     let gid = nix::unistd::User::from_name(&user)
         .ok()
         .flatten()
@@ -221,7 +221,7 @@ fn main() {
             argv.push(format!("--log_output_level={l}"));
         }
         let code = match <istio_init::config::Args as Parser>::try_parse_from(argv) {
-            Ok(a) => istio_init::cli::main(a, &|k| std::env::var(k).ok(), &uid_of),
+            Ok(a) => istio_init::cli::main(a, &process_env, &uid_of),
             Err(e) => {
                 let _ = e.print();
                 if e.use_stderr() { ERROR_CODE } else { 0 }
@@ -272,8 +272,7 @@ fn main() {
                     template_file: template_file.map(PathBuf::from),
                     resolv_conf: None,
                 };
-                let env: Vec<(String, String)> = std::env::vars().collect();
-                let cfg = Config::from_env(&args, &|k| std::env::var(k).ok(), &env, &uid_of)?;
+                let cfg = Config::from_process_env(&args, &uid_of)?;
                 pilot_agent::run(cfg).await?;
                 Ok(())
             }

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde::Deserialize;
 use tokio::sync::mpsc;
+
+use crate::config::metrics::AppMetrics;
 
 /// Largest application exposition forwarded (Istio's cap).
 pub const MAX_APP_METRICS: usize = 10 * 1024 * 1024;
@@ -143,68 +143,16 @@ pub fn strip_eof(text: &str) -> String {
     out
 }
 
-/// ISTIO_PROMETHEUS_ANNOTATIONS: where the application serves its metrics.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AppMetrics {
-    pub port: u16,
-    pub path: String,
-}
-
-#[derive(Deserialize)]
-struct Annotations {
-    #[serde(default)]
-    scrape: Option<String>,
-    #[serde(default)]
-    path: Option<String>,
-    #[serde(default)]
-    port: Option<String>,
-}
-
-/// Ports of the proxy itself, never scraped as the app's.
-const RESERVED_PORTS: [u16; 9] = [
-    15000, 15001, 15004, 15006, 15008, 15020, 15021, 15053, 15090,
-];
-
-/// Parses ISTIO_PROMETHEUS_ANNOTATIONS (`{"scrape":"true","path":"/metrics","port":"8080"}`).
-pub fn parse_app_metrics(json: &str) -> Result<Option<AppMetrics>, String> {
-    let a: Annotations =
-        serde_json::from_str(json).map_err(|e| format!("not a JSON object: {e}"))?;
-    if a.scrape.as_deref() != Some("true") {
-        return Ok(None);
-    }
-    let port = match a.port.as_deref() {
-        None | Some("") => 80,
-        Some(p) => p
-            .parse::<u16>()
-            .map_err(|_| format!("port {p:?} is not a number"))?,
-    };
-    if port == 0 || RESERVED_PORTS.contains(&port) {
-        return Err(format!("port {port} belongs to the proxy"));
-    }
-    let path = a.path.unwrap_or_else(|| "/metrics".to_string());
-    if !path.starts_with('/') || path.contains(char::is_whitespace) {
-        return Err(format!(
-            "path {path:?} must start with '/' and have no spaces"
-        ));
-    }
-    Ok(Some(AppMetrics { port, path }))
-}
-
 async fn get(port: u16, path: &str) -> Result<hyper::Response<hyper::body::Incoming>, String> {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| format!("127.0.0.1:{port}: {e}"))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
     let req = hyper::Request::builder()
         .uri(path)
         .header(hyper::header::HOST, "localhost")
         .header(hyper::header::ACCEPT, "text/plain")
         .body(http_body_util::Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;
-    sender.send_request(req).await.map_err(|e| e.to_string())
+    crate::http_client::loopback(port, req)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Streams the merged exposition into `tx`. `query` is passed to Envoy; each source is bounded by
@@ -291,17 +239,7 @@ mod tests {
     }
 
     #[test]
-    fn app_annotations() {
-        assert_eq!(
-            parse_app_metrics(r#"{"scrape":"true","path":"/m","port":"9100"}"#).unwrap(),
-            Some(AppMetrics {
-                port: 9100,
-                path: "/m".into()
-            })
-        );
-        assert_eq!(parse_app_metrics(r#"{"scrape":"false"}"#).unwrap(), None);
-        assert!(parse_app_metrics(r#"{"scrape":"true","port":"15090"}"#).is_err());
-        assert!(parse_app_metrics(r#"{"scrape":"true","port":"x"}"#).is_err());
+    fn strip_eof_drops_the_marker() {
         assert_eq!(strip_eof("a 1\n# EOF\n"), "a 1\n");
     }
 }

@@ -26,6 +26,7 @@ use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_server
 };
 use envoy_types::util::pack_any;
 use futures::{Stream, StreamExt};
+use mesh_common::watch::{FileWatch, Watched};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
@@ -38,21 +39,6 @@ pub const SECRET_TYPE: &str =
 const DEFAULT: &str = "default";
 const ROOTCA: &str = "ROOTCA";
 const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
-
-/// Directories `file-cert:`/`file-root:` may read from, unless configured otherwise.
-pub fn default_file_dirs() -> Vec<PathBuf> {
-    [
-        "./etc/certs",
-        "./var/run/secrets/workload-spiffe-credentials",
-        "./var/run/secrets/istio",
-        "/etc/certs",
-        "/etc/istio",
-        "/etc/ssl/certs",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .collect()
-}
 
 #[derive(Debug, thiserror::Error)]
 #[error("SDS socket {path}: {source}")]
@@ -179,7 +165,8 @@ fn secret(
     Ok(Some(secret))
 }
 
-fn file_fingerprint(names: &[String]) -> Vec<Option<std::time::SystemTime>> {
+/// The files the `file-cert:` and `file-root:` resources among `names` read.
+fn watched_files(names: &[String]) -> Vec<Watched> {
     names
         .iter()
         .filter_map(|n| {
@@ -187,7 +174,7 @@ fn file_fingerprint(names: &[String]) -> Vec<Option<std::time::SystemTime>> {
                 .or_else(|| n.strip_prefix("file-root:"))
         })
         .flat_map(|spec| spec.split('~'))
-        .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .map(|p| Watched::File(PathBuf::from(p)))
         .collect()
 }
 
@@ -241,7 +228,7 @@ impl SecretDiscoveryService for SdsService {
             let mut names: Vec<String> = Vec::new();
             let mut nonce_sent = String::new();
             let mut owed = false;
-            let mut files = Vec::new();
+            let mut files = FileWatch::new(Vec::new());
             let mut tick = tokio::time::interval(Duration::from_secs(2));
             loop {
                 tokio::select! {
@@ -269,9 +256,9 @@ impl SecretDiscoveryService for SdsService {
                         owed = true;
                     }
                     _ = tick.tick() => {
-                        let now = file_fingerprint(&names);
-                        if now != files {
-                            files = now;
+                        files.set_watched(watched_files(&names));
+                        if let Some(now) = files.check() {
+                            files.mark_seen(now);
                             // Changed, or appeared after being refused: (re)send.
                             owed = true;
                         }
@@ -347,7 +334,8 @@ pub async fn connect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::{KeyAlgorithm, WorkloadCert, key_and_csr, verify_chain};
+    use crate::config::KeyAlgorithm;
+    use crate::identity::{WorkloadCert, key_and_csr, verify_chain};
     use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
     use istiod_core::ca::{Ca, Identity};
     use prost::Message;

@@ -141,10 +141,10 @@ pub struct State {
     admin_port: u16,
     drain: Drain,
     config_dump: String,
-    probes: std::collections::BTreeMap<String, crate::probes::Probe>,
+    probes: std::collections::BTreeMap<String, crate::config::probes::Probe>,
     probe_target: std::net::IpAddr,
     metrics: Arc<crate::metrics::Metrics>,
-    app_metrics: Option<crate::metrics::AppMetrics>,
+    app_metrics: Option<crate::config::metrics::AppMetrics>,
     dns: DnsReadiness,
     certs: CertWatch,
 }

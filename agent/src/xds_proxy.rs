@@ -22,10 +22,10 @@ use tokio::net::UnixListener;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::{Body, BoxFuture, StdError, http};
-use tonic::metadata::{Ascii, MetadataKey, MetadataValue};
 use tonic::{Status, Streaming};
 
-use crate::config::{RootCa, XdsClientConfig};
+use crate::config::XdsClientConfig;
+use crate::grpc_client::{Backoff, dial};
 
 /// Largest xDS message accepted or sent either way (Istio's agent allows MaxInt32).
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
@@ -123,21 +123,6 @@ fn keep_response(msg: &Result<Bytes, Status>) -> bool {
     }
 }
 
-/// Delay before dialing again after `failures` consecutive failed dials: exponential from
-/// 100 ms, capped at 15 s, with ±25% jitter so many agents do not reconnect in step.
-fn backoff(failures: u32) -> std::time::Duration {
-    if failures == 0 {
-        return std::time::Duration::ZERO;
-    }
-    let base = 100u64.saturating_mul(1 << failures.min(8)).min(15_000);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    let jitter = 0.75 + f64::from(nanos % 1000) / 2000.0;
-    std::time::Duration::from_millis((base as f64 * jitter) as u64)
-}
-
 /// Where Envoy's streams are forwarded.
 #[derive(Clone)]
 pub enum Upstream {
@@ -147,71 +132,6 @@ pub enum Upstream {
         address: String,
         client: XdsClientConfig,
     },
-}
-
-/// Adds the bearer token and the configured metadata to every call.
-#[derive(Clone)]
-pub(crate) struct CallMetadata(Vec<(MetadataKey<Ascii>, MetadataValue<Ascii>)>);
-
-impl tonic::service::Interceptor for CallMetadata {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        for (k, v) in &self.0 {
-            req.metadata_mut().insert(k.clone(), v.clone());
-        }
-        Ok(req)
-    }
-}
-
-pub(crate) type Channel =
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, CallMetadata>;
-
-/// Dials the control plane for one Envoy stream. The root certificate and the token are read
-/// on every connect, so rotated files take effect without a restart.
-pub(crate) async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Status> {
-    let scheme = if cfg.tls { "https" } else { "http" };
-    let uri = format!("{scheme}://{address}");
-    let mut endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
-        .map_err(|e| Status::invalid_argument(format!("control plane address {address}: {e}")))?
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .keep_alive_while_idle(true)
-        .http2_keep_alive_interval(std::time::Duration::from_secs(30))
-        .keep_alive_timeout(std::time::Duration::from_secs(10));
-    if cfg.tls {
-        let mut tls = tonic::transport::ClientTlsConfig::new().domain_name(cfg.server_name.clone());
-        tls = match &cfg.root_ca {
-            RootCa::System => tls.with_native_roots(),
-            RootCa::Files(files) => {
-                let Some(pem) = files.iter().find_map(|f| std::fs::read(f).ok()) else {
-                    return Err(Status::unavailable(format!(
-                        "no root certificate to verify the control plane: tried {files:?} (set XDS_ROOT_CA)"
-                    )));
-                };
-                tls.ca_certificate(tonic::transport::Certificate::from_pem(pem))
-            }
-        };
-        endpoint = endpoint
-            .tls_config(tls)
-            .map_err(|e| Status::internal(format!("TLS to {address}: {e}")))?;
-    }
-    let mut metadata = Vec::new();
-    if let Ok(token) = std::fs::read_to_string(&cfg.token_path)
-        && let Ok(v) = format!("Bearer {}", token.trim()).parse()
-    {
-        metadata.push((MetadataKey::from_static("authorization"), v));
-    }
-    for (k, v) in &cfg.headers {
-        if let (Ok(k), Ok(v)) = (k.parse::<MetadataKey<Ascii>>(), v.parse()) {
-            metadata.push((k, v));
-        }
-    }
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| Status::unavailable(format!("control plane {uri}: {e}")))?;
-    Ok(tonic::service::interceptor::InterceptedService::new(
-        channel,
-        CallMetadata(metadata),
-    ))
 }
 
 /// Decodes Envoy's requests for the in-process server, which works on typed messages.
@@ -419,7 +339,8 @@ impl Inner {
             "Envoy connected to the xDS proxy ({})",
             if delta { "delta" } else { "state of the world" }
         );
-        tokio::time::sleep(backoff(self.failures.load(Ordering::Relaxed))).await;
+        tokio::time::sleep(Backoff::CONTROL_PLANE.after(self.failures.load(Ordering::Relaxed)))
+            .await;
         let metrics = self.metrics.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let (failed_tx, failed_rx) = tokio::sync::oneshot::channel();
@@ -638,15 +559,6 @@ mod tests {
     use envoy_types::pb::envoy::service::discovery::v3::{
         DeltaDiscoveryResponse, DiscoveryResponse,
     };
-
-    #[test]
-    fn backoff_grows_caps_and_jitters() {
-        assert_eq!(backoff(0), std::time::Duration::ZERO);
-        let one = backoff(1).as_millis();
-        assert!((150..=250).contains(&one), "{one}");
-        let many = backoff(30).as_millis();
-        assert!((11_250..=18_750).contains(&many), "{many}");
-    }
 
     #[test]
     fn only_envoy_and_workload_types_pass() {

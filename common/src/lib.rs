@@ -1,7 +1,7 @@
 //! Primitives the three programs share, so each exists once: the Go-duration parser that every
 //! flag, env var, ProxyConfig field and traffic resource goes through, the supervisor of the
-//! long-running programs' background tasks, the side-port HTTP server with limits, and the gRPC
-//! method paths and message framing.
+//! long-running programs' background tasks, the file watcher, the side-port HTTP server with
+//! limits, and the gRPC method paths and message framing.
 
 pub mod duration;
 #[cfg(feature = "grpc")]
@@ -10,5 +10,7 @@ pub mod grpc;
 pub mod side_port;
 #[cfg(feature = "tasks")]
 pub mod tasks;
+#[cfg(feature = "tasks")]
+pub mod watch;
 
 pub use duration::{DurationError, parse_go_duration};

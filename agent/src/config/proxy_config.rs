@@ -1,0 +1,130 @@
+//! ProxyConfig overlays (istio/api `mesh/v1alpha1/proxy.proto`): the mesh config file's
+//! `defaultConfig`, PROXY_CONFIG and the pod's `proxy.istio.io/config` annotation, in that order.
+
+use serde::Deserialize;
+
+use super::{ConfigError, err};
+
+/// The subset of Istio's ProxyConfig we honour, in its YAML/JSON field names.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct ProxyConfigOverlay {
+    pub(super) config_path: Option<String>,
+    pub(super) binary_path: Option<String>,
+    pub(super) service_cluster: Option<String>,
+    pub(super) drain_duration: Option<String>,
+    pub(super) termination_drain_duration: Option<String>,
+    pub(super) proxy_admin_port: Option<u16>,
+    pub(super) discovery_address: Option<String>,
+    pub(super) status_port: Option<u16>,
+    pub(super) concurrency: Option<u32>,
+    pub(super) control_plane_auth_policy: Option<String>,
+    pub(super) stat_name_length: Option<u32>,
+    pub(super) proxy_metadata: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// ProxyConfig fields (istio/api mesh/v1alpha1/proxy.proto) the agent accepts without acting on
+/// them yet; anything else is a typo and rejected.
+const KNOWN_UNUSED_FIELDS: [&str; 29] = [
+    "parentShutdownDuration",
+    "discoveryRefreshDelay",
+    "zipkinAddress",
+    "statsdUdpAddress",
+    "envoyMetricsServiceAddress",
+    "availabilityZone",
+    "customConfigFile",
+    "proxyBootstrapTemplatePath",
+    "interceptionMode",
+    "tracing",
+    "sds",
+    "envoyAccessLogService",
+    "envoyMetricsService",
+    "runtimeValues",
+    "extraStatTags",
+    "gatewayTopology",
+    "meshId",
+    "readinessProbe",
+    "proxyStatsMatcher",
+    "holdApplicationUntilProxyStarts",
+    "caCertificatesPem",
+    "image",
+    "privateKeyProvider",
+    "proxyHeaders",
+    "fileFlushInterval",
+    "fileFlushMinSizeKb",
+    "tracingServiceName",
+    "clusterName",
+    "serviceClusterName",
+];
+
+const USED_FIELDS: [&str; 12] = [
+    "configPath",
+    "binaryPath",
+    "serviceCluster",
+    "drainDuration",
+    "terminationDrainDuration",
+    "proxyAdminPort",
+    "discoveryAddress",
+    "statusPort",
+    "concurrency",
+    "controlPlaneAuthPolicy",
+    "statNameLength",
+    "proxyMetadata",
+];
+
+/// Applies one ProxyConfig source over `base`, and records its raw fields in `merged` (which
+/// becomes the PROXY_CONFIG node metadata).
+pub(super) fn overlay_into(
+    base: &mut ProxyConfigOverlay,
+    merged: &mut serde_json::Map<String, serde_json::Value>,
+    input: &str,
+    text: &str,
+) -> Result<(), ConfigError> {
+    // A mesh config file wraps ProxyConfig in `defaultConfig`; PROXY_CONFIG is the bare object.
+    let value: serde_json::Value =
+        serde_yaml_ng::from_str(text).map_err(|e| err(input, &e.to_string(), "YAML or JSON"))?;
+    let value = match value.get("defaultConfig") {
+        Some(inner) => inner.clone(),
+        None if input.starts_with("mesh") => serde_json::Value::Object(Default::default()),
+        None => value,
+    };
+    if value.is_null() {
+        return Ok(());
+    }
+    let Some(fields) = value.as_object() else {
+        return Err(err(input, text, "a ProxyConfig object"));
+    };
+    for key in fields.keys() {
+        if !USED_FIELDS.contains(&key.as_str()) && !KNOWN_UNUSED_FIELDS.contains(&key.as_str()) {
+            return Err(err(
+                input,
+                key,
+                "a ProxyConfig field (istio/api mesh/v1alpha1/proxy.proto)",
+            ));
+        }
+        if KNOWN_UNUSED_FIELDS.contains(&key.as_str()) {
+            tracing::warn!(field = %key, source = input, "ProxyConfig field accepted but not acted on yet");
+        }
+    }
+    merged.extend(fields.clone());
+    let o: ProxyConfigOverlay = serde_json::from_value(value)
+        .map_err(|e| err(input, &e.to_string(), "a ProxyConfig with supported fields"))?;
+    macro_rules! take {
+        ($($f:ident),*) => { $( if o.$f.is_some() { base.$f = o.$f.clone(); } )* };
+    }
+    take!(
+        config_path,
+        binary_path,
+        service_cluster,
+        drain_duration,
+        termination_drain_duration,
+        proxy_admin_port,
+        discovery_address,
+        status_port,
+        concurrency,
+        control_plane_auth_policy,
+        stat_name_length,
+        proxy_metadata
+    );
+    Ok(())
+}
