@@ -8,6 +8,7 @@
 //! Messages to and from a remote control plane are forwarded as bytes (a pass-through gRPC codec):
 //! only the `type_url` field of each response is read, to drop types Envoy does not use.
 
+use mesh_common::grpc::{ADS_DELTA_PATH, ADS_SERVICE, ADS_SOTW_PATH};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -32,12 +33,6 @@ pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 /// Largest request Envoy may send the proxy: Envoy's requests name resources and carry its node,
 /// far below this; anything larger is refused (RESOURCE_EXHAUSTED) rather than buffered.
 pub const MAX_ENVOY_REQUEST_BYTES: usize = 4 * 1024 * 1024;
-
-const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
-const SOTW_PATH: &str =
-    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
-const DELTA_PATH: &str =
-    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
 type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
 
@@ -167,9 +162,9 @@ impl Upstream {
                     .await
                     .map_err(|e| Status::unavailable(format!("control plane {address}: {e}")))?;
                 let path = http::uri::PathAndQuery::from_static(if delta {
-                    DELTA_PATH
+                    ADS_DELTA_PATH
                 } else {
-                    SOTW_PATH
+                    ADS_SOTW_PATH
                 });
                 let resp = grpc
                     .streaming(tonic::Request::new(requests), path, RawCodec)
@@ -419,7 +414,7 @@ struct ProxyService {
 }
 
 impl tonic::server::NamedService for ProxyService {
-    const NAME: &'static str = SERVICE;
+    const NAME: &'static str = ADS_SERVICE;
 }
 
 impl<B> tonic::codegen::Service<http::Request<B>> for ProxyService
@@ -437,8 +432,8 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let delta = match req.uri().path() {
-            SOTW_PATH => false,
-            DELTA_PATH => true,
+            ADS_SOTW_PATH => false,
+            ADS_DELTA_PATH => true,
             _ => {
                 return Box::pin(async {
                     Ok(Status::unimplemented("not an ADS method").into_http())
