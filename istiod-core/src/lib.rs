@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use mesh_common::watch::{FileWatch, Fingerprint, Watched};
 use tokio::sync::watch;
 
 use config_store::ConfigError;
@@ -314,7 +315,8 @@ impl ControlPlane {
             + 1;
         // A file rewritten while it was read may have been read half-written (an editor or
         // `cp` truncates first): when the files differ before and after the read, read again.
-        let files = || files_fingerprint(self.config_dir.as_deref(), self.mesh_file.as_deref());
+        let watched = self.watched_files();
+        let files = || Fingerprint::of(&watched);
         let mut tries = 0;
         let mut push = loop {
             let before = files();
@@ -370,6 +372,13 @@ impl ControlPlane {
             .with_auto_registration(self.autoregister.clone())
     }
 
+    /// What the watch polls: the config directory's listing and the mesh config file.
+    fn watched_files(&self) -> Vec<Watched> {
+        let dir = self.config_dir.iter().map(|d| Watched::Dir(d.clone()));
+        dir.chain(self.mesh_file.iter().map(|f| Watched::File(f.clone())))
+            .collect()
+    }
+
     /// Watches the config directory and reloads after each burst of changes has settled
     /// (`debounce`). Change events come from inotify; a 2 s poll of file names, sizes and
     /// mtimes backs it up (filesystems without inotify, replaced mounts). Runs until the
@@ -392,19 +401,16 @@ impl ControlPlane {
                 }
             }
         }
-        if self.config_dir.is_some() || self.mesh_file.is_some() {
+        let watched = self.watched_files();
+        if !watched.is_empty() {
             let poll_tx = tx.clone();
-            let (dir, mesh) = (self.config_dir.clone(), self.mesh_file.clone());
+            let mut files = FileWatch::new(watched.clone());
             tokio::spawn(async move {
-                let mut last = files_fingerprint(dir.as_deref(), mesh.as_deref());
                 loop {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    let now = files_fingerprint(dir.as_deref(), mesh.as_deref());
-                    if now != last {
-                        last = now;
-                        if poll_tx.send(()).await.is_err() {
-                            return;
-                        }
+                    let now = files.next_change(Duration::from_secs(2)).await;
+                    files.mark_seen(now);
+                    if poll_tx.send(()).await.is_err() {
+                        return;
                     }
                 }
             });
@@ -417,12 +423,8 @@ impl ControlPlane {
                 }
             }
         });
-        let fingerprint_now = |cp: &ControlPlane| {
-            (
-                files_fingerprint(cp.config_dir.as_deref(), cp.mesh_file.as_deref()),
-                *cp.memory.subscribe().borrow(),
-            )
-        };
+        let fingerprint_now =
+            |cp: &ControlPlane| (Fingerprint::of(&watched), *cp.memory.subscribe().borrow());
         let mut last = fingerprint_now(&self);
         while rx.recv().await.is_some() {
             if !debounce.settle(&mut rx).await {
@@ -488,32 +490,4 @@ impl Debounce {
             }
         }
     }
-}
-
-/// What the watch compares: the directory's files and the mesh config file.
-type FilesFingerprint = (
-    Option<Vec<(PathBuf, u64, Option<SystemTime>)>>,
-    Option<(u64, Option<SystemTime>)>,
-);
-
-fn files_fingerprint(dir: Option<&Path>, mesh: Option<&Path>) -> FilesFingerprint {
-    (
-        dir.map(fingerprint),
-        mesh.and_then(|p| std::fs::metadata(p).ok())
-            .map(|m| (m.len(), m.modified().ok())),
-    )
-}
-
-fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
-    let mut out: Vec<_> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let meta = e.metadata().ok()?;
-            Some((e.path(), meta.len(), meta.modified().ok()))
-        })
-        .collect();
-    out.sort();
-    out
 }
