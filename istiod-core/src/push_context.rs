@@ -194,6 +194,68 @@ fn security_warnings(
     }
 }
 
+/// The mesh config: every MeshConfig source merged, later over earlier.
+fn merged_mesh(config: &ConfigSet) -> MeshConfigSpec {
+    let mut mesh = MeshConfigSpec::default();
+    for r in &config.resources {
+        if let Resource::MeshConfig(_, m) = r {
+            mesh.merge(m);
+        }
+    }
+    mesh
+}
+
+/// Every warning of the config, each prefixed with its resource: the ones found on parsing and
+/// the routing ones first, resource by resource, then the security ones.
+fn warnings(
+    config: &ConfigSet,
+    mesh: &MeshConfigSpec,
+    services: &[Service],
+    domain_suffix: &str,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for r in &config.resources {
+        let m = r.metadata();
+        let found = routing::not_applied(r, config, services, domain_suffix);
+        for w in m.warnings.iter().chain(&found) {
+            warnings.push(format!("{} {}/{}: {w}", r.kind(), m.namespace(), m.name));
+        }
+    }
+    for r in &config.resources {
+        let m = r.metadata();
+        for w in security_warnings(r, mesh, services) {
+            warnings.push(format!("{} {}/{}: {w}", r.kind(), m.namespace(), m.name));
+        }
+    }
+    warnings
+}
+
+/// Each outbound cluster name of `services` (one per port, and per port and subset) → where
+/// it points.
+fn cluster_index(
+    services: &[Service],
+    subsets: &HashMap<String, Vec<Subset>>,
+) -> HashMap<String, ClusterRef> {
+    let mut clusters = HashMap::new();
+    for (si, s) in services.iter().enumerate() {
+        let own = subsets
+            .get(&s.hostname)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for (pi, p) in s.ports.iter().enumerate() {
+            for (subset, name) in crate::model::port_clusters(p.port, &s.hostname, own) {
+                let at = ClusterRef {
+                    service: si,
+                    port: pi,
+                    subset,
+                };
+                clusters.insert(name, at);
+            }
+        }
+    }
+    clusters
+}
+
 /// The resources `pick` selects from `config`, copied, in (namespace, name) order.
 fn by_name<T: Clone>(
     config: &ConfigSet,
@@ -235,6 +297,7 @@ impl Default for PushContext {
     }
 }
 
+/// Whether `labels` carry every label of `selector` (an empty selector selects everything).
 fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
@@ -310,48 +373,14 @@ impl PushContext {
             _ => None,
         });
         let services = registry::services(&config, domain_suffix)?;
-        let mut mesh = MeshConfigSpec::default();
-        for r in &config.resources {
-            if let Resource::MeshConfig(_, m) = r {
-                mesh.merge(m);
-            }
-        }
+        let mesh = merged_mesh(&config);
         let root_namespace = mesh.root_namespace.as_deref().unwrap_or(ROOT_NAMESPACE);
         let destination_rules =
             routing::destination_rules(&config, domain_suffix, root_namespace, &services);
         let subsets = routing::subsets(&destination_rules);
         let routing = Routing::build(&config, domain_suffix);
-        let mut warnings = Vec::new();
-        for r in &config.resources {
-            let m = r.metadata();
-            let found = routing::not_applied(r, &config, &services, domain_suffix);
-            for w in m.warnings.iter().chain(&found) {
-                warnings.push(format!("{} {}/{}: {w}", r.kind(), m.namespace(), m.name));
-            }
-        }
-        for r in &config.resources {
-            let m = r.metadata();
-            for w in security_warnings(r, &mesh, &services) {
-                warnings.push(format!("{} {}/{}: {w}", r.kind(), m.namespace(), m.name));
-            }
-        }
-        let mut clusters = HashMap::new();
-        for (si, s) in services.iter().enumerate() {
-            let own = subsets
-                .get(&s.hostname)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            for (pi, p) in s.ports.iter().enumerate() {
-                for (subset, name) in crate::model::port_clusters(p.port, &s.hostname, own) {
-                    let at = ClusterRef {
-                        service: si,
-                        port: pi,
-                        subset,
-                    };
-                    clusters.insert(name, at);
-                }
-            }
-        }
+        let warnings = warnings(&config, &mesh, &services, domain_suffix);
+        let clusters = cluster_index(&services, &subsets);
         let sidecars = by_name(&config, |r| match r {
             Resource::Sidecar(m, s) => Some((m, s)),
             _ => None,
