@@ -612,49 +612,90 @@ fn route_config(
     let mut by_host: BTreeMap<String, usize> = BTreeMap::new();
     let mut virtual_hosts: Vec<VirtualHost> = Vec::new();
     for gs in chosen {
-        let gateway = gs.gateway();
-        let ctx = Ctx {
-            push,
-            port: gs.number(),
-            proxy: Some(proxy),
-            gateway: Some(&gateway),
-        };
-        let redirect = gs.server.tls.as_ref().is_some_and(|t| t.https_redirect);
-        // Hosts this server adds (a host an earlier server already holds stays that server's).
-        let mut mine: BTreeMap<String, usize> = BTreeMap::new();
-        for (vs, hosts) in bound(push, gs) {
-            let routes = http::routes(ctx, vs);
-            if routes.is_empty() {
+        add_server_hosts(push, proxy, gs, &mut by_host, &mut virtual_hosts);
+    }
+    if let Some(port) = plain_port {
+        add_redirect_hosts(servers, port, &mut by_host, &mut virtual_hosts);
+    }
+    // Envoy refuses a domain twice: a `*` host (domain `*`) may sit with `*:*`.
+    super::route::claim_domains(&mut virtual_hosts, |_| ());
+    if virtual_hosts.is_empty() {
+        virtual_hosts.push(VirtualHost {
+            name: "blackhole:80".to_string(),
+            domains: vec!["*".to_string()],
+            routes: vec![not_found()],
+            ..Default::default()
+        });
+    }
+    RouteConfiguration {
+        name: name.to_string(),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
+/// The virtual hosts of one server: the routes of each VirtualService bound to it, by host.
+/// `by_host` (host → index into `virtual_hosts`) holds the hosts of earlier servers.
+fn add_server_hosts(
+    push: &PushContext,
+    proxy: &Proxy,
+    gs: &GatewayServer,
+    by_host: &mut BTreeMap<String, usize>,
+    virtual_hosts: &mut Vec<VirtualHost>,
+) {
+    let gateway = gs.gateway();
+    let ctx = Ctx {
+        push,
+        port: gs.number(),
+        proxy: Some(proxy),
+        gateway: Some(&gateway),
+    };
+    let redirect = gs.server.tls.as_ref().is_some_and(|t| t.https_redirect);
+    // Hosts this server adds (a host an earlier server already holds stays that server's).
+    let mut mine: BTreeMap<String, usize> = BTreeMap::new();
+    for (vs, hosts) in bound(push, gs) {
+        let routes = http::routes(ctx, vs);
+        if routes.is_empty() {
+            continue;
+        }
+        for host in hosts {
+            if let Some(&i) = mine.get(&host) {
+                virtual_hosts[i].routes.extend(routes.iter().cloned());
                 continue;
             }
-            for host in hosts {
-                if let Some(&i) = mine.get(&host) {
-                    virtual_hosts[i].routes.extend(routes.iter().cloned());
-                    continue;
-                }
-                if by_host.contains_key(&host) {
-                    continue;
-                }
-                let i = virtual_hosts.len();
-                virtual_hosts.push(VirtualHost {
-                    name: format!("{host}:{}", gs.number()),
-                    domains: vec![host.clone(), format!("{host}:*")],
-                    routes: routes.clone(),
-                    require_tls: if redirect {
-                        virtual_host::TlsRequirementType::All as i32
-                    } else {
-                        0
-                    },
-                    ..Default::default()
-                });
-                mine.insert(host, i);
+            if by_host.contains_key(&host) {
+                continue;
             }
+            let i = virtual_hosts.len();
+            virtual_hosts.push(VirtualHost {
+                name: format!("{host}:{}", gs.number()),
+                domains: vec![host.clone(), format!("{host}:*")],
+                routes: routes.clone(),
+                require_tls: if redirect {
+                    virtual_host::TlsRequirementType::All as i32
+                } else {
+                    0
+                },
+                ..Default::default()
+            });
+            mine.insert(host, i);
         }
-        by_host.extend(mine);
     }
-    // A host of a redirecting server with no VirtualService still redirects.
+    by_host.extend(mine);
+}
+
+/// A host of a server on plain HTTP `port` that redirects to HTTPS, with no VirtualService,
+/// still redirects.
+fn add_redirect_hosts(
+    servers: &[GatewayServer],
+    port: u16,
+    by_host: &mut BTreeMap<String, usize>,
+    virtual_hosts: &mut Vec<VirtualHost>,
+) {
     for gs in servers.iter().filter(|gs| {
-        plain_port.is_some_and(|p| gs.server.is_plain_http() && gs.listen_port() == p)
+        gs.server.is_plain_http()
+            && gs.listen_port() == port
             && gs.server.tls.as_ref().is_some_and(|t| t.https_redirect)
     }) {
         for host in gs
@@ -675,22 +716,6 @@ fn route_config(
                 ..Default::default()
             });
         }
-    }
-    // Envoy refuses a domain twice: a `*` host (domain `*`) may sit with `*:*`.
-    super::route::claim_domains(&mut virtual_hosts, |_| ());
-    if virtual_hosts.is_empty() {
-        virtual_hosts.push(VirtualHost {
-            name: "blackhole:80".to_string(),
-            domains: vec!["*".to_string()],
-            routes: vec![not_found()],
-            ..Default::default()
-        });
-    }
-    RouteConfiguration {
-        name: name.to_string(),
-        virtual_hosts,
-        validate_clusters: Some(BoolValue { value: false }),
-        ..Default::default()
     }
 }
 
