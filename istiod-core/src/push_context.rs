@@ -2,7 +2,7 @@
 //! on every change and shared with all streams through a `watch` channel (istiod's
 //! `pilot/pkg/model/push_context.go`). Generators never see a half-updated mesh.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config_store::{
@@ -295,11 +295,6 @@ impl Default for PushContext {
             cache: GenCache::default(),
         }
     }
-}
-
-/// Whether `labels` carry every label of `selector` (an empty selector selects everything).
-fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
-    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 impl PushContext {

@@ -79,7 +79,9 @@ fn kube_endpoint(
     }
 }
 
-fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+/// Whether `labels` carry every label of `selector` (an empty selector selects everything): a
+/// Kubernetes equality label selector, as every Istio resource's workload selector is.
+pub fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 

@@ -137,7 +137,7 @@ pub fn servers<'a>(
 ) -> Vec<GatewayServer<'a>> {
     let selects = |meta: &Metadata, spec: &GatewaySpec| {
         (!push.scope_gateway_to_namespace || meta.namespace() == proxy.namespace)
-            && spec.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && crate::registry::selects(&spec.selector, labels)
     };
     push.gateways
         .iter()

@@ -4,9 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{PushContext, selects};
+use super::PushContext;
 use crate::config_store::{Metadata, MtlsMode, PeerAuthenticationSpec};
 use crate::model::{Endpoint, Service, ServicePort, TlsMode};
+use crate::registry::selects;
 
 /// The effective mTLS mode of a workload: the default mode and per-port overrides.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,9 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::{PushContext, selects};
+use super::PushContext;
 use crate::config_store::OutboundTrafficPolicy;
 use crate::model::Service;
+use crate::registry::selects;
 
 /// Sidecar scopes by (proxy id, node labels).
 pub type ScopeMemo = HashMap<(String, BTreeMap<String, String>), Option<Arc<SidecarScope>>>;
