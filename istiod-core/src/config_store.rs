@@ -23,6 +23,11 @@ pub use gateway::{GatewaySpec, TlsSecret};
 pub use request_authentication::RequestAuthenticationSpec;
 pub use virtual_service::VirtualServiceSpec;
 
+use authorization::validate_authorization_policy;
+use destination_rule::validate_destination_rule;
+use request_authentication::validate_request_authentication;
+use virtual_service::validate_virtual_service;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config directory {dir}: {source}")]
@@ -614,14 +619,161 @@ pub struct ConfigSet {
     pub resources: Vec<Resource>,
 }
 
+/// One document as a resource; `None`: an empty document, or one that is no config of ours (a
+/// Secret without TLS material, a ConfigMap other than Istio's).
 fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> {
     if value.is_null() {
         return Ok(None);
     }
-    let env: Envelope = serde_json::from_value(value).map_err(|e| e.to_string())?;
-    let kind = env.kind.ok_or("missing field `kind`")?;
-    let raw_meta = env.metadata.ok_or("missing field `metadata`")?;
-    let mut meta = Metadata::deserialize(&raw_meta).map_err(|e| format!("metadata: {e}"))?;
+    let Envelope {
+        kind,
+        metadata,
+        spec,
+        subsets,
+        endpoints,
+        ports,
+        address_type,
+        data,
+        string_data,
+        secret_type,
+    } = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    let kind = kind.ok_or("missing field `kind`")?;
+    let raw_meta = metadata.ok_or("missing field `metadata`")?;
+    let mut meta = parse_metadata(&raw_meta)?;
+    let spec = spec.unwrap_or(serde_json::Value::Null);
+    let meta_name = meta.name.clone();
+    let typed = |what: &str| format!("{kind} {meta_name}: invalid {what}");
+    let resource = match kind.as_str() {
+        "ServiceEntry" => {
+            let spec = plain_spec(spec, &typed, validate_service_entry)?;
+            Resource::ServiceEntry(meta, spec)
+        }
+        "WorkloadEntry" => Resource::WorkloadEntry(meta, plain_spec(spec, &typed, |_| Ok(()))?),
+        "Service" => Resource::Service(meta, plain_spec(spec, &typed, |_| Ok(()))?),
+        "Endpoints" => {
+            let subsets: Vec<EndpointSubset> =
+                serde_json::from_value(subsets.unwrap_or(serde_json::Value::Array(vec![])))
+                    .map_err(|e| format!("{}: {e}", typed("subsets")))?;
+            Resource::Endpoints(meta, subsets)
+        }
+        "PeerAuthentication" => {
+            let spec = plain_spec(spec, &typed, validate_peer_authentication)?;
+            Resource::PeerAuthentication(meta, spec)
+        }
+        "Sidecar" => Resource::Sidecar(meta, plain_spec(spec, &typed, validate_sidecar)?),
+        "EndpointSlice" => {
+            let slice = endpoint_slice(address_type, endpoints, ports, &meta, &typed)?;
+            Resource::EndpointSlice(meta, slice)
+        }
+        "VirtualService" => {
+            let spec = checked_spec(spec, &typed, validate_virtual_service, &mut meta)?;
+            Resource::VirtualService(meta, spec)
+        }
+        "DestinationRule" => {
+            let spec = checked_spec(spec, &typed, validate_destination_rule, &mut meta)?;
+            Resource::DestinationRule(meta, spec)
+        }
+        "Gateway" => {
+            let spec = checked_spec(spec, &typed, gateway::validate_gateway, &mut meta)?;
+            Resource::Gateway(meta, spec)
+        }
+        "AuthorizationPolicy" => {
+            let mut spec = checked_spec(spec, &typed, validate_authorization_policy, &mut meta)?;
+            spec.dry_run = dry_run(&raw_meta, spec.action, &typed)?;
+            warn_if_targeted(spec.targeted(), &mut meta);
+            Resource::AuthorizationPolicy(meta, spec)
+        }
+        "RequestAuthentication" => {
+            let spec = checked_spec(spec, &typed, validate_request_authentication, &mut meta)?;
+            warn_if_targeted(spec.targeted(), &mut meta);
+            Resource::RequestAuthentication(meta, spec)
+        }
+        "Namespace" => Resource::Namespace(meta),
+        // Secrets with TLS material (a Gateway's credentialName); other Secrets are not ours.
+        "Secret" => {
+            let secret = gateway::tls_secret(
+                secret_type.as_deref(),
+                data.as_ref().unwrap_or(&BTreeMap::new()),
+                string_data.as_ref().unwrap_or(&BTreeMap::new()),
+            )
+            .map_err(|e| format!("Secret {}: {e}", meta.name))?;
+            match secret {
+                Some(s) => Resource::Secret(meta, s),
+                None => return Ok(None),
+            }
+        }
+        // Istio's mesh config lives in the `mesh` key of the `istio` (or `istio-<revision>`)
+        // ConfigMap; other ConfigMaps are not config of ours.
+        "ConfigMap" if meta.name == "istio" || meta.name.starts_with("istio-") => {
+            match config_map_mesh(data.as_ref(), &meta)? {
+                Some(spec) => Resource::MeshConfig(meta, spec),
+                None => return Ok(None),
+            }
+        }
+        "ConfigMap" => return Ok(None),
+        "MeshConfig" => {
+            let spec = if spec.is_null() {
+                serde_json::json!({})
+            } else {
+                spec
+            };
+            let spec = checked_spec(spec, &typed, MeshConfigSpec::validate, &mut meta)?;
+            Resource::MeshConfig(meta, spec)
+        }
+        "WorkloadGroup" => {
+            let spec = plain_spec(spec, &typed, validate_workload_group)?;
+            Resource::WorkloadGroup(meta, spec)
+        }
+        other => return Err(format!("unsupported kind {other:?}")),
+    };
+    Ok(Some(resource))
+}
+
+/// An EndpointSlice's addresses and ports; it must name its service by label.
+fn endpoint_slice(
+    address_type: Option<String>,
+    endpoints: Option<serde_json::Value>,
+    ports: Option<serde_json::Value>,
+    meta: &Metadata,
+    typed: &dyn Fn(&str) -> String,
+) -> Result<EndpointSliceSpec, String> {
+    let slice = EndpointSliceSpec {
+        address_type,
+        endpoints: serde_json::from_value(endpoints.unwrap_or(serde_json::Value::Array(vec![])))
+            .map_err(|e| format!("{}: {e}", typed("endpoints")))?,
+        ports: serde_json::from_value(ports.unwrap_or(serde_json::Value::Array(vec![])))
+            .map_err(|e| format!("{}: {e}", typed("ports")))?,
+    };
+    if !meta.labels.contains_key(SERVICE_NAME_LABEL) {
+        return Err(format!(
+            "EndpointSlice {}: missing label {SERVICE_NAME_LABEL}",
+            meta.name
+        ));
+    }
+    Ok(slice)
+}
+
+/// The mesh config in the `mesh` key of Istio's ConfigMap; `None` when it has no such key.
+fn config_map_mesh(
+    data: Option<&BTreeMap<String, String>>,
+    meta: &Metadata,
+) -> Result<Option<MeshConfigSpec>, String> {
+    let Some(text) = data.and_then(|d| d.get("mesh")) else {
+        return Ok(None);
+    };
+    let spec = parse_mesh_config(Path::new(""), text).map_err(|e| match e {
+        ConfigError::Invalid { reason, .. } => {
+            format!("ConfigMap {}: data.mesh: {reason}", meta.name)
+        }
+        other => other.to_string(),
+    })?;
+    Ok(Some(spec))
+}
+
+/// A document's metadata, with a warning for each field that is neither ours nor one
+/// Kubernetes sets; the name is required.
+fn parse_metadata(raw_meta: &serde_json::Value) -> Result<Metadata, String> {
+    let mut meta = Metadata::deserialize(raw_meta).map_err(|e| format!("metadata: {e}"))?;
     if let Some(fields) = raw_meta.as_object() {
         for key in fields
             .keys()
@@ -636,253 +788,149 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
     if meta.name.is_empty() {
         return Err("metadata.name must not be empty".into());
     }
-    let spec = env.spec.unwrap_or(serde_json::Value::Null);
-    let meta_name = meta.name.clone();
-    let typed = |what: &str| format!("{kind} {meta_name}: invalid {what}");
-    // The spec as `T`, then `check`ed; errors name the kind, the resource and the field.
-    // Fields the typed spec does not know are warnings on `meta`, naming each.
-    fn checked<T: serde::de::DeserializeOwned + serde::Serialize>(
-        spec: serde_json::Value,
-        typed: &dyn Fn(&str) -> String,
-        check: fn(&T) -> Result<(), String>,
-        meta: &mut Metadata,
-    ) -> Result<T, String> {
-        let parsed: T = serde_path_to_error::deserialize(&spec).map_err(|e| {
-            let path = e.path().to_string();
-            let at = if path == "." {
-                "spec".to_string()
-            } else {
-                format!("spec.{path}")
-            };
-            format!("{}: {at}: {}", typed("spec"), e.inner())
-        })?;
-        check(&parsed).map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
-        if let Ok(back) = serde_json::to_value(&parsed) {
-            unknown_fields(&spec, &back, "spec", &mut meta.warnings);
-        }
-        Ok(parsed)
+    Ok(meta)
+}
+
+/// The spec as `T`, then `check`ed; errors name the kind and the resource (`typed`). Unlike
+/// [`checked_spec`], fields `T` does not know pass without a warning.
+fn plain_spec<T: serde::de::DeserializeOwned>(
+    spec: serde_json::Value,
+    typed: &dyn Fn(&str) -> String,
+    check: fn(&T) -> Result<(), String>,
+) -> Result<T, String> {
+    let parsed: T = serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
+    check(&parsed).map_err(|e| format!("{}: {e}", typed("spec")))?;
+    Ok(parsed)
+}
+
+/// The spec as `T`, then `check`ed; errors name the kind, the resource and the field.
+/// Fields the typed spec does not know are warnings on `meta`, naming each.
+fn checked_spec<T: serde::de::DeserializeOwned + serde::Serialize>(
+    spec: serde_json::Value,
+    typed: &dyn Fn(&str) -> String,
+    check: fn(&T) -> Result<(), String>,
+    meta: &mut Metadata,
+) -> Result<T, String> {
+    let parsed: T = serde_path_to_error::deserialize(&spec).map_err(|e| {
+        let path = e.path().to_string();
+        let at = if path == "." {
+            "spec".to_string()
+        } else {
+            format!("spec.{path}")
+        };
+        format!("{}: {at}: {}", typed("spec"), e.inner())
+    })?;
+    check(&parsed).map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+    if let Ok(back) = serde_json::to_value(&parsed) {
+        unknown_fields(&spec, &back, "spec", &mut meta.warnings);
     }
-    let resource = match kind.as_str() {
-        "ServiceEntry" => {
-            let spec: ServiceEntrySpec =
-                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-            if spec.hosts.is_empty() {
-                return Err(format!("{}: at least one host is required", typed("spec")));
-            }
-            Resource::ServiceEntry(meta, spec)
+    Ok(parsed)
+}
+
+/// A ServiceEntry names at least one host.
+fn validate_service_entry(spec: &ServiceEntrySpec) -> Result<(), String> {
+    if spec.hosts.is_empty() {
+        return Err("at least one host is required".to_string());
+    }
+    Ok(())
+}
+
+/// Port-level modes need a workload selector (as in Istio).
+fn validate_peer_authentication(spec: &PeerAuthenticationSpec) -> Result<(), String> {
+    if !spec.port_level_mtls.is_empty() && spec.selector.is_none() {
+        return Err("portLevelMtls requires a workload selector".to_string());
+    }
+    Ok(())
+}
+
+/// A WorkloadGroup's template has no address: each proxy registers its own.
+fn validate_workload_group(spec: &WorkloadGroupSpec) -> Result<(), String> {
+    if spec.template.address.is_some() {
+        return Err(
+            "spec.template.address: not allowed (each proxy registers its own address)".to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// A Sidecar's egress hosts are `<namespace>/<dns name>`, its ports in range, its ingress
+/// ports distinct and its default endpoints well formed.
+fn validate_sidecar(spec: &SidecarSpec) -> Result<(), String> {
+    for host in spec.egress.iter().flat_map(|e| &e.hosts) {
+        if host
+            .split_once('/')
+            .is_none_or(|(ns, name)| ns.is_empty() || name.is_empty())
+        {
+            return Err(format!(
+                "egress host {host:?} must be <namespace>/<dns name> (namespace may be *, . or ~)"
+            ));
         }
-        "WorkloadEntry" => {
-            let spec: WorkloadEntrySpec =
-                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-            Resource::WorkloadEntry(meta, spec)
+    }
+    OutboundTrafficPolicy::check(spec.outbound_traffic_policy.as_ref())
+        .map_err(|e| format!("spec.{e}"))?;
+    let port_ok = |n: u32| (1..=65535).contains(&n);
+    for (i, e) in spec.egress.iter().enumerate() {
+        if let Some(p) = &e.port
+            && !port_ok(p.number)
+        {
+            return Err(format!(
+                "spec.egress[{i}].port.number {} is not in 1-65535",
+                p.number
+            ));
         }
-        "Service" => {
-            let spec: ServiceSpec =
-                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-            Resource::Service(meta, spec)
+    }
+    let mut ingress_ports = std::collections::BTreeSet::new();
+    for (i, ing) in spec.ingress.iter().enumerate() {
+        let at = format!("spec.ingress[{i}]");
+        if !port_ok(ing.port.number) {
+            return Err(format!(
+                "{at}.port.number {} is not in 1-65535",
+                ing.port.number
+            ));
         }
-        "Endpoints" => {
-            let subsets: Vec<EndpointSubset> =
-                serde_json::from_value(env.subsets.unwrap_or(serde_json::Value::Array(vec![])))
-                    .map_err(|e| format!("{}: {e}", typed("subsets")))?;
-            Resource::Endpoints(meta, subsets)
+        if !ingress_ports.insert(ing.port.number) {
+            return Err(format!(
+                "{at}.port.number {} is used by an earlier ingress listener",
+                ing.port.number
+            ));
         }
-        "PeerAuthentication" => {
-            let spec: PeerAuthenticationSpec =
-                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-            if !spec.port_level_mtls.is_empty() && spec.selector.is_none() {
-                return Err(format!(
-                    "{}: portLevelMtls requires a workload selector",
-                    typed("spec")
-                ));
-            }
-            Resource::PeerAuthentication(meta, spec)
+        if let Some(ep) = &ing.default_endpoint {
+            IngressEndpoint::parse(ep).map_err(|e| format!("{at}.defaultEndpoint: {e}"))?;
         }
-        "Sidecar" => {
-            let spec: SidecarSpec =
-                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-            for host in spec.egress.iter().flat_map(|e| &e.hosts) {
-                if host
-                    .split_once('/')
-                    .is_none_or(|(ns, name)| ns.is_empty() || name.is_empty())
-                {
-                    return Err(format!(
-                        "{}: egress host {host:?} must be <namespace>/<dns name> (namespace may be *, . or ~)",
-                        typed("spec")
-                    ));
-                }
-            }
-            OutboundTrafficPolicy::check(spec.outbound_traffic_policy.as_ref())
-                .map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
-            let port_ok = |n: u32| (1..=65535).contains(&n);
-            for (i, e) in spec.egress.iter().enumerate() {
-                if let Some(p) = &e.port
-                    && !port_ok(p.number)
-                {
-                    return Err(format!(
-                        "{}: spec.egress[{i}].port.number {} is not in 1-65535",
-                        typed("spec"),
-                        p.number
-                    ));
-                }
-            }
-            let mut ingress_ports = std::collections::BTreeSet::new();
-            for (i, ing) in spec.ingress.iter().enumerate() {
-                let at = format!("{}: spec.ingress[{i}]", typed("spec"));
-                if !port_ok(ing.port.number) {
-                    return Err(format!(
-                        "{at}.port.number {} is not in 1-65535",
-                        ing.port.number
-                    ));
-                }
-                if !ingress_ports.insert(ing.port.number) {
-                    return Err(format!(
-                        "{at}.port.number {} is used by an earlier ingress listener",
-                        ing.port.number
-                    ));
-                }
-                if let Some(ep) = &ing.default_endpoint {
-                    IngressEndpoint::parse(ep).map_err(|e| format!("{at}.defaultEndpoint: {e}"))?;
-                }
-            }
-            Resource::Sidecar(meta, spec)
+    }
+    Ok(())
+}
+
+/// An AuthorizationPolicy's dry-run annotation: `"true"` or `"false"` (absent: false), and
+/// never on a CUSTOM policy (as in Istio).
+fn dry_run(
+    raw_meta: &serde_json::Value,
+    action: authorization::Action,
+    typed: &dyn Fn(&str) -> String,
+) -> Result<bool, String> {
+    let annotation = raw_meta
+        .get("annotations")
+        .and_then(|a| a.get(authorization::DRY_RUN_ANNOTATION));
+    let dry_run = match annotation.map(|v| (v.as_str(), v)) {
+        None => false,
+        Some((Some("true"), _)) => true,
+        Some((Some("false"), _)) => false,
+        Some((_, v)) => {
+            return Err(format!(
+                "{}: metadata.annotations.{}: {v} is not \"true\" or \"false\"",
+                typed("metadata"),
+                authorization::DRY_RUN_ANNOTATION
+            ));
         }
-        "EndpointSlice" => {
-            let slice = EndpointSliceSpec {
-                address_type: env.address_type,
-                endpoints: serde_json::from_value(
-                    env.endpoints.unwrap_or(serde_json::Value::Array(vec![])),
-                )
-                .map_err(|e| format!("{}: {e}", typed("endpoints")))?,
-                ports: serde_json::from_value(
-                    env.ports.unwrap_or(serde_json::Value::Array(vec![])),
-                )
-                .map_err(|e| format!("{}: {e}", typed("ports")))?,
-            };
-            if !meta.labels.contains_key(SERVICE_NAME_LABEL) {
-                return Err(format!(
-                    "EndpointSlice {}: missing label {SERVICE_NAME_LABEL}",
-                    meta.name
-                ));
-            }
-            Resource::EndpointSlice(meta, slice)
-        }
-        "VirtualService" => {
-            let spec = checked(
-                spec,
-                &typed,
-                virtual_service::validate_virtual_service,
-                &mut meta,
-            )?;
-            Resource::VirtualService(meta, spec)
-        }
-        "DestinationRule" => {
-            let spec = checked(
-                spec,
-                &typed,
-                destination_rule::validate_destination_rule,
-                &mut meta,
-            )?;
-            Resource::DestinationRule(meta, spec)
-        }
-        "Gateway" => {
-            let spec = checked(spec, &typed, gateway::validate_gateway, &mut meta)?;
-            Resource::Gateway(meta, spec)
-        }
-        "AuthorizationPolicy" => {
-            let mut spec = checked(
-                spec,
-                &typed,
-                authorization::validate_authorization_policy,
-                &mut meta,
-            )?;
-            let dry_run = raw_meta
-                .get("annotations")
-                .and_then(|a| a.get(authorization::DRY_RUN_ANNOTATION));
-            spec.dry_run = match dry_run.map(|v| (v.as_str(), v)) {
-                None => false,
-                Some((Some("true"), _)) => true,
-                Some((Some("false"), _)) => false,
-                Some((_, v)) => {
-                    return Err(format!(
-                        "{}: metadata.annotations.{}: {v} is not \"true\" or \"false\"",
-                        typed("metadata"),
-                        authorization::DRY_RUN_ANNOTATION
-                    ));
-                }
-            };
-            if spec.dry_run && spec.action == authorization::Action::Custom {
-                return Err(format!(
-                    "{}: metadata.annotations.{}: a CUSTOM policy cannot be a dry run (as in Istio)",
-                    typed("metadata"),
-                    authorization::DRY_RUN_ANNOTATION
-                ));
-            }
-            warn_if_targeted(spec.targeted(), &mut meta);
-            Resource::AuthorizationPolicy(meta, spec)
-        }
-        "RequestAuthentication" => {
-            let spec = checked(
-                spec,
-                &typed,
-                request_authentication::validate_request_authentication,
-                &mut meta,
-            )?;
-            warn_if_targeted(spec.targeted(), &mut meta);
-            Resource::RequestAuthentication(meta, spec)
-        }
-        "Namespace" => Resource::Namespace(meta),
-        // Secrets with TLS material (a Gateway's credentialName); other Secrets are not ours.
-        "Secret" => {
-            let secret = gateway::tls_secret(
-                env.secret_type.as_deref(),
-                env.data.as_ref().unwrap_or(&BTreeMap::new()),
-                env.string_data.as_ref().unwrap_or(&BTreeMap::new()),
-            )
-            .map_err(|e| format!("Secret {}: {e}", meta.name))?;
-            match secret {
-                Some(s) => Resource::Secret(meta, s),
-                None => return Ok(None),
-            }
-        }
-        // Istio's mesh config lives in the `mesh` key of the `istio` (or `istio-<revision>`)
-        // ConfigMap; other ConfigMaps are not config of ours.
-        "ConfigMap" if meta.name == "istio" || meta.name.starts_with("istio-") => {
-            let Some(text) = env.data.as_ref().and_then(|d| d.get("mesh")) else {
-                return Ok(None);
-            };
-            let spec = parse_mesh_config(Path::new(""), text).map_err(|e| match e {
-                ConfigError::Invalid { reason, .. } => {
-                    format!("ConfigMap {}: data.mesh: {reason}", meta.name)
-                }
-                other => other.to_string(),
-            })?;
-            Resource::MeshConfig(meta, spec)
-        }
-        "ConfigMap" => return Ok(None),
-        "MeshConfig" => {
-            let spec = if spec.is_null() {
-                serde_json::json!({})
-            } else {
-                spec
-            };
-            let spec = checked(spec, &typed, MeshConfigSpec::validate, &mut meta)?;
-            Resource::MeshConfig(meta, spec)
-        }
-        "WorkloadGroup" => {
-            let spec: WorkloadGroupSpec =
-                serde_json::from_value(spec).map_err(|e| format!("{}: {e}", typed("spec")))?;
-            if spec.template.address.is_some() {
-                return Err(format!(
-                    "{}: spec.template.address: not allowed (each proxy registers its own address)",
-                    typed("spec")
-                ));
-            }
-            Resource::WorkloadGroup(meta, spec)
-        }
-        other => return Err(format!("unsupported kind {other:?}")),
     };
-    Ok(Some(resource))
+    if dry_run && action == authorization::Action::Custom {
+        return Err(format!(
+            "{}: metadata.annotations.{}: a CUSTOM policy cannot be a dry run (as in Istio)",
+            typed("metadata"),
+            authorization::DRY_RUN_ANNOTATION
+        ));
+    }
+    Ok(dry_run)
 }
 
 /// A security policy bound by targetRef applies to gateways and waypoints, never to a sidecar

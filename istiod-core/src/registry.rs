@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use crate::config_store::{
-    ConfigSet, EndpointPort, Metadata, Resource, SERVICE_NAME_LABEL, ServiceSpec, WorkloadEntrySpec,
+    ConfigSet, EndpointPort, Metadata, Resource, SERVICE_NAME_LABEL, ServiceEntrySpec, ServiceSpec,
+    WorkloadEntrySpec,
 };
 use crate::model::{DnsTarget, Endpoint, Protocol, Resolution, Service, ServicePort, TlsMode};
 
@@ -78,7 +79,9 @@ fn kube_endpoint(
     }
 }
 
-fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+/// Whether `labels` carry every label of `selector` (an empty selector selects everything): a
+/// Kubernetes equality label selector, as every Istio resource's workload selector is.
+pub fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
@@ -96,182 +99,10 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
     for r in &config.resources {
         match r {
             Resource::ServiceEntry(meta, spec) => {
-                const KIND: &str = "ServiceEntry";
-                let addresses = spec
-                    .addresses
-                    .iter()
-                    .map(|a| parse_ip(KIND, meta, a.split('/').next().unwrap_or(a)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let ports: Vec<ServicePort> = spec
-                    .ports
-                    .iter()
-                    .map(|p| ServicePort {
-                        name: p.name.clone(),
-                        port: p.number,
-                        protocol: Protocol::infer(p.protocol.as_deref(), &p.name),
-                    })
-                    .collect();
-                let resolution = match spec.resolution.as_deref() {
-                    None | Some("STATIC") => Resolution::Static,
-                    Some("DNS") => Resolution::Dns,
-                    Some("DNS_ROUND_ROBIN") => Resolution::DnsRoundRobin,
-                    Some("NONE") => Resolution::Passthrough,
-                    Some(other) => {
-                        return Err(error(
-                            KIND,
-                            meta,
-                            format!(
-                                "spec.resolution: {other:?} is not NONE, STATIC, DNS or DNS_ROUND_ROBIN"
-                            ),
-                        ));
-                    }
-                };
-                let dns = matches!(resolution, Resolution::Dns | Resolution::DnsRoundRobin);
-                // Endpoints Envoy resolves itself (DNS) may be names; the others are addresses.
-                let mut dns_targets: Vec<DnsTarget> = Vec::new();
-                let mut endpoints = Vec::new();
-                for e in &spec.endpoints {
-                    if dns && e.address.parse::<IpAddr>().is_err() {
-                        dns_targets.push(DnsTarget {
-                            host: e.address.clone(),
-                            ports: e.ports.clone(),
-                            labels: e.labels.clone(),
-                        });
-                    } else {
-                        endpoints.push(workload_endpoint(KIND, meta, e)?);
-                    }
-                }
-                if let Some(selector) = &spec.workload_selector {
-                    for (wm, we) in &workload_entries {
-                        if wm.namespace() == meta.namespace()
-                            && selects(&selector.labels, &we.labels)
-                        {
-                            endpoints.push(workload_endpoint("WorkloadEntry", wm, we)?);
-                        }
-                    }
-                }
-                // Under DNS every endpoint, inline or selected, is something Envoy resolves.
-                if dns {
-                    for e in endpoints.drain(..) {
-                        dns_targets.push(DnsTarget {
-                            host: e.address.to_string(),
-                            ports: e.ports,
-                            labels: e.labels,
-                        });
-                    }
-                    if resolution == Resolution::DnsRoundRobin && dns_targets.len() > 1 {
-                        return Err(error(
-                            KIND,
-                            meta,
-                            "spec.endpoints: DNS_ROUND_ROBIN takes at most one endpoint"
-                                .to_string(),
-                        ));
-                    }
-                }
-                // A ServiceEntry port's targetPort applies to endpoints that do not name the port.
-                let target_ports = |ports: &mut BTreeMap<String, u16>| {
-                    for p in &spec.ports {
-                        if let Some(t) = p.target_port {
-                            ports.entry(p.name.clone()).or_insert(t);
-                        }
-                    }
-                };
-                for ep in &mut endpoints {
-                    target_ports(&mut ep.ports);
-                }
-                for t in &mut dns_targets {
-                    target_ports(&mut t.ports);
-                }
-                for host in &spec.hosts {
-                    // A DNS entry without endpoints resolves its own host.
-                    let targets =
-                        if dns && dns_targets.is_empty() && spec.workload_selector.is_none() {
-                            let mut ports = BTreeMap::new();
-                            target_ports(&mut ports);
-                            vec![DnsTarget {
-                                host: host.clone(),
-                                ports,
-                                labels: BTreeMap::new(),
-                            }]
-                        } else {
-                            dns_targets.clone()
-                        };
-                    out.push(Service {
-                        hostname: host.clone(),
-                        namespace: meta.namespace().to_string(),
-                        addresses: addresses.clone(),
-                        ports: ports.clone(),
-                        endpoints: endpoints.clone(),
-                        resolution,
-                        mesh_external: spec.location.as_deref() == Some("MESH_EXTERNAL"),
-                        dns_targets: targets,
-                    });
-                }
+                out.extend(service_entry_services(meta, spec, &workload_entries)?);
             }
             Resource::Service(meta, spec) => {
-                const KIND: &str = "Service";
-                let addresses = match spec.cluster_ip.as_deref() {
-                    None | Some("") | Some("None") => Vec::new(),
-                    Some(ip) => vec![parse_ip(KIND, meta, ip)?],
-                };
-                let ports: Vec<ServicePort> = spec
-                    .ports
-                    .iter()
-                    .map(|p| ServicePort {
-                        name: p.name.clone(),
-                        port: p.port,
-                        protocol: Protocol::infer(p.app_protocol.as_deref(), &p.name),
-                    })
-                    .collect();
-                let mut endpoints = Vec::new();
-                for r in &config.resources {
-                    let Resource::Endpoints(em, subsets) = r else {
-                        continue;
-                    };
-                    if em.name != meta.name || em.namespace() != meta.namespace() {
-                        continue;
-                    }
-                    for subset in subsets {
-                        for addr in &subset.addresses {
-                            let address = parse_ip("Endpoints", em, &addr.ip)?;
-                            endpoints.push(kube_endpoint(address, &ports, &subset.ports, spec));
-                        }
-                    }
-                }
-                // EndpointSlices of this Service (label kubernetes.io/service-name); an
-                // address already known from Endpoints is not added twice.
-                for r in &config.resources {
-                    let Resource::EndpointSlice(sm, slice) = r else {
-                        continue;
-                    };
-                    if sm.namespace() != meta.namespace()
-                        || sm.labels.get(SERVICE_NAME_LABEL) != Some(&meta.name)
-                        || slice.address_type.as_deref().is_some_and(|t| t == "FQDN")
-                    {
-                        continue;
-                    }
-                    for ep in slice
-                        .endpoints
-                        .iter()
-                        .filter(|e| e.conditions.ready != Some(false))
-                    {
-                        for addr in &ep.addresses {
-                            let address = parse_ip("EndpointSlice", sm, addr)?;
-                            if endpoints.iter().any(|e: &Endpoint| e.address == address) {
-                                continue;
-                            }
-                            endpoints.push(kube_endpoint(address, &ports, &slice.ports, spec));
-                        }
-                    }
-                }
-                out.push(Service {
-                    hostname: format!("{}.{}.svc.{domain_suffix}", meta.name, meta.namespace()),
-                    namespace: meta.namespace().to_string(),
-                    addresses,
-                    ports,
-                    endpoints,
-                    ..Default::default()
-                });
+                out.push(kube_service(config, meta, spec, domain_suffix)?);
             }
             Resource::WorkloadEntry(..)
             | Resource::Endpoints(..)
@@ -291,6 +122,226 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
     }
     out.sort_by(|a, b| a.hostname.cmp(&b.hostname));
     Ok(out)
+}
+
+const SERVICE_ENTRY: &str = "ServiceEntry";
+
+/// One service per host of a ServiceEntry, all with the same addresses, ports and endpoints.
+fn service_entry_services(
+    meta: &Metadata,
+    spec: &ServiceEntrySpec,
+    workload_entries: &[(&Metadata, &WorkloadEntrySpec)],
+) -> Result<Vec<Service>, RegistryError> {
+    let addresses = spec
+        .addresses
+        .iter()
+        .map(|a| parse_ip(SERVICE_ENTRY, meta, a.split('/').next().unwrap_or(a)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ports: Vec<ServicePort> = spec
+        .ports
+        .iter()
+        .map(|p| ServicePort {
+            name: p.name.clone(),
+            port: p.number,
+            protocol: Protocol::infer(p.protocol.as_deref(), &p.name),
+        })
+        .collect();
+    let resolution = resolution(meta, spec)?;
+    let dns = matches!(resolution, Resolution::Dns | Resolution::DnsRoundRobin);
+    let (mut endpoints, mut dns_targets) =
+        service_entry_endpoints(meta, spec, resolution, workload_entries)?;
+    for ep in &mut endpoints {
+        default_target_ports(spec, &mut ep.ports);
+    }
+    for t in &mut dns_targets {
+        default_target_ports(spec, &mut t.ports);
+    }
+    let services = spec
+        .hosts
+        .iter()
+        .map(|host| {
+            // A DNS entry without endpoints resolves its own host.
+            let targets = if dns && dns_targets.is_empty() && spec.workload_selector.is_none() {
+                let mut ports = BTreeMap::new();
+                default_target_ports(spec, &mut ports);
+                vec![DnsTarget {
+                    host: host.clone(),
+                    ports,
+                    labels: BTreeMap::new(),
+                }]
+            } else {
+                dns_targets.clone()
+            };
+            Service {
+                hostname: host.clone(),
+                namespace: meta.namespace().to_string(),
+                addresses: addresses.clone(),
+                ports: ports.clone(),
+                endpoints: endpoints.clone(),
+                resolution,
+                mesh_external: spec.location.as_deref() == Some("MESH_EXTERNAL"),
+                dns_targets: targets,
+            }
+        })
+        .collect();
+    Ok(services)
+}
+
+/// A ServiceEntry's resolution (STATIC when unset).
+fn resolution(meta: &Metadata, spec: &ServiceEntrySpec) -> Result<Resolution, RegistryError> {
+    match spec.resolution.as_deref() {
+        None | Some("STATIC") => Ok(Resolution::Static),
+        Some("DNS") => Ok(Resolution::Dns),
+        Some("DNS_ROUND_ROBIN") => Ok(Resolution::DnsRoundRobin),
+        Some("NONE") => Ok(Resolution::Passthrough),
+        Some(other) => Err(error(
+            SERVICE_ENTRY,
+            meta,
+            format!("spec.resolution: {other:?} is not NONE, STATIC, DNS or DNS_ROUND_ROBIN"),
+        )),
+    }
+}
+
+/// A ServiceEntry's endpoints, inline and selected WorkloadEntries of its namespace, as
+/// (addresses, names Envoy resolves): under DNS resolution every one is something Envoy resolves.
+fn service_entry_endpoints(
+    meta: &Metadata,
+    spec: &ServiceEntrySpec,
+    resolution: Resolution,
+    workload_entries: &[(&Metadata, &WorkloadEntrySpec)],
+) -> Result<(Vec<Endpoint>, Vec<DnsTarget>), RegistryError> {
+    let dns = matches!(resolution, Resolution::Dns | Resolution::DnsRoundRobin);
+    // Endpoints Envoy resolves itself (DNS) may be names; the others are addresses.
+    let mut dns_targets: Vec<DnsTarget> = Vec::new();
+    let mut endpoints = Vec::new();
+    for e in &spec.endpoints {
+        if dns && e.address.parse::<IpAddr>().is_err() {
+            dns_targets.push(DnsTarget {
+                host: e.address.clone(),
+                ports: e.ports.clone(),
+                labels: e.labels.clone(),
+            });
+        } else {
+            endpoints.push(workload_endpoint(SERVICE_ENTRY, meta, e)?);
+        }
+    }
+    if let Some(selector) = &spec.workload_selector {
+        for (wm, we) in workload_entries {
+            if wm.namespace() == meta.namespace() && selects(&selector.labels, &we.labels) {
+                endpoints.push(workload_endpoint("WorkloadEntry", wm, we)?);
+            }
+        }
+    }
+    // Under DNS every endpoint, inline or selected, is something Envoy resolves.
+    if dns {
+        for e in endpoints.drain(..) {
+            dns_targets.push(DnsTarget {
+                host: e.address.to_string(),
+                ports: e.ports,
+                labels: e.labels,
+            });
+        }
+        if resolution == Resolution::DnsRoundRobin && dns_targets.len() > 1 {
+            return Err(error(
+                SERVICE_ENTRY,
+                meta,
+                "spec.endpoints: DNS_ROUND_ROBIN takes at most one endpoint".to_string(),
+            ));
+        }
+    }
+    Ok((endpoints, dns_targets))
+}
+
+/// A ServiceEntry port's targetPort applies to endpoints that do not name the port.
+fn default_target_ports(spec: &ServiceEntrySpec, ports: &mut BTreeMap<String, u16>) {
+    for p in &spec.ports {
+        if let Some(t) = p.target_port {
+            ports.entry(p.name.clone()).or_insert(t);
+        }
+    }
+}
+
+/// A Kubernetes Service `NAME.NAMESPACE.svc.<domain_suffix>`, with the endpoints of its
+/// Endpoints and EndpointSlices.
+fn kube_service(
+    config: &ConfigSet,
+    meta: &Metadata,
+    spec: &ServiceSpec,
+    domain_suffix: &str,
+) -> Result<Service, RegistryError> {
+    let addresses = match spec.cluster_ip.as_deref() {
+        None | Some("") | Some("None") => Vec::new(),
+        Some(ip) => vec![parse_ip("Service", meta, ip)?],
+    };
+    let ports: Vec<ServicePort> = spec
+        .ports
+        .iter()
+        .map(|p| ServicePort {
+            name: p.name.clone(),
+            port: p.port,
+            protocol: Protocol::infer(p.app_protocol.as_deref(), &p.name),
+        })
+        .collect();
+    let endpoints = kube_endpoints(config, meta, spec, &ports)?;
+    Ok(Service {
+        hostname: format!("{}.{}.svc.{domain_suffix}", meta.name, meta.namespace()),
+        namespace: meta.namespace().to_string(),
+        addresses,
+        ports,
+        endpoints,
+        ..Default::default()
+    })
+}
+
+/// The endpoints of the Service `meta` names: from its Endpoints, then from its EndpointSlices
+/// (label kubernetes.io/service-name); an address already known from Endpoints is not added
+/// twice.
+fn kube_endpoints(
+    config: &ConfigSet,
+    meta: &Metadata,
+    spec: &ServiceSpec,
+    ports: &[ServicePort],
+) -> Result<Vec<Endpoint>, RegistryError> {
+    let mut endpoints = Vec::new();
+    for r in &config.resources {
+        let Resource::Endpoints(em, subsets) = r else {
+            continue;
+        };
+        if em.name != meta.name || em.namespace() != meta.namespace() {
+            continue;
+        }
+        for subset in subsets {
+            for addr in &subset.addresses {
+                let address = parse_ip("Endpoints", em, &addr.ip)?;
+                endpoints.push(kube_endpoint(address, ports, &subset.ports, spec));
+            }
+        }
+    }
+    for r in &config.resources {
+        let Resource::EndpointSlice(sm, slice) = r else {
+            continue;
+        };
+        if sm.namespace() != meta.namespace()
+            || sm.labels.get(SERVICE_NAME_LABEL) != Some(&meta.name)
+            || slice.address_type.as_deref().is_some_and(|t| t == "FQDN")
+        {
+            continue;
+        }
+        for ep in slice
+            .endpoints
+            .iter()
+            .filter(|e| e.conditions.ready != Some(false))
+        {
+            for addr in &ep.addresses {
+                let address = parse_ip("EndpointSlice", sm, addr)?;
+                if endpoints.iter().any(|e: &Endpoint| e.address == address) {
+                    continue;
+                }
+                endpoints.push(kube_endpoint(address, ports, &slice.ports, spec));
+            }
+        }
+    }
+    Ok(endpoints)
 }
 
 #[cfg(test)]

@@ -567,6 +567,31 @@ fn check_condition(at: &str, c: &Condition) -> Result<(), String> {
 }
 
 pub fn validate_authorization_policy(spec: &AuthorizationPolicySpec) -> Result<(), String> {
+    check_provider(spec)?;
+    check_binding(spec)?;
+    if matches!(spec.action, Action::Deny | Action::Custom)
+        && spec.rules.as_ref().is_none_or(Vec::is_empty)
+    {
+        return Err(format!(
+            "rules: a {} policy needs at least one rule",
+            if spec.action == Action::Deny {
+                "DENY"
+            } else {
+                "CUSTOM"
+            }
+        ));
+    }
+    if spec.action == Action::Custom {
+        check_custom_rules(spec)?;
+    }
+    for (i, rule) in spec.rules.iter().flatten().enumerate() {
+        check_rule(&format!("rules[{i}]"), rule)?;
+    }
+    Ok(())
+}
+
+/// A CUSTOM policy names its provider; no other action names one.
+fn check_provider(spec: &AuthorizationPolicySpec) -> Result<(), String> {
     match spec.action {
         Action::Custom => {
             if spec.provider.as_ref().is_none_or(|p| p.name.is_empty()) {
@@ -582,6 +607,11 @@ pub fn validate_authorization_policy(spec: &AuthorizationPolicySpec) -> Result<(
             }
         }
     }
+    Ok(())
+}
+
+/// What the policy applies to: a workload selector or targetRef(s), not both, each well formed.
+fn check_binding(spec: &AuthorizationPolicySpec) -> Result<(), String> {
     let targets = usize::from(spec.target_ref.is_some()) + spec.target_refs.len();
     if spec.selector.is_some() && targets > 0 {
         return Err("selector and targetRef(s): only one of them may be set".into());
@@ -623,71 +653,62 @@ pub fn validate_authorization_policy(spec: &AuthorizationPolicySpec) -> Result<(
             ));
         }
     }
-    if matches!(spec.action, Action::Deny | Action::Custom)
-        && spec.rules.as_ref().is_none_or(Vec::is_empty)
-    {
-        return Err(format!(
-            "rules: a {} policy needs at least one rule",
-            if spec.action == Action::Deny {
-                "DENY"
-            } else {
-                "CUSTOM"
-            }
-        ));
-    }
-    if spec.action == Action::Custom {
-        // Istio's rule: the authorizer runs before JWT verification, and identities are its
-        // to check, so a CUSTOM rule names none.
-        for (i, rule) in spec.rules.iter().flatten().enumerate() {
-            for (j, f) in rule.from.iter().enumerate() {
-                if let Some(s) = &f.source
-                    && !(s.principals.is_empty()
-                        && s.not_principals.is_empty()
-                        && s.namespaces.is_empty()
-                        && s.not_namespaces.is_empty()
-                        && s.service_accounts.is_empty()
-                        && s.not_service_accounts.is_empty()
-                        && s.request_principals.is_empty()
-                        && s.not_request_principals.is_empty())
-                {
-                    return Err(format!(
-                        "rules[{i}].from[{j}].source: a CUSTOM rule cannot match principals, namespaces, serviceAccounts or requestPrincipals"
-                    ));
-                }
-            }
-            for (j, c) in rule.when.iter().enumerate() {
-                if c.key.starts_with("source.namespace")
-                    || c.key.starts_with("source.principal")
-                    || c.key.starts_with("source.serviceAccount")
-                    || c.key.starts_with("request.auth.")
-                {
-                    return Err(format!(
-                        "rules[{i}].when[{j}].key: {:?} cannot be used in a CUSTOM rule",
-                        c.key
-                    ));
-                }
-            }
-        }
-    }
+    Ok(())
+}
+
+/// Istio's rule: the authorizer runs before JWT verification, and identities are its to check,
+/// so a CUSTOM rule names none.
+fn check_custom_rules(spec: &AuthorizationPolicySpec) -> Result<(), String> {
     for (i, rule) in spec.rules.iter().flatten().enumerate() {
-        let at = format!("rules[{i}]");
         for (j, f) in rule.from.iter().enumerate() {
-            let source = f
-                .source
-                .as_ref()
-                .ok_or_else(|| format!("{at}.from[{j}].source: required"))?;
-            check_source(&format!("{at}.from[{j}].source"), source)?;
-        }
-        for (j, t) in rule.to.iter().enumerate() {
-            let op = t
-                .operation
-                .as_ref()
-                .ok_or_else(|| format!("{at}.to[{j}].operation: required"))?;
-            check_operation(&format!("{at}.to[{j}].operation"), op)?;
+            if let Some(s) = &f.source
+                && !(s.principals.is_empty()
+                    && s.not_principals.is_empty()
+                    && s.namespaces.is_empty()
+                    && s.not_namespaces.is_empty()
+                    && s.service_accounts.is_empty()
+                    && s.not_service_accounts.is_empty()
+                    && s.request_principals.is_empty()
+                    && s.not_request_principals.is_empty())
+            {
+                return Err(format!(
+                    "rules[{i}].from[{j}].source: a CUSTOM rule cannot match principals, namespaces, serviceAccounts or requestPrincipals"
+                ));
+            }
         }
         for (j, c) in rule.when.iter().enumerate() {
-            check_condition(&format!("{at}.when[{j}]"), c)?;
+            if c.key.starts_with("source.namespace")
+                || c.key.starts_with("source.principal")
+                || c.key.starts_with("source.serviceAccount")
+                || c.key.starts_with("request.auth.")
+            {
+                return Err(format!(
+                    "rules[{i}].when[{j}].key: {:?} cannot be used in a CUSTOM rule",
+                    c.key
+                ));
+            }
         }
+    }
+    Ok(())
+}
+
+fn check_rule(at: &str, rule: &Rule) -> Result<(), String> {
+    for (j, f) in rule.from.iter().enumerate() {
+        let source = f
+            .source
+            .as_ref()
+            .ok_or_else(|| format!("{at}.from[{j}].source: required"))?;
+        check_source(&format!("{at}.from[{j}].source"), source)?;
+    }
+    for (j, t) in rule.to.iter().enumerate() {
+        let op = t
+            .operation
+            .as_ref()
+            .ok_or_else(|| format!("{at}.to[{j}].operation: required"))?;
+        check_operation(&format!("{at}.to[{j}].operation"), op)?;
+    }
+    for (j, c) in rule.when.iter().enumerate() {
+        check_condition(&format!("{at}.when[{j}]"), c)?;
     }
     Ok(())
 }

@@ -434,6 +434,44 @@ fn check_match(at: &str, m: &HttpMatch) -> Result<(), String> {
 }
 
 fn check_http_route(at: &str, r: &HttpRoute) -> Result<(), String> {
+    check_one_action(at, r)?;
+    for (i, m) in r.matches.iter().enumerate() {
+        check_match(&format!("{at}.match[{i}]"), m)?;
+    }
+    for (i, d) in r.route.iter().enumerate() {
+        check_destination(&format!("{at}.route[{i}].destination"), &d.destination)?;
+        if let Some(h) = &d.headers {
+            check_headers(&format!("{at}.route[{i}].headers"), h)?;
+        }
+    }
+    check_weights(&format!("{at}.route"), r.route.iter().map(|d| d.weight))?;
+    if let Some(rw) = &r.rewrite {
+        check_rewrite(at, rw, r.redirect.is_some())?;
+    }
+    if let Some(red) = &r.redirect {
+        check_redirect(at, red)?;
+    }
+    if let Some(dr) = &r.direct_response {
+        check_direct_response(at, dr)?;
+    }
+    if let Some(retry) = &r.retries {
+        check_retries(at, retry)?;
+    }
+    if let Some(fault) = &r.fault {
+        check_fault(at, fault)?;
+    }
+    check_mirrors(at, r)?;
+    if let Some(h) = &r.headers {
+        check_headers(&format!("{at}.headers"), h)?;
+    }
+    if let Some(c) = &r.cors_policy {
+        check_cors(at, c)?;
+    }
+    Ok(())
+}
+
+/// Exactly one of route, redirect, directResponse and delegate.
+fn check_one_action(at: &str, r: &HttpRoute) -> Result<(), String> {
     let actions = [
         !r.route.is_empty(),
         r.redirect.is_some(),
@@ -453,146 +491,148 @@ fn check_http_route(at: &str, r: &HttpRoute) -> Result<(), String> {
             ));
         }
     }
-    for (i, m) in r.matches.iter().enumerate() {
-        check_match(&format!("{at}.match[{i}]"), m)?;
+    Ok(())
+}
+
+fn check_rewrite(at: &str, rw: &HttpRewrite, redirects: bool) -> Result<(), String> {
+    if redirects {
+        return Err(format!("{at}.rewrite: a redirect route cannot rewrite"));
     }
-    for (i, d) in r.route.iter().enumerate() {
-        check_destination(&format!("{at}.route[{i}].destination"), &d.destination)?;
-        if let Some(h) = &d.headers {
-            check_headers(&format!("{at}.route[{i}].headers"), h)?;
-        }
+    if rw.uri.is_some() && rw.uri_regex_rewrite.is_some() {
+        return Err(format!(
+            "{at}.rewrite: uri and uriRegexRewrite exclude each other"
+        ));
     }
-    check_weights(&format!("{at}.route"), r.route.iter().map(|d| d.weight))?;
-    if let Some(rw) = &r.rewrite {
-        if r.redirect.is_some() {
-            return Err(format!("{at}.rewrite: a redirect route cannot rewrite"));
-        }
-        if rw.uri.is_some() && rw.uri_regex_rewrite.is_some() {
-            return Err(format!(
-                "{at}.rewrite: uri and uriRegexRewrite exclude each other"
-            ));
-        }
-        if let Some(re) = &rw.uri_regex_rewrite {
-            super::values::check_regex(
-                &format!("{at}.rewrite.uriRegexRewrite.match"),
-                &re.pattern,
-            )?;
-        }
+    if let Some(re) = &rw.uri_regex_rewrite {
+        super::values::check_regex(&format!("{at}.rewrite.uriRegexRewrite.match"), &re.pattern)?;
     }
-    if let Some(red) = &r.redirect {
-        if red.port.is_some() && red.derive_port.is_some() {
-            return Err(format!(
-                "{at}.redirect: port and derivePort exclude each other"
-            ));
-        }
-        if let Some(dp) = &red.derive_port
-            && dp != "FROM_PROTOCOL_DEFAULT"
-            && dp != "FROM_REQUEST_PORT"
-        {
-            return Err(format!(
-                "{at}.redirect.derivePort: {dp:?} is not FROM_PROTOCOL_DEFAULT or FROM_REQUEST_PORT"
-            ));
-        }
-        if let Some(code) = red.redirect_code
-            && !matches!(code, 301 | 302 | 303 | 307 | 308)
-        {
-            return Err(format!(
-                "{at}.redirect.redirectCode: {code} is not 301, 302, 303, 307 or 308"
-            ));
-        }
+    Ok(())
+}
+
+fn check_redirect(at: &str, red: &HttpRedirect) -> Result<(), String> {
+    if red.port.is_some() && red.derive_port.is_some() {
+        return Err(format!(
+            "{at}.redirect: port and derivePort exclude each other"
+        ));
     }
-    if let Some(dr) = &r.direct_response {
-        if !(200..=599).contains(&dr.status) {
-            return Err(format!(
-                "{at}.directResponse.status: {} is not an HTTP status (200-599)",
-                dr.status
-            ));
-        }
-        if let Some(body) = &dr.body {
-            match (&body.string, &body.bytes) {
-                (Some(_), Some(_)) => {
-                    return Err(format!(
-                        "{at}.directResponse.body: string and bytes exclude each other"
-                    ));
-                }
-                (_, Some(b)) if base64_decode(b).is_none() => {
-                    return Err(format!("{at}.directResponse.body.bytes: not base64"));
-                }
-                _ => {}
+    if let Some(dp) = &red.derive_port
+        && dp != "FROM_PROTOCOL_DEFAULT"
+        && dp != "FROM_REQUEST_PORT"
+    {
+        return Err(format!(
+            "{at}.redirect.derivePort: {dp:?} is not FROM_PROTOCOL_DEFAULT or FROM_REQUEST_PORT"
+        ));
+    }
+    if let Some(code) = red.redirect_code
+        && !matches!(code, 301 | 302 | 303 | 307 | 308)
+    {
+        return Err(format!(
+            "{at}.redirect.redirectCode: {code} is not 301, 302, 303, 307 or 308"
+        ));
+    }
+    Ok(())
+}
+
+fn check_direct_response(at: &str, dr: &DirectResponse) -> Result<(), String> {
+    if !(200..=599).contains(&dr.status) {
+        return Err(format!(
+            "{at}.directResponse.status: {} is not an HTTP status (200-599)",
+            dr.status
+        ));
+    }
+    if let Some(body) = &dr.body {
+        match (&body.string, &body.bytes) {
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "{at}.directResponse.body: string and bytes exclude each other"
+                ));
             }
-            let len = body.string.as_ref().map_or(0, String::len)
-                + body.bytes.as_ref().map_or(0, String::len);
-            if len > 1 << 20 {
-                return Err(format!("{at}.directResponse.body: larger than 1 MiB"));
+            (_, Some(b)) if base64_decode(b).is_none() => {
+                return Err(format!("{at}.directResponse.body.bytes: not base64"));
             }
+            _ => {}
+        }
+        let len = body.string.as_ref().map_or(0, String::len)
+            + body.bytes.as_ref().map_or(0, String::len);
+        if len > 1 << 20 {
+            return Err(format!("{at}.directResponse.body: larger than 1 MiB"));
         }
     }
-    if let Some(retry) = &r.retries {
-        if retry.attempts < 0 {
-            return Err(format!(
-                "{at}.retries.attempts: {} must not be negative",
-                retry.attempts
-            ));
-        }
-        if retry.attempts > i64::from(u32::MAX) {
-            return Err(format!(
-                "{at}.retries.attempts: {} is too many",
-                retry.attempts
-            ));
-        }
-        if let Some(on) = &retry.retry_on {
-            for (j, token) in on.split(',').map(str::trim).enumerate() {
-                if !retry_on_token_ok(token) {
-                    return Err(format!(
-                        "{at}.retries.retryOn: {token:?} (item {j}) is not an Envoy retry condition or an HTTP status"
-                    ));
-                }
-            }
-        }
-        if retry
-            .per_try_timeout
-            .as_ref()
-            .is_some_and(|t| t.value.is_zero())
-        {
-            return Err(format!(
-                "{at}.retries.perTryTimeout: must be greater than 0"
-            ));
-        }
+    Ok(())
+}
+
+fn check_retries(at: &str, retry: &HttpRetry) -> Result<(), String> {
+    if retry.attempts < 0 {
+        return Err(format!(
+            "{at}.retries.attempts: {} must not be negative",
+            retry.attempts
+        ));
     }
-    if let Some(fault) = &r.fault {
-        if fault.delay.is_none() && fault.abort.is_none() {
-            return Err(format!("{at}.fault: delay or abort is required"));
-        }
-        if let Some(d) = &fault.delay {
-            if d.fixed_delay.is_none() {
-                return Err(format!("{at}.fault.delay.fixedDelay: required"));
-            }
-            if d.percent.is_some_and(|p| p > 100) {
-                return Err(format!("{at}.fault.delay.percent: must be 0-100"));
-            }
-        }
-        if let Some(a) = &fault.abort {
-            match (a.http_status, &a.grpc_status) {
-                (Some(s), None) if (200..=599).contains(&s) => {}
-                (Some(s), None) => {
-                    return Err(format!(
-                        "{at}.fault.abort.httpStatus: {s} is not an HTTP status (200-599)"
-                    ));
-                }
-                (None, Some(g)) if grpc_status_code(g).is_some() => {}
-                (None, Some(g)) => {
-                    return Err(format!(
-                        "{at}.fault.abort.grpcStatus: {g:?} is not a gRPC status name"
-                    ));
-                }
-                _ => {
-                    return Err(format!(
-                        "{at}.fault.abort: exactly one of httpStatus or grpcStatus is required"
-                    ));
-                }
+    if retry.attempts > i64::from(u32::MAX) {
+        return Err(format!(
+            "{at}.retries.attempts: {} is too many",
+            retry.attempts
+        ));
+    }
+    if let Some(on) = &retry.retry_on {
+        for (j, token) in on.split(',').map(str::trim).enumerate() {
+            if !retry_on_token_ok(token) {
+                return Err(format!(
+                    "{at}.retries.retryOn: {token:?} (item {j}) is not an Envoy retry condition or an HTTP status"
+                ));
             }
         }
     }
+    if retry
+        .per_try_timeout
+        .as_ref()
+        .is_some_and(|t| t.value.is_zero())
+    {
+        return Err(format!(
+            "{at}.retries.perTryTimeout: must be greater than 0"
+        ));
+    }
+    Ok(())
+}
+
+fn check_fault(at: &str, fault: &HttpFault) -> Result<(), String> {
+    if fault.delay.is_none() && fault.abort.is_none() {
+        return Err(format!("{at}.fault: delay or abort is required"));
+    }
+    if let Some(d) = &fault.delay {
+        if d.fixed_delay.is_none() {
+            return Err(format!("{at}.fault.delay.fixedDelay: required"));
+        }
+        if d.percent.is_some_and(|p| p > 100) {
+            return Err(format!("{at}.fault.delay.percent: must be 0-100"));
+        }
+    }
+    if let Some(a) = &fault.abort {
+        match (a.http_status, &a.grpc_status) {
+            (Some(s), None) if (200..=599).contains(&s) => {}
+            (Some(s), None) => {
+                return Err(format!(
+                    "{at}.fault.abort.httpStatus: {s} is not an HTTP status (200-599)"
+                ));
+            }
+            (None, Some(g)) if grpc_status_code(g).is_some() => {}
+            (None, Some(g)) => {
+                return Err(format!(
+                    "{at}.fault.abort.grpcStatus: {g:?} is not a gRPC status name"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "{at}.fault.abort: exactly one of httpStatus or grpcStatus is required"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// mirror or mirrors (not both), each a valid destination, and mirrorPercent 0-100.
+fn check_mirrors(at: &str, r: &HttpRoute) -> Result<(), String> {
     if r.mirror.is_some() && !r.mirrors.is_empty() {
         return Err(format!("{at}: mirror and mirrors exclude each other"));
     }
@@ -605,20 +645,19 @@ fn check_http_route(at: &str, r: &HttpRoute) -> Result<(), String> {
     for (i, m) in r.mirrors.iter().enumerate() {
         check_destination(&format!("{at}.mirrors[{i}].destination"), &m.destination)?;
     }
-    if let Some(h) = &r.headers {
-        check_headers(&format!("{at}.headers"), h)?;
+    Ok(())
+}
+
+fn check_cors(at: &str, c: &CorsPolicy) -> Result<(), String> {
+    for (i, o) in c.allow_origins.iter().enumerate() {
+        o.check(&format!("{at}.corsPolicy.allowOrigins[{i}]"))?;
     }
-    if let Some(c) = &r.cors_policy {
-        for (i, o) in c.allow_origins.iter().enumerate() {
-            o.check(&format!("{at}.corsPolicy.allowOrigins[{i}]"))?;
-        }
-        if let Some(u) = &c.unmatched_preflights
-            && !matches!(u.as_str(), "UNSPECIFIED" | "FORWARD" | "IGNORE")
-        {
-            return Err(format!(
-                "{at}.corsPolicy.unmatchedPreflights: {u:?} is not FORWARD or IGNORE"
-            ));
-        }
+    if let Some(u) = &c.unmatched_preflights
+        && !matches!(u.as_str(), "UNSPECIFIED" | "FORWARD" | "IGNORE")
+    {
+        return Err(format!(
+            "{at}.corsPolicy.unmatchedPreflights: {u:?} is not FORWARD or IGNORE"
+        ));
     }
     Ok(())
 }

@@ -68,11 +68,7 @@ pub(crate) fn selects(
 ) -> bool {
     (meta.namespace() == push.root_namespace() || meta.namespace() == namespace)
         && !targeted
-        && selector.is_none_or(|sel| {
-            sel.match_labels
-                .iter()
-                .all(|(k, v)| labels.get(k) == Some(v))
-        })
+        && selector.is_none_or(|sel| crate::registry::selects(&sel.match_labels, labels))
 }
 
 /// The inbound security filters for `proxy`, whose workload carries `labels`: CUSTOM's, JWT

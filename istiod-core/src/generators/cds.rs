@@ -217,7 +217,7 @@ fn resolve(
     let lb_endpoints: Vec<LbEndpoint> = svc
         .dns_targets
         .iter()
-        .filter(|t| subset.is_none_or(|s| s.labels.iter().all(|(k, v)| t.labels.get(k) == Some(v))))
+        .filter(|t| subset.is_none_or(|s| crate::registry::selects(&s.labels, &t.labels)))
         .map(|t| LbEndpoint {
             host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
                 address: Some(super::socket_address(

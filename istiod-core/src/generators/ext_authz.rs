@@ -76,25 +76,41 @@ pub struct Target<'a> {
     pub grpc: bool,
 }
 
+/// Why a CUSTOM policy's provider cannot be asked (the policy's rules then deny).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderError {
+    #[error("no extensionProviders entry is named {name:?}")]
+    Unknown { name: String },
+    #[error("extension provider {name:?} is no ext_authz provider")]
+    NotExtAuthz { name: String },
+    #[error("extension provider {name:?}: {host:?} is no service of the mesh")]
+    NotAService { name: String, host: String },
+}
+
 /// The provider named `name` in `mesh`, if it can be asked: an ext_authz entry whose service
-/// `is_service` knows. The error says why not (the policy's rules then deny).
+/// `is_service` knows.
 pub fn target<'a>(
     mesh: &'a MeshConfigSpec,
     name: &str,
     is_service: &dyn Fn(&str) -> bool,
-) -> Result<Target<'a>, String> {
+) -> Result<Target<'a>, ProviderError> {
     let provider = mesh
         .extension_providers
         .iter()
         .find(|p| p.name == name)
-        .ok_or_else(|| format!("no extensionProviders entry is named {name:?}"))?;
+        .ok_or_else(|| ProviderError::Unknown {
+            name: name.to_string(),
+        })?;
     let (host, port, grpc) = provider
         .ext_authz()
-        .ok_or_else(|| format!("extension provider {name:?} is no ext_authz provider"))?;
+        .ok_or_else(|| ProviderError::NotExtAuthz {
+            name: name.to_string(),
+        })?;
     if !is_service(host) {
-        return Err(format!(
-            "extension provider {name:?}: {host:?} is no service of the mesh"
-        ));
+        return Err(ProviderError::NotAService {
+            name: name.to_string(),
+            host: host.to_string(),
+        });
     }
     Ok(Target {
         provider,
@@ -182,5 +198,44 @@ pub fn network_filter(target: &Target) -> Filter {
     Filter {
         name: NETWORK_EXT_AUTHZ.to_string(),
         config_type: Some(filter::ConfigType::TypedConfig(pack_any(config))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_provider_that_cannot_be_asked_says_why() {
+        let push = crate::push_context::from_yaml(
+            r#"
+kind: MeshConfig
+metadata: {name: mesh}
+spec:
+  extensionProviders:
+  - name: http-authz
+    envoyExtAuthzHttp: {service: authz.shop.svc.cluster.local, port: 8000}
+"#,
+        );
+        let known = |host: &str| host == "authz.shop.svc.cluster.local";
+        let cluster = target(&push.mesh, "http-authz", &known).map(|t| t.cluster);
+        assert_eq!(
+            cluster,
+            Ok("outbound|8000||authz.shop.svc.cluster.local".to_string())
+        );
+        let err = target(&push.mesh, "other", &known).err();
+        assert_eq!(
+            err,
+            Some(ProviderError::Unknown {
+                name: "other".into()
+            })
+        );
+        let err = target(&push.mesh, "http-authz", &|_| false).err();
+        assert_eq!(
+            err.map(|e| e.to_string()).as_deref(),
+            Some(
+                "extension provider \"http-authz\": \"authz.shop.svc.cluster.local\" is no service of the mesh"
+            )
+        );
     }
 }

@@ -45,7 +45,9 @@ use super::route::tcp::{self, Source};
 use super::{BLACKHOLE_CLUSTER, Named, ads_config_source, socket_address, tls};
 use crate::config_store::Metadata;
 use crate::config_store::TlsSecret;
-use crate::config_store::gateway::{GatewaySpec, Server, ServerProtocol, TlsMode, split_host};
+use crate::config_store::gateway::{
+    GatewaySpec, Server, ServerProtocol, ServerTls, TlsMode, split_host,
+};
 use crate::model::Proxy;
 use crate::push_context::routing::host_matches;
 use crate::push_context::{MeshRoute, PushContext};
@@ -135,7 +137,7 @@ pub fn servers<'a>(
 ) -> Vec<GatewayServer<'a>> {
     let selects = |meta: &Metadata, spec: &GatewaySpec| {
         (!push.scope_gateway_to_namespace || meta.namespace() == proxy.namespace)
-            && spec.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && crate::registry::selects(&spec.selector, labels)
     };
     push.gateways
         .iter()
@@ -411,97 +413,127 @@ fn tls_chains(
     let Some(server_tls) = gs.server.tls.as_ref() else {
         return Vec::new();
     };
-    let names = gs.dns_names();
-    let matched = || FilterChainMatch {
-        server_names: names.clone(),
-        ..Default::default()
-    };
     match server_tls.mode {
-        TlsMode::Passthrough => {
-            let gateway = gs.gateway();
-            let source = Source {
-                proxy: Some(proxy),
-                gateway: Some(&gateway),
-            };
-            let mut out = Vec::new();
-            for (vs, _) in bound(push, gs) {
-                for (i, (sni, spec, stat)) in
-                    tcp::vs_tls_routes(push, vs, gs.number(), None, source)
-                        .into_iter()
-                        .enumerate()
-                {
-                    // SNI names the server does not admit are not routed here.
-                    let sni: Vec<String> = if sni.is_empty() { names.clone() } else { sni };
-                    let mut c = chain(
-                        &format!("{listener}-{}.{}-{i}", vs.name, vs.namespace),
-                        guarded(
-                            authz,
-                            network_filter(
-                                "envoy.filters.network.tcp_proxy",
-                                pack_any(tcp::tcp_proxy(spec, stat)),
-                            ),
-                        ),
-                    );
-                    c.filter_chain_match = sni_match(sni);
-                    out.push(c);
-                }
-            }
-            out
+        TlsMode::Passthrough => passthrough_chains(push, proxy, gs, listener, authz),
+        TlsMode::AutoPassthrough => vec![auto_passthrough_chain(gs, listener, authz)],
+        TlsMode::Simple | TlsMode::Mutual | TlsMode::OptionalMutual | TlsMode::IstioMutual => {
+            terminating_chains(push, proxy, gs, server_tls, listener, authz, filters)
         }
-        TlsMode::AutoPassthrough => {
-            // The SNI is `outbound_.PORT_.SUBSET_.HOST`, the name of a cluster CDS gives
-            // routers with such a server; sni_cluster picks it, tcp_proxy's own is a fallback.
+    }
+}
+
+/// PASSTHROUGH: the TLS routes of the VirtualServices bound to the server, by SNI.
+fn passthrough_chains(
+    push: &PushContext,
+    proxy: &Proxy,
+    gs: &GatewayServer,
+    listener: &str,
+    authz: &super::authz::InboundFilters,
+) -> Vec<FilterChain> {
+    let names = gs.dns_names();
+    let gateway = gs.gateway();
+    let source = Source {
+        proxy: Some(proxy),
+        gateway: Some(&gateway),
+    };
+    let mut out = Vec::new();
+    for (vs, _) in bound(push, gs) {
+        for (i, (sni, spec, stat)) in tcp::vs_tls_routes(push, vs, gs.number(), None, source)
+            .into_iter()
+            .enumerate()
+        {
+            // SNI names the server does not admit are not routed here.
+            let sni: Vec<String> = if sni.is_empty() { names.clone() } else { sni };
             let mut c = chain(
-                &format!("{listener}-auto-passthrough"),
+                &format!("{listener}-{}.{}-{i}", vs.name, vs.namespace),
                 guarded(
                     authz,
                     network_filter(
-                        "envoy.filters.network.sni_cluster",
-                        pack_any(SniCluster::default()),
+                        "envoy.filters.network.tcp_proxy",
+                        pack_any(tcp::tcp_proxy(spec, stat)),
                     ),
                 ),
             );
-            c.filters.push(network_filter(
-                "envoy.filters.network.tcp_proxy",
-                pack_any(tcp::tcp_proxy(
-                    envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy::ClusterSpecifier::Cluster(
-                        BLACKHOLE_CLUSTER.to_string(),
-                    ),
-                    format!("{listener}-auto-passthrough"),
-                )),
-            ));
-            c.filter_chain_match = sni_match(names.iter().map(|n| sni_pattern(n)).collect());
-            vec![c]
+            c.filter_chain_match = sni_match(sni);
+            out.push(c);
         }
-        TlsMode::Simple | TlsMode::Mutual | TlsMode::OptionalMutual | TlsMode::IstioMutual => {
-            let verifies = matches!(server_tls.mode, TlsMode::Mutual | TlsMode::OptionalMutual);
-            if let Some(c) = &server_tls.credential_name
-                && !(proxy.reads_secrets && has_secret(push, &proxy.namespace, c, verifies))
-            {
-                tracing::warn!(
-                    gateway = %gs.gateway(),
-                    credential = %c,
-                    namespace = %proxy.namespace,
-                    "credentialName cannot be served: no Secret in the gateway's namespace with a certificate and key (and, to verify clients, a CA), or the caller is not verified for that namespace; the server is left out"
-                );
-                return Vec::new();
-            }
-            let http = gs.server.protocol() == Some(ServerProtocol::Https);
-            let socket = tls::gateway_socket(server_tls, http);
-            if http {
-                vec![http_chain(
-                    listener,
-                    gs.https_route_name(),
-                    Some((matched(), socket)),
-                    authz,
-                    filters,
-                )]
-            } else {
-                tcp_chain(push, proxy, gs, listener, Some((matched(), socket)), authz)
-                    .into_iter()
-                    .collect()
-            }
-        }
+    }
+    out
+}
+
+/// AUTO_PASSTHROUGH: to the cluster the SNI names.
+fn auto_passthrough_chain(
+    gs: &GatewayServer,
+    listener: &str,
+    authz: &super::authz::InboundFilters,
+) -> FilterChain {
+    let names = gs.dns_names();
+    // The SNI is `outbound_.PORT_.SUBSET_.HOST`, the name of a cluster CDS gives
+    // routers with such a server; sni_cluster picks it, tcp_proxy's own is a fallback.
+    let mut c = chain(
+        &format!("{listener}-auto-passthrough"),
+        guarded(
+            authz,
+            network_filter(
+                "envoy.filters.network.sni_cluster",
+                pack_any(SniCluster::default()),
+            ),
+        ),
+    );
+    c.filters.push(network_filter(
+        "envoy.filters.network.tcp_proxy",
+        pack_any(tcp::tcp_proxy(
+            envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy::ClusterSpecifier::Cluster(
+                BLACKHOLE_CLUSTER.to_string(),
+            ),
+            format!("{listener}-auto-passthrough"),
+        )),
+    ));
+    c.filter_chain_match = sni_match(names.iter().map(|n| sni_pattern(n)).collect());
+    c
+}
+
+/// SIMPLE, MUTUAL, OPTIONAL_MUTUAL and ISTIO_MUTUAL: TLS ends here, then HTTPS routes or TCP.
+/// A server whose credentialName cannot be served is left out.
+fn terminating_chains(
+    push: &PushContext,
+    proxy: &Proxy,
+    gs: &GatewayServer,
+    server_tls: &ServerTls,
+    listener: &str,
+    authz: &super::authz::InboundFilters,
+    filters: RouteFilters,
+) -> Vec<FilterChain> {
+    let verifies = matches!(server_tls.mode, TlsMode::Mutual | TlsMode::OptionalMutual);
+    if let Some(c) = &server_tls.credential_name
+        && !(proxy.reads_secrets && has_secret(push, &proxy.namespace, c, verifies))
+    {
+        tracing::warn!(
+            gateway = %gs.gateway(),
+            credential = %c,
+            namespace = %proxy.namespace,
+            "credentialName cannot be served: no Secret in the gateway's namespace with a certificate and key (and, to verify clients, a CA), or the caller is not verified for that namespace; the server is left out"
+        );
+        return Vec::new();
+    }
+    let http = gs.server.protocol() == Some(ServerProtocol::Https);
+    let socket = tls::gateway_socket(server_tls, http);
+    let matched = FilterChainMatch {
+        server_names: gs.dns_names(),
+        ..Default::default()
+    };
+    if http {
+        vec![http_chain(
+            listener,
+            gs.https_route_name(),
+            Some((matched, socket)),
+            authz,
+            filters,
+        )]
+    } else {
+        tcp_chain(push, proxy, gs, listener, Some((matched, socket)), authz)
+            .into_iter()
+            .collect()
     }
 }
 
@@ -580,49 +612,90 @@ fn route_config(
     let mut by_host: BTreeMap<String, usize> = BTreeMap::new();
     let mut virtual_hosts: Vec<VirtualHost> = Vec::new();
     for gs in chosen {
-        let gateway = gs.gateway();
-        let ctx = Ctx {
-            push,
-            port: gs.number(),
-            proxy: Some(proxy),
-            gateway: Some(&gateway),
-        };
-        let redirect = gs.server.tls.as_ref().is_some_and(|t| t.https_redirect);
-        // Hosts this server adds (a host an earlier server already holds stays that server's).
-        let mut mine: BTreeMap<String, usize> = BTreeMap::new();
-        for (vs, hosts) in bound(push, gs) {
-            let routes = http::routes(ctx, vs);
-            if routes.is_empty() {
+        add_server_hosts(push, proxy, gs, &mut by_host, &mut virtual_hosts);
+    }
+    if let Some(port) = plain_port {
+        add_redirect_hosts(servers, port, &mut by_host, &mut virtual_hosts);
+    }
+    // Envoy refuses a domain twice: a `*` host (domain `*`) may sit with `*:*`.
+    super::route::claim_domains(&mut virtual_hosts, |_| ());
+    if virtual_hosts.is_empty() {
+        virtual_hosts.push(VirtualHost {
+            name: "blackhole:80".to_string(),
+            domains: vec!["*".to_string()],
+            routes: vec![not_found()],
+            ..Default::default()
+        });
+    }
+    RouteConfiguration {
+        name: name.to_string(),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
+/// The virtual hosts of one server: the routes of each VirtualService bound to it, by host.
+/// `by_host` (host → index into `virtual_hosts`) holds the hosts of earlier servers.
+fn add_server_hosts(
+    push: &PushContext,
+    proxy: &Proxy,
+    gs: &GatewayServer,
+    by_host: &mut BTreeMap<String, usize>,
+    virtual_hosts: &mut Vec<VirtualHost>,
+) {
+    let gateway = gs.gateway();
+    let ctx = Ctx {
+        push,
+        port: gs.number(),
+        proxy: Some(proxy),
+        gateway: Some(&gateway),
+    };
+    let redirect = gs.server.tls.as_ref().is_some_and(|t| t.https_redirect);
+    // Hosts this server adds (a host an earlier server already holds stays that server's).
+    let mut mine: BTreeMap<String, usize> = BTreeMap::new();
+    for (vs, hosts) in bound(push, gs) {
+        let routes = http::routes(ctx, vs);
+        if routes.is_empty() {
+            continue;
+        }
+        for host in hosts {
+            if let Some(&i) = mine.get(&host) {
+                virtual_hosts[i].routes.extend(routes.iter().cloned());
                 continue;
             }
-            for host in hosts {
-                if let Some(&i) = mine.get(&host) {
-                    virtual_hosts[i].routes.extend(routes.iter().cloned());
-                    continue;
-                }
-                if by_host.contains_key(&host) {
-                    continue;
-                }
-                let i = virtual_hosts.len();
-                virtual_hosts.push(VirtualHost {
-                    name: format!("{host}:{}", gs.number()),
-                    domains: vec![host.clone(), format!("{host}:*")],
-                    routes: routes.clone(),
-                    require_tls: if redirect {
-                        virtual_host::TlsRequirementType::All as i32
-                    } else {
-                        0
-                    },
-                    ..Default::default()
-                });
-                mine.insert(host, i);
+            if by_host.contains_key(&host) {
+                continue;
             }
+            let i = virtual_hosts.len();
+            virtual_hosts.push(VirtualHost {
+                name: format!("{host}:{}", gs.number()),
+                domains: vec![host.clone(), format!("{host}:*")],
+                routes: routes.clone(),
+                require_tls: if redirect {
+                    virtual_host::TlsRequirementType::All as i32
+                } else {
+                    0
+                },
+                ..Default::default()
+            });
+            mine.insert(host, i);
         }
-        by_host.extend(mine);
     }
-    // A host of a redirecting server with no VirtualService still redirects.
+    by_host.extend(mine);
+}
+
+/// A host of a server on plain HTTP `port` that redirects to HTTPS, with no VirtualService,
+/// still redirects.
+fn add_redirect_hosts(
+    servers: &[GatewayServer],
+    port: u16,
+    by_host: &mut BTreeMap<String, usize>,
+    virtual_hosts: &mut Vec<VirtualHost>,
+) {
     for gs in servers.iter().filter(|gs| {
-        plain_port.is_some_and(|p| gs.server.is_plain_http() && gs.listen_port() == p)
+        gs.server.is_plain_http()
+            && gs.listen_port() == port
             && gs.server.tls.as_ref().is_some_and(|t| t.https_redirect)
     }) {
         for host in gs
@@ -643,22 +716,6 @@ fn route_config(
                 ..Default::default()
             });
         }
-    }
-    // Envoy refuses a domain twice: a `*` host (domain `*`) may sit with `*:*`.
-    super::route::claim_domains(&mut virtual_hosts, |_| ());
-    if virtual_hosts.is_empty() {
-        virtual_hosts.push(VirtualHost {
-            name: "blackhole:80".to_string(),
-            domains: vec!["*".to_string()],
-            routes: vec![not_found()],
-            ..Default::default()
-        });
-    }
-    RouteConfiguration {
-        name: name.to_string(),
-        virtual_hosts,
-        validate_clusters: Some(BoolValue { value: false }),
-        ..Default::default()
     }
 }
 

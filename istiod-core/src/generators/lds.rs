@@ -8,6 +8,7 @@
 //!   unless a PeerAuthentication says STRICT, a plaintext chain; plus a passthrough chain.
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{
@@ -34,7 +35,9 @@ use super::{
     socket_address, tls,
 };
 use crate::config_store::MtlsMode;
-use crate::model::{Protocol, Proxy, Service, inbound_cluster_name, outbound_cluster_name};
+use crate::model::{
+    Protocol, Proxy, Service, ServicePort, inbound_cluster_name, outbound_cluster_name,
+};
 use crate::push_context::PushContext;
 
 const WILDCARD: &str = "0.0.0.0";
@@ -218,7 +221,6 @@ fn outbound_listeners(
                 tls_wildcard.entry(port.port).or_default().push(svc);
                 continue;
             }
-            let cluster = outbound_cluster_name(port.port, &svc.hostname);
             for vip in &svc.addresses {
                 let ip = vip.to_string();
                 // Two services claiming the same VIP and port: the first (by hostname) wins, as
@@ -227,66 +229,11 @@ fn outbound_listeners(
                     tracing::warn!(vip = %ip, port = port.port, host = %svc.hostname, "VIP:port already used by another service; skipped");
                     continue;
                 }
-                let name = format!("{ip}_{}", port.port);
-                // A VirtualService's tcp route, else the service's own cluster.
-                let tcp_filter =
-                    match super::route::tcp::tcp_route(push, svc, port.port, *vip, proxy) {
-                        Some((spec, stat)) => network_filter(
-                            "envoy.filters.network.tcp_proxy",
-                            pack_any(super::route::tcp::tcp_proxy(spec, stat)),
-                        ),
-                        None => tcp_proxy_filter(&cluster, &cluster),
-                    };
-                let tcp = chain(&cluster, vec![tcp_filter]);
-                if port.protocol == Protocol::Unknown {
-                    // Sniffed: HTTP goes through an HTTP connection manager, anything else
-                    // through tcp_proxy.
-                    let http = FilterChain {
-                        filter_chain_match: Some(FilterChainMatch {
-                            application_protocols: SNIFFED_HTTP
-                                .iter()
-                                .map(|s| s.to_string())
-                                .collect(),
-                            ..Default::default()
-                        }),
-                        ..chain(
-                            &format!("{cluster}-http"),
-                            vec![hcm_filter(
-                                format!("outbound_{name}"),
-                                // Routes of its own, "HOST:PORT", so VirtualServices apply.
-                                http_connection_manager::RouteSpecifier::Rds(Rds {
-                                    config_source: Some(ads_config_source()),
-                                    route_config_name: format!("{}:{}", svc.hostname, port.port),
-                                }),
-                                route_filters,
-                            )],
-                        )
-                    };
-                    out.push(Listener {
-                        listener_filters: vec![listener_filter(
-                            "envoy.filters.listener.http_inspector",
-                            pack_any(HttpInspector::default()),
-                        )],
-                        continue_on_listener_filters_timeout: true,
-                        ..listener(name, &ip, port.port, vec![http, tcp], false)
-                    });
-                } else if port.protocol == Protocol::Tls {
-                    let routes =
-                        super::route::tcp::tls_routes(push, svc, port.port, Some(*vip), proxy);
-                    out.push(sni_listener(
-                        name,
-                        &ip,
-                        port.port,
-                        sni_chains(&cluster, routes, Some(tcp)),
-                    ));
-                } else {
-                    out.push(listener(name, &ip, port.port, vec![tcp], false));
-                }
+                out.push(vip_listener(push, svc, port, *vip, route_filters, proxy));
             }
         }
     }
     for (port, services) in tls_wildcard {
-        let name = format!("{WILDCARD}_{port}");
         if http_ports.contains(&port) {
             tracing::warn!(
                 port,
@@ -294,40 +241,122 @@ fn outbound_listeners(
             );
             continue;
         }
-        let mut chains: Vec<FilterChain> = Vec::new();
-        let mut names_seen = BTreeSet::new();
-        for svc in services {
-            let cluster = outbound_cluster_name(port, &svc.hostname);
-            let mut routes = super::route::tcp::tls_routes(push, svc, port, None, proxy);
-            // The service itself, by its host name, after its routes.
-            routes.push((
-                vec![svc.hostname.clone()],
-                tcp_proxy::ClusterSpecifier::Cluster(cluster.clone()),
-                cluster.clone(),
-            ));
-            routes.retain(|(n, _, _)| names_seen.insert(n.clone()));
-            chains.extend(sni_chains(&cluster, routes, None));
-        }
-        out.push(sni_listener(name, WILDCARD, port, chains));
+        out.push(tls_wildcard_listener(push, port, services, proxy));
     }
     for port in http_ports {
-        let name = format!("{WILDCARD}_{port}");
-        let rds = http_connection_manager::RouteSpecifier::Rds(Rds {
-            config_source: Some(ads_config_source()),
-            route_config_name: port.to_string(),
-        });
-        out.push(listener(
-            name.clone(),
-            WILDCARD,
-            port,
-            vec![chain(
-                &name,
-                vec![hcm_filter(format!("outbound_{name}"), rds, route_filters)],
-            )],
-            false,
-        ));
+        out.push(http_outbound_listener(port, route_filters));
     }
     out
+}
+
+/// The listener `VIP_PORT` of a non-HTTP service port: tcp_proxy (a VirtualService's tcp route,
+/// else the service's cluster); on a port of no declared protocol, HTTP sniffed first; on a
+/// TLS port, chains by SNI.
+fn vip_listener(
+    push: &PushContext,
+    svc: &Service,
+    port: &ServicePort,
+    vip: IpAddr,
+    route_filters: RouteFilters,
+    proxy: Option<&Proxy>,
+) -> Listener {
+    let ip = vip.to_string();
+    let cluster = outbound_cluster_name(port.port, &svc.hostname);
+    let name = format!("{ip}_{}", port.port);
+    // A VirtualService's tcp route, else the service's own cluster.
+    let tcp_filter = match super::route::tcp::tcp_route(push, svc, port.port, vip, proxy) {
+        Some((spec, stat)) => network_filter(
+            "envoy.filters.network.tcp_proxy",
+            pack_any(super::route::tcp::tcp_proxy(spec, stat)),
+        ),
+        None => tcp_proxy_filter(&cluster, &cluster),
+    };
+    let tcp = chain(&cluster, vec![tcp_filter]);
+    if port.protocol == Protocol::Unknown {
+        // Sniffed: HTTP goes through an HTTP connection manager, anything else
+        // through tcp_proxy.
+        let http = FilterChain {
+            filter_chain_match: Some(FilterChainMatch {
+                application_protocols: SNIFFED_HTTP.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            }),
+            ..chain(
+                &format!("{cluster}-http"),
+                vec![hcm_filter(
+                    format!("outbound_{name}"),
+                    // Routes of its own, "HOST:PORT", so VirtualServices apply.
+                    http_connection_manager::RouteSpecifier::Rds(Rds {
+                        config_source: Some(ads_config_source()),
+                        route_config_name: format!("{}:{}", svc.hostname, port.port),
+                    }),
+                    route_filters,
+                )],
+            )
+        };
+        Listener {
+            listener_filters: vec![listener_filter(
+                "envoy.filters.listener.http_inspector",
+                pack_any(HttpInspector::default()),
+            )],
+            continue_on_listener_filters_timeout: true,
+            ..listener(name, &ip, port.port, vec![http, tcp], false)
+        }
+    } else if port.protocol == Protocol::Tls {
+        let routes = super::route::tcp::tls_routes(push, svc, port.port, Some(vip), proxy);
+        sni_listener(
+            name,
+            &ip,
+            port.port,
+            sni_chains(&cluster, routes, Some(tcp)),
+        )
+    } else {
+        listener(name, &ip, port.port, vec![tcp], false)
+    }
+}
+
+/// The wildcard listener of a TLS port whose services have no VIP: each service's TLS routes,
+/// then the service itself by its host name, chosen by SNI.
+fn tls_wildcard_listener(
+    push: &PushContext,
+    port: u16,
+    services: Vec<&Service>,
+    proxy: Option<&Proxy>,
+) -> Listener {
+    let name = format!("{WILDCARD}_{port}");
+    let mut chains: Vec<FilterChain> = Vec::new();
+    let mut names_seen = BTreeSet::new();
+    for svc in services {
+        let cluster = outbound_cluster_name(port, &svc.hostname);
+        let mut routes = super::route::tcp::tls_routes(push, svc, port, None, proxy);
+        // The service itself, by its host name, after its routes.
+        routes.push((
+            vec![svc.hostname.clone()],
+            tcp_proxy::ClusterSpecifier::Cluster(cluster.clone()),
+            cluster.clone(),
+        ));
+        routes.retain(|(n, _, _)| names_seen.insert(n.clone()));
+        chains.extend(sni_chains(&cluster, routes, None));
+    }
+    sni_listener(name, WILDCARD, port, chains)
+}
+
+/// The wildcard listener `0.0.0.0_PORT` of an HTTP port: RDS route configuration `PORT`.
+fn http_outbound_listener(port: u16, route_filters: RouteFilters) -> Listener {
+    let name = format!("{WILDCARD}_{port}");
+    let rds = http_connection_manager::RouteSpecifier::Rds(Rds {
+        config_source: Some(ads_config_source()),
+        route_config_name: port.to_string(),
+    });
+    listener(
+        name.clone(),
+        WILDCARD,
+        port,
+        vec![chain(
+            &name,
+            vec![hcm_filter(format!("outbound_{name}"), rds, route_filters)],
+        )],
+        false,
+    )
 }
 
 /// A TLS route: SNI names (empty: any), where to, stat prefix.
@@ -531,55 +560,17 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
     let mut chains: Vec<FilterChain> = Vec::new();
     let mut sniffed = Vec::new();
     for (port, (protocol, _)) in ports {
-        let cluster = inbound_cluster_name(port);
-        let name = format!("{WILDCARD}_{port}");
         if protocol == Protocol::Unknown {
             sniffed.push(port);
-            chains.extend(sniffed_inbound_chains(
-                &name,
-                port,
-                mtls.on_port(port),
-                &cluster,
-                &authz,
-            ));
-        } else if protocol.is_http() {
-            let filter = |m: bool| vec![inbound_hcm(port, &cluster, m, &authz)];
-            chains.extend(inbound_chains(
-                &name,
-                Some(port),
-                mtls.on_port(port),
-                &filter,
-                &["h2", "http/1.1"],
-            ));
-        } else {
-            let filter = |_: bool| guarded(&authz, tcp_proxy_filter(&cluster, &cluster));
-            chains.extend(inbound_chains(
-                &name,
-                Some(port),
-                mtls.on_port(port),
-                &filter,
-                &[],
-            ));
         }
-    }
-    // Ports no service declares are authorized too (as TCP): a policy has no unguarded way in.
-    let passthrough = |_: bool| {
-        guarded(
+        chains.extend(inbound_port_chains(
+            port,
+            protocol,
+            mtls.on_port(port),
             &authz,
-            tcp_proxy_filter(INBOUND_PASSTHROUGH_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER),
-        )
-    };
-    match mtls.default {
-        // Under STRICT, ports no service names also take mutual TLS only.
-        MtlsMode::Strict => chains.extend(inbound_chains(
-            "virtualInbound-catchall-tcp",
-            None,
-            MtlsMode::Strict,
-            &passthrough,
-            &[],
-        )),
-        _ => chains.push(chain("virtualInbound-catchall-tcp", passthrough(false))),
+        ));
     }
+    chains.extend(catchall_chains(mtls.default, &authz));
     let mut listener_filters = vec![
         listener_filter(
             "envoy.filters.listener.original_dst",
@@ -591,38 +582,7 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
         ),
     ];
     if !sniffed.is_empty() {
-        // The HTTP inspector waits for the client's first bytes, so it runs only on the ports
-        // that need it (a server-first protocol on a declared port is never held up).
-        use envoy_types::pb::envoy::config::listener::v3::{
-            ListenerFilterChainMatchPredicate as Predicate, listener_filter_chain_match_predicate,
-        };
-        use listener_filter_chain_match_predicate::{MatchSet, Rule};
-        let on_port = |port: u16| Predicate {
-            rule: Some(Rule::DestinationPortRange(
-                envoy_types::pb::envoy::r#type::v3::Int32Range {
-                    start: i32::from(port),
-                    end: i32::from(port) + 1,
-                },
-            )),
-        };
-        // (A match set needs two rules or more.)
-        let on_sniffed = match sniffed.as_slice() {
-            [one] => on_port(*one),
-            many => Predicate {
-                rule: Some(Rule::OrMatch(MatchSet {
-                    rules: many.iter().map(|p| on_port(*p)).collect(),
-                })),
-            },
-        };
-        listener_filters.push(ListenerFilter {
-            filter_disabled: Some(Predicate {
-                rule: Some(Rule::NotMatch(Box::new(on_sniffed))),
-            }),
-            ..listener_filter(
-                "envoy.filters.listener.http_inspector",
-                pack_any(HttpInspector::default()),
-            )
-        });
+        listener_filters.push(http_inspector_on(&sniffed));
     }
     Listener {
         continue_on_listener_filters_timeout: !sniffed.is_empty(),
@@ -634,6 +594,84 @@ fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
             VIRTUAL_INBOUND_PORT,
             chains,
             true,
+        )
+    }
+}
+
+/// The chains of one inbound port: sniffed (no declared protocol), HTTP or TCP, each with
+/// mutual TLS and, unless `mode` is STRICT, plaintext.
+fn inbound_port_chains(
+    port: u16,
+    protocol: Protocol,
+    mode: MtlsMode,
+    authz: &InboundFilters,
+) -> Vec<FilterChain> {
+    let cluster = inbound_cluster_name(port);
+    let name = format!("{WILDCARD}_{port}");
+    if protocol == Protocol::Unknown {
+        sniffed_inbound_chains(&name, port, mode, &cluster, authz)
+    } else if protocol.is_http() {
+        let filter = |m: bool| vec![inbound_hcm(port, &cluster, m, authz)];
+        inbound_chains(&name, Some(port), mode, &filter, &["h2", "http/1.1"])
+    } else {
+        let filter = |_: bool| guarded(authz, tcp_proxy_filter(&cluster, &cluster));
+        inbound_chains(&name, Some(port), mode, &filter, &[])
+    }
+}
+
+/// The chains of ports no service declares: passthrough, mutual TLS only under STRICT.
+fn catchall_chains(default: MtlsMode, authz: &InboundFilters) -> Vec<FilterChain> {
+    // Ports no service declares are authorized too (as TCP): a policy has no unguarded way in.
+    let passthrough = |_: bool| {
+        guarded(
+            authz,
+            tcp_proxy_filter(INBOUND_PASSTHROUGH_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER),
+        )
+    };
+    match default {
+        // Under STRICT, ports no service names also take mutual TLS only.
+        MtlsMode::Strict => inbound_chains(
+            "virtualInbound-catchall-tcp",
+            None,
+            MtlsMode::Strict,
+            &passthrough,
+            &[],
+        ),
+        _ => vec![chain("virtualInbound-catchall-tcp", passthrough(false))],
+    }
+}
+
+/// The HTTP inspector, on the `sniffed` ports only: it waits for the client's first bytes, so
+/// a server-first protocol on a declared port is never held up.
+fn http_inspector_on(sniffed: &[u16]) -> ListenerFilter {
+    use envoy_types::pb::envoy::config::listener::v3::{
+        ListenerFilterChainMatchPredicate as Predicate, listener_filter_chain_match_predicate,
+    };
+    use listener_filter_chain_match_predicate::{MatchSet, Rule};
+    let on_port = |port: u16| Predicate {
+        rule: Some(Rule::DestinationPortRange(
+            envoy_types::pb::envoy::r#type::v3::Int32Range {
+                start: i32::from(port),
+                end: i32::from(port) + 1,
+            },
+        )),
+    };
+    // (A match set needs two rules or more.)
+    let on_sniffed = match sniffed {
+        [one] => on_port(*one),
+        many => Predicate {
+            rule: Some(Rule::OrMatch(MatchSet {
+                rules: many.iter().map(|p| on_port(*p)).collect(),
+            })),
+        },
+    };
+    ListenerFilter {
+        filter_disabled: Some(Predicate {
+            rule: Some(Rule::NotMatch(Box::new(on_sniffed))),
+        }),
+        ..listener_filter(
+            "envoy.filters.listener.http_inspector",
+            pack_any(HttpInspector::default()),
         )
     }
 }

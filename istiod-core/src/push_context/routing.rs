@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::config_store::destination_rule::{Subset as RuleSubset, TrafficPolicy};
+use crate::config_store::destination_rule::{
+    DestinationRuleSpec, Subset as RuleSubset, TrafficPolicy,
+};
 use crate::config_store::virtual_service::{
     Destination, HttpMatch, HttpRoute, MESH_GATEWAY, TcpRoute, TlsRoute, VirtualServiceSpec,
 };
@@ -245,6 +247,9 @@ fn resolve_http(r: &mut HttpRoute, ns: &str, suffix: &str) {
     }
 }
 
+/// VirtualServices without hosts (delegates), by (namespace, name).
+type Delegates<'a> = HashMap<(&'a str, &'a str), (&'a Metadata, &'a VirtualServiceSpec)>;
+
 impl Routing {
     pub fn build(config: &ConfigSet, domain_suffix: &str) -> Routing {
         let mut all: Vec<(&Metadata, &VirtualServiceSpec)> = config
@@ -256,7 +261,7 @@ impl Routing {
             })
             .collect();
         all.sort_by(|a, b| (a.0.namespace(), &a.0.name).cmp(&(b.0.namespace(), &b.0.name)));
-        let delegates: HashMap<(&str, &str), (&Metadata, &VirtualServiceSpec)> = all
+        let delegates: Delegates = all
             .iter()
             .filter(|(_, s)| s.hosts.is_empty())
             .map(|(m, s)| ((m.namespace(), m.name.as_str()), (*m, *s)))
@@ -265,97 +270,12 @@ impl Routing {
         let mut per_proxy = false;
         let mut gateway_routes = Vec::new();
         for (meta, spec) in all.iter().filter(|(_, s)| !s.hosts.is_empty()) {
-            let ns = meta.namespace();
-            let mut http = Vec::new();
-            for route in &spec.http {
-                let Some(delegate) = &route.delegate else {
-                    let mut r = route.clone();
-                    resolve_http(&mut r, ns, domain_suffix);
-                    http.push(r);
-                    continue;
-                };
-                let dns = delegate.namespace.as_deref().unwrap_or(ns);
-                let Some((dmeta, dspec)) = delegates.get(&(dns, delegate.name.as_str())) else {
-                    // Istio drops the entry; the load warned about it (`not_applied`).
-                    continue;
-                };
-                if !exported_to(&dspec.export_to, dmeta.namespace(), ns) {
-                    continue;
-                }
-                for leaf in &dspec.http {
-                    if let Some(mut merged) = merge_delegate(route, leaf) {
-                        resolve_http(&mut merged, dmeta.namespace(), domain_suffix);
-                        http.push(merged);
-                    }
-                }
-            }
-            let (mut tcp, mut tls) = (spec.tcp.clone(), spec.tls.clone());
-            let l4_routes = tcp
-                .iter_mut()
-                .flat_map(|r| &mut r.route)
-                .chain(tls.iter_mut().flat_map(|r| &mut r.route));
-            for d in l4_routes {
-                resolve_destination(&mut d.destination, ns, domain_suffix);
-            }
-            // A match on the client (labels or namespace) makes routes differ per proxy.
-            let on_source = |labels: &BTreeMap<String, String>, ns: &Option<String>| {
-                !labels.is_empty() || ns.is_some()
-            };
-            let source_bound = http
-                .iter()
-                .flat_map(|r| &r.matches)
-                .any(|m| on_source(&m.source_labels, &m.source_namespace))
-                || tcp
-                    .iter()
-                    .flat_map(|r| &r.matches)
-                    .any(|m| on_source(&m.source_labels, &m.source_namespace))
-                || tls
-                    .iter()
-                    .flat_map(|r| &r.matches)
-                    .any(|m| on_source(&m.source_labels, &m.source_namespace));
-            let export_to = spec.export_to.clone();
-            let gateways: Vec<String> = if spec.gateways.is_empty() {
-                vec![MESH_GATEWAY.to_string()]
-            } else {
-                spec.gateways
-                    .iter()
-                    .map(|g| resolve_gateway(g, ns))
-                    .collect()
-            };
-            let resolve_all = |gs: &mut Vec<String>| {
-                for g in gs.iter_mut() {
-                    *g = resolve_gateway(g, ns);
-                }
-            };
-            http.iter_mut()
-                .flat_map(|r| &mut r.matches)
-                .for_each(|m| resolve_all(&mut m.gateways));
-            tcp.iter_mut()
-                .flat_map(|r| &mut r.matches)
-                .for_each(|m| resolve_all(&mut m.gateways));
-            tls.iter_mut()
-                .flat_map(|r| &mut r.matches)
-                .for_each(|m| resolve_all(&mut m.gateways));
-            let to_mesh = gateways.iter().any(|g| g == MESH_GATEWAY);
-            let to_gateway = gateways.iter().any(|g| g != MESH_GATEWAY);
+            let route = Arc::new(mesh_route(meta, spec, &delegates, domain_suffix));
+            let to_mesh = route.gateways.iter().any(|g| g == MESH_GATEWAY);
+            let to_gateway = route.gateways.iter().any(|g| g != MESH_GATEWAY);
             if to_mesh {
-                per_proxy |= source_bound || !export_to.iter().all(|e| e == "*");
+                per_proxy |= matches_on_source(&route) || !route.export_to.iter().all(|e| e == "*");
             }
-            let route = Arc::new(MeshRoute {
-                name: meta.name.clone(),
-                namespace: ns.to_string(),
-                config: config_path("virtual-service", meta),
-                hosts: spec
-                    .hosts
-                    .iter()
-                    .map(|h| resolve_host(h, ns, domain_suffix))
-                    .collect(),
-                export_to,
-                http,
-                tcp,
-                tls,
-                gateways,
-            });
             if to_gateway {
                 gateway_routes.push(route.clone());
             }
@@ -363,17 +283,7 @@ impl Routing {
                 virtual_services.push(route);
             }
         }
-        let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut wildcards = Vec::new();
-        for (i, vs) in virtual_services.iter().enumerate() {
-            for h in &vs.hosts {
-                if h.starts_with('*') {
-                    wildcards.push((h.clone(), i));
-                } else {
-                    exact.entry(h.clone()).or_default().push(i);
-                }
-            }
-        }
+        let (exact, wildcards) = host_index(&virtual_services);
         Routing {
             virtual_services,
             exact,
@@ -407,6 +317,138 @@ impl Routing {
         }
         best.map(|(_, i)| &self.virtual_services[i])
     }
+}
+
+/// One VirtualService with hosts as sidecars and gateways apply it: delegates merged, hosts,
+/// destinations and gateway names resolved.
+fn mesh_route(
+    meta: &Metadata,
+    spec: &VirtualServiceSpec,
+    delegates: &Delegates,
+    domain_suffix: &str,
+) -> MeshRoute {
+    let ns = meta.namespace();
+    let mut http = http_routes(ns, spec, delegates, domain_suffix);
+    let (mut tcp, mut tls) = (spec.tcp.clone(), spec.tls.clone());
+    let l4_routes = tcp
+        .iter_mut()
+        .flat_map(|r| &mut r.route)
+        .chain(tls.iter_mut().flat_map(|r| &mut r.route));
+    for d in l4_routes {
+        resolve_destination(&mut d.destination, ns, domain_suffix);
+    }
+    let gateways: Vec<String> = if spec.gateways.is_empty() {
+        vec![MESH_GATEWAY.to_string()]
+    } else {
+        spec.gateways
+            .iter()
+            .map(|g| resolve_gateway(g, ns))
+            .collect()
+    };
+    let resolve_all = |gs: &mut Vec<String>| {
+        for g in gs.iter_mut() {
+            *g = resolve_gateway(g, ns);
+        }
+    };
+    http.iter_mut()
+        .flat_map(|r| &mut r.matches)
+        .for_each(|m| resolve_all(&mut m.gateways));
+    tcp.iter_mut()
+        .flat_map(|r| &mut r.matches)
+        .for_each(|m| resolve_all(&mut m.gateways));
+    tls.iter_mut()
+        .flat_map(|r| &mut r.matches)
+        .for_each(|m| resolve_all(&mut m.gateways));
+    MeshRoute {
+        name: meta.name.clone(),
+        namespace: ns.to_string(),
+        config: config_path("virtual-service", meta),
+        hosts: spec
+            .hosts
+            .iter()
+            .map(|h| resolve_host(h, ns, domain_suffix))
+            .collect(),
+        export_to: spec.export_to.clone(),
+        http,
+        tcp,
+        tls,
+        gateways,
+    }
+}
+
+/// The HTTP routes of a VirtualService in `ns`, each delegate entry replaced by the delegate's
+/// routes merged into it (when the delegate exists and is exported to `ns`).
+fn http_routes(
+    ns: &str,
+    spec: &VirtualServiceSpec,
+    delegates: &Delegates,
+    domain_suffix: &str,
+) -> Vec<HttpRoute> {
+    let mut http = Vec::new();
+    for route in &spec.http {
+        let Some(delegate) = &route.delegate else {
+            let mut r = route.clone();
+            resolve_http(&mut r, ns, domain_suffix);
+            http.push(r);
+            continue;
+        };
+        let dns = delegate.namespace.as_deref().unwrap_or(ns);
+        let Some((dmeta, dspec)) = delegates.get(&(dns, delegate.name.as_str())) else {
+            // Istio drops the entry; the load warned about it (`not_applied`).
+            continue;
+        };
+        if !exported_to(&dspec.export_to, dmeta.namespace(), ns) {
+            continue;
+        }
+        for leaf in &dspec.http {
+            if let Some(mut merged) = merge_delegate(route, leaf) {
+                resolve_http(&mut merged, dmeta.namespace(), domain_suffix);
+                http.push(merged);
+            }
+        }
+    }
+    http
+}
+
+/// Whether a match of `route` is on the client (labels or namespace): then its routes differ
+/// per proxy.
+fn matches_on_source(route: &MeshRoute) -> bool {
+    let on_source =
+        |labels: &BTreeMap<String, String>, ns: &Option<String>| !labels.is_empty() || ns.is_some();
+    route
+        .http
+        .iter()
+        .flat_map(|r| &r.matches)
+        .any(|m| on_source(&m.source_labels, &m.source_namespace))
+        || route
+            .tcp
+            .iter()
+            .flat_map(|r| &r.matches)
+            .any(|m| on_source(&m.source_labels, &m.source_namespace))
+        || route
+            .tls
+            .iter()
+            .flat_map(|r| &r.matches)
+            .any(|m| on_source(&m.source_labels, &m.source_namespace))
+}
+
+/// The hosts of `virtual_services`: exact ones → the VirtualServices naming them (in order),
+/// and the wildcards with their VirtualService, in order.
+type HostIndex = (HashMap<String, Vec<usize>>, Vec<(String, usize)>);
+
+fn host_index(virtual_services: &[Arc<MeshRoute>]) -> HostIndex {
+    let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut wildcards = Vec::new();
+    for (i, vs) in virtual_services.iter().enumerate() {
+        for h in &vs.hosts {
+            if h.starts_with('*') {
+                wildcards.push((h.clone(), i));
+            } else {
+                exact.entry(h.clone()).or_default().push(i);
+            }
+        }
+    }
+    (exact, wildcards)
 }
 
 /// A delegate's route merged into its root's (Istio's mergeHTTPRoute): matches are crossed
@@ -541,135 +583,156 @@ pub fn not_applied(
     services: &[Service],
     domain_suffix: &str,
 ) -> Vec<String> {
-    let mut out = Vec::new();
     match resource {
         Resource::VirtualService(meta, spec) => {
-            for (i, g) in spec.gateways.iter().enumerate() {
+            virtual_service_not_applied(meta, spec, config, services, domain_suffix)
+        }
+        Resource::DestinationRule(_, spec) => destination_rule_not_applied(spec),
+        _ => Vec::new(),
+    }
+}
+
+/// A VirtualService's gateway names with a comment glued on, hosts no sidecar can route,
+/// Gateways and delegates that do not exist.
+fn virtual_service_not_applied(
+    meta: &Metadata,
+    spec: &VirtualServiceSpec,
+    config: &ConfigSet,
+    services: &[Service],
+    domain_suffix: &str,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, g) in spec.gateways.iter().enumerate() {
+        if g.contains('#') {
+            out.push(format!(
+                "spec.gateways[{i}]: {g:?} read as {:?}: a YAML comment needs a space before '#'",
+                gateway_name(g)
+            ));
+        }
+    }
+    let ns = meta.namespace();
+    if !spec.hosts.is_empty() && binds_mesh(&spec.gateways) {
+        for (i, h) in spec.hosts.iter().enumerate() {
+            let host = resolve_host(h, ns, domain_suffix);
+            if !services.iter().any(|s| host_matches(&host, &s.hostname)) {
+                out.push(format!(
+                    "spec.hosts[{i}]: {host:?} is no service of the mesh: sidecars route it only on port 80 (where some service serves HTTP on 80)"
+                ));
+            }
+        }
+    }
+    for (i, g) in spec.gateways.iter().enumerate() {
+        let name = resolve_gateway(g, ns);
+        if name == MESH_GATEWAY {
+            continue;
+        }
+        let (gns, gname) = name.split_once('/').unwrap_or_default();
+        let found = config.resources.iter().any(
+            |r| matches!(r, Resource::Gateway(m, _) if m.namespace() == gns && m.name == gname),
+        );
+        if !found {
+            out.push(format!(
+                "spec.gateways[{i}]: no Gateway {name}: no gateway applies this VirtualService for it"
+            ));
+        }
+    }
+    for (i, r) in spec.http.iter().enumerate() {
+        if let Some(d) = &r.delegate {
+            let dns = d.namespace.as_deref().unwrap_or(ns);
+            let found = config.resources.iter().any(|r| {
+                matches!(r, Resource::VirtualService(m, s)
+                    if s.hosts.is_empty() && m.namespace() == dns && m.name == d.name)
+            });
+            if !found {
+                out.push(format!(
+                    "spec.http[{i}].delegate: no delegate VirtualService {dns}/{} (one without hosts); this route is dropped",
+                    d.name
+                ));
+            }
+        }
+        for (j, m) in r.matches.iter().enumerate() {
+            for (k, g) in m.gateways.iter().enumerate() {
                 if g.contains('#') {
                     out.push(format!(
-                        "spec.gateways[{i}]: {g:?} read as {:?}: a YAML comment needs a space before '#'",
+                        "spec.http[{i}].match[{j}].gateways[{k}]: {g:?} read as {:?}",
                         gateway_name(g)
                     ));
                 }
             }
-            let ns = meta.namespace();
-            if !spec.hosts.is_empty() && binds_mesh(&spec.gateways) {
-                for (i, h) in spec.hosts.iter().enumerate() {
-                    let host = resolve_host(h, ns, domain_suffix);
-                    if !services.iter().any(|s| host_matches(&host, &s.hostname)) {
-                        out.push(format!(
-                            "spec.hosts[{i}]: {host:?} is no service of the mesh: sidecars route it only on port 80 (where some service serves HTTP on 80)"
-                        ));
-                    }
-                }
-            }
-            for (i, g) in spec.gateways.iter().enumerate() {
-                let name = resolve_gateway(g, ns);
-                if name == MESH_GATEWAY {
-                    continue;
-                }
-                let (gns, gname) = name.split_once('/').unwrap_or_default();
-                let found = config.resources.iter().any(|r| {
-                    matches!(r, Resource::Gateway(m, _) if m.namespace() == gns && m.name == gname)
-                });
-                if !found {
-                    out.push(format!(
-                        "spec.gateways[{i}]: no Gateway {name}: no gateway applies this VirtualService for it"
-                    ));
-                }
-            }
-            for (i, r) in spec.http.iter().enumerate() {
-                if let Some(d) = &r.delegate {
-                    let dns = d.namespace.as_deref().unwrap_or(ns);
-                    let found = config.resources.iter().any(|r| {
-                        matches!(r, Resource::VirtualService(m, s)
-                            if s.hosts.is_empty() && m.namespace() == dns && m.name == d.name)
-                    });
-                    if !found {
-                        out.push(format!(
-                            "spec.http[{i}].delegate: no delegate VirtualService {dns}/{} (one without hosts); this route is dropped",
-                            d.name
-                        ));
-                    }
-                }
-                for (j, m) in r.matches.iter().enumerate() {
-                    for (k, g) in m.gateways.iter().enumerate() {
-                        if g.contains('#') {
-                            out.push(format!(
-                                "spec.http[{i}].match[{j}].gateways[{k}]: {g:?} read as {:?}",
-                                gateway_name(g)
-                            ));
-                        }
-                    }
-                }
-            }
         }
-        Resource::DestinationRule(_, spec) => {
-            if spec.workload_selector.is_some() {
-                out.push(
-                    "spec.workloadSelector: rules for some clients only are not applied yet; this rule is ignored"
-                        .to_string(),
-                );
-            }
-            if !spec.export_to.is_empty() {
-                out.push(
-                    "spec.exportTo: not applied yet (the rule is visible to every namespace)"
-                        .to_string(),
-                );
-            }
-            let mut policies = Vec::new();
-            if let Some(p) = &spec.traffic_policy {
-                policies.push(("spec.trafficPolicy".to_string(), p));
-            }
-            for (i, s) in spec.subsets.iter().enumerate() {
-                if let Some(p) = &s.traffic_policy {
-                    policies.push((format!("spec.subsets[{i}].trafficPolicy"), p));
-                }
-            }
-            for (at, p) in policies {
-                let lbs = p.load_balancer.iter().map(|lb| (at.clone(), lb)).chain(
-                    p.port_level_settings
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(j, pl)| {
-                            pl.load_balancer
-                                .as_ref()
-                                .map(|lb| (format!("{at}.portLevelSettings[{j}]"), lb))
-                        }),
-                );
-                for (lat, lb) in lbs {
-                    if lb.locality_lb_setting.is_some() {
-                        out.push(format!(
-                            "{lat}.loadBalancer.localityLbSetting: not applied yet"
-                        ));
-                    }
-                }
-                let pools = p.connection_pool.iter().map(|c| (at.clone(), c)).chain(
-                    p.port_level_settings
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(j, pl)| {
-                            pl.connection_pool
-                                .as_ref()
-                                .map(|c| (format!("{at}.portLevelSettings[{j}]"), c))
-                        }),
-                );
-                for (cat, c) in pools {
-                    if c.http
-                        .as_ref()
-                        .and_then(|h| h.use_client_protocol)
-                        .is_some()
-                    {
-                        out.push(format!(
-                            "{cat}.connectionPool.http.useClientProtocol: not applied yet"
-                        ));
-                    }
-                }
-            }
-        }
-        _ => {}
     }
     out
+}
+
+/// A DestinationRule's fields accepted but not applied yet.
+fn destination_rule_not_applied(spec: &DestinationRuleSpec) -> Vec<String> {
+    let mut out = Vec::new();
+    if spec.workload_selector.is_some() {
+        out.push(
+            "spec.workloadSelector: rules for some clients only are not applied yet; this rule is ignored"
+                .to_string(),
+        );
+    }
+    if !spec.export_to.is_empty() {
+        out.push(
+            "spec.exportTo: not applied yet (the rule is visible to every namespace)".to_string(),
+        );
+    }
+    let mut policies = Vec::new();
+    if let Some(p) = &spec.traffic_policy {
+        policies.push(("spec.trafficPolicy".to_string(), p));
+    }
+    for (i, s) in spec.subsets.iter().enumerate() {
+        if let Some(p) = &s.traffic_policy {
+            policies.push((format!("spec.subsets[{i}].trafficPolicy"), p));
+        }
+    }
+    for (at, p) in policies {
+        traffic_policy_not_applied(&at, p, &mut out);
+    }
+    out
+}
+
+/// The fields of the traffic policy at `at` (and its port-level settings) not applied yet.
+fn traffic_policy_not_applied(at: &str, p: &TrafficPolicy, out: &mut Vec<String>) {
+    let lbs = p.load_balancer.iter().map(|lb| (at.to_string(), lb)).chain(
+        p.port_level_settings
+            .iter()
+            .enumerate()
+            .filter_map(|(j, pl)| {
+                pl.load_balancer
+                    .as_ref()
+                    .map(|lb| (format!("{at}.portLevelSettings[{j}]"), lb))
+            }),
+    );
+    for (lat, lb) in lbs {
+        if lb.locality_lb_setting.is_some() {
+            out.push(format!(
+                "{lat}.loadBalancer.localityLbSetting: not applied yet"
+            ));
+        }
+    }
+    let pools = p.connection_pool.iter().map(|c| (at.to_string(), c)).chain(
+        p.port_level_settings
+            .iter()
+            .enumerate()
+            .filter_map(|(j, pl)| {
+                pl.connection_pool
+                    .as_ref()
+                    .map(|c| (format!("{at}.portLevelSettings[{j}]"), c))
+            }),
+    );
+    for (cat, c) in pools {
+        if c.http
+            .as_ref()
+            .and_then(|h| h.use_client_protocol)
+            .is_some()
+        {
+            out.push(format!(
+                "{cat}.connectionPool.http.useClientProtocol: not applied yet"
+            ));
+        }
+    }
 }
 
 #[cfg(test)]

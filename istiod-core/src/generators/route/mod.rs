@@ -46,7 +46,7 @@ pub(crate) fn source_applies(
     match proxy {
         None => labels.is_empty() && namespace.is_none(),
         Some(p) => {
-            labels.iter().all(|(k, v)| p.labels.get(k) == Some(v))
+            crate::registry::selects(labels, &p.labels)
                 && namespace.is_none_or(|ns| *ns == p.namespace)
         }
     }
