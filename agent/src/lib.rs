@@ -98,16 +98,15 @@ fn start_control_plane(
             config_dir,
             mesh_file,
         } => {
-            let cp = istiod_core::ControlPlane::load_with_mesh_config(
-                Some(config_dir),
-                mesh_file.as_deref(),
-                istiod_core::DEFAULT_DOMAIN_SUFFIX,
-                &cfg.identity.identity.trust_domain,
-            )?;
+            let cp = istiod_core::ControlPlane::open(istiod_core::Settings {
+                config_dir: Some(config_dir.clone()),
+                mesh_file: mesh_file.clone(),
+                domain_suffix: istiod_core::DEFAULT_DOMAIN_SUFFIX.to_string(),
+                trust_domain: cfg.identity.identity.trust_domain.clone(),
+                scope_gateway_to_namespace: cfg.scope_gateway_to_namespace,
+                cache_check: cfg.cache_check,
+            })?;
             tasks.spawn_forever("config-watch", cp.clone().watch(cfg.debounce));
-            if cfg.cache_check {
-                istiod_core::push_context::set_cache_check(true);
-            }
             Ok(xds_proxy::Upstream::Embedded(cp.xds()))
         }
         ControlPlaneSource::Remote { address } => Ok(xds_proxy::Upstream::Remote {

@@ -22,7 +22,6 @@ pub mod env {
     /// `true`: a Gateway selects routers of its own namespace only.
     pub const PILOT_SCOPE_GATEWAY_TO_NAMESPACE: &str = "PILOT_SCOPE_GATEWAY_TO_NAMESPACE";
     /// `true`: every cached resource is generated again on read and compared (`GenCache`).
-    /// The agent's embedded control plane reads it through `push_context::cache_check_from_env`.
     pub const ISTIOD_CACHE_CHECK: &str = "ISTIOD_CACHE_CHECK";
 }
 

@@ -52,12 +52,12 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let file = dir.path().join("mesh-config");
         std::fs::write(&file, "rootNamespace: from-file\n").unwrap_or_else(|e| panic!("{e}"));
-        let cp = ControlPlane::load_with_mesh_config(
-            Some(&mesh_dir),
-            Some(&file),
-            "cluster.local",
-            "example.org",
-        )
+        let cp = ControlPlane::open(Settings {
+            config_dir: Some(mesh_dir),
+            mesh_file: Some(file.clone()),
+            trust_domain: "example.org".into(),
+            ..Settings::default()
+        })
         .unwrap_or_else(|e| panic!("{e}"));
         let push = cp.snapshot();
         assert_eq!(push.root_namespace(), "from-file");
@@ -150,24 +150,50 @@ pub enum Error {
 /// The control plane: the current snapshot and the means to replace it. Config comes from an
 /// aggregate of the watched directory (if any) and an in-memory store (`memory()`).
 pub struct ControlPlane {
-    config_dir: Option<PathBuf>,
-    mesh_file: Option<PathBuf>,
     store: store::AggregateStore,
     memory: Arc<store::MemoryStore>,
-    domain_suffix: String,
-    trust_domain: String,
-    /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE, given at construction.
-    scope_gateway_to_namespace: bool,
+    settings: Settings,
     tx: watch::Sender<Arc<PushContext>>,
     generation: std::sync::atomic::AtomicU64,
     autoregister: Arc<autoregister::AutoRegistration>,
 }
 
+/// What a control plane is made from. The switches are istiod's environment variables
+/// (`config::env`), parsed by the caller (`config::PilotEnv`, or the agent's config).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The watched directory of Kubernetes-style YAML/JSON (none: in-memory config only).
+    pub config_dir: Option<PathBuf>,
+    /// istiod's `--meshConfig` (plain MeshConfig YAML), read after the directory, its fields
+    /// overriding any MeshConfig there. Watched.
+    pub mesh_file: Option<PathBuf>,
+    pub domain_suffix: String,
+    /// Identities are `spiffe://<trust_domain>/...` (the SANs clients expect of their peers);
+    /// a mesh config naming another trust domain is refused.
+    pub trust_domain: String,
+    /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE: a Gateway selects routers of its own namespace only.
+    pub scope_gateway_to_namespace: bool,
+    /// ISTIOD_CACHE_CHECK: every snapshot's generator cache runs in the checked mode
+    /// (`GenCache::checked`).
+    pub cache_check: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            config_dir: None,
+            mesh_file: None,
+            domain_suffix: DEFAULT_DOMAIN_SUFFIX.to_string(),
+            trust_domain: push_context::DEFAULT_TRUST_DOMAIN.to_string(),
+            scope_gateway_to_namespace: false,
+            cache_check: false,
+        }
+    }
+}
+
 fn build(
     store: &dyn store::ConfigStore,
-    domain: &str,
-    trust_domain: &str,
-    scope_gateway_to_namespace: bool,
+    settings: &Settings,
     generation: u64,
 ) -> Result<PushContext, Error> {
     let set = store::config_set(store)?;
@@ -178,17 +204,20 @@ fn build(
             .map(|d| d.as_secs())
             .unwrap_or_default()
     );
-    let mut push = PushContext::build(Arc::new(set), domain, version)?;
+    let mut push = PushContext::build(Arc::new(set), &settings.domain_suffix, version)?;
     if let Some(found) = &push.mesh.trust_domain
-        && found != trust_domain
+        && *found != settings.trust_domain
     {
         return Err(Error::TrustDomain {
             found: found.clone(),
-            expected: trust_domain.to_string(),
+            expected: settings.trust_domain.clone(),
         });
     }
-    push.trust_domain = trust_domain.to_string();
-    push.scope_gateway_to_namespace = scope_gateway_to_namespace;
+    push.trust_domain = settings.trust_domain.clone();
+    push.scope_gateway_to_namespace = settings.scope_gateway_to_namespace;
+    if settings.cache_check {
+        push.cache = push_context::GenCache::checked();
+    }
     Ok(push)
 }
 
@@ -203,94 +232,47 @@ fn log_warnings(push: &PushContext, old: Option<&PushContext>) {
 }
 
 impl ControlPlane {
-    /// Loads `config_dir`; fails if it does not load, so a bad start is loud.
+    /// Loads `config_dir` with the default settings; fails if it does not load.
     pub fn load(config_dir: &Path, domain_suffix: &str) -> Result<Arc<ControlPlane>, Error> {
-        Self::load_with_mesh_config(
-            Some(config_dir),
-            None,
-            domain_suffix,
-            push_context::DEFAULT_TRUST_DOMAIN,
-        )
-    }
-
-    /// As `load`, for a mesh whose identities are `spiffe://<trust_domain>/...` (the SANs
-    /// clients expect of their peers).
-    pub fn load_with_trust_domain(
-        config_dir: &Path,
-        domain_suffix: &str,
-        trust_domain: &str,
-    ) -> Result<Arc<ControlPlane>, Error> {
-        Self::load_with_mesh_config(Some(config_dir), None, domain_suffix, trust_domain)
+        Self::open(Settings {
+            config_dir: Some(config_dir.to_path_buf()),
+            domain_suffix: domain_suffix.to_string(),
+            ..Settings::default()
+        })
     }
 
     /// A control plane fed only by its in-memory store (tests, embedders).
     pub fn in_memory(domain_suffix: &str) -> Result<Arc<ControlPlane>, Error> {
-        Self::load_with_mesh_config(
-            None,
-            None,
-            domain_suffix,
-            push_context::DEFAULT_TRUST_DOMAIN,
-        )
+        Self::open(Settings {
+            domain_suffix: domain_suffix.to_string(),
+            ..Settings::default()
+        })
     }
 
-    /// As `load_with_trust_domain`, with a mesh config file (istiod's `--meshConfig`: plain
-    /// MeshConfig YAML) read after the directory, its fields overriding any MeshConfig there.
-    /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE is read from the process environment.
-    pub fn load_with_mesh_config(
-        config_dir: Option<&Path>,
-        mesh_file: Option<&Path>,
-        domain_suffix: &str,
-        trust_domain: &str,
-    ) -> Result<Arc<ControlPlane>, Error> {
-        Self::load_with_settings(
-            config_dir,
-            mesh_file,
-            domain_suffix,
-            trust_domain,
-            config::scope_gateway_to_namespace(&config::process_env),
-        )
-    }
-
-    /// As `load_with_mesh_config`, with PILOT_SCOPE_GATEWAY_TO_NAMESPACE given
-    /// (`config::PilotEnv`).
-    pub fn load_with_settings(
-        config_dir: Option<&Path>,
-        mesh_file: Option<&Path>,
-        domain_suffix: &str,
-        trust_domain: &str,
-        scope_gateway_to_namespace: bool,
-    ) -> Result<Arc<ControlPlane>, Error> {
+    /// Loads the config `settings` name; fails if it does not load, so a bad start is loud.
+    pub fn open(settings: Settings) -> Result<Arc<ControlPlane>, Error> {
         let memory = store::MemoryStore::new();
         let mut sources: Vec<Arc<dyn store::ConfigStore>> = Vec::new();
-        if let Some(dir) = config_dir {
-            sources.push(Arc::new(store::FileStore {
-                dir: dir.to_path_buf(),
-            }));
+        if let Some(dir) = &settings.config_dir {
+            sources.push(Arc::new(store::FileStore { dir: dir.clone() }));
         }
         sources.push(memory.clone());
-        if let Some(path) = mesh_file {
-            sources.push(Arc::new(store::MeshConfigFile {
-                path: path.to_path_buf(),
-            }));
+        if let Some(path) = &settings.mesh_file {
+            sources.push(Arc::new(store::MeshConfigFile { path: path.clone() }));
         }
         let store = store::AggregateStore { sources };
-        let push = build(
-            &store,
-            domain_suffix,
-            trust_domain,
-            scope_gateway_to_namespace,
-            1,
-        )?;
-        tracing::info!(dir = ?config_dir, services = push.services.len(), "config loaded");
+        let push = build(&store, &settings, 1)?;
+        if settings.cache_check {
+            tracing::warn!(
+                "ISTIOD_CACHE_CHECK: every cached resource is generated again and compared"
+            );
+        }
+        tracing::info!(dir = ?settings.config_dir, services = push.services.len(), "config loaded");
         log_warnings(&push, None);
         let (tx, _) = watch::channel(Arc::new(push));
         Ok(Arc::new(ControlPlane {
-            config_dir: config_dir.map(Path::to_path_buf),
-            mesh_file: mesh_file.map(Path::to_path_buf),
             store,
-            domain_suffix: domain_suffix.to_string(),
-            trust_domain: trust_domain.to_string(),
-            scope_gateway_to_namespace,
+            settings,
             tx,
             generation: 1.into(),
             autoregister: autoregister::AutoRegistration::new(
@@ -320,13 +302,7 @@ impl ControlPlane {
         let mut tries = 0;
         let mut push = loop {
             let before = files();
-            let built = build(
-                &self.store,
-                &self.domain_suffix,
-                &self.trust_domain,
-                self.scope_gateway_to_namespace,
-                generation,
-            );
+            let built = build(&self.store, &self.settings, generation);
             tries += 1;
             if tries == 5 || files() == before {
                 break built?;
@@ -374,9 +350,18 @@ impl ControlPlane {
 
     /// What the watch polls: the config directory's listing and the mesh config file.
     fn watched_files(&self) -> Vec<Watched> {
-        let dir = self.config_dir.iter().map(|d| Watched::Dir(d.clone()));
-        dir.chain(self.mesh_file.iter().map(|f| Watched::File(f.clone())))
-            .collect()
+        let dir = self
+            .settings
+            .config_dir
+            .iter()
+            .map(|d| Watched::Dir(d.clone()));
+        dir.chain(
+            self.settings
+                .mesh_file
+                .iter()
+                .map(|f| Watched::File(f.clone())),
+        )
+        .collect()
     }
 
     /// Watches the config directory and reloads after each burst of changes has settled
@@ -386,7 +371,7 @@ impl ControlPlane {
     pub async fn watch(self: Arc<Self>, debounce: Debounce) {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1024);
         let mut watcher = None;
-        if let Some(dir) = self.config_dir.clone() {
+        if let Some(dir) = self.settings.config_dir.clone() {
             let notify_tx = tx.clone();
             let w = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
                 let _ = notify_tx.try_send(());

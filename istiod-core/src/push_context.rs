@@ -89,34 +89,24 @@ pub struct GenCache {
     /// Each proxy's Sidecar scope (by proxy id and node labels), worked out once per snapshot
     /// rather than once per generator.
     pub scopes: std::sync::Mutex<ScopeMemo>,
-}
-
-/// Checked mode of the generator cache (`ISTIOD_CACHE_CHECK=true`, or `set_cache_check` in
-/// tests): every read of a cached resource generates it again and panics, naming the entry,
-/// if the value differs. An entry's key is (snapshot, name) and its value must depend on the
-/// snapshot alone; this catches a generator that reads anything else (the proxy, the clock)
-/// or encodes nondeterministically (map order).
-static CACHE_CHECK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-pub fn set_cache_check(on: bool) {
-    CACHE_CHECK.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Turns the checked mode on when `ISTIOD_CACHE_CHECK` is `true` or `1`; says whether it did.
-pub fn cache_check_from_env(get: &dyn Fn(&str) -> Option<String>) -> bool {
-    let on = get("ISTIOD_CACHE_CHECK").is_some_and(|v| v == "true" || v == "1");
-    if on {
-        set_cache_check(true);
-    }
-    on
-}
-
-pub fn cache_check() -> bool {
-    CACHE_CHECK.load(std::sync::atomic::Ordering::Relaxed)
+    /// The checked mode (`Settings::cache_check`, ISTIOD_CACHE_CHECK): every read of a cached
+    /// resource generates it again and panics, naming the entry, if the value differs. An
+    /// entry's key is (snapshot, name) and its value must depend on the snapshot alone; this
+    /// catches a generator that reads anything else (the proxy, the clock) or encodes
+    /// nondeterministically (map order).
+    checked: bool,
 }
 
 impl GenCache {
-    /// `cell`'s value, made by `make` on first use (see `CACHE_CHECK` for the checked mode).
+    /// An empty cache in the checked mode.
+    pub fn checked() -> GenCache {
+        GenCache {
+            checked: true,
+            ..GenCache::default()
+        }
+    }
+
+    /// `cell`'s value, made by `make` on first use (see `checked` for the checked mode).
     pub fn get<'a, T: PartialEq>(
         &self,
         cell: &'a std::sync::OnceLock<T>,
@@ -128,7 +118,7 @@ impl GenCache {
             made_now = true;
             make()
         });
-        if !made_now && cache_check() && make() != *value {
+        if !made_now && self.checked && make() != *value {
             panic!("generator cache: entry {entry} was written again with a different value");
         }
         value
@@ -136,9 +126,12 @@ impl GenCache {
 }
 
 impl Clone for GenCache {
-    /// A copied snapshot starts with an empty cache (it may be modified).
+    /// A copied snapshot starts with an empty cache (it may be modified), in the same mode.
     fn clone(&self) -> Self {
-        GenCache::default()
+        GenCache {
+            checked: self.checked,
+            ..GenCache::default()
+        }
     }
 }
 
@@ -442,8 +435,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "entry counter was written again with a different value")]
     fn checked_cache_fails_loudly_on_a_different_value() {
-        set_cache_check(true);
-        let cache = GenCache::default();
+        let cache = GenCache::checked();
         let cell = std::sync::OnceLock::new();
         let calls = std::sync::atomic::AtomicU32::new(0);
         let make = || calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -454,8 +446,7 @@ mod tests {
 
     #[test]
     fn checked_cache_passes_a_stable_value() {
-        set_cache_check(true);
-        let cache = GenCache::default();
+        let cache = GenCache::checked();
         let cell = std::sync::OnceLock::new();
         for _ in 0..3 {
             assert_eq!(cache.get(&cell, "stable", || vec![1, 2, 3]), &vec![1, 2, 3]);

@@ -17,7 +17,7 @@ use crate::ca::{Ca, CaError};
 use crate::ca_server::{CaService, JwtAuthenticator, KeyError};
 use crate::config::{ServeArgs, ServeConfig};
 use crate::config_store::ConfigError;
-use crate::{ControlPlane, ads_http, debug, push_context, xds_server};
+use crate::{ControlPlane, Settings, ads_http, debug, push_context, xds_server};
 
 /// Why `serve` could not start, or stopped before it was asked to.
 #[derive(Debug, thiserror::Error)]
@@ -171,19 +171,16 @@ pub async fn serve(
         Some(ca) => Some(ca_service(&args, ca, &trust_domain)?),
         None => None,
     };
-    let cp = ControlPlane::load_with_settings(
-        Some(&args.config_dir),
-        args.mesh_config.as_deref(),
-        &args.domain_suffix,
-        &trust_domain,
-        env.scope_gateway_to_namespace,
-    )?;
+    let cp = ControlPlane::open(Settings {
+        config_dir: Some(args.config_dir.clone()),
+        mesh_file: args.mesh_config.clone(),
+        domain_suffix: args.domain_suffix.clone(),
+        trust_domain: trust_domain.clone(),
+        scope_gateway_to_namespace: env.scope_gateway_to_namespace,
+        cache_check: env.cache_check,
+    })?;
     let mut tasks = Supervisor::new();
     tasks.spawn_forever("config-watch", cp.clone().watch(env.debounce));
-    if env.cache_check {
-        push_context::set_cache_check(true);
-        tracing::warn!("ISTIOD_CACHE_CHECK: every cached resource is generated again and compared");
-    }
     cp.auto_registration().set_grace(env.workload_entry_grace);
     let xds = cp.xds_with_limits(args.max_streams, env.push_throttle);
     let stop = shutdown.boxed().shared();

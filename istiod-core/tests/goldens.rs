@@ -117,7 +117,8 @@ fn render(yaml_path: &Path) -> String {
     let set = ConfigSet {
         resources: parse_file(yaml_path, &text).unwrap(),
     };
-    let push = PushContext::build(Arc::new(set), "cluster.local", "golden".into()).unwrap();
+    let mut push = PushContext::build(Arc::new(set), "cluster.local", "golden".into()).unwrap();
+    push.cache = istiod_core::push_context::GenCache::checked();
     let clusters = cds::generate(&push, &proxy);
     let listeners = lds::generate(&push, &proxy);
     // A second proxy's read of the shared resources, in the cache's checked mode: each is
@@ -281,7 +282,6 @@ fn listeners_text(listeners: &[Named]) -> String {
 
 #[test]
 fn generated_config_matches_goldens() {
-    istiod_core::push_context::set_cache_check(true);
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
     let mut cases: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()

@@ -30,6 +30,18 @@ fn mesh(web_ips: &[&str]) -> String {
     yaml
 }
 
+/// The control plane of `dir`, its generator cache in the checked mode: every proxy after the
+/// first reads the shared resources, which are generated again and compared
+/// (`GenCache::checked`).
+fn checked(dir: &std::path::Path) -> std::sync::Arc<ControlPlane> {
+    ControlPlane::open(istiod_core::Settings {
+        config_dir: Some(dir.to_path_buf()),
+        cache_check: true,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 struct Client {
     tx: mpsc::Sender<Result<DiscoveryRequest, Status>>,
     rx: std::pin::Pin<Box<dyn futures::Stream<Item = Result<DiscoveryResponse, Status>> + Send>>,
@@ -40,9 +52,6 @@ struct Client {
 
 impl Client {
     fn new(server: &istiod_core::xds_server::XdsServer, ip: &str) -> Client {
-        // Every proxy after the first reads the shared resources: check them (see
-        // push_context::CACHE_CHECK).
-        istiod_core::push_context::set_cache_check(true);
         let (tx, rx) = mpsc::channel(16);
         let responses = server
             .open(
@@ -125,7 +134,7 @@ impl Client {
 async fn endpoint_changes_take_the_eds_fast_path() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
-    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let cp = checked(dir.path());
     let server = cp.xds();
     let web = "outbound|80||web.shop.svc.cluster.local";
     let db = "outbound|5432||db.shop.svc.cluster.local";
@@ -199,7 +208,7 @@ async fn subset_clusters_take_the_eds_fast_path() {
     };
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mesh.yaml"), with(&["10.1.0.1"])).unwrap();
-    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let cp = checked(dir.path());
     let server = cp.xds();
     let v1 = "outbound|80|v1|web.shop.svc.cluster.local";
     let mut client = Client::new(&server, "10.1.0.50");
@@ -240,7 +249,7 @@ async fn subset_clusters_take_the_eds_fast_path() {
 async fn streams_beyond_the_limit_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
-    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let cp = checked(dir.path());
     let server = cp.xds_with_limits(1, 10);
     let mut first = Client::new(&server, "10.1.0.50");
     first.request(CLUSTER_TYPE, &[], "").await;
@@ -260,7 +269,7 @@ async fn streams_beyond_the_limit_are_refused() {
 async fn debug_port_serves_syncz_configz_and_registryz() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
-    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let cp = checked(dir.path());
     let server = cp.xds();
     let mut client = Client::new(&server, "10.1.0.50");
     client.subscribe(&[]).await;
@@ -349,7 +358,7 @@ async fn the_in_memory_store_drives_pushes_through_the_debounce() {
 async fn a_proxy_that_stops_reading_does_not_stall_the_others() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
-    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let cp = checked(dir.path());
     // One push may be generated at a time: a stuck stream holding it would stall everyone.
     let server = cp.xds_with_limits(100, 1);
     let stuck = Client::new(&server, "10.1.0.60");
@@ -378,8 +387,12 @@ async fn a_proxy_that_stops_reading_does_not_stall_the_others() {
 fn peer_identities_follow_the_trust_domain() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
-    let cp =
-        ControlPlane::load_with_trust_domain(dir.path(), "cluster.local", "example.org").unwrap();
+    let cp = ControlPlane::open(istiod_core::Settings {
+        config_dir: Some(dir.path().to_path_buf()),
+        trust_domain: "example.org".into(),
+        ..Default::default()
+    })
+    .unwrap();
     let proxy =
         istiod_core::model::Proxy::from_node_id("sidecar~10.1.0.50~c.shop~shop.svc.cluster.local")
             .unwrap();
@@ -433,7 +446,7 @@ fn vm_endpoints(cp: &ControlPlane) -> Vec<String> {
 async fn proxies_register_themselves_in_their_workload_group() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mesh.yaml"), group_mesh()).unwrap();
-    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let cp = checked(dir.path());
     cp.auto_registration().set_grace(Duration::from_millis(300));
     let server = cp.xds();
     assert!(vm_endpoints(&cp).is_empty());
@@ -483,7 +496,7 @@ async fn only_the_groups_identity_may_register_over_the_network() {
     use istiod_core::ca::Identity;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mesh.yaml"), group_mesh()).unwrap();
-    let cp = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let cp = checked(dir.path());
     let server = cp.xds();
     let first = |ip: &str| {
         Ok(DiscoveryRequest {

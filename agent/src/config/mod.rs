@@ -116,6 +116,8 @@ pub struct Config {
     pub debounce: istiod_core::Debounce,
     /// ISTIOD_CACHE_CHECK: the embedded control plane checks its generator cache (a test aid).
     pub cache_check: bool,
+    /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE for the embedded control plane.
+    pub scope_gateway_to_namespace: bool,
 }
 
 /// The DNS proxy's listen address and upstream resolvers.
@@ -356,6 +358,7 @@ impl Config {
             debounce: istiod_core::Debounce::from_env(lookup)
                 .map_err(|e| err("PILOT_DEBOUNCE_AFTER/PILOT_DEBOUNCE_MAX", "", &e))?,
             cache_check: lifecycle.cache_check,
+            scope_gateway_to_namespace: istiod_core::config::scope_gateway_to_namespace(lookup),
         })
     }
     /// Envoy's node id: `<type>~<ip>~<pod>.<namespace>~<domain>`.
