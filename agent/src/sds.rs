@@ -27,6 +27,7 @@ use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_server
 use envoy_types::util::pack_any;
 use futures::{Stream, StreamExt};
 use mesh_common::watch::{FileWatch, Watched};
+use mesh_common::xds::{Answer, Step, Subscription};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
@@ -225,8 +226,7 @@ impl SecretDiscoveryService for SdsService {
         let dirs = self.file_dirs.clone();
         let version = self.version.clone();
         tokio::spawn(async move {
-            let mut names: Vec<String> = Vec::new();
-            let mut nonce_sent = String::new();
+            let mut sub = Subscription::<String>::default();
             let mut owed = false;
             let mut files = FileWatch::new(Vec::new());
             let mut tick = tokio::time::interval(Duration::from_secs(2));
@@ -234,20 +234,14 @@ impl SecretDiscoveryService for SdsService {
                 tokio::select! {
                     req = requests.next() => {
                         let Some(Ok(req)) = req else { break };
-                        if !req.response_nonce.is_empty() {
-                            if req.response_nonce != nonce_sent {
-                                continue;
+                        let error = req.error_detail.as_ref().map(|e| e.message.as_str());
+                        match sub.on_request(&req.response_nonce, error, req.resource_names) {
+                            Step::Ignore(Answer::Nack(why)) => {
+                                tracing::warn!(resources = ?sub.names, error = %why, "Envoy rejected a secret (NACK)");
                             }
-                            if let Some(err) = &req.error_detail {
-                                tracing::warn!(resources = ?names, error = %err.message, "Envoy rejected a secret (NACK)");
-                                continue;
-                            }
-                            if req.resource_names == names {
-                                continue;
-                            }
+                            Step::Ignore(_) => {}
+                            Step::Respond(_) => owed = true,
                         }
-                        names = req.resource_names;
-                        owed = true;
                     }
                     changed = certs.changed() => {
                         if changed.is_err() {
@@ -256,7 +250,7 @@ impl SecretDiscoveryService for SdsService {
                         owed = true;
                     }
                     _ = tick.tick() => {
-                        files.set_watched(watched_files(&names));
+                        files.set_watched(watched_files(&sub.names));
                         if let Some(now) = files.check() {
                             files.mark_seen(now);
                             // Changed, or appeared after being refused: (re)send.
@@ -264,11 +258,11 @@ impl SecretDiscoveryService for SdsService {
                         }
                     }
                 }
-                if !owed || names.is_empty() {
+                if !owed || sub.names.is_empty() {
                     continue;
                 }
                 certs.borrow_and_update();
-                let (served, refused) = secrets(&names, &certs, &dirs);
+                let (served, refused) = secrets(&sub.names, &certs, &dirs);
                 for (name, status) in &refused {
                     tracing::warn!(resource = %name, error = %status.message(), "SDS resource refused; the others are served");
                 }
@@ -276,12 +270,12 @@ impl SecretDiscoveryService for SdsService {
                     Some(list) if list.is_empty() => owed = false,
                     Some(list) => {
                         let n = version.fetch_add(1, Ordering::Relaxed) + 1;
-                        nonce_sent = format!("{n}");
+                        sub.nonce_sent = format!("{n}");
                         let response = DiscoveryResponse {
                             version_info: format!("{n}"),
                             resources: list.into_iter().map(pack_any).collect(),
                             type_url: SECRET_TYPE.to_string(),
-                            nonce: nonce_sent.clone(),
+                            nonce: sub.nonce_sent.clone(),
                             ..Default::default()
                         };
                         owed = false;

@@ -1,7 +1,7 @@
 //! Primitives the three programs share, so each exists once: the Go-duration parser that every
 //! flag, env var, ProxyConfig field and traffic resource goes through, the supervisor of the
 //! long-running programs' background tasks, the file watcher, the side-port HTTP server with
-//! limits, and the gRPC method paths and message framing.
+//! limits, the gRPC method paths and message framing, and the xDS ACK/NACK rules.
 
 pub mod duration;
 #[cfg(feature = "grpc")]
@@ -12,5 +12,7 @@ pub mod side_port;
 pub mod tasks;
 #[cfg(feature = "tasks")]
 pub mod watch;
+#[cfg(feature = "grpc")]
+pub mod xds;
 
 pub use duration::{DurationError, parse_go_duration};

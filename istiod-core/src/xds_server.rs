@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
+use mesh_common::xds::{Answer, Step as SotwStep, Subscription, answer};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Status};
@@ -87,8 +88,7 @@ struct Shared {
 
 #[derive(Debug, Default)]
 struct Watch {
-    names: Vec<Arc<str>>,
-    nonce_sent: String,
+    sub: Subscription<Arc<str>>,
     sync: TypeSync,
 }
 
@@ -104,15 +104,20 @@ pub struct TypeSync {
 }
 
 impl TypeSync {
-    /// Records the proxy's answer to our last response; true for an ACK.
-    fn record(&mut self, answer: Answer) -> bool {
+    /// Records (and counts, and logs a rejection of) the proxy's answer to our last response
+    /// of `type_url`; false when the request is to be ignored (stale, or a NACK).
+    fn record(&mut self, answer: &Answer, type_url: &str, stats: &XdsStats) -> bool {
         match answer {
+            Answer::Fresh => true,
             Answer::Ack => {
+                stats.acks.fetch_add(1, Ordering::Relaxed);
                 self.acked = self.sent.clone();
                 true
             }
             Answer::Nack(why) => {
-                self.nacked = Some(why);
+                stats.nacks.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(type_url, error = %why, "proxy rejected config (NACK)");
+                self.nacked = Some(why.clone());
                 false
             }
             Answer::Stale => false,
@@ -233,7 +238,7 @@ impl Connection {
     fn response(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing> {
         let proxy = self.proxy.as_ref()?;
         let watch = self.watches.get_mut(type_url)?;
-        let resources = generate(push, proxy, type_url, &watch.names)?;
+        let resources = generate(push, proxy, type_url, &watch.sub.names)?;
         self.next_nonce += 1;
         let nonce = format!("{}-{}", push.version, self.next_nonce);
         let out = Outgoing::sotw(
@@ -242,7 +247,7 @@ impl Connection {
             &nonce,
             resources.into_iter().map(|n| n.resource).collect(),
         );
-        watch.nonce_sent = nonce;
+        watch.sub.nonce_sent = nonce;
         watch.sync.sent = Some(push.version.clone());
         Some(out)
     }
@@ -356,7 +361,7 @@ impl StreamState for Connection {
     fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool {
         self.watches
             .get(type_url)
-            .is_some_and(|w| w.names.iter().any(|n| names.contains(&**n)))
+            .is_some_and(|w| w.sub.names.iter().any(|n| names.contains(&**n)))
     }
     fn sync(&self) -> Option<ProxySync> {
         proxy_sync(self.proxy.as_ref(), false, &self.watches, |w| &w.sync)
@@ -657,36 +662,6 @@ fn node_labels(
         .collect()
 }
 
-/// How a request relates to our last response of its type.
-#[derive(Debug, PartialEq, Eq)]
-enum Answer {
-    Ack,
-    /// Rejected, with Envoy's error detail (logged and counted).
-    Nack(String),
-    /// Answers a response since superseded.
-    Stale,
-}
-
-/// Classifies a request that answers one of our responses.
-fn answer(
-    nonce: &str,
-    nonce_sent: &str,
-    error: Option<&envoy_types::pb::google::rpc::Status>,
-    type_url: &str,
-    stats: &XdsStats,
-) -> Answer {
-    if nonce != nonce_sent {
-        return Answer::Stale;
-    }
-    if let Some(err) = error {
-        stats.nacks.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(type_url, error = %err.message, "proxy rejected config (NACK)");
-        return Answer::Nack(err.message.clone());
-    }
-    stats.acks.fetch_add(1, Ordering::Relaxed);
-    Answer::Ack
-}
-
 fn handle_request(
     conn: &mut Connection,
     push: &PushContext,
@@ -695,23 +670,14 @@ fn handle_request(
 ) -> Result<Option<Outgoing>, Status> {
     identify(&mut conn.proxy, req.node.as_ref(), &conn.scope)?;
     let watch = conn.watches.entry(req.type_url.clone()).or_default();
-    if !req.nonce.is_empty() {
-        let answer = answer(
-            &req.nonce,
-            &watch.nonce_sent,
-            req.error.as_ref(),
-            &req.type_url,
-            stats,
-        );
-        if !watch.sync.record(answer) {
-            return Ok(None);
-        }
-        if watch.names == req.names {
-            return Ok(None);
-        }
+    let error = req.error.as_ref().map(|e| e.message.as_str());
+    let step = watch.sub.on_request(&req.nonce, error, req.names);
+    let (SotwStep::Ignore(answer) | SotwStep::Respond(answer)) = &step;
+    watch.sync.record(answer, &req.type_url, stats);
+    match step {
+        SotwStep::Respond(_) => Ok(conn.response(push, &req.type_url)),
+        SotwStep::Ignore(_) => Ok(None),
     }
-    watch.names = req.names;
-    Ok(conn.response(push, &req.type_url))
 }
 
 /// Types for which an empty subscription means "everything" (Envoy's legacy wildcard).
@@ -766,17 +732,10 @@ impl DeltaConnection {
             watch.wildcard = wildcard_by_default(&req.type_url) && req.subscribe.is_empty();
             watch.sent = req.initial.into_iter().collect();
         }
-        if !req.nonce.is_empty() {
-            let answer = answer(
-                &req.nonce,
-                &watch.nonce_sent,
-                req.error.as_ref(),
-                &req.type_url,
-                stats,
-            );
-            if !watch.sync.record(answer) {
-                return Ok(None);
-            }
+        let error = req.error.as_ref().map(|e| e.message.as_str());
+        let answer = answer(&req.nonce, &watch.nonce_sent, error);
+        if !watch.sync.record(&answer, &req.type_url, stats) {
+            return Ok(None);
         }
         let mut changed = first;
         for name in req.subscribe {
