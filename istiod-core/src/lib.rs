@@ -120,17 +120,12 @@ mod tests {
     #[test]
     fn debounce_durations_are_checked() {
         let env = |k: &str| (k == "PILOT_DEBOUNCE_AFTER").then(|| "fast".to_string());
-        assert!(
-            Debounce::from_env(&env)
-                .unwrap_err()
-                .contains("PILOT_DEBOUNCE_AFTER")
-        );
+        let e = config::debounce(&env).unwrap_err();
+        assert_eq!(e.name, "PILOT_DEBOUNCE_AFTER", "{e}");
         let huge = |k: &str| (k == "PILOT_DEBOUNCE_MAX").then(|| "9999999999999999h".to_string());
-        let e = Debounce::from_env(&huge).unwrap_err();
-        assert!(
-            e.contains("PILOT_DEBOUNCE_MAX") && e.contains("largest"),
-            "{e}"
-        );
+        let e = config::debounce(&huge).unwrap_err();
+        assert_eq!(e.name, "PILOT_DEBOUNCE_MAX", "{e}");
+        assert!(e.to_string().contains("largest"), "{e}");
     }
 }
 
@@ -450,12 +445,6 @@ impl Default for Debounce {
 pub use mesh_common::{DurationError, parse_go_duration};
 
 impl Debounce {
-    /// From PILOT_DEBOUNCE_AFTER and PILOT_DEBOUNCE_MAX (`config::debounce`); an unparsable
-    /// value is an error naming the variable.
-    pub fn from_env(lookup: config::Lookup) -> Result<Debounce, String> {
-        config::debounce(lookup).map_err(|e| e.to_string())
-    }
-
     /// Called after a first event: returns once `after` passes with no new event, or `max`
     /// after the call; false if the event source closed.
     pub async fn settle(&self, events: &mut tokio::sync::mpsc::Receiver<()>) -> bool {

@@ -355,8 +355,8 @@ impl Config {
             app_metrics,
             dns,
             identity,
-            debounce: istiod_core::Debounce::from_env(lookup)
-                .map_err(|e| err("PILOT_DEBOUNCE_AFTER/PILOT_DEBOUNCE_MAX", "", &e))?,
+            debounce: istiod_core::config::debounce(lookup)
+                .map_err(|e| err(e.name, &e.value, &e.expected))?,
             cache_check: lifecycle.cache_check,
             scope_gateway_to_namespace: istiod_core::config::scope_gateway_to_namespace(lookup),
         })
