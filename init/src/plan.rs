@@ -419,68 +419,23 @@ fn proxy_owner_rules(c: &Ctx, b: &mut Builder) {
     for (kind, id) in &c.owners {
         // The app calling itself through a service VIP: Envoy's outbound connection to the
         // pod's own address goes over lo and must be treated as inbound.
+        let mut args = vec!["-o", "lo", "!", "-d", &c.loopback, "-p", "tcp"];
         if c.redirect_dns && *kind == "--uid-owner" {
-            b.nat(
-                ISTIO_OUTPUT,
-                &[
-                    "-o",
-                    "lo",
-                    "!",
-                    "-d",
-                    &c.loopback,
-                    "-p",
-                    "tcp",
-                    "-m",
-                    "multiport",
-                    "!",
-                    "--dports",
-                    &dns_tunnel_ports,
-                    "-m",
-                    "owner",
-                    kind,
-                    id,
-                    "-j",
-                    ISTIO_IN_REDIRECT,
-                ],
-            );
+            args.extend(["-m", "multiport", "!", "--dports", &dns_tunnel_ports]);
         } else {
-            b.nat(
-                ISTIO_OUTPUT,
-                &[
-                    "-o",
-                    "lo",
-                    "!",
-                    "-d",
-                    &c.loopback,
-                    "-p",
-                    "tcp",
-                    "!",
-                    "--dport",
-                    &c.tunnel,
-                    "-m",
-                    "owner",
-                    kind,
-                    id,
-                    "-j",
-                    ISTIO_IN_REDIRECT,
-                ],
-            );
+            args.extend(["!", "--dport", &c.tunnel]);
         }
+        args.extend(["-m", "owner", kind, id, "-j", ISTIO_IN_REDIRECT]);
+        b.nat(ISTIO_OUTPUT, &args);
+        // The app calling itself directly over lo is not captured (its DNS still is, when DNS
+        // is redirected).
         if !include_has_loopback {
+            let mut args = vec!["-o", "lo"];
             if c.redirect_dns {
-                b.nat(
-                    ISTIO_OUTPUT,
-                    &[
-                        "-o", "lo", "-p", "tcp", "!", "--dport", "53", "-m", "owner", "!", kind,
-                        id, "-j", "RETURN",
-                    ],
-                );
-            } else {
-                b.nat(
-                    ISTIO_OUTPUT,
-                    &["-o", "lo", "-m", "owner", "!", kind, id, "-j", "RETURN"],
-                );
+                args.extend(["-p", "tcp", "!", "--dport", "53"]);
             }
+            args.extend(["-m", "owner", "!", kind, id, "-j", "RETURN"]);
+            b.nat(ISTIO_OUTPUT, &args);
         }
         b.nat(ISTIO_OUTPUT, &["-m", "owner", kind, id, "-j", "RETURN"]);
     }

@@ -95,6 +95,11 @@ pub fn scope_gateway_to_namespace(lookup: Lookup) -> bool {
     flag(lookup, env::PILOT_SCOPE_GATEWAY_TO_NAMESPACE, true)
 }
 
+/// ISTIOD_CACHE_CHECK (`true` or `1`).
+pub fn cache_check(lookup: Lookup) -> bool {
+    flag(lookup, env::ISTIOD_CACHE_CHECK, false)
+}
+
 /// What istiod-core takes from its environment (`env`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PilotEnv {
@@ -134,7 +139,7 @@ impl PilotEnv {
             )?
             .unwrap_or(crate::autoregister::DEFAULT_GRACE),
             scope_gateway_to_namespace: scope_gateway_to_namespace(lookup),
-            cache_check: flag(lookup, env::ISTIOD_CACHE_CHECK, false),
+            cache_check: cache_check(lookup),
         })
     }
 }

@@ -38,4 +38,3 @@ pub const ECC_CURVE: &str = "ECC_CURVE";
 pub const WORKLOAD_RSA_KEY_SIZE: &str = "WORKLOAD_RSA_KEY_SIZE";
 pub const FILE_MOUNTED_CERTS: &str = "FILE_MOUNTED_CERTS";
 pub const OUTPUT_CERTS: &str = "OUTPUT_CERTS";
-pub const ISTIOD_CACHE_CHECK: &str = "ISTIOD_CACHE_CHECK";

@@ -618,7 +618,7 @@ impl Lifecycle {
             ),
             _ => None,
         };
-        let cache_check = lookup(env::ISTIOD_CACHE_CHECK).is_some_and(|v| v == "true" || v == "1");
+        let cache_check = istiod_core::config::cache_check(lookup);
         Ok(Lifecycle {
             delta_xds,
             exit_on_zero_active_connections,

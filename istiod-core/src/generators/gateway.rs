@@ -627,12 +627,7 @@ fn route_config(
             ..Default::default()
         });
     }
-    RouteConfiguration {
-        name: name.to_string(),
-        virtual_hosts,
-        validate_clusters: Some(BoolValue { value: false }),
-        ..Default::default()
-    }
+    super::route::route_configuration(name, virtual_hosts)
 }
 
 /// The virtual hosts of one server: the routes of each VirtualService bound to it, by host.

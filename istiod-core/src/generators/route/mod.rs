@@ -195,6 +195,20 @@ fn service_routes(ctx: http::Ctx, svc: &Service) -> Vec<Route> {
     }
 }
 
+/// A route configuration as Istio writes it: clusters are not validated, so a route to a
+/// cluster Envoy has not received yet does not reject the whole configuration.
+pub(super) fn route_configuration(
+    name: &str,
+    virtual_hosts: Vec<VirtualHost>,
+) -> RouteConfiguration {
+    RouteConfiguration {
+        name: name.to_string(),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
 fn route_config(
     push: &PushContext,
     name: &str,
@@ -223,12 +237,7 @@ fn route_config(
                 ..Default::default()
             });
         }
-        return RouteConfiguration {
-            name: name.to_string(),
-            virtual_hosts,
-            validate_clusters: Some(BoolValue { value: false }),
-            ..Default::default()
-        };
+        return route_configuration(name, virtual_hosts);
     }
     if let Ok(port_number) = name.parse::<u16>() {
         let ctx = http::Ctx {
@@ -276,12 +285,7 @@ fn route_config(
             ..Default::default()
         }
     });
-    RouteConfiguration {
-        name: name.to_string(),
-        virtual_hosts,
-        validate_clusters: Some(BoolValue { value: false }),
-        ..Default::default()
-    }
+    route_configuration(name, virtual_hosts)
 }
 
 /// Virtual hosts for VirtualService hosts that are no service on this port (an external name
