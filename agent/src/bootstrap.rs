@@ -53,6 +53,47 @@ fn pipe_cluster(name: &str, path: &str, extra: Value) -> Value {
     c
 }
 
+/// A protobuf JSON duration (`10.000000000s`).
+fn proto_duration(d: std::time::Duration) -> String {
+    format!("{}.{:09}s", d.as_secs(), d.subsec_nanos())
+}
+
+/// ProxyConfig tracing.zipkin as Istio 1.5's bootstrap wrote it: a STRICT_DNS `zipkin` cluster
+/// (refreshed at `--dnsRefreshRate`) and Envoy's Zipkin tracer posting JSON v2 spans to it. The
+/// tracer only records spans of HTTP listeners whose connection manager turns tracing on.
+fn zipkin(address: &str, cfg: &Config, ipv6: bool) -> Option<(Value, Value)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let cluster = json!({
+        "name": "zipkin",
+        "type": "STRICT_DNS",
+        "respect_dns_ttl": true,
+        "dns_lookup_family": if ipv6 { "V6_ONLY" } else { "V4_ONLY" },
+        "dns_refresh_rate": proto_duration(cfg.dns_refresh_rate),
+        "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",
+        "load_assignment": {
+            "cluster_name": "zipkin",
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": socket_address(host, port) } }] }]
+        }
+    });
+    let tracing = json!({
+        "http": {
+            "name": "envoy.tracers.zipkin",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.config.trace.v3.ZipkinConfig",
+                "collector_cluster": "zipkin",
+                "collector_endpoint": "/api/v2/spans",
+                "collector_endpoint_version": "HTTP_JSON",
+                "trace_id_128bit": true,
+                "shared_span_context": false
+            }
+        }
+    });
+    Some((cluster, tracing))
+}
+
 /// A static HTTP listener routing one path prefix to one cluster. In a pod with an IPv6
 /// address it listens on `::` and also accepts IPv4 (`ipv4_compat`), so kubelet can probe 15021
 /// over either family.
@@ -139,6 +180,26 @@ pub fn render(cfg: &Config) -> Value {
 
 fn render_default(cfg: &Config) -> Value {
     let ipv6 = cfg.instance_ips.iter().any(std::net::IpAddr::is_ipv6);
+    let mut b = render_base(cfg, ipv6);
+    if let Some((cluster, tracing)) = cfg
+        .zipkin_address
+        .as_deref()
+        .and_then(|a| zipkin(a, cfg, ipv6))
+    {
+        if let Some(clusters) = b
+            .pointer_mut("/static_resources/clusters")
+            .and_then(Value::as_array_mut)
+        {
+            clusters.push(cluster);
+        }
+        if let Some(obj) = b.as_object_mut() {
+            obj.insert("tracing".into(), tracing);
+        }
+    }
+    b
+}
+
+fn render_base(cfg: &Config, ipv6: bool) -> Value {
     let xds_socket = cfg.xds_socket_path().display().to_string();
     let ads_source =
         json!({ "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" });
@@ -203,7 +264,8 @@ fn render_default(cfg: &Config) -> Value {
                         { "priority": "HIGH", "max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000 }
                     ] },
                     "upstream_connection_options": { "tcp_keepalive": { "keepalive_time": 300 } },
-                    "max_requests_per_connection": 1
+                    "max_requests_per_connection": 1,
+                    "connect_timeout": cfg.connect_timeout.map_or_else(|| "1s".to_string(), proto_duration)
                 })),
             ],
             "listeners": [
@@ -249,6 +311,36 @@ mod tests {
         assert_eq!(
             back["admin"]["address"]["socket_address"]["address"],
             "127.0.0.1"
+        );
+    }
+
+    #[test]
+    fn zipkin_and_connect_timeout_as_istio_1_5_wrote_them() {
+        let mut cfg = config(&[]);
+        let b = render(&cfg);
+        assert!(b.get("tracing").is_none());
+        assert_eq!(
+            b["static_resources"]["clusters"][3]["connect_timeout"],
+            "1s"
+        );
+        cfg.zipkin_address = Some("zipkin.istio-system:9411".into());
+        cfg.connect_timeout = Some(std::time::Duration::from_millis(10_500));
+        cfg.dns_refresh_rate = std::time::Duration::from_secs(30);
+        let b = render(&cfg);
+        let clusters = b["static_resources"]["clusters"].as_array().unwrap();
+        assert_eq!(clusters[3]["name"], "xds-grpc");
+        assert_eq!(clusters[3]["connect_timeout"], "10.500000000s");
+        let zipkin = clusters.iter().find(|c| c["name"] == "zipkin").unwrap();
+        assert_eq!(zipkin["type"], "STRICT_DNS");
+        assert_eq!(zipkin["dns_refresh_rate"], "30.000000000s");
+        assert_eq!(
+            zipkin["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+                ["address"],
+            "zipkin.istio-system"
+        );
+        assert_eq!(
+            b["tracing"]["http"]["typed_config"]["collector_cluster"],
+            "zipkin"
         );
     }
 

@@ -31,6 +31,8 @@ pub fn args(cfg: &Config, bootstrap: &Path) -> Vec<String> {
         bootstrap.display().to_string(),
         "--drain-time-s".into(),
         cfg.drain_duration.as_secs().to_string(),
+        "--parent-shutdown-time-s".into(),
+        cfg.parent_shutdown_duration.as_secs().to_string(),
         "--drain-strategy".into(),
         "immediate".into(),
         "--local-address-ip-version".into(),

@@ -35,7 +35,7 @@ pub async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Statu
     let uri = format!("{scheme}://{address}");
     let mut endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
         .map_err(|e| Status::invalid_argument(format!("control plane address {address}: {e}")))?
-        .connect_timeout(std::time::Duration::from_secs(5))
+        .connect_timeout(cfg.connect_timeout)
         .keep_alive_while_idle(true)
         .http2_keep_alive_interval(std::time::Duration::from_secs(30))
         .keep_alive_timeout(std::time::Duration::from_secs(10));

@@ -446,8 +446,28 @@ pub fn summary(cert: &WorkloadCert) -> serde_json::Value {
             })
             .collect()
     };
+    // The leaf's URI SANs: the SPIFFE identity the CA granted.
+    let uri_sans: Vec<String> = split_pem(&cert.chain_pem)
+        .first()
+        .and_then(|p| x509_parser::pem::parse_x509_pem(p.as_bytes()).ok())
+        .and_then(|(_, p)| {
+            let (_, c) = X509Certificate::from_der(&p.contents).ok()?;
+            let san = c.subject_alternative_name().ok()??;
+            Some(
+                san.value
+                    .general_names
+                    .iter()
+                    .filter_map(|n| match n {
+                        x509_parser::extensions::GeneralName::URI(u) => Some(u.to_string()),
+                        _ => None,
+                    })
+                    .collect(),
+            )
+        })
+        .unwrap_or_default();
     serde_json::json!({
         "serial": cert.serial,
+        "uri_sans": uri_sans,
         "not_before_unix": unix(cert.not_before),
         "not_after_unix": unix(cert.not_after),
         "seconds_left": seconds_left(cert),

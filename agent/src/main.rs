@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use pilot_agent::config::legacy_flags::LegacyFlags;
 use pilot_agent::config::{Config, ProxyArgs, envoy_user, process_env};
 
 /// Exit code for any error, as Istio's pilot-agent (`os.Exit(-1)`).
@@ -53,6 +54,9 @@ enum Command {
         outlier_log_path: Option<String>,
         #[arg(long, num_args = 0..=1, default_missing_value = "true")]
         profiling: Option<String>,
+        /// Istio 1.5's injector flags; each sets its ProxyConfig field.
+        #[command(flatten)]
+        legacy: LegacyFlags,
     },
     /// Program iptables for traffic capture (same flags as istio-iptables).
     #[command(name = "istio-iptables", disable_help_flag = true)]
@@ -143,6 +147,40 @@ fn drop_unknown_proxy_flags(argv: Vec<String>) -> Vec<String> {
         out.push(arg);
     }
     out
+}
+
+/// The config's view of `proxy`'s command line.
+fn proxy_args(command: Command) -> Option<ProxyArgs> {
+    let Command::Proxy {
+        proxy_type,
+        config_dir,
+        domain,
+        mesh_config,
+        service_cluster,
+        proxy_log_level,
+        proxy_component_log_level,
+        concurrency,
+        template_file,
+        legacy,
+        ..
+    } = command
+    else {
+        return None;
+    };
+    Some(ProxyArgs {
+        proxy_type,
+        domain,
+        service_cluster,
+        proxy_log_level,
+        proxy_component_log_level,
+        concurrency,
+        config_dir,
+        mesh_config: Some(mesh_config),
+        pod_info_dir: Some(PathBuf::from("./etc/istio/pod")),
+        template_file: template_file.map(PathBuf::from),
+        resolv_conf: None,
+        legacy,
+    })
 }
 
 fn uid_of(user: &str) -> Option<u32> {
@@ -247,30 +285,9 @@ fn main() {
     };
     let result: anyhow::Result<()> = runtime.block_on(async {
         match cli.command {
-            Command::Proxy {
-                proxy_type,
-                config_dir,
-                domain,
-                mesh_config,
-                service_cluster,
-                proxy_log_level,
-                proxy_component_log_level,
-                concurrency,
-                template_file,
-                ..
-            } => {
-                let args = ProxyArgs {
-                    proxy_type,
-                    domain,
-                    service_cluster,
-                    proxy_log_level,
-                    proxy_component_log_level,
-                    concurrency,
-                    config_dir,
-                    mesh_config: Some(mesh_config),
-                    pod_info_dir: Some(PathBuf::from("./etc/istio/pod")),
-                    template_file: template_file.map(PathBuf::from),
-                    resolv_conf: None,
+            Command::Proxy { .. } => {
+                let Some(args) = proxy_args(cli.command) else {
+                    return Ok(());
                 };
                 let cfg = Config::from_process_env(&args, &uid_of)?;
                 pilot_agent::run(cfg).await?;
@@ -297,5 +314,183 @@ fn main() {
     if let Err(e) = result {
         eprintln!("pilot-agent: {e}");
         std::process::exit(ERROR_CODE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use pilot_agent::config::{ControlPlaneSource, Inputs};
+
+    use super::*;
+
+    /// The istio-proxy args of Istio 1.5's injector (a `kubectl describe pod` of a 1.5.0 pod),
+    /// with `$(POD_NAMESPACE)` expanded as kubelet does.
+    const ISTIO_1_5_ARGV: &str = "pilot-agent proxy sidecar --domain default.svc.cluster.local \
+        --configPath /etc/istio/proxy --binaryPath /usr/local/bin/envoy \
+        --serviceCluster sidecar-test.default --drainDuration 45s --parentShutdownDuration 1m0s \
+        --discoveryAddress istiod.istio-system.svc:15012 --zipkinAddress zipkin.istio-system:9411 \
+        --proxyLogLevel=warning --proxyComponentLogLevel=misc:error --connectTimeout 10s \
+        --proxyAdminPort 15000 --concurrency 2 --controlPlaneAuthPolicy NONE \
+        --dnsRefreshRate 300s --statusPort 15020 --trust-domain=cluster.local \
+        --controlPlaneBootstrap=false";
+
+    fn parse(argv: &str) -> Result<Config, pilot_agent::config::ConfigError> {
+        let argv: Vec<String> = argv.split_whitespace().map(String::from).collect();
+        let kept = drop_unknown_proxy_flags(argv.clone());
+        assert_eq!(kept, argv, "a flag was dropped as unknown");
+        let args = proxy_args(Cli::try_parse_from(kept).unwrap().command).unwrap();
+        let inputs = Inputs {
+            labels: None,
+            annotations: None,
+            mesh_config: None,
+            resolv_conf: Ok(None),
+            mounted_certs: Default::default(),
+        };
+        let env: Vec<(String, String)> = [
+            ("POD_NAME", "sidecar-test"),
+            ("POD_NAMESPACE", "default"),
+            ("INSTANCE_IP", "10.1.1.84"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let lookup = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        Config::parse(&args, &inputs, &lookup, &env, &|_| None)
+    }
+
+    #[test]
+    fn istio_1_5_injector_argv_sets_proxy_config() {
+        let c = parse(ISTIO_1_5_ARGV).unwrap();
+        assert_eq!(c.proxy_type, "sidecar");
+        assert_eq!(c.dns_domain, "default.svc.cluster.local");
+        assert_eq!(c.config_path, PathBuf::from("/etc/istio/proxy"));
+        assert_eq!(c.binary_path, PathBuf::from("/usr/local/bin/envoy"));
+        assert_eq!(c.service_cluster, "sidecar-test.default");
+        assert_eq!(c.drain_duration, Duration::from_secs(45));
+        assert_eq!(c.parent_shutdown_duration, Duration::from_secs(60));
+        assert_eq!(
+            c.control_plane,
+            ControlPlaneSource::Remote {
+                address: "istiod.istio-system.svc:15012".into()
+            }
+        );
+        assert_eq!(
+            c.zipkin_address.as_deref(),
+            Some("zipkin.istio-system:9411")
+        );
+        assert_eq!(c.proxy_log_level, "warning");
+        assert_eq!(c.proxy_component_log_level, "misc:error");
+        assert_eq!(c.connect_timeout, Some(Duration::from_secs(10)));
+        assert_eq!(c.admin_port, 15000);
+        assert_eq!(c.concurrency, Some(2));
+        assert_eq!(c.dns_refresh_rate, Duration::from_secs(300));
+        assert_eq!(c.status_port, 15020);
+        assert_eq!(c.identity.identity.trust_domain, "cluster.local");
+        let xds = c.xds_client.unwrap();
+        // NONE, but 15012 is istiod's TLS-only port: Istio 1.5 dialled it over TLS too.
+        assert!(xds.tls);
+        assert_eq!(xds.connect_timeout, Duration::from_secs(10));
+        assert_eq!(c.proxy_config_json["controlPlaneAuthPolicy"], "NONE");
+        assert_eq!(
+            c.proxy_config_json["tracing"]["zipkin"]["address"],
+            "zipkin.istio-system:9411"
+        );
+
+        // The same argv with other values: each flag reaches its field.
+        let c = parse(
+            &ISTIO_1_5_ARGV
+                .replace("/etc/istio/proxy", "/var/lib/proxy")
+                .replace("/usr/local/bin/envoy", "/opt/envoy")
+                .replace("--drainDuration 45s", "--drainDuration 7s")
+                .replace("1m0s", "1m30s")
+                .replace("istiod.istio-system.svc:15012", "10.0.0.9:15011")
+                .replace("zipkin.istio-system:9411", "10.0.0.7:9411")
+                .replace("--connectTimeout 10s", "--connectTimeout 250ms")
+                .replace("--proxyAdminPort 15000", "--proxyAdminPort 15100")
+                .replace("--concurrency 2", "--concurrency 3")
+                .replace("--dnsRefreshRate 300s", "--dnsRefreshRate 30s")
+                .replace("--statusPort 15020", "--statusPort 15120")
+                .replace("--trust-domain=cluster.local", "--trust-domain=example.org"),
+        )
+        .unwrap();
+        assert_eq!(c.config_path, PathBuf::from("/var/lib/proxy"));
+        assert_eq!(c.binary_path, PathBuf::from("/opt/envoy"));
+        assert_eq!(c.drain_duration, Duration::from_secs(7));
+        assert_eq!(c.parent_shutdown_duration, Duration::from_secs(90));
+        assert_eq!(
+            c.control_plane,
+            ControlPlaneSource::Remote {
+                address: "10.0.0.9:15011".into()
+            }
+        );
+        assert_eq!(c.zipkin_address.as_deref(), Some("10.0.0.7:9411"));
+        assert_eq!(c.connect_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(c.admin_port, 15100);
+        assert_eq!(c.concurrency, Some(3));
+        assert_eq!(c.dns_refresh_rate, Duration::from_secs(30));
+        assert_eq!(c.status_port, 15120);
+        assert_eq!(c.identity.identity.trust_domain, "example.org");
+        // NONE on another port: plaintext.
+        assert!(!c.xds_client.unwrap().tls);
+    }
+
+    #[test]
+    fn a_bad_legacy_flag_is_named_with_its_value() {
+        for (from, to, flag) in [
+            (
+                "--drainDuration 45s",
+                "--drainDuration 45",
+                "--drainDuration",
+            ),
+            ("1m0s", "NaNs", "--parentShutdownDuration"),
+            (
+                "--connectTimeout 10s",
+                "--connectTimeout 9999999999999999h",
+                "--connectTimeout",
+            ),
+            (
+                "--proxyAdminPort 15000",
+                "--proxyAdminPort 70000",
+                "--proxyAdminPort",
+            ),
+            ("--statusPort 15020", "--statusPort x", "--statusPort"),
+            ("NONE", "TLS", "--controlPlaneAuthPolicy"),
+            (
+                "--dnsRefreshRate 300s",
+                "--dnsRefreshRate 0s",
+                "--dnsRefreshRate",
+            ),
+            (
+                "istiod.istio-system.svc:15012",
+                "istiod",
+                "--discoveryAddress",
+            ),
+            ("zipkin.istio-system:9411", "zipkin", "--zipkinAddress"),
+            (
+                "--controlPlaneBootstrap=false",
+                "--controlPlaneBootstrap=maybe",
+                "--controlPlaneBootstrap",
+            ),
+            (
+                "--trust-domain=cluster.local",
+                "--trust-domain=a/b",
+                "--trust-domain",
+            ),
+        ] {
+            let argv = ISTIO_1_5_ARGV.replace(from, to);
+            let e = parse(&argv).unwrap_err();
+            assert!(e.input.starts_with(flag), "{to}: {e}");
+            let bad = to.rsplit([' ', '=']).next().unwrap();
+            assert!(e.to_string().contains(bad), "{to}: {e}");
+        }
+        // Istio 1.5 rendered --templateFile as a Go template when controlPlaneBootstrap was true.
+        let e = parse(&format!(
+            "{} --templateFile /t.yaml",
+            ISTIO_1_5_ARGV.replace("--controlPlaneBootstrap=false", "--controlPlaneBootstrap")
+        ))
+        .unwrap_err();
+        assert_eq!(e.input, "--controlPlaneBootstrap");
     }
 }

@@ -71,6 +71,19 @@ fn cases() -> Vec<(&'static str, Config)> {
         },
     );
     let _ = std::fs::remove_dir_all(&dir);
+    // Istio 1.5's injector flags: the Zipkin tracer and cluster, connectTimeout on xds-grpc.
+    let istio_1_5 = config_with(
+        &base,
+        ProxyArgs {
+            legacy: pilot_agent::config::legacy_flags::LegacyFlags {
+                zipkin_address: Some("zipkin.istio-system:9411".into()),
+                connect_timeout: Some("10s".into()),
+                dns_refresh_rate: Some("300s".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
     let mut dual = base.to_vec();
     dual[2] = ("INSTANCE_IP", "fd00:1::3,10.1.2.3");
     vec![
@@ -79,6 +92,7 @@ fn cases() -> Vec<(&'static str, Config)> {
         ("custom-template", custom),
         ("sotw", config(&sotw)),
         ("hostile", config(&hostile)),
+        ("istio-1.5-flags", istio_1_5),
     ]
 }
 

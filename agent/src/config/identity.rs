@@ -112,6 +112,8 @@ pub struct Workload<'a> {
     pub service_account: &'a str,
     pub control_plane: &'a ControlPlaneSource,
     pub mounted: MountedCerts,
+    /// `--trust-domain`, which wins over TRUST_DOMAIN.
+    pub trust_domain_flag: Option<&'a str>,
 }
 
 impl IdentityConfig {
@@ -123,11 +125,17 @@ impl IdentityConfig {
         workload: &Workload<'_>,
     ) -> Result<IdentityConfig, ConfigError> {
         let set = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let trust_domain = set(env::TRUST_DOMAIN).unwrap_or_else(|| "cluster.local".to_string());
+        let (td_input, trust_domain) = match workload.trust_domain_flag {
+            Some(flag) => ("--trust-domain", flag.to_string()),
+            None => (
+                env::TRUST_DOMAIN,
+                set(env::TRUST_DOMAIN).unwrap_or_else(|| "cluster.local".to_string()),
+            ),
+        };
         let (namespace, service_account) = (workload.namespace, workload.service_account);
         let identity = Identity::new(&trust_domain, namespace, service_account).map_err(|e| {
             err(
-                "TRUST_DOMAIN/POD_NAMESPACE/SERVICE_ACCOUNT",
+                &format!("{td_input}/POD_NAMESPACE/SERVICE_ACCOUNT"),
                 &format!("{trust_domain}/{namespace}/{service_account}"),
                 &e.to_string(),
             )

@@ -5,6 +5,7 @@
 pub mod env;
 pub mod identity;
 pub mod inputs;
+pub mod legacy_flags;
 pub mod metrics;
 pub mod probes;
 mod proxy_config;
@@ -66,6 +67,14 @@ pub struct Config {
     pub config_path: PathBuf,
     pub binary_path: PathBuf,
     pub drain_duration: Duration,
+    /// ProxyConfig parentShutdownDuration (60s): Envoy's `--parent-shutdown-time-s`.
+    pub parent_shutdown_duration: Duration,
+    /// ProxyConfig connectTimeout: the bootstrap xds-grpc cluster's connect timeout (1s unset).
+    pub connect_timeout: Option<Duration>,
+    /// ProxyConfig tracing.zipkin.address: a Zipkin tracer and cluster in the bootstrap.
+    pub zipkin_address: Option<String>,
+    /// `--dnsRefreshRate`: the bootstrap's STRICT_DNS clusters' refresh rate (300s).
+    pub dns_refresh_rate: Duration,
     pub termination_drain_duration: Duration,
     pub admin_port: u16,
     pub status_port: u16,
@@ -206,6 +215,8 @@ pub struct ProxyArgs {
     pub template_file: Option<PathBuf>,
     /// The resolv.conf whose nameservers the DNS proxy forwards to (/etc/resolv.conf).
     pub resolv_conf: Option<PathBuf>,
+    /// Istio 1.5's injector flags (`--drainDuration`, `--discoveryAddress`, ...).
+    pub legacy: legacy_flags::LegacyFlags,
 }
 
 /// Parses a Kubernetes downward-API file (`key="value"` per line, values Go-quoted).
@@ -268,7 +279,10 @@ impl Config {
         let mut labels = downward_api(inputs.labels.as_deref());
         labels.remove("pod-template-hash");
         let annotations = downward_api(inputs.annotations.as_deref());
-        let (pc, merged) = proxy_config(inputs, lookup, &annotations)?;
+        let (mut pc, mut merged) = proxy_config(inputs, lookup, &annotations)?;
+        let flags = args
+            .legacy
+            .apply(&mut pc, &mut merged, args.template_file.is_some())?;
         let metadata_json = metadata_json(env_vars, &mut labels)?;
         let (bootstrap_override, bootstrap_template) = bootstrap_fragments(args, lookup, &merged)?;
         let locality = Locality::from_labels(&labels);
@@ -280,9 +294,12 @@ impl Config {
             _ => None,
         };
         let control_plane = control_plane(args, inputs, &pc);
+        let connect_timeout = optional_duration("connectTimeout", &pc.connect_timeout)?;
         let xds_client = match &control_plane {
             ControlPlaneSource::Remote { address } => {
-                Some(XdsClientConfig::from_env(address, lookup, env_vars)?)
+                let mut client = XdsClientConfig::from_env(address, lookup, env_vars)?;
+                client.apply_proxy_config(address, &pc, connect_timeout)?;
+                Some(client)
             }
             ControlPlaneSource::Embedded { .. } => None,
         };
@@ -292,6 +309,7 @@ impl Config {
             service_account: &service_account,
             control_plane: &control_plane,
             mounted: inputs.mounted_certs,
+            trust_domain_flag: flags.trust_domain.as_deref(),
         };
         let identity = IdentityConfig::from_env(lookup, env_vars, &workload)?;
         let lifecycle = Lifecycle::from_env(lookup)?;
@@ -321,6 +339,14 @@ impl Config {
                     .unwrap_or_else(|| "/usr/local/bin/envoy".into()),
             ),
             drain_duration: proxy_duration("drainDuration", &pc.drain_duration, 45)?,
+            parent_shutdown_duration: proxy_duration(
+                "parentShutdownDuration",
+                &pc.parent_shutdown_duration,
+                60,
+            )?,
+            connect_timeout,
+            zipkin_address: legacy_flags::zipkin_address(&pc)?,
+            dns_refresh_rate: flags.dns_refresh_rate,
             termination_drain_duration: proxy_duration(
                 "terminationDrainDuration",
                 &pc.termination_drain_duration,
@@ -577,6 +603,13 @@ fn proxy_duration(field: &str, v: &Option<String>, default: u64) -> Result<Durat
         Some(raw) => parse_duration(&format!("ProxyConfig.{field}"), raw),
         None => Ok(Duration::from_secs(default)),
     }
+}
+
+/// A ProxyConfig duration field that has no default.
+fn optional_duration(field: &str, v: &Option<String>) -> Result<Option<Duration>, ConfigError> {
+    v.as_deref()
+        .map(|raw| parse_duration(&format!("ProxyConfig.{field}"), raw))
+        .transpose()
 }
 
 /// ENVOY_USER: the user Envoy runs as when the agent is root (istio-proxy).

@@ -21,12 +21,25 @@ pub(super) struct ProxyConfigOverlay {
     pub(super) control_plane_auth_policy: Option<String>,
     pub(super) stat_name_length: Option<u32>,
     pub(super) proxy_metadata: Option<std::collections::BTreeMap<String, String>>,
+    pub(super) parent_shutdown_duration: Option<String>,
+    pub(super) connect_timeout: Option<String>,
+    pub(super) tracing: Option<Tracing>,
+}
+
+/// ProxyConfig `tracing`: of its tracers only Zipkin is acted on (written into the bootstrap).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(super) struct Tracing {
+    pub(super) zipkin: Option<Zipkin>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(super) struct Zipkin {
+    pub(super) address: Option<String>,
 }
 
 /// ProxyConfig fields (istio/api mesh/v1alpha1/proxy.proto) the agent accepts without acting on
 /// them yet; anything else is a typo and rejected.
-const KNOWN_UNUSED_FIELDS: [&str; 29] = [
-    "parentShutdownDuration",
+const KNOWN_UNUSED_FIELDS: [&str; 27] = [
     "discoveryRefreshDelay",
     "zipkinAddress",
     "statsdUdpAddress",
@@ -35,7 +48,6 @@ const KNOWN_UNUSED_FIELDS: [&str; 29] = [
     "customConfigFile",
     "proxyBootstrapTemplatePath",
     "interceptionMode",
-    "tracing",
     "sds",
     "envoyAccessLogService",
     "envoyMetricsService",
@@ -57,7 +69,7 @@ const KNOWN_UNUSED_FIELDS: [&str; 29] = [
     "serviceClusterName",
 ];
 
-const USED_FIELDS: [&str; 12] = [
+const USED_FIELDS: [&str; 15] = [
     "configPath",
     "binaryPath",
     "serviceCluster",
@@ -70,6 +82,9 @@ const USED_FIELDS: [&str; 12] = [
     "controlPlaneAuthPolicy",
     "statNameLength",
     "proxyMetadata",
+    "parentShutdownDuration",
+    "connectTimeout",
+    "tracing",
 ];
 
 /// Applies one ProxyConfig source over `base`, and records its raw fields in `merged` (which
@@ -107,6 +122,15 @@ pub(super) fn overlay_into(
         }
     }
     merged.extend(fields.clone());
+    if fields.get("tracing").is_some_and(|t| {
+        t.as_object()
+            .is_some_and(|t| t.keys().any(|k| k != "zipkin"))
+    }) {
+        tracing::warn!(
+            source = input,
+            "ProxyConfig tracing: only tracing.zipkin is acted on (the bootstrap's Zipkin tracer)"
+        );
+    }
     let o: ProxyConfigOverlay = serde_json::from_value(value)
         .map_err(|e| err(input, &e.to_string(), "a ProxyConfig with supported fields"))?;
     macro_rules! take {
@@ -124,7 +148,11 @@ pub(super) fn overlay_into(
         concurrency,
         control_plane_auth_policy,
         stat_name_length,
-        proxy_metadata
+        proxy_metadata,
+        parent_shutdown_duration,
+        connect_timeout,
+        tracing
     );
+
     Ok(())
 }

@@ -2,6 +2,10 @@
 //! `xds_proxy.go` and CA client dial options, from the env.
 
 use std::path::PathBuf;
+use std::time::Duration;
+
+use super::legacy_flags::AuthPolicy;
+use super::proxy_config::ProxyConfigOverlay;
 
 use super::{ConfigError, env, err};
 
@@ -27,7 +31,12 @@ pub struct XdsClientConfig {
     pub token_path: PathBuf,
     /// gRPC metadata: ClusterID and the XDS_HEADER_* variables.
     pub headers: Vec<(String, String)>,
+    /// How long a dial may take (ProxyConfig connectTimeout, else 5s).
+    pub connect_timeout: Duration,
 }
+
+/// The dial timeout when ProxyConfig sets no connectTimeout.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Istio's token path for the control plane (a projected service-account token).
 pub const TOKEN_PATH: &str = "./var/run/secrets/tokens/istio-token";
@@ -101,6 +110,29 @@ impl XdsClientConfig {
             server_name,
             token_path: PathBuf::from(TOKEN_PATH),
             headers,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         })
+    }
+
+    /// ProxyConfig's say in the control plane dial: connectTimeout bounds it, and
+    /// controlPlaneAuthPolicy picks the transport as Istio 1.5's agent did: MUTUAL_TLS is TLS,
+    /// NONE is plaintext except on istiod's TLS-only port 15012 (1.5's `RequireCerts`). Without a
+    /// policy, TLS unless the port is 15010.
+    pub(super) fn apply_proxy_config(
+        &mut self,
+        address: &str,
+        pc: &ProxyConfigOverlay,
+        connect_timeout: Option<Duration>,
+    ) -> Result<(), ConfigError> {
+        if let Some(t) = connect_timeout {
+            self.connect_timeout = t;
+        }
+        if let Some(raw) = &pc.control_plane_auth_policy {
+            self.tls = match AuthPolicy::parse("ProxyConfig.controlPlaneAuthPolicy", raw)? {
+                AuthPolicy::MutualTls => true,
+                AuthPolicy::None => address.ends_with(":15012"),
+            };
+        }
+        Ok(())
     }
 }
