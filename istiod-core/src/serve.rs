@@ -224,6 +224,9 @@ pub async fn serve(
         ),
         None => None,
     };
+    if !serving_tls && token.is_none() {
+        warn_unauthenticated(grpc);
+    }
     tracing::info!(addr = %grpc, tls = serving_tls, token = token.is_some(), "serving xDS");
     let serving = server
         .add_optional_service(ca_service)
@@ -240,6 +243,20 @@ pub async fn serve(
         debug,
         serving: Box::pin(until_stopped(serving, tasks, stop)),
     })
+}
+
+/// Plaintext without a bearer token authenticates nobody: whoever reaches the port gets any
+/// proxy's config by naming it in a node id (every namespace's services, and a router's
+/// Secrets are only withheld because no caller is verified). Said at start, where an operator
+/// looks, not buried in the info line.
+fn warn_unauthenticated(grpc: SocketAddr) {
+    tracing::warn!(
+        addr = %grpc,
+        "UNAUTHENTICATED xDS: serving plaintext gRPC without --token-file, so any client that \
+         can reach {grpc} gets the mesh's config for any node id it names. Give --token-file (and \
+         the agents the same token), or TLS (--ca-dir on a port other than 15010, or \
+         --tls-cert/--tls-key), or keep the address on loopback"
+    );
 }
 
 fn local_addr(

@@ -195,23 +195,22 @@ struct Connection {
     next_nonce: u64,
 }
 
-/// The namespace a stream's caller is known to act for: in process (trusted: its node's),
-/// or the namespace of a verified client certificate (none without one). A router reads the
-/// Secrets of its namespace only when this is it.
+/// Who a stream's caller is known to be: in process (trusted: its node's namespace), or the
+/// identity of a verified client certificate (none without one, e.g. over plaintext or with a
+/// bearer token only). A certificate binds the stream to its namespace (`identify`), and a
+/// router reads the Secrets of its namespace only with one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 enum CallerScope {
     #[default]
     InProcess,
-    Verified(Option<String>),
+    Verified(Option<crate::ca::Identity>),
 }
 
 impl CallerScope {
     fn of(caller: &Caller) -> CallerScope {
         match caller {
             Caller::InProcess => CallerScope::InProcess,
-            Caller::Peer(identity) => {
-                CallerScope::Verified(identity.as_ref().map(|i| i.namespace.clone()))
-            }
+            Caller::Peer(identity) => CallerScope::Verified(identity.clone()),
         }
     }
 }
@@ -614,9 +613,27 @@ fn identify(
             Proxy::from_node_id(&node.id).map_err(|e| Status::invalid_argument(e.to_string()))?;
         p.labels = node_labels(node);
         p.auto_register_group = node_string(node, "AUTO_REGISTER_GROUP");
+        // Istio's checkConnectionIdentity: a client certificate speaks for its namespace only,
+        // so a workload of namespace A cannot ask for B's config (and B's Secrets) by naming B
+        // in its node id.
+        if let CallerScope::Verified(Some(id)) = scope
+            && id.namespace != p.namespace
+        {
+            tracing::warn!(
+                caller = %id,
+                proxy = %node.id,
+                caller_namespace = %id.namespace,
+                proxy_namespace = %p.namespace,
+                "xDS stream refused: the client certificate's namespace is not the node id's"
+            );
+            return Err(Status::permission_denied(format!(
+                "the client certificate is {id} (namespace {}), but node id {} names namespace {}",
+                id.namespace, node.id, p.namespace
+            )));
+        }
         p.reads_secrets = match scope {
             CallerScope::InProcess => true,
-            CallerScope::Verified(ns) => ns.as_deref() == Some(p.namespace.as_str()),
+            CallerScope::Verified(id) => id.is_some(),
         };
         tracing::info!(proxy = %node.id, "xds stream connected");
         *proxy = Some(p);

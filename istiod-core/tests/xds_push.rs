@@ -506,11 +506,17 @@ async fn only_the_groups_identity_may_register_over_the_network() {
         })
     };
     let id = |ns: &str, sa: &str| Some(Identity::new("cluster.local", ns, sa).unwrap());
-    for (caller, allowed) in [
-        (Caller::Peer(None), false),
-        (Caller::Peer(id("vms", "other-sa")), false),
-        (Caller::Peer(id("default", "vm-sa")), false),
-        (Caller::Peer(id("vms", "vm-sa")), true),
+    let group_sa = "spiffe://cluster.local/ns/vms/sa/vm-sa";
+    for (caller, allowed, reason) in [
+        (Caller::Peer(None), false, group_sa),
+        (Caller::Peer(id("vms", "other-sa")), false, group_sa),
+        // Refused before registration: the certificate's namespace is not the node's.
+        (
+            Caller::Peer(id("default", "vm-sa")),
+            false,
+            "names namespace vms",
+        ),
+        (Caller::Peer(id("vms", "vm-sa")), true, ""),
     ] {
         let (tx, rx) = mpsc::channel(1);
         tx.send(first("10.2.0.9")).await.unwrap();
@@ -527,11 +533,7 @@ async fn only_the_groups_identity_may_register_over_the_network() {
             Err(status) => {
                 assert!(!allowed, "{caller:?} refused: {status}");
                 assert_eq!(status.code(), tonic::Code::PermissionDenied);
-                assert!(
-                    status
-                        .message()
-                        .contains("spiffe://cluster.local/ns/vms/sa/vm-sa")
-                );
+                assert!(status.message().contains(reason), "{status}");
             }
         }
     }
