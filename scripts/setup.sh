@@ -90,4 +90,14 @@ else
   say "cargo install cargo-nextest"
   cargo install --locked cargo-nextest
 fi
+
+# cargo-deny checks the dependency graph (deny.toml) in scripts/test.sh. Built from crates.io:
+# about 6 minutes on 2 cores the first time, nothing after (the version check skips it).
+CARGO_DENY_VERSION="0.18.3"
+if cargo deny --version 2>/dev/null | grep -q " ${CARGO_DENY_VERSION}\$"; then
+  say "cargo-deny ${CARGO_DENY_VERSION}: present"
+else
+  say "cargo install cargo-deny ${CARGO_DENY_VERSION}"
+  cargo install --locked cargo-deny --version "$CARGO_DENY_VERSION"
+fi
 say "done"

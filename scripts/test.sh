@@ -11,6 +11,8 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo deny (deny.toml: advisories, bans, licenses, sources)"
+./scripts/deny.sh
 echo "== build (once, for all tests)"
 cargo build --workspace --bins --tests
 echo "== images (from the debug binaries, for the pod tests)"
