@@ -38,6 +38,8 @@ struct Entry {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DnsTable {
     names: HashMap<String, Entry>,
+    /// The NDS version it came from (what a NACK names as the last accepted).
+    pub version: String,
 }
 
 impl DnsTable {
@@ -85,7 +87,10 @@ impl DnsTable {
                 names.insert(format!("{}.", alias.to_ascii_lowercase()), entry.clone());
             }
         }
-        DnsTable { names }
+        DnsTable {
+            names,
+            version: String::new(),
+        }
     }
 
     /// The table as JSON (name → addresses), for `/debug/ndsz`.
