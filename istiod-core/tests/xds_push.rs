@@ -278,11 +278,17 @@ async fn responses_over_the_size_bound_end_the_stream() {
     let bounded = cp.xds().with_max_response_bytes(size - 1);
     let mut client = Client::new(&bounded, "10.1.0.50");
     client.request(CLUSTER_TYPE, &[], "").await;
-    let err = tokio::time::timeout(Duration::from_secs(10), client.rx.next())
+    let err = match tokio::time::timeout(Duration::from_secs(10), client.rx.next())
         .await
         .unwrap()
         .unwrap()
-        .unwrap_err();
+    {
+        Ok(r) => panic!(
+            "a response over the bound was sent ({} bytes)",
+            r.encoded_len()
+        ),
+        Err(e) => e,
+    };
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains(&format!("{size} bytes")), "{err:?}");
     assert!(client.rx.next().await.is_none(), "the stream went on");

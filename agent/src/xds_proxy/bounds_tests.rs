@@ -203,7 +203,13 @@ async fn a_response_over_the_configured_cap_closes_envoys_stream() {
     let outcome = tokio::time::timeout(WAIT, responses.message())
         .await
         .expect("the stream was left open");
-    let err = outcome.expect_err("a response over the cap reached Envoy");
+    let err = match outcome {
+        Ok(r) => panic!(
+            "a response over the cap reached Envoy (nonce {:?})",
+            r.map(|r| r.nonce)
+        ),
+        Err(e) => e,
+    };
     assert!(err.message().contains("too large"), "{err:?}");
 }
 
