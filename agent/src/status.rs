@@ -261,7 +261,7 @@ pub async fn bind(port: u16) -> std::io::Result<TcpListener> {
 }
 
 /// Serves until the drain completes, within the side-port limits (request head in 10 s, at most
-/// 64 KiB of it, 256 connections at once).
+/// 64 KiB of it, a body of at most 64 KiB, 256 connections at once).
 pub async fn serve(listener: TcpListener, state: State) {
     let drain = state.drain.clone();
     let state = Arc::new(state);
@@ -272,4 +272,67 @@ pub async fn serve(listener: TcpListener, state: State) {
         async move { drain.finished().await },
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = s.write_all(request).await;
+        let mut text = Vec::new();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), s.read_to_end(&mut text))
+            .await;
+        String::from_utf8_lossy(&text).into_owned()
+    }
+
+    /// 15020 is served within the side-port limits: an oversized head gets 431, and a control
+    /// request with an oversized body is refused (413) before it acts.
+    #[tokio::test]
+    async fn the_status_port_enforces_request_limits() {
+        let cfg = crate::config::Config::from_env(
+            &crate::config::ProxyArgs {
+                proxy_type: "sidecar".into(),
+                config_dir: Some("/m".into()),
+                ..Default::default()
+            },
+            &|_| None,
+            &[],
+            &|_| None,
+        )
+        .unwrap();
+        let drain = Drain::default();
+        let (_dns_tx, dns) = tokio::sync::watch::channel(None);
+        let (_certs_tx, certs) = tokio::sync::watch::channel(None);
+        let state = State::new(
+            &cfg,
+            drain.clone(),
+            Arc::new(crate::metrics::Metrics::new()),
+            dns,
+            certs,
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, state));
+
+        let text = exchange(
+            addr,
+            b"POST /quitquitquit HTTP/1.1\r\nHost: x\r\nContent-Length: 10485760\r\n\r\n",
+        )
+        .await;
+        assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+        assert!(
+            !drain.is_draining(),
+            "the refused request stopped the agent"
+        );
+
+        let head = format!(
+            "GET /debug/config HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(mesh_common::side_port::Limits::default().max_head_bytes)
+        );
+        let text = exchange(addr, head.as_bytes()).await;
+        assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+    }
 }

@@ -6,7 +6,10 @@
 //! serving its last config.
 //!
 //! Messages to and from a remote control plane are forwarded as bytes (a pass-through gRPC codec):
-//! only the `type_url` field of each response is read, to drop types Envoy does not use.
+//! each response's envelope is checked (`envelope`: garbage ends Envoy's stream with an error)
+//! and its `type_url` read, to drop types Envoy does not use.
+
+mod envelope;
 
 use mesh_common::grpc::{ADS_DELTA_PATH, ADS_SERVICE, ADS_SOTW_PATH};
 use std::path::{Path, PathBuf};
@@ -28,8 +31,6 @@ use tonic::{Status, Streaming};
 use crate::config::XdsClientConfig;
 use crate::grpc_client::{Backoff, dial};
 
-/// Largest xDS message accepted or sent either way (Istio's agent allows MaxInt32).
-pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 /// Largest request Envoy may send the proxy: Envoy's requests name resources and carry its node,
 /// far below this; anything larger is refused (RESOURCE_EXHAUSTED) rather than buffered.
 pub const MAX_ENVOY_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -137,6 +138,15 @@ fn decoded<M: Message + Default + Send + 'static>(
 }
 
 impl Upstream {
+    /// Largest response passed on to Envoy: XDS_MAX_RESPONSE_BYTES for a remote control plane,
+    /// what istiod-core sends at most in process.
+    fn max_response_bytes(&self) -> usize {
+        match self {
+            Upstream::Embedded(_) => istiod_core::xds_server::MAX_RESPONSE_BYTES,
+            Upstream::Remote { client, .. } => client.max_response_bytes,
+        }
+    }
+
     async fn open(
         &self,
         delta: bool,
@@ -156,8 +166,8 @@ impl Upstream {
             Upstream::Remote { address, client } => {
                 let channel = dial(address, client).await?;
                 let mut grpc = tonic::client::Grpc::new(channel)
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+                    .max_decoding_message_size(client.max_response_bytes)
+                    .max_encoding_message_size(MAX_ENVOY_REQUEST_BYTES);
                 grpc.ready()
                     .await
                     .map_err(|e| Status::unavailable(format!("control plane {address}: {e}")))?;
@@ -169,7 +179,9 @@ impl Upstream {
                 let resp = grpc
                     .streaming(tonic::Request::new(requests), path, RawCodec)
                     .await?;
-                Ok(Box::pin(resp.into_inner()))
+                Ok(Box::pin(resp.into_inner().map(move |r| {
+                    r.and_then(|bytes| envelope::checked(delta, bytes))
+                })))
             }
         }
     }
@@ -205,11 +217,23 @@ fn request_type(delta: bool, bytes: &Bytes) -> String {
 
 /// A subscription to (or ACK of) the DNS name table, sent by the agent itself.
 fn nds_request(delta: bool, version: &str, nonce: &str) -> Bytes {
+    nds_answer(delta, version, nonce, None)
+}
+
+/// The agent's answer to a name table: an ACK, or with `error` a NACK (`version` is then the
+/// last one accepted, as the xDS protocol asks).
+fn nds_answer(delta: bool, version: &str, nonce: &str, error: Option<String>) -> Bytes {
     let type_url = istio_proto::nds::TYPE_URL.to_string();
+    let error_detail = error.map(|message| envoy_types::pb::google::rpc::Status {
+        code: tonic::Code::InvalidArgument as i32,
+        message,
+        ..Default::default()
+    });
     Bytes::from(if delta {
         DeltaDiscoveryRequest {
             type_url,
             response_nonce: nonce.to_string(),
+            error_detail,
             ..Default::default()
         }
         .encode_to_vec()
@@ -218,6 +242,7 @@ fn nds_request(delta: bool, version: &str, nonce: &str) -> Bytes {
             type_url,
             version_info: version.to_string(),
             response_nonce: nonce.to_string(),
+            error_detail,
             ..Default::default()
         }
         .encode_to_vec()
@@ -291,21 +316,37 @@ fn consume_nds(
         };
         (r.version_info, r.nonce, r.resources.into_iter().next())
     };
-    match any.map(|a| istio_proto::nds::NameTable::decode(a.value.as_slice())) {
+    let answer = match any.map(|a| istio_proto::nds::NameTable::decode(a.value.as_slice())) {
         Some(Ok(table)) => {
-            let table = crate::dns::DnsTable::from_name_table(
+            let mut table = crate::dns::DnsTable::from_name_table(
                 &table,
                 &dns.pod_namespace,
                 dns.search.as_deref(),
             );
+            table.version = version.clone();
             tracing::info!(names = table.len(), version = %version, "DNS name table received");
             dns.table.send_replace(Some(Arc::new(table)));
+            nds_request(delta, &version, &nonce)
         }
-        Some(Err(e)) => tracing::error!(error = %e, "invalid DNS name table; keeping the last one"),
-        None => {}
-    }
-    if ack.try_send(nds_request(delta, &version, &nonce)).is_err() {
-        tracing::warn!("could not ACK the DNS name table");
+        Some(Err(e)) => {
+            tracing::error!(error = %e, version = %version, "undecodable DNS name table; keeping the last one and rejecting it");
+            let accepted = dns
+                .table
+                .borrow()
+                .as_ref()
+                .map(|t| t.version.clone())
+                .unwrap_or_default();
+            nds_answer(
+                delta,
+                &accepted,
+                &nonce,
+                Some(format!("undecodable NameTable (version {version}): {e}")),
+            )
+        }
+        None => nds_request(delta, &version, &nonce),
+    };
+    if ack.try_send(answer).is_err() {
+        tracing::warn!("could not answer the DNS name table");
     }
     true
 }
@@ -440,15 +481,14 @@ where
                 });
             }
         };
+        let max_response = self.inner.upstream.max_response_bytes();
         let method = Method {
             inner: self.inner.clone(),
             delta,
         };
         Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(RawCodec).apply_max_message_size_config(
-                Some(MAX_ENVOY_REQUEST_BYTES),
-                Some(MAX_MESSAGE_BYTES),
-            );
+            let mut grpc = tonic::server::Grpc::new(RawCodec)
+                .apply_max_message_size_config(Some(MAX_ENVOY_REQUEST_BYTES), Some(max_response));
             Ok(grpc.streaming(method, req).await)
         })
     }
@@ -489,6 +529,9 @@ pub async fn serve(
         .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod bounds_tests;
 
 #[cfg(test)]
 mod tests {

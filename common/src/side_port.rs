@@ -1,6 +1,8 @@
 //! The one HTTP/1 server for side ports (the agent's 15020, istiod-core's debug port), with the
 //! limits a port reachable from the pod network needs: a deadline for the request head (a client
-//! that sends headers slowly, or never, is cut off), a cap on the head's size, and a cap on
+//! that sends headers slowly, or never, is cut off, and so is an idle keep-alive connection), a cap
+//! on the head's size (431 beyond it), a cap on a request's body (413 beyond it; a body of unknown
+//! length, chunked, gets 411: no side-port endpoint takes a streamed upload), and a cap on
 //! concurrent connections (beyond it a connection is closed at once). Accept errors (out of file
 //! descriptors) back off instead of spinning. Serves until `shutdown` resolves.
 
@@ -10,8 +12,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{Either, Full};
 use hyper::body::{Body, Incoming};
-use hyper::{Request, Response};
+use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
@@ -22,6 +26,8 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// Largest request head (and read buffer), in bytes.
     pub max_head_bytes: usize,
+    /// Largest request body, in bytes, as its Content-Length declares it.
+    pub max_body_bytes: u64,
     /// Connections served at once; more are closed as they come.
     pub max_connections: usize,
 }
@@ -31,9 +37,33 @@ impl Default for Limits {
         Limits {
             header_read_timeout: Duration::from_secs(10),
             max_head_bytes: 64 * 1024,
+            max_body_bytes: 64 * 1024,
             max_connections: 256,
         }
     }
+}
+
+/// The answer to a request whose body is over the limit or of unknown length; the connection is
+/// closed after it, as the body is left unread.
+fn refuse_body(req: &Request<Incoming>, max: u64) -> Option<Response<Full<Bytes>>> {
+    let (status, why) = match req.body().size_hint().exact() {
+        Some(len) if len > max => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body of {len} bytes is over the {max}-byte limit\n"),
+        ),
+        Some(_) => return None,
+        None => (
+            StatusCode::LENGTH_REQUIRED,
+            "a request body must declare its Content-Length\n".to_string(),
+        ),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(why)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
+    );
+    Some(resp)
 }
 
 /// Serves `handler` (peer address, request → response) on `listener` within `limits`.
@@ -45,8 +75,7 @@ pub async fn serve<H, F, B>(
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
-    B: Body + Send + 'static,
-    B::Data: Send,
+    B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
@@ -72,11 +101,18 @@ pub async fn serve<H, F, B>(
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let handler = handler.clone();
-                async move { Ok::<_, Infallible>(handler(peer, req).await) }
+                async move {
+                    let resp = match refuse_body(&req, limits.max_body_bytes) {
+                        Some(refused) => refused.map(Either::Right),
+                        None => handler(peer, req).await.map(Either::Left),
+                    };
+                    Ok::<_, Infallible>(resp)
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
+                .max_header_size(limits.max_head_bytes)
                 .max_buf_size(limits.max_head_bytes.max(8192))
                 .serve_connection(TokioIo::new(stream), svc);
             if let Err(e) = conn.await {
@@ -153,22 +189,83 @@ mod tests {
         assert_eq!(n, 0, "the third connection was served: {:?}", &buf[..n]);
     }
 
+    /// Sends `request` on a new connection and reads the answer until the server closes.
+    async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = s.write_all(request).await;
+        let mut text = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut text)).await;
+        String::from_utf8_lossy(&text).into_owned()
+    }
+
     #[tokio::test]
-    async fn an_oversized_head_is_refused() {
+    async fn an_oversized_head_is_refused_with_431() {
         let addr = server(Limits {
             max_head_bytes: 8192,
             ..Limits::default()
         })
         .await;
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // Just over the limit, so that the server has read all of it when it answers.
         let big = format!(
             "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
-            "a".repeat(100_000)
+            "a".repeat(8192)
         );
-        let _ = s.write_all(big.as_bytes()).await;
-        let mut text = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut text)).await;
-        let text = String::from_utf8_lossy(&text);
-        assert!(!text.contains(" 200 "), "{text}");
+        let text = exchange(addr, big.as_bytes()).await;
+        assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_or_of_unknown_length_is_refused() {
+        let addr = server(Limits {
+            max_body_bytes: 1024,
+            ..Limits::default()
+        })
+        .await;
+        let text = exchange(
+            addr,
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n",
+        )
+        .await;
+        assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+        assert!(
+            text.contains("1048576 bytes is over the 1024-byte limit"),
+            "{text}"
+        );
+        let text = exchange(
+            addr,
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+        )
+        .await;
+        assert!(text.starts_with("HTTP/1.1 411"), "{text}");
+        // Within the limit, the handler answers.
+        let text = exchange(
+            addr,
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+        )
+        .await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    }
+
+    /// A connection that sends nothing, or nothing more after a request, is closed after the
+    /// head deadline: idle connections do not hold the connection slots.
+    #[tokio::test]
+    async fn idle_connections_are_closed() {
+        let addr = server(Limits {
+            header_read_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        })
+        .await;
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "a silent connection was kept open");
+        let mut kept = tokio::net::TcpStream::connect(addr).await.unwrap();
+        kept.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), kept.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "an idle keep-alive connection was kept open");
+        assert!(String::from_utf8_lossy(&buf).starts_with("HTTP/1.1 200"));
     }
 }

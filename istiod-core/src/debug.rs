@@ -84,3 +84,48 @@ pub async fn serve(
     )
     .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = s.write_all(request).await;
+        let mut text = Vec::new();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), s.read_to_end(&mut text))
+            .await;
+        String::from_utf8_lossy(&text).into_owned()
+    }
+
+    /// The debug port is served within the side-port limits: an oversized head gets 431 and an
+    /// oversized body 413; a normal request is answered.
+    #[tokio::test]
+    async fn the_debug_port_enforces_request_limits() {
+        let cp = ControlPlane::in_memory("cluster.local").unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let xds = cp.xds();
+        tokio::spawn(serve(listener, cp, xds, std::future::pending()));
+
+        let head = format!(
+            "GET /debug/syncz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(mesh_common::side_port::Limits::default().max_head_bytes)
+        );
+        let text = exchange(addr, head.as_bytes()).await;
+        assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+        let text = exchange(
+            addr,
+            b"GET /debug/syncz HTTP/1.1\r\nHost: x\r\nContent-Length: 10485760\r\n\r\n",
+        )
+        .await;
+        assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+        let text = exchange(
+            addr,
+            b"GET /debug/syncz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    }
+}

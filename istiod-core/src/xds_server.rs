@@ -60,6 +60,8 @@ pub struct XdsServer {
     stats: Arc<XdsStats>,
     shared: Arc<Shared>,
     autoregister: Option<Arc<AutoRegistration>>,
+    /// Largest response sent (MAX_RESPONSE_BYTES unless a test lowers it).
+    max_response: usize,
 }
 
 /// Istio's PILOT_PUSH_THROTTLE when left at 0 (auto): `min(15 + 5 × cores, 100)`.
@@ -74,6 +76,11 @@ const THROTTLE_HOLD: std::time::Duration = std::time::Duration::from_millis(500)
 
 /// Largest xDS request accepted (Istio's ISTIO_GPRC_MAXRECVMSGSIZE default).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// Largest xDS response sent: one that would be larger ends its stream with RESOURCE_EXHAUSTED
+/// instead (logged with its size), so no proxy is sent a message its agent refuses (the agent
+/// accepts this much by default) or one whose size overflows the gRPC frame header. A mesh's
+/// real pushes are far smaller.
+pub const MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
 /// Concurrent ADS streams accepted before new ones are refused (RESOURCE_EXHAUSTED).
 pub const DEFAULT_MAX_STREAMS: usize = 100_000;
 
@@ -265,6 +272,7 @@ impl XdsServer {
         XdsServer {
             push,
             autoregister: None,
+            max_response: MAX_RESPONSE_BYTES,
             stats: Arc::default(),
             shared: Arc::new(Shared {
                 syncs: Default::default(),
@@ -273,6 +281,12 @@ impl XdsServer {
                 streams: Arc::new(tokio::sync::Semaphore::new(max_streams)),
             }),
         }
+    }
+
+    /// Lowers the largest response sent (MAX_RESPONSE_BYTES); for tests of the bound.
+    pub fn with_max_response_bytes(mut self, max: usize) -> Self {
+        self.max_response = max.min(MAX_RESPONSE_BYTES);
+        self
     }
 
     /// Lets proxies register their own WorkloadEntry (`autoregister`).
@@ -465,6 +479,7 @@ where
     let stats = server.stats.clone();
     let shared = server.shared.clone();
     let autoregister = server.autoregister.clone();
+    let max_response = server.max_response;
     let (tx, rx) = mpsc::channel(1);
     let Ok(permit) = shared.streams.clone().try_acquire_owned() else {
         tracing::warn!("ADS stream refused: stream limit reached");
@@ -544,7 +559,7 @@ where
             if let (Some(sync), Ok(mut syncs)) = (conn.sync(), shared.syncs.lock()) {
                 syncs.insert(id, sync);
             }
-            if !send_all(&tx, out, throttle, &stats).await {
+            if !send_all(&tx, out, throttle, &stats, max_response).await {
                 break;
             }
         }
@@ -563,10 +578,22 @@ async fn send_all(
     out: Vec<Outgoing>,
     throttle: tokio::sync::SemaphorePermit<'_>,
     stats: &XdsStats,
+    max_response: usize,
 ) -> bool {
     let mut throttle = Some(throttle);
     let hold_until = tokio::time::Instant::now() + THROTTLE_HOLD;
     for resp in out {
+        if resp.encoded_len() > max_response {
+            let why = format!(
+                "xDS response of {} bytes ({} resources) is over the {max_response}-byte limit; not sent",
+                resp.encoded_len(),
+                resp.resource_count()
+            );
+            tracing::error!("{why}; closing the stream");
+            drop(throttle);
+            let _ = tx.send(Err(Status::resource_exhausted(why))).await;
+            return false;
+        }
         stats.pushes.fetch_add(1, Ordering::Relaxed);
         let send = tx.send(Ok(resp));
         tokio::pin!(send);

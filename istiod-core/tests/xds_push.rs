@@ -265,6 +265,35 @@ async fn streams_beyond_the_limit_are_refused() {
     assert!(third.next().await.is_some());
 }
 
+/// A response over the server's size bound is not sent: the stream ends with
+/// RESOURCE_EXHAUSTED naming the size, and smaller responses still flow on other streams.
+#[tokio::test]
+async fn responses_over_the_size_bound_end_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
+    let cp = checked(dir.path());
+    let mut probe = Client::new(&cp.xds(), "10.1.0.50");
+    probe.request(CLUSTER_TYPE, &[], "").await;
+    let size = probe.next().await.unwrap().encoded_len();
+    let bounded = cp.xds().with_max_response_bytes(size - 1);
+    let mut client = Client::new(&bounded, "10.1.0.50");
+    client.request(CLUSTER_TYPE, &[], "").await;
+    let err = match tokio::time::timeout(Duration::from_secs(10), client.rx.next())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        Ok(r) => panic!(
+            "a response over the bound was sent ({} bytes)",
+            r.encoded_len()
+        ),
+        Err(e) => e,
+    };
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains(&format!("{size} bytes")), "{err:?}");
+    assert!(client.rx.next().await.is_none(), "the stream went on");
+}
+
 #[tokio::test]
 async fn debug_port_serves_syncz_configz_and_registryz() {
     let dir = tempfile::tempdir().unwrap();

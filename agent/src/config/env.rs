@@ -25,6 +25,8 @@ pub const XDS_ROOT_CA: &str = "XDS_ROOT_CA";
 pub const ISTIOD_SAN: &str = "ISTIOD_SAN";
 pub const PROV_CERT: &str = "PROV_CERT";
 pub const XDS_HEADER_PREFIX: &str = "XDS_HEADER_";
+/// Largest xDS response accepted from a remote control plane, in bytes (ours; Istio has no cap).
+pub const XDS_MAX_RESPONSE_BYTES: &str = "XDS_MAX_RESPONSE_BYTES";
 pub const CLUSTER_ID: &str = "ISTIO_META_CLUSTER_ID";
 pub const TRUST_DOMAIN: &str = "TRUST_DOMAIN";
 pub const CA_ADDR: &str = "CA_ADDR";

@@ -33,6 +33,35 @@ pub struct XdsClientConfig {
     pub headers: Vec<(String, String)>,
     /// How long a dial may take (ProxyConfig connectTimeout, else 5s).
     pub connect_timeout: Duration,
+    /// Largest message accepted from the server (XDS_MAX_RESPONSE_BYTES for the control plane).
+    /// Istio's agent accepts up to 2 GiB; a finite cap keeps one bad push from taking the
+    /// agent's memory.
+    pub max_response_bytes: usize,
+}
+
+/// Default of XDS_MAX_RESPONSE_BYTES: 256 MiB, far above any real push (a 10 000-service
+/// mesh's CDS is tens of MiB) and the size istiod-core refuses to send beyond.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
+/// The range XDS_MAX_RESPONSE_BYTES may take: at least 1 MiB, at most 2 GiB − 1 (gRPC's and
+/// Istio's ceiling).
+const MAX_RESPONSE_RANGE: std::ops::RangeInclusive<usize> = (1 << 20)..=(i32::MAX as usize);
+
+/// Parses XDS_MAX_RESPONSE_BYTES (a byte count within `MAX_RESPONSE_RANGE`).
+fn max_response_bytes(raw: Option<String>) -> Result<usize, ConfigError> {
+    let Some(raw) = raw.filter(|v| !v.is_empty()) else {
+        return Ok(DEFAULT_MAX_RESPONSE_BYTES);
+    };
+    raw.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| MAX_RESPONSE_RANGE.contains(n))
+        .ok_or_else(|| {
+            err(
+                env::XDS_MAX_RESPONSE_BYTES,
+                &raw,
+                "a byte count from 1048576 (1 MiB) to 2147483647 (2 GiB - 1)",
+            )
+        })
 }
 
 /// The dial timeout when ProxyConfig sets no connectTimeout.
@@ -47,13 +76,15 @@ impl XdsClientConfig {
         lookup: &dyn Fn(&str) -> Option<String>,
         env_vars: &[(String, String)],
     ) -> Result<XdsClientConfig, ConfigError> {
-        Self::for_service(
+        let mut client = Self::for_service(
             address,
             lookup,
             env_vars,
             env::XDS_ROOT_CA,
             env::XDS_HEADER_PREFIX,
-        )
+        )?;
+        client.max_response_bytes = max_response_bytes(lookup(env::XDS_MAX_RESPONSE_BYTES))?;
+        Ok(client)
     }
 
     /// Dial options for the control plane (XDS_ROOT_CA, XDS_HEADER_*) or the CA (CA_ROOT_CA,
@@ -111,6 +142,7 @@ impl XdsClientConfig {
             token_path: PathBuf::from(TOKEN_PATH),
             headers,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
         })
     }
 
@@ -134,5 +166,34 @@ impl XdsClientConfig {
             };
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(vars: &[(&str, &str)]) -> Result<XdsClientConfig, ConfigError> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let lookup = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        XdsClientConfig::from_env("istiod.istio-system.svc:15012", &lookup, &vars)
+    }
+
+    #[test]
+    fn the_response_cap_is_finite_by_default_and_settable() {
+        assert_eq!(
+            client(&[]).unwrap().max_response_bytes,
+            DEFAULT_MAX_RESPONSE_BYTES
+        );
+        let c = client(&[(env::XDS_MAX_RESPONSE_BYTES, "67108864")]).unwrap();
+        assert_eq!(c.max_response_bytes, 64 << 20);
+        for bad in ["0", "1024", "-5", "64Mi", "4294967296", "NaN"] {
+            let e = client(&[(env::XDS_MAX_RESPONSE_BYTES, bad)]).unwrap_err();
+            assert_eq!(e.input, env::XDS_MAX_RESPONSE_BYTES, "{bad}");
+            assert_eq!(e.value, bad);
+        }
     }
 }
