@@ -252,8 +252,14 @@ fn local_addr(
         .map_err(|source| ServeError::Listen { flag, addr, source })
 }
 
+/// How long open streams may keep the gRPC server up after a stop (Istio's `--shutdownDuration`
+/// default): proxies hold their ADS streams open for good, so a graceful shutdown alone would
+/// never end and SIGTERM would wait for the SIGKILL.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Runs the gRPC server until `stop`; a background task ending before that is an error. After
-/// `stop` the servers wind down (the debug port's task ends then, as it should).
+/// `stop` the servers wind down (the debug port's task ends then, as it should): new
+/// connections are refused and the open ones get `SHUTDOWN_GRACE` to end, then are closed.
 async fn until_stopped(
     serving: impl Future<Output = Result<(), tonic::transport::Error>>,
     mut tasks: Supervisor,
@@ -266,5 +272,14 @@ async fn until_stopped(
         served = &mut serving => return Ok(served?),
         ended = tasks.ended() => return Err(ServeError::TaskEnded(ended)),
     }
-    Ok(serving.await?)
+    match tokio::time::timeout(SHUTDOWN_GRACE, &mut serving).await {
+        Ok(served) => Ok(served?),
+        Err(_) => {
+            tracing::info!(
+                grace = ?SHUTDOWN_GRACE,
+                "streams still open after the shutdown grace; closing them"
+            );
+            Ok(())
+        }
+    }
 }

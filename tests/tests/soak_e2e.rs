@@ -255,6 +255,16 @@ fn soak_traffic_rotation_edits_and_control_plane_restarts() {
     wait_ready(&net);
     let rds_stat = "http.outbound_0.0.0.0_8000.rds.8000.update_success";
     let rds_before = net.pods[client].envoy_stat(rds_stat).unwrap();
+    // How often the client's Envoy replaced a cluster or a listener (config churn).
+    let churn_stats = [
+        "cluster_manager.cluster_modified",
+        "listener_manager.listener_modified",
+        "listener_manager.listener_in_place_updated",
+    ];
+    let churn_before: Vec<u64> = churn_stats
+        .iter()
+        .map(|s| net.pods[client].envoy_stat(s).unwrap())
+        .collect();
     let first_serials = [serial(&net.pods[client]), serial(&net.pods[server])];
 
     let load = net.dir().join("load.py");
@@ -279,7 +289,7 @@ fn soak_traffic_rotation_edits_and_control_plane_restarts() {
     assert!(net.pods[client].wait_log("load", "started", Duration::from_secs(10)));
 
     let start = Instant::now();
-    let (mut edits, mut restarts) = (0u64, 0u32);
+    let (mut edits, mut restarts, mut killed) = (0u64, 0u32, 0u32);
     let (mut next_edit, mut next_restart, mut next_sample) =
         (EDIT_EVERY, RESTART_EVERY, Duration::ZERO);
     let mut series: BTreeMap<&str, Series> = BTreeMap::new();
@@ -311,13 +321,14 @@ fn soak_traffic_rotation_edits_and_control_plane_restarts() {
         if now >= next_restart {
             restarts += 1;
             let pod = &mut net.pods[cp];
-            // SIGTERM as a rollout would, SIGKILL if it does not go within 10 s.
+            // SIGTERM as a rollout would, SIGKILL if it does not go within 20 s.
             for pid in pids_named(&pod.ns, "istiod-core") {
                 kill(pid, nix::sys::signal::Signal::SIGTERM);
             }
-            if !wait_until(Duration::from_secs(10), || {
+            if !wait_until(Duration::from_secs(20), || {
                 pids_named(&pod.ns, "istiod-core").is_empty()
             }) {
+                killed += 1;
                 for pid in pids_named(&pod.ns, "istiod-core") {
                     kill(pid, nix::sys::signal::Signal::SIGKILL);
                 }
@@ -354,7 +365,14 @@ fn soak_traffic_rotation_edits_and_control_plane_restarts() {
     let rds_updates = net.pods[client].envoy_stat(rds_stat).unwrap() - rds_before;
     let serials = [serial(&net.pods[client]), serial(&net.pods[server])];
 
-    println!("\n== soak: {minutes} min, {edits} config edits, {restarts} control-plane restarts");
+    println!(
+        "\n== soak: {minutes} min, {edits} config edits, {restarts} control-plane restarts \
+         ({killed} of them needed SIGKILL after 20 s of SIGTERM)"
+    );
+    for (stat, before) in churn_stats.iter().zip(&churn_before) {
+        let now = net.pods[client].envoy_stat(stat).unwrap();
+        println!("   client Envoy {stat}: +{}", now - before);
+    }
     println!(
         "   requests: http {} ok / {} failed, tcp {} ok / {} failed; client route updates taken: {rds_updates}",
         count("http_ok"),
