@@ -101,7 +101,7 @@ async fn serves_ads_on_the_port_it_bound_until_shutdown() {
 }
 
 /// A proxy keeps its ADS stream open for good: after the stop, the server closes it once
-/// `SHUTDOWN_GRACE` has passed instead of waiting on it forever (a SIGTERM that never ends).
+/// `--shutdown-duration` has passed instead of waiting on it forever (a SIGTERM that never ends).
 #[tokio::test]
 async fn a_stop_with_a_stream_still_open_ends_after_the_grace() {
     let dir = tempfile::tempdir().unwrap();
@@ -112,6 +112,8 @@ async fn a_stop_with_a_stream_still_open_ends_after_the_grace() {
         dir.path().to_str().unwrap(),
         "--grpc-addr",
         "127.0.0.1:0",
+        "--shutdown-duration",
+        "1s",
     ])
     .serve;
     let cfg = ServeConfig::new(args, &|_| None).unwrap();
@@ -150,8 +152,7 @@ async fn a_stop_with_a_stream_still_open_ends_after_the_grace() {
 
     // The stream stays open (tx and responses are held) while the server stops.
     stop.send(()).unwrap();
-    let limit = istiod_core::serve::SHUTDOWN_GRACE + Duration::from_secs(20);
-    tokio::time::timeout(limit, serving)
+    tokio::time::timeout(Duration::from_secs(30), serving)
         .await
         .expect("the server waited on the open stream past its grace")
         .unwrap()
