@@ -39,16 +39,32 @@ pub async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Statu
         .keep_alive_while_idle(true)
         .http2_keep_alive_interval(std::time::Duration::from_secs(30))
         .keep_alive_timeout(std::time::Duration::from_secs(10));
+    // What the server's certificate is checked against, for the error when it does not pass.
+    let mut verified_by = None;
     if cfg.tls {
         let mut tls = tonic::transport::ClientTlsConfig::new().domain_name(cfg.server_name.clone());
         tls = match &cfg.root_ca {
-            RootCa::System => tls.with_native_roots(),
+            RootCa::System => {
+                verified_by = Some(format!(
+                    "the system's roots for the server name {}",
+                    cfg.server_name
+                ));
+                tls.with_native_roots()
+            }
             RootCa::Files(files) => {
-                let Some(pem) = files.iter().find_map(|f| std::fs::read(f).ok()) else {
+                let Some((file, pem)) = files
+                    .iter()
+                    .find_map(|f| std::fs::read(f).ok().map(|pem| (f, pem)))
+                else {
                     return Err(Status::unavailable(format!(
                         "no root certificate to verify the control plane: tried {files:?} (set XDS_ROOT_CA)"
                     )));
                 };
+                verified_by = Some(format!(
+                    "the root in {} for the server name {}",
+                    file.display(),
+                    cfg.server_name
+                ));
                 tls.ca_certificate(tonic::transport::Certificate::from_pem(pem))
             }
         };
@@ -67,14 +83,33 @@ pub async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Statu
             metadata.push((k, v));
         }
     }
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| Status::unavailable(format!("control plane {uri}: {e}")))?;
+    let channel = endpoint.connect().await.map_err(|e| {
+        let checked = verified_by
+            .map(|v| format!(" (TLS: its certificate is verified against {v})"))
+            .unwrap_or_default();
+        Status::unavailable(format!("control plane {uri}: {}{checked}", causes(&e)))
+    })?;
     Ok(tonic::service::interceptor::InterceptedService::new(
         channel,
         CallMetadata(metadata),
     ))
+}
+
+/// `e` and its sources, outermost first: tonic's own message ("transport error") says nothing of
+/// the cause, such as the certificate the server presented being refused.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let cause_text = cause.to_string();
+        // Some errors repeat their source in their own message.
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        next = cause.source();
+    }
+    text
 }
 
 /// Exponential backoff between retries: nothing before the first failure, `first` after it,

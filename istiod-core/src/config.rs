@@ -206,6 +206,20 @@ pub struct ServeArgs {
     /// Refuse ADS streams beyond this many at once (RESOURCE_EXHAUSTED).
     #[arg(long = "max-streams", default_value_t = crate::xds_server::DEFAULT_MAX_STREAMS)]
     pub max_streams: usize,
+    /// After SIGTERM, how long the proxies' open streams may keep the server up before they are
+    /// closed (Istio's --shutdownDuration), a Go duration.
+    #[arg(
+        long = "shutdown-duration",
+        alias = "shutdownDuration",
+        default_value = "10s",
+        value_parser = go_duration
+    )]
+    pub shutdown_duration: Duration,
+}
+
+/// A flag's Go duration (`10s`, `1m30s`), checked.
+fn go_duration(raw: &str) -> Result<Duration, String> {
+    mesh_common::duration::parse_go_duration(raw).map_err(|e| e.to_string())
 }
 
 /// Everything `serve::serve` needs: the flags and the environment, parsed.

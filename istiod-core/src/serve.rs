@@ -144,6 +144,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Bound, ServeError> {
     let ServeConfig { args, env } = cfg;
+    let grace = args.shutdown_duration;
     // The trust domain is fixed for the process: the CA issues in it and the generators
     // expect it; the flag wins over the mesh config, which wins over the default.
     let mesh = match &args.mesh_config {
@@ -241,7 +242,7 @@ pub async fn serve(
     Ok(Bound {
         grpc,
         debug,
-        serving: Box::pin(until_stopped(serving, tasks, stop)),
+        serving: Box::pin(until_stopped(serving, tasks, stop, grace)),
     })
 }
 
@@ -270,11 +271,15 @@ fn local_addr(
 }
 
 /// Runs the gRPC server until `stop`; a background task ending before that is an error. After
-/// `stop` the servers wind down (the debug port's task ends then, as it should).
+/// `stop` the servers wind down (the debug port's task ends then, as it should): new
+/// connections are refused and the open ones get `grace` (`--shutdown-duration`) to end, then
+/// are closed. Proxies hold their ADS streams open for good: without the bound a graceful
+/// shutdown would never end and SIGTERM would wait for the SIGKILL.
 async fn until_stopped(
     serving: impl Future<Output = Result<(), tonic::transport::Error>>,
     mut tasks: Supervisor,
     stop: impl Future<Output = ()>,
+    grace: std::time::Duration,
 ) -> Result<(), ServeError> {
     tokio::pin!(serving);
     tokio::select! {
@@ -283,5 +288,14 @@ async fn until_stopped(
         served = &mut serving => return Ok(served?),
         ended = tasks.ended() => return Err(ServeError::TaskEnded(ended)),
     }
-    Ok(serving.await?)
+    match tokio::time::timeout(grace, &mut serving).await {
+        Ok(served) => Ok(served?),
+        Err(_) => {
+            tracing::info!(
+                ?grace,
+                "streams still open after the shutdown grace; closing them"
+            );
+            Ok(())
+        }
+    }
 }

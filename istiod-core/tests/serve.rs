@@ -100,6 +100,80 @@ async fn serves_ads_on_the_port_it_bound_until_shutdown() {
         .unwrap();
 }
 
+/// A proxy keeps its ADS stream open for good: after the stop, the server closes it once
+/// `--shutdown-duration` has passed instead of waiting on it forever (a SIGTERM that never ends).
+#[tokio::test]
+async fn a_stop_with_a_stream_still_open_ends_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), MESH).unwrap();
+    let args = Cli::parse_from([
+        "serve",
+        "--config-dir",
+        dir.path().to_str().unwrap(),
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--shutdown-duration",
+        "1s",
+    ])
+    .serve;
+    let cfg = ServeConfig::new(args, &|_| None).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let bound = istiod_core::serve::serve(cfg, async {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
+    let grpc = bound.grpc;
+    let serving = tokio::spawn(bound.wait());
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(DiscoveryRequest {
+        node: Some(Node {
+            id: "sidecar~10.9.0.1~p.shop~shop.svc.cluster.local".into(),
+            ..Default::default()
+        }),
+        type_url: istiod_core::generators::CLUSTER_TYPE.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut responses = client
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::timeout(Duration::from_secs(10), responses.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    // The stream stays open (tx and responses are held) while the server stops.
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), serving)
+        .await
+        .expect("the server waited on the open stream past its grace")
+        .unwrap()
+        .unwrap();
+    // The stream was closed by the server, not left hanging.
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match responses.message().await {
+                Ok(Some(_)) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+    })
+    .await;
+    assert!(
+        end.is_ok(),
+        "the stream is still open after the server stopped"
+    );
+    drop(tx);
+}
+
 #[test]
 fn sigterm_exits_zero_promptly() {
     use std::io::BufRead;

@@ -219,6 +219,107 @@ fn remote_control_plane_over_tls_with_bearer_token() {
     assert!(clusters.contains("outbound|80||web.demo.svc.cluster.local"));
 }
 
+/// A control plane whose serving certificate does not chain to the agent's XDS_ROOT_CA gets no
+/// ADS stream: the agent logs the refusal with the root file and the server name, 15020 and
+/// Envoy's 15021 stay unready. Once the root file is replaced by the right one, the next dial
+/// uses it and the proxy becomes ready, without a restart.
+#[test]
+fn an_untrusted_control_plane_keeps_the_proxy_unready_until_the_root_is_swapped() {
+    let test = "an_untrusted_control_plane_keeps_the_proxy_unready_until_the_root_is_swapped";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    let idx = net.add_pod("pod", 2).unwrap();
+    let mesh = net.dir().join("mesh");
+    let certs = net.dir().join("certs");
+    std::fs::create_dir_all(&mesh).unwrap();
+    std::fs::create_dir_all(&certs).unwrap();
+    std::fs::write(mesh.join("web.yaml"), SERVICE).unwrap();
+    write_server_certs(&certs);
+    let other =
+        rcgen::generate_simple_self_signed(vec!["istiod.istio-system.svc".to_string()]).unwrap();
+    let xds_root = certs.join("xds-root.pem");
+    std::fs::write(&xds_root, other.cert.pem()).unwrap();
+    let ca = TestCa::new(&net.dir().join("ca")).unwrap();
+    let path = |name: &str| certs.join(name).to_str().unwrap().to_string();
+    let agent = binary("pilot-agent");
+    let pod = &mut net.pods[idx];
+    ca.give_token(pod, "demo", "default").unwrap();
+    ca.spawn_control_plane(
+        pod,
+        &mesh,
+        "127.0.0.1:15012",
+        &[
+            "--tls-cert",
+            &path("istiod.pem"),
+            "--tls-key",
+            &path("istiod-key.pem"),
+        ],
+    )
+    .unwrap();
+    let root = path("root-cert.pem");
+    pod.spawn(
+        "pilot-agent",
+        0,
+        0,
+        &[
+            ("POD_NAME", "client"),
+            ("POD_NAMESPACE", "demo"),
+            ("INSTANCE_IP", "10.233.0.2"),
+            (
+                "PROXY_CONFIG",
+                "{\"discoveryAddress\": \"127.0.0.1:15012\", \"terminationDrainDuration\": \"1s\"}",
+            ),
+            ("XDS_ROOT_CA", xds_root.to_str().unwrap()),
+            // The CA (same server) is trusted: only the xDS dial is refused.
+            ("CA_ROOT_CA", &root),
+            ("ISTIOD_SAN", "istiod.istio-system.svc"),
+        ],
+        &[agent.to_str().unwrap(), "proxy", "sidecar"],
+    )
+    .unwrap();
+
+    let refused = format!(
+        "verified against the root in {} for the server name istiod.istio-system.svc",
+        xds_root.display()
+    );
+    assert!(
+        pod.wait_log("pilot-agent", &refused, Duration::from_secs(30)),
+        "{}",
+        pod.logs()
+    );
+    assert!(
+        pod.logs_of("pilot-agent")
+            .contains("invalid peer certificate")
+    );
+    for _ in 0..10 {
+        let (code, body) = pod
+            .http_get(0, "http://127.0.0.1:15020/healthz/ready")
+            .unwrap();
+        assert_eq!(code, 503, "{body}");
+        assert_ne!(
+            pod.http_get(0, "http://127.0.0.1:15021/healthz/ready")
+                .unwrap()
+                .0,
+            200
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // The root is replaced on disk (by rename, as a mounted secret is): the next dial trusts it.
+    let tmp = certs.join(".xds-root.pem.new");
+    std::fs::copy(&root, &tmp).unwrap();
+    std::fs::rename(&tmp, &xds_root).unwrap();
+    let ready = pod.wait_http_ok(
+        "http://127.0.0.1:15021/healthz/ready",
+        Duration::from_secs(60),
+    );
+    assert!(ready.is_ok(), "{ready:?}\n{}", pod.logs());
+    let (_, clusters) = pod.http_get(0, "http://127.0.0.1:15000/clusters").unwrap();
+    assert!(clusters.contains("outbound|80||web.demo.svc.cluster.local"));
+}
+
 #[test]
 fn rejected_listeners_keep_the_proxy_unready() {
     if !require_root("rejected_listeners_keep_the_proxy_unready")
