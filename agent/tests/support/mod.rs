@@ -200,6 +200,8 @@ pub fn client_config(root_file: Option<&Path>, san: &str) -> XdsClientConfig {
         server_name: san.to_string(),
         token_path: PathBuf::from("/nonexistent/istio-token"),
         headers: Vec::new(),
+        connect_timeout: pilot_agent::config::xds_client::DEFAULT_CONNECT_TIMEOUT,
+        max_response_bytes: pilot_agent::config::xds_client::DEFAULT_MAX_RESPONSE_BYTES,
     }
 }
 
