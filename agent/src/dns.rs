@@ -265,6 +265,17 @@ fn decide(packet: &[u8], table: Option<&DnsTable>, max: usize) -> Decision {
     ))
 }
 
+/// The reply the proxy sends itself for `packet` (a query in DNS wire format), given the name
+/// table (`None` before the first NDS push) and the largest reply size; `None` when it does not
+/// answer the query itself (it goes to the upstream resolvers). The server's own decision,
+/// public for the fuzz target (`fuzz/fuzz_targets/dns_query.rs`).
+pub fn local_reply(packet: &[u8], table: Option<&DnsTable>, max: usize) -> Option<Vec<u8>> {
+    match decide(packet, table, max) {
+        Decision::Reply(bytes) => Some(bytes),
+        _ => None,
+    }
+}
+
 /// Upstream resolvers and how to use them.
 #[derive(Debug, Clone)]
 pub struct Upstreams {

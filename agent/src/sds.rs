@@ -111,8 +111,9 @@ fn read(path: &Path) -> Result<Vec<u8>, Status> {
 /// The secrets for `names` (`None` while the workload certificate is not there yet), and the
 /// names refused with why. One bad file name (missing, outside the allowed directories) is left
 /// out of the answer, not the end of the stream: the other secrets, `default` and `ROOTCA`
-/// included, keep flowing, and the refused one is served once its file is there.
-fn secrets(
+/// included, keep flowing, and the refused one is served once its file is there. Public for
+/// the fuzz target (`fuzz/fuzz_targets/sds_names.rs`).
+pub fn secrets(
     names: &[String],
     certs: &CertWatch,
     dirs: &[PathBuf],
@@ -167,7 +168,7 @@ fn secret(
 }
 
 /// The files the `file-cert:` and `file-root:` resources among `names` read.
-fn watched_files(names: &[String]) -> Vec<Watched> {
+pub fn watched_files(names: &[String]) -> Vec<Watched> {
     names
         .iter()
         .filter_map(|n| {
