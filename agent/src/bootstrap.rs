@@ -1,6 +1,7 @@
 //! Envoy's bootstrap (`./etc/istio/proxy/envoy-rev.json`), laid out as Istio's
 //! `tools/packaging/common/envoy_bootstrap.json` renders it: admin on loopback, ADS over the
-//! agent's unix socket, the `prometheus_stats`/`agent`/`xds-grpc`/`sds-grpc` static clusters and
+//! agent's unix socket, the `prometheus_stats`/`agent`/`xds-grpc`/`sds-grpc` static clusters (and
+//! `agent-telemetry`, where access logs for Istio's standard metrics go) and
 //! the 15090 (stats) and 15021 (readiness) listeners.
 //!
 //! Built as a JSON value, never by text templating, so env- or annotation-derived strings
@@ -13,6 +14,7 @@ use crate::config::Config;
 pub const PROMETHEUS_PORT: u16 = 15090;
 pub const ENVOY_STATUS_PORT: u16 = 15021;
 const SDS_SOCKET: &str = "./var/run/secrets/workload-spiffe-uds/socket";
+use istiod_core::generators::telemetry::CLUSTER as TELEMETRY_CLUSTER;
 
 fn socket_address(ip: &str, port: u16) -> Value {
     json!({ "socket_address": { "address": ip, "port_value": port } })
@@ -140,6 +142,7 @@ pub fn render(cfg: &Config) -> Value {
 fn render_default(cfg: &Config) -> Value {
     let ipv6 = cfg.instance_ips.iter().any(std::net::IpAddr::is_ipv6);
     let xds_socket = cfg.xds_socket_path().display().to_string();
+    let telemetry_socket = crate::telemetry::socket_path(cfg).display().to_string();
     let ads_source =
         json!({ "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" });
     json!({
@@ -205,6 +208,8 @@ fn render_default(cfg: &Config) -> Value {
                     "upstream_connection_options": { "tcp_keepalive": { "keepalive_time": 300 } },
                     "max_requests_per_connection": 1
                 })),
+                // Envoy's access loggers send Istio's standard metrics' records here.
+                pipe_cluster(TELEMETRY_CLUSTER, &telemetry_socket, json!({})),
             ],
             "listeners": [
                 static_listener(PROMETHEUS_PORT, "stats", "/stats/prometheus", "prometheus_stats", ipv6),
