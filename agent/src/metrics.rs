@@ -133,11 +133,7 @@ impl Metrics {
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             return String::new();
         }
-        let mut out = strip_eof(&out);
-        if let Some(standard) = self.standard.get() {
-            standard.encode(&mut out);
-        }
-        out
+        strip_eof(&out)
     }
 }
 
@@ -177,6 +173,13 @@ pub async fn merged(
 ) {
     if tx.send(Bytes::from(metrics.encode())).await.is_err() {
         return;
+    }
+    if let Some(standard) = metrics.standard.get() {
+        for chunk in standard.exposition() {
+            if tx.send(Bytes::from(chunk)).await.is_err() {
+                return;
+            }
+        }
     }
     let envoy_path = match &query {
         Some(q) if !q.is_empty() => format!("/stats/prometheus?{q}"),

@@ -406,15 +406,15 @@ struct TcpSeries {
 
 /// A TCP connection between its records: its labels and the bytes already counted.
 struct OpenConnection {
-    key: Key,
+    key: Arc<Key>,
     sent: u64,
     received: u64,
 }
 
 #[derive(Default)]
 struct State {
-    http: HashMap<Key, HttpSeries>,
-    tcp: HashMap<Key, TcpSeries>,
+    http: HashMap<Arc<Key>, HttpSeries>,
+    tcp: HashMap<Arc<Key>, TcpSeries>,
     open: HashMap<(bool, u64), OpenConnection>,
     overflow: u64,
 }
@@ -429,10 +429,10 @@ impl State {
             self.overflow += 1;
             return None;
         }
-        Some(self.http.entry(key).or_default())
+        Some(self.http.entry(Arc::new(key)).or_default())
     }
 
-    fn tcp_series(&mut self, key: &Key) -> Option<&mut TcpSeries> {
+    fn tcp_series(&mut self, key: &Arc<Key>) -> Option<&mut TcpSeries> {
         if !self.tcp.contains_key(key) {
             if self.full() {
                 self.overflow += 1;
@@ -514,7 +514,7 @@ impl StandardMetrics {
         let (key, before_sent, before_received) = match known {
             Some(c) => (c.key, c.sent, c.received),
             None => {
-                let key = labels(&self.own, r, false);
+                let key = Arc::new(labels(&self.own, r, false));
                 if !end && state.open.len() >= MAX_OPEN_CONNECTIONS {
                     // Not remembered: counted once, at its end, in full.
                     return;
@@ -550,73 +550,136 @@ impl StandardMetrics {
         s.http.len() + s.tcp.len()
     }
 
-    /// The metrics in the Prometheus text format, appended to `out`.
+    /// The metrics in the Prometheus text format, appended to `out` (tests and tools; the
+    /// status port streams [`StandardMetrics::exposition`] instead).
     pub fn encode(&self, out: &mut String) {
+        for chunk in self.exposition() {
+            out.push_str(&chunk);
+        }
+    }
+
+    /// The metrics in the Prometheus text format, in chunks of about [`CHUNK_BYTES`], written
+    /// from a snapshot taken now (the label sets are shared, not copied): a scrape never holds
+    /// the lock, nor the whole text, which for thousands of label sets is tens of megabytes.
+    pub fn exposition(&self) -> Exposition {
         let state = self.state();
-        let http: Vec<(&Key, &HttpSeries)> = state.http.iter().collect();
-        let tcp: Vec<(&Key, &TcpSeries)> = state.tcp.iter().collect();
+        Exposition {
+            http: state
+                .http
+                .iter()
+                .map(|(k, s)| (k.clone(), s.clone()))
+                .collect(),
+            tcp: state
+                .tcp
+                .iter()
+                .map(|(k, s)| (k.clone(), s.clone()))
+                .collect(),
+            overflow: state.overflow,
+            family: 0,
+            series: 0,
+        }
+    }
+}
+
+/// Chunk size of the streamed exposition.
+pub const CHUNK_BYTES: usize = 64 * 1024;
+
+/// The HTTP metric families, in order: a counter, then three histograms.
+const HTTP_FAMILIES: [&str; 4] = [
+    "istio_requests_total",
+    "istio_request_duration_milliseconds",
+    "istio_request_bytes",
+    "istio_response_bytes",
+];
+const TCP_FAMILIES: [&str; 4] = [
+    "istio_tcp_sent_bytes_total",
+    "istio_tcp_received_bytes_total",
+    "istio_tcp_connections_opened_total",
+    "istio_tcp_connections_closed_total",
+];
+
+/// A snapshot of the metrics being written out, family by family, series by series.
+pub struct Exposition {
+    http: Vec<(Arc<Key>, HttpSeries)>,
+    tcp: Vec<(Arc<Key>, TcpSeries)>,
+    overflow: u64,
+    family: usize,
+    series: usize,
+}
+
+impl Exposition {
+    /// Writes the next series (or a family's header, or the trailer) to `out`; false when done.
+    fn step(&mut self, out: &mut String) -> bool {
         let http_labels: Vec<&str> = LABELS[..LABELS.len() - 2]
             .iter()
             .chain(&HTTP_ONLY)
             .chain(&LABELS[LABELS.len() - 2..])
             .copied()
             .collect();
-        if !http.is_empty() {
-            header(out, "istio_requests_total", "counter");
-            for (k, s) in &http {
-                sample(
+        let (f, i) = (self.family, self.series);
+        match f {
+            0..=3 => {
+                let name = HTTP_FAMILIES[f];
+                let Some((k, s)) = self.http.get(i) else {
+                    (self.family, self.series) = (f + 1, 0);
+                    return true;
+                };
+                if i == 0 {
+                    header(out, name, if f == 0 { "counter" } else { "histogram" });
+                }
+                match f {
+                    0 => sample(out, name, &http_labels, k, None, s.requests),
+                    1 => histogram(out, name, &http_labels, k, &s.duration),
+                    2 => histogram(out, name, &http_labels, k, &s.request_bytes),
+                    _ => histogram(out, name, &http_labels, k, &s.response_bytes),
+                }
+            }
+            4..=7 => {
+                let name = TCP_FAMILIES[f - 4];
+                let Some((k, s)) = self.tcp.get(i) else {
+                    (self.family, self.series) = (f + 1, 0);
+                    return true;
+                };
+                if i == 0 {
+                    header(out, name, "counter");
+                }
+                let value = [s.sent, s.received, s.opened, s.closed][f - 4];
+                sample(out, name, &LABELS, k, None, value);
+            }
+            8 => {
+                header(out, "istio_agent_standard_metrics_label_sets", "gauge");
+                let _ = writeln!(
                     out,
-                    "istio_requests_total",
-                    &http_labels,
-                    k,
-                    None,
-                    s.requests,
+                    "istio_agent_standard_metrics_label_sets {}",
+                    self.http.len() + self.tcp.len()
                 );
+                header(
+                    out,
+                    "istio_agent_standard_metrics_overflow_total",
+                    "counter",
+                );
+                let _ = writeln!(
+                    out,
+                    "istio_agent_standard_metrics_overflow_total {}",
+                    self.overflow
+                );
+                (self.family, self.series) = (f + 1, 0);
+                return true;
             }
-            type Pick = fn(&HttpSeries) -> &Histogram;
-            let histograms: [(&str, Pick); 3] = [
-                ("istio_request_duration_milliseconds", |s| &s.duration),
-                ("istio_request_bytes", |s| &s.request_bytes),
-                ("istio_response_bytes", |s| &s.response_bytes),
-            ];
-            for (name, pick) in histograms {
-                header(out, name, "histogram");
-                for (k, s) in &http {
-                    histogram(out, name, &http_labels, k, pick(s));
-                }
-            }
+            _ => return false,
         }
-        if !tcp.is_empty() {
-            type Pick = fn(&TcpSeries) -> u64;
-            let counters: [(&str, Pick); 4] = [
-                ("istio_tcp_sent_bytes_total", |s| s.sent),
-                ("istio_tcp_received_bytes_total", |s| s.received),
-                ("istio_tcp_connections_opened_total", |s| s.opened),
-                ("istio_tcp_connections_closed_total", |s| s.closed),
-            ];
-            for (name, pick) in counters {
-                header(out, name, "counter");
-                for (k, s) in &tcp {
-                    sample(out, name, &LABELS, k, None, pick(s));
-                }
-            }
-        }
-        header(out, "istio_agent_standard_metrics_label_sets", "gauge");
-        let _ = writeln!(
-            out,
-            "istio_agent_standard_metrics_label_sets {}",
-            http.len() + tcp.len()
-        );
-        header(
-            out,
-            "istio_agent_standard_metrics_overflow_total",
-            "counter",
-        );
-        let _ = writeln!(
-            out,
-            "istio_agent_standard_metrics_overflow_total {}",
-            state.overflow
-        );
+        self.series += 1;
+        true
+    }
+}
+
+impl Iterator for Exposition {
+    type Item = String;
+
+    fn next(&mut self) -> Option<String> {
+        let mut out = String::new();
+        while out.len() < CHUNK_BYTES && self.step(&mut out) {}
+        (!out.is_empty()).then_some(out)
     }
 }
 
@@ -987,6 +1050,28 @@ mod tests {
             out.contains("istio_agent_standard_metrics_overflow_total 5"),
             "overflow"
         );
+    }
+
+    #[test]
+    fn the_exposition_streams_in_bounded_chunks() {
+        let m = StandardMetrics::new(own());
+        for i in 0..200 {
+            let mut r = inbound_http("200");
+            r.retain(|(k, _)| *k != "authority");
+            r.push(("authority", format!("host-{i}")));
+            run(&m, &[r, tcp("TcpConnectionEnd", &i.to_string(), "1", "1")]);
+        }
+        let chunks: Vec<String> = m.exposition().collect();
+        assert!(chunks.len() > 10, "{}", chunks.len());
+        // A chunk ends after the series that crossed the size: under the size plus one series.
+        assert!(chunks.iter().all(|c| c.len() < CHUNK_BYTES + 32 * 1024));
+        let text = chunks.concat();
+        let count = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
+        assert_eq!(count("istio_requests_total{"), 200);
+        assert_eq!(count("istio_response_bytes_count{"), 200);
+        assert_eq!(count("istio_tcp_connections_closed_total{"), 1);
+        assert_eq!(count("# TYPE istio_request_bytes histogram"), 1);
+        assert!(text.ends_with("istio_agent_standard_metrics_overflow_total 0\n"));
     }
 
     #[test]
