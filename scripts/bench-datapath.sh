@@ -276,7 +276,8 @@ for r in $(seq 1 "$ROUNDS"); do
     start_ours; wait_ok "$C" "$URL"
     OURS+=("$(load)")
     # The records reached the agent: its 15020 counts the requests.
-    ip netns exec "$S" curl -s "http://127.0.0.1:15020/stats/prometheus" | grep -q '^istio_requests_total{reporter="destination"' \
+    ip netns exec "$S" curl -s -o "$WORK/scrape.txt" "http://127.0.0.1:15020/stats/prometheus"
+    grep -q '^istio_requests_total{reporter="destination"' "$WORK/scrape.txt" \
       || { echo "no istio_requests_total on the server's 15020" >&2; exit 1; }
     stop_proxies
     printf 'kind: ConfigMap\nmetadata: {name: istio, namespace: istio-system}\ndata:\n  mesh: |-\n    defaultProviders: {metrics: []}\n' \
