@@ -493,10 +493,15 @@ impl StandardMetrics {
         }
     }
 
-    /// A TCP connection counts as opened at its first record (Envoy logs when the upstream
-    /// connects, every 15 s, and at the end), its bytes as they grow, and closed at its end.
+    /// A TCP connection counts as opened at its first record (Envoy logs every 15 s and at the
+    /// end), its bytes as they grow, and closed at its end. A record of the upstream connecting
+    /// is ignored: an inbound one comes before the client's certificate is known.
     fn tcp(&self, state: &mut State, r: &Record<'_>) {
-        let end = r.get(attr::LOG_TYPE) == Some("TcpConnectionEnd");
+        let kind = r.get(attr::LOG_TYPE);
+        if kind == Some("TcpUpstreamConnected") {
+            return;
+        }
+        let end = kind == Some("TcpConnectionEnd");
         let id = (
             r.get(attr::REPORTER) == Some("destination"),
             r.number(attr::CONNECTION),
@@ -1002,6 +1007,7 @@ mod tests {
             &[
                 tcp("TcpUpstreamConnected", "7", "0", "0"),
                 tcp("TcpPeriodic", "7", "100", "10"),
+                tcp("TcpPeriodic", "7", "120", "10"),
                 tcp("TcpConnectionEnd", "7", "150", "30"),
                 // A connection that never reached its upstream: only its end is logged.
                 tcp("TcpConnectionEnd", "8", "0", "5"),

@@ -60,7 +60,7 @@ pub mod attr {
     pub const DURATION_MS: &str = "duration_ms";
     pub const RECEIVED_BYTES: &str = "received_bytes";
     pub const SENT_BYTES: &str = "sent_bytes";
-    /// TCP: `TcpUpstreamConnected`, `TcpPeriodic` or `TcpConnectionEnd`.
+    /// TCP: `TcpPeriodic` or `TcpConnectionEnd`.
     pub const LOG_TYPE: &str = "log_type";
     /// TCP: Envoy's downstream connection id, to relate a connection's records.
     pub const CONNECTION: &str = "connection";
@@ -168,8 +168,8 @@ pub fn http_access_log(reporter: Reporter) -> AccessLog {
     )
 }
 
-/// The access logger of a tcp_proxy reporting as `reporter`. The tcp_proxy must also log when
-/// its upstream connects and every so often (`tcp_access_log_options`).
+/// The access logger of a tcp_proxy reporting as `reporter`. The tcp_proxy must also log every
+/// so often (`tcp_access_log_options`), or a long connection reports nothing until it closes.
 pub fn tcp_access_log(reporter: Reporter) -> AccessLog {
     logger(
         reporter,
@@ -184,15 +184,16 @@ pub fn tcp_access_log(reporter: Reporter) -> AccessLog {
     )
 }
 
-/// The tcp_proxy options that make it report a connection when it opens and every
-/// [`TCP_REPORT_SECONDS`] while it lasts, not only when it closes.
+/// The tcp_proxy options that make it report a connection every [`TCP_REPORT_SECONDS`] while
+/// it lasts, not only when it closes. Not when the upstream connects: on an inbound mTLS chain
+/// tcp_proxy dials the app before the client's TLS handshake is done, so that record would
+/// carry no client certificate (Istio's filter likewise waits for the peer, or the close).
 pub fn tcp_access_log_options() -> tcp_proxy::TcpAccessLogOptions {
     tcp_proxy::TcpAccessLogOptions {
         access_log_flush_interval: Some(Duration {
             seconds: TCP_REPORT_SECONDS,
             nanos: 0,
         }),
-        flush_access_log_on_connected: true,
         ..Default::default()
     }
 }
