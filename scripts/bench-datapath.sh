@@ -15,11 +15,14 @@
 # gateway instead of a sidecar (no capture there; wrk in the same namespace sends Host
 # app.example.com to its port 8080): ours is `pilot-agent proxy router` serving a Gateway and a
 # VirtualService bound to it, to the server's sidecar over mTLS; hand-minimal is an Envoy with one
-# listener on 8080, one route and the same TLS cluster.
+# listener on 8080, one route and the same TLS cluster. Mode `telemetry`: ours with Istio's
+# standard metrics (the default: every HCM and tcp_proxy has the OpenTelemetry access logger that
+# feeds the agent) and ours with them off (MeshConfig `defaultProviders: {metrics: []}`),
+# alternating in the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS="${1:-10}"; CONNS="${2:-16}"; ROUNDS="${3:-3}"; MODE="${4:-minimal}"
-case "$MODE" in minimal|authz|gateway) ;; *) echo "mode: minimal, authz or gateway, not $MODE" >&2; exit 2 ;; esac
+case "$MODE" in minimal|authz|gateway|telemetry) ;; *) echo "mode: minimal, authz, gateway or telemetry, not $MODE" >&2; exit 2 ;; esac
 ./scripts/setup.sh >/dev/null
 command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables
@@ -268,6 +271,21 @@ for r in $(seq 1 "$ROUNDS"); do
     MIN+=("$(load)"); stop_proxies
     continue
   fi
+  if [ "$MODE" = telemetry ]; then
+    rm -f "$WORK/mesh/no-metrics.yaml"
+    start_ours; wait_ok "$C" "$URL"
+    OURS+=("$(load)")
+    # The records reached the agent: its 15020 counts the requests.
+    ip netns exec "$S" curl -s -o "$WORK/scrape.txt" "http://127.0.0.1:15020/stats/prometheus"
+    grep -q '^istio_requests_total{reporter="destination"' "$WORK/scrape.txt" \
+      || { echo "no istio_requests_total on the server's 15020" >&2; exit 1; }
+    stop_proxies
+    printf 'kind: ConfigMap\nmetadata: {name: istio, namespace: istio-system}\ndata:\n  mesh: |-\n    defaultProviders: {metrics: []}\n' \
+      > "$WORK/mesh/no-metrics.yaml"
+    start_ours; wait_ok "$C" "$URL"
+    MIN+=("$(load)"); stop_proxies
+    continue
+  fi
   start_ours; wait_ok "$C" "$URL"
   OURS+=("$(load)"); stop_proxies
   start_minimal; wait_ok "$C" "$URL"
@@ -277,6 +295,8 @@ if [ "$MODE" = authz ]; then
   A="ours, 100 ALLOW rules"; B="ours, no policy"
 elif [ "$MODE" = gateway ]; then
   A="ours, gateway"; B="hand-minimal gateway"
+elif [ "$MODE" = telemetry ]; then
+  A="ours, standard metrics"; B="ours, metrics off"
 else
   A="ours"; B="hand-minimal"
 fi

@@ -1,6 +1,7 @@
 //! Envoy's bootstrap (`./etc/istio/proxy/envoy-rev.json`), laid out as Istio's
 //! `tools/packaging/common/envoy_bootstrap.json` renders it: admin on loopback, ADS over the
-//! agent's unix socket, the `prometheus_stats`/`agent`/`xds-grpc`/`sds-grpc` static clusters and
+//! agent's unix socket, the `prometheus_stats`/`agent`/`xds-grpc`/`sds-grpc` static clusters (and
+//! `agent-telemetry`, where access logs for Istio's standard metrics go) and
 //! the 15090 (stats) and 15021 (readiness) listeners.
 //!
 //! Built as a JSON value, never by text templating, so env- or annotation-derived strings
@@ -13,6 +14,7 @@ use crate::config::Config;
 pub const PROMETHEUS_PORT: u16 = 15090;
 pub const ENVOY_STATUS_PORT: u16 = 15021;
 const SDS_SOCKET: &str = "./var/run/secrets/workload-spiffe-uds/socket";
+use istiod_core::generators::telemetry::CLUSTER as TELEMETRY_CLUSTER;
 
 fn socket_address(ip: &str, port: u16) -> Value {
     json!({ "socket_address": { "address": ip, "port_value": port } })
@@ -201,6 +203,7 @@ fn render_default(cfg: &Config) -> Value {
 
 fn render_base(cfg: &Config, ipv6: bool) -> Value {
     let xds_socket = cfg.xds_socket_path().display().to_string();
+    let telemetry_socket = crate::telemetry::socket_path(cfg).display().to_string();
     let ads_source =
         json!({ "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" });
     json!({
@@ -267,6 +270,8 @@ fn render_base(cfg: &Config, ipv6: bool) -> Value {
                     "max_requests_per_connection": 1,
                     "connect_timeout": cfg.connect_timeout.map_or_else(|| "1s".to_string(), proto_duration)
                 })),
+                // Envoy's access loggers send Istio's standard metrics' records here.
+                pipe_cluster(TELEMETRY_CLUSTER, &telemetry_socket, json!({})),
             ],
             "listeners": [
                 static_listener(PROMETHEUS_PORT, "stats", "/stats/prometheus", "prometheus_stats", ipv6),

@@ -681,7 +681,18 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     if super::gateway::is_router(proxy) {
         return super::gateway::listeners(push, proxy);
     }
-    let named = |l: Listener| Named::new(l.name.clone(), pack_any(l));
+    let metrics = super::telemetry::enabled(&push.mesh);
+    let named = |mut l: Listener| {
+        if metrics {
+            let reporter = if l.name == VIRTUAL_INBOUND {
+                super::telemetry::Reporter::Destination
+            } else {
+                super::telemetry::Reporter::Source
+            };
+            super::telemetry::instrument(&mut l, reporter);
+        }
+        Named::new(l.name.clone(), pack_any(l))
+    };
     let scope = push.sidecar_scope(proxy);
     let mut out = match scope {
         // Routes that depend on the proxy: its listeners are its own.

@@ -12,6 +12,7 @@ pub mod gateway;
 pub mod lds;
 pub mod nds;
 pub mod route;
+pub mod telemetry;
 pub mod tls;
 
 use envoy_types::pb::envoy::config::core::v3::{
