@@ -16,6 +16,7 @@ pub mod probes;
 pub mod sds;
 pub mod status;
 pub mod uds;
+pub mod xds_adapt;
 pub mod xds_proxy;
 
 use std::os::unix::fs::PermissionsExt;
