@@ -17,6 +17,7 @@ pub mod sds;
 pub mod status;
 pub mod telemetry;
 pub mod uds;
+pub mod xds_adapt;
 pub mod xds_proxy;
 
 use std::os::unix::fs::PermissionsExt;
@@ -235,6 +236,7 @@ async fn start_status(
     drain: &Drain,
     metrics: &Arc<metrics::Metrics>,
     certs: &identity::CertWatch,
+    adapt: Option<Arc<xds_adapt::Adapter>>,
 ) -> Result<tokio::sync::watch::Sender<Option<dns::TableWatch>>, AgentError> {
     // Readiness also waits for the DNS table when the DNS proxy is on.
     let (dns_tx, dns_rx) = tokio::sync::watch::channel(None);
@@ -245,7 +247,8 @@ async fn start_status(
                 port: cfg.status_port,
                 source,
             })?;
-    let state = status::State::new(cfg, drain.clone(), metrics.clone(), dns_rx, certs.clone());
+    let state = status::State::new(cfg, drain.clone(), metrics.clone(), dns_rx, certs.clone())
+        .with_xds_adapt(adapt);
     tasks.spawn_forever("status", status::serve(listener, state));
     Ok(dns_tx)
 }
@@ -270,6 +273,7 @@ fn start_dns(
 
 /// Serves Envoy's xDS on the socket in the config directory, proxied to `upstream`. Returns the
 /// socket's path.
+#[allow(clippy::too_many_arguments)]
 fn start_xds(
     cfg: &Config,
     tasks: &mut Supervisor,
@@ -277,6 +281,7 @@ fn start_xds(
     drain: &Drain,
     metrics: &Arc<metrics::Metrics>,
     dns: Option<xds_proxy::DnsState>,
+    adapt: Option<Arc<xds_adapt::Adapter>>,
     access: &SocketAccess,
 ) -> Result<PathBuf, AgentError> {
     let path = cfg.xds_socket_path();
@@ -290,6 +295,7 @@ fn start_xds(
             upstream,
             metrics.clone(),
             dns,
+            adapt,
             async move { drain.finished().await },
         ),
     );
@@ -336,9 +342,15 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     let access = SocketAccess::for_envoy(&cfg);
     let certs = start_identity(&cfg, &mut tasks, &metrics)?;
     let sds_socket = start_sds(&cfg, &mut tasks, &drain, &certs, &access)?;
-    let status_dns = start_status(&cfg, &mut tasks, &drain, &metrics, &certs).await?;
+    let adapt = cfg
+        .xds_adapt
+        .then(|| Arc::new(xds_adapt::Adapter::new(metrics.clone())));
+    let status_dns =
+        start_status(&cfg, &mut tasks, &drain, &metrics, &certs, adapt.clone()).await?;
     let dns = start_dns(&cfg, &mut tasks, &metrics, &status_dns);
-    let xds_socket = start_xds(&cfg, &mut tasks, upstream, &drain, &metrics, dns, &access)?;
+    let xds_socket = start_xds(
+        &cfg, &mut tasks, upstream, &drain, &metrics, dns, adapt, &access,
+    )?;
     let telemetry_socket = start_telemetry(&cfg, &mut tasks, &drain, &metrics, &access)?;
 
     let bootstrap_path = cfg.bootstrap_path();

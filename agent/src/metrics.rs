@@ -31,6 +31,10 @@ pub struct Metrics {
     /// Unix time the workload certificate expires (0 until there is one).
     pub cert_expiry_timestamp: Gauge<f64, AtomicU64>,
     cert_expiry_seconds: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+    /// Istio-only extensions the xDS adaptation removed, by type (`xds_adapt`).
+    xds_adapt_removed: Family<Vec<(String, String)>, Counter>,
+    /// xDS responses the adaptation refused (NACKed to the control plane).
+    pub xds_adapt_refused: Counter,
     started: std::time::Instant,
     /// Istio's standard metrics, once their collector runs (`telemetry`).
     pub standard: std::sync::OnceLock<std::sync::Arc<crate::telemetry::StandardMetrics>>,
@@ -87,8 +91,22 @@ impl Metrics {
             "Unix time at which the workload certificate expires",
             cert_expiry_timestamp.clone(),
         );
+        let xds_adapt_removed = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "xds_adapt_removed",
+            "Istio-only extensions removed from xDS responses for upstream Envoy, by type",
+            xds_adapt_removed.clone(),
+        );
+        let xds_adapt_refused = Counter::default();
+        registry.register(
+            "xds_adapt_refused",
+            "xDS responses NACKed by the agent: a security filter of a type upstream Envoy cannot load",
+            xds_adapt_refused.clone(),
+        );
         Metrics {
             registry,
+            xds_adapt_removed,
+            xds_adapt_refused,
             cert_expiry_timestamp,
             cert_expiry_seconds,
             xds_proxy_requests,
@@ -99,6 +117,13 @@ impl Metrics {
             started: std::time::Instant::now(),
             standard: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Counts one extension of type `type_name` removed by the xDS adaptation.
+    pub fn xds_adapt_removed(&self, type_name: &str) {
+        self.xds_adapt_removed
+            .get_or_create(&vec![("type".to_string(), type_name.to_string())])
+            .inc();
     }
 
     /// Records the first time the proxy is ready.

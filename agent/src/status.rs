@@ -147,6 +147,7 @@ pub struct State {
     app_metrics: Option<crate::config::metrics::AppMetrics>,
     dns: DnsReadiness,
     certs: CertWatch,
+    xds_adapt: Option<Arc<crate::xds_adapt::Adapter>>,
 }
 
 impl State {
@@ -167,7 +168,14 @@ impl State {
             app_metrics: cfg.app_metrics.clone(),
             dns,
             certs,
+            xds_adapt: None,
         }
+    }
+
+    /// Serves the xDS adaptation's report on `/debug/xds_adapt`.
+    pub fn with_xds_adapt(mut self, adapt: Option<Arc<crate::xds_adapt::Adapter>>) -> State {
+        self.xds_adapt = adapt;
+        self
     }
 }
 
@@ -196,11 +204,11 @@ async fn handle(
                 Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, why),
             }
         }
-        (_, "/quitquitquit" | "/drain" | "/debug/config" | "/debug/ndsz" | "/debug/certs")
-            if !local =>
-        {
-            text(StatusCode::FORBIDDEN, "only from localhost\n")
-        }
+        (
+            _,
+            "/quitquitquit" | "/drain" | "/debug/config" | "/debug/ndsz" | "/debug/certs"
+            | "/debug/xds_adapt",
+        ) if !local => text(StatusCode::FORBIDDEN, "only from localhost\n"),
         (&Method::POST, "/quitquitquit") => {
             state.drain.trigger(Shutdown::Immediate);
             text(StatusCode::OK, "")
@@ -226,6 +234,10 @@ async fn handle(
                 format!("{:#}\n", crate::identity::summary(c)),
             ),
             None => text(StatusCode::NOT_FOUND, "no workload certificate yet\n"),
+        },
+        (&Method::GET, "/debug/xds_adapt") => match &state.xds_adapt {
+            Some(a) => text(StatusCode::OK, a.report_json() + "\n"),
+            None => text(StatusCode::NOT_FOUND, "xDS adaptation off (XDS_ADAPT)\n"),
         },
         (&Method::GET, "/debug/ndsz") => {
             let table = state.dns.borrow().as_ref().and_then(|t| t.borrow().clone());

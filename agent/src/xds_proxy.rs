@@ -362,6 +362,8 @@ pub struct DnsState {
 
 struct Inner {
     upstream: Upstream,
+    /// The adaptation of responses for upstream Envoy, when on (`xds_adapt`).
+    adapt: Option<Arc<crate::xds_adapt::Adapter>>,
     metrics: Arc<crate::metrics::Metrics>,
     dns: Option<DnsState>,
     /// Consecutive failed dials to the control plane.
@@ -392,6 +394,7 @@ impl Inner {
         let failure =
             futures::stream::once(failed_rx).filter_map(|r| std::future::ready(r.ok().map(Err)));
         let dns = self.dns.clone();
+        let (adapt, nack_tx) = (self.adapt.clone(), tx.clone());
         match self.upstream.open(delta, ReceiverStream::new(rx)).await {
             Ok(responses) => {
                 self.failures.store(0, Ordering::Relaxed);
@@ -405,6 +408,10 @@ impl Inner {
                         metrics.xds_proxy_responses.inc();
                     }
                     async move { keep }
+                });
+                let responses = responses.filter_map(move |r| {
+                    let r = crate::xds_adapt::apply(adapt.as_deref(), delta, r, &nack_tx);
+                    std::future::ready(r)
                 });
                 // Ends when the upstream's responses end (Envoy then reconnects), or with the
                 // status of a request Envoy sent that could not be read.
@@ -510,11 +517,13 @@ pub async fn serve(
     upstream: Upstream,
     metrics: Arc<crate::metrics::Metrics>,
     dns: Option<DnsState>,
+    adapt: Option<Arc<crate::xds_adapt::Adapter>>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), XdsProxyError> {
     let service = ProxyService {
         inner: Arc::new(Inner {
             upstream,
+            adapt,
             metrics,
             dns,
             failures: AtomicU32::new(0),
@@ -553,6 +562,7 @@ mod tests {
             crate::uds::allowed_uids(1337),
             Upstream::Embedded(cp.xds()),
             Arc::new(crate::metrics::Metrics::new()),
+            None,
             None,
             std::future::pending(),
         ));

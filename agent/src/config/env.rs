@@ -40,3 +40,6 @@ pub const ECC_CURVE: &str = "ECC_CURVE";
 pub const WORKLOAD_RSA_KEY_SIZE: &str = "WORKLOAD_RSA_KEY_SIZE";
 pub const FILE_MOUNTED_CERTS: &str = "FILE_MOUNTED_CERTS";
 pub const OUTPUT_CERTS: &str = "OUTPUT_CERTS";
+/// Adapt a remote istiod's xDS for upstream Envoy (`xds_adapt`); default on for a remote
+/// control plane, off for the embedded one.
+pub const XDS_ADAPT: &str = "XDS_ADAPT";

@@ -127,6 +127,9 @@ pub struct Config {
     pub cache_check: bool,
     /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE for the embedded control plane.
     pub scope_gateway_to_namespace: bool,
+    /// XDS_ADAPT: remove Istio-only extensions from xDS responses for upstream Envoy (on by
+    /// default with a remote control plane; istiod-core emits none).
+    pub xds_adapt: bool,
 }
 
 /// The DNS proxy's listen address and upstream resolvers.
@@ -303,6 +306,8 @@ impl Config {
             }
             ControlPlaneSource::Embedded { .. } => None,
         };
+        let remote = matches!(control_plane, ControlPlaneSource::Remote { .. });
+        let xds_adapt = parse_bool(env::XDS_ADAPT, lookup(env::XDS_ADAPT), remote)?;
         let service_account = lookup(env::SERVICE_ACCOUNT).unwrap_or_else(|| "default".to_string());
         let workload = identity::Workload {
             namespace: &pod_namespace,
@@ -385,6 +390,7 @@ impl Config {
                 .map_err(|e| err(e.name, &e.value, &e.expected))?,
             cache_check: lifecycle.cache_check,
             scope_gateway_to_namespace: istiod_core::config::scope_gateway_to_namespace(lookup),
+            xds_adapt,
         })
     }
     /// Envoy's node id: `<type>~<ip>~<pod>.<namespace>~<domain>`.
@@ -938,6 +944,18 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.input, "discoveryAddress");
+    }
+
+    #[test]
+    fn xds_adaptation_is_on_for_a_remote_control_plane() {
+        let remote = [("PROXY_CONFIG", "discoveryAddress: cp.example:15010")];
+        assert!(cfg(&remote, ProxyArgs::default()).unwrap().xds_adapt);
+        assert!(!cfg(&[], embedded()).unwrap().xds_adapt);
+        let off = [remote[0], ("XDS_ADAPT", "false")];
+        assert!(!cfg(&off, ProxyArgs::default()).unwrap().xds_adapt);
+        assert!(cfg(&[("XDS_ADAPT", "true")], embedded()).unwrap().xds_adapt);
+        let e = cfg(&[("XDS_ADAPT", "sometimes")], embedded()).unwrap_err();
+        assert_eq!(e.input, "XDS_ADAPT");
     }
 
     #[test]

@@ -118,6 +118,7 @@ async fn proxy(
         },
         Arc::new(crate::metrics::Metrics::new()),
         dns,
+        None,
         std::future::pending(),
     ));
     AggregatedDiscoveryServiceClient::new(crate::sds::connect(path).await.unwrap())

@@ -224,6 +224,7 @@ pub fn start_proxy(dir: &Path, upstream: pilot_agent::xds_proxy::Upstream) -> Pa
         upstream,
         Arc::new(pilot_agent::metrics::Metrics::new()),
         None,
+        None,
         std::future::pending(),
     ));
     path

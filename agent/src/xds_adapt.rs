@@ -1,0 +1,662 @@
+//! Adapts a remote istiod's xDS for upstream Envoy. istiod (1.24–1.28) puts extensions into
+//! sidecar listeners and clusters that exist only in Istio's Envoy build (istio/proxy), and an
+//! upstream Envoy rejects every resource carrying one ("Didn't find a registered
+//! implementation"). This step, between the control plane and Envoy, removes them from LDS, CDS
+//! and ECDS responses (state of the world and Delta):
+//!
+//! - `istio.metadata_exchange`: the HTTP filter (a TypedStruct of
+//!   `io.istio.http.peer_metadata.Config`, istio `pilot/pkg/xds/filters` Sidecar*MetadataFilter),
+//!   the network and cluster filter (`envoy.tcp.metadataexchange.config.MetadataExchange`,
+//!   `TCPListenerMx`/`TCPClusterMx`, a TypedStruct, or the message itself in older istiods);
+//! - `istio.alpn` (`istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig`);
+//! - `istio.stats` (`stats.PluginConfig`, istio `pilot/pkg/networking/core/extension/telemetry`),
+//!   HTTP and network filter;
+//! - ALPN `istio-peer-exchange` in the Downstream/UpstreamTlsContext of filter chains and clusters
+//!   (with the metadata-exchange filter gone, a peer that negotiated it would write exchange
+//!   bytes into the application's stream).
+//!
+//! The messages are edited at the wire level (`wire`): everything not removed is kept byte for
+//! byte, fields unknown to our generated types included. A response with nothing to remove is
+//! found by a scan of its bytes and forwarded as it came.
+//!
+//! Security filters (RBAC, jwt_authn, ext_authz) are never dropped: one whose type upstream Envoy
+//! cannot load makes the agent NACK the response to the control plane (Envoy keeps its last good
+//! config). Other unknown types are kept and reported by name (Envoy then rejects the resource).
+
+mod wire;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use prost::Message;
+use wire::Edit;
+pub use wire::WireError;
+
+pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+pub const EXTENSION_CONFIG_TYPE: &str =
+    "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
+
+/// The Istio-only extension types removed, as Envoy looks them up (a TypedStruct's inner type).
+pub const PEER_METADATA: &str = "io.istio.http.peer_metadata.Config";
+pub const TCP_METADATA_EXCHANGE: &str = "envoy.tcp.metadataexchange.config.MetadataExchange";
+pub const ALPN_OVERRIDE: &str = "istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig";
+pub const ISTIO_STATS: &str = "stats.PluginConfig";
+const ISTIO_ONLY: [&str; 4] = [
+    PEER_METADATA,
+    TCP_METADATA_EXCHANGE,
+    ALPN_OVERRIDE,
+    ISTIO_STATS,
+];
+
+/// The ALPN istio-proxy peers negotiate for TCP metadata exchange.
+pub const PEER_EXCHANGE_ALPN: &str = "istio-peer-exchange";
+
+/// Filters that enforce policy: never removed.
+const SECURITY_FILTERS: [&str; 5] = [
+    "envoy.filters.http.rbac",
+    "envoy.filters.http.jwt_authn",
+    "envoy.filters.http.ext_authz",
+    "envoy.filters.network.rbac",
+    "envoy.filters.network.ext_authz",
+];
+
+const HCM: &str =
+    "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const DOWNSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
+const UPSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+const TYPED_STRUCTS: [&str; 2] = ["udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct"];
+const TYPE_PREFIX: &[u8] = b"type.googleapis.com/";
+
+/// The name a type URL ends with (`type.googleapis.com/x.y.Z` → `x.y.Z`).
+fn type_name(url: &str) -> &str {
+    url.rsplit('/').next().unwrap_or(url)
+}
+
+/// A type upstream Envoy has: its own API, protobuf's well-known types, xDS's shared types.
+fn loadable(name: &str) -> bool {
+    (name.starts_with("envoy.") && !name.starts_with("envoy.tcp.metadataexchange."))
+        || name.starts_with("google.protobuf.")
+        || name.starts_with("xds.")
+        || name.starts_with("udpa.")
+}
+
+fn istio_only(name: &str) -> bool {
+    ISTIO_ONLY.contains(&name)
+}
+
+/// Whether `msg` may carry something to adapt: `istio-peer-exchange`, or an Any type URL
+/// outside Envoy's own API. A response whose every `type.googleapis.com/` names an Envoy or
+/// well-known type and that has no such ALPN is forwarded untouched without being decoded.
+pub fn needs_adapting(msg: &[u8]) -> bool {
+    if memchr::memmem::find(msg, PEER_EXCHANGE_ALPN.as_bytes()).is_some() {
+        return true;
+    }
+    memchr::memmem::find_iter(msg, TYPE_PREFIX).any(|at| {
+        let rest = msg.get(at + TYPE_PREFIX.len()..).unwrap_or_default();
+        let plain = [&b"envoy."[..], b"google.protobuf.", b"xds.", b"udpa."]
+            .iter()
+            .any(|p| rest.starts_with(p))
+            && !rest.starts_with(b"envoy.tcp.metadataexchange.");
+        !plain
+    })
+}
+
+/// One extension seen in a resource.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct Finding {
+    /// The listener, cluster or extension config it is in.
+    pub resource: String,
+    /// The filter's name.
+    pub filter: String,
+    /// The type Envoy would look up.
+    #[serde(rename = "type")]
+    pub type_name: String,
+}
+
+/// What one response held.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Findings {
+    pub removed: Vec<Finding>,
+    /// Security filters of a type Envoy cannot load: the response is refused.
+    pub refused: Vec<Finding>,
+    /// Other types Envoy cannot load, kept (Envoy rejects the resource).
+    pub unknown: Vec<Finding>,
+    /// Resources whose `istio-peer-exchange` ALPN was removed.
+    pub alpn_stripped: Vec<String>,
+}
+
+/// The editing of one response: the resource being walked and what was found.
+#[derive(Default)]
+struct Pass {
+    resource: String,
+    found: Findings,
+}
+
+enum Decision {
+    Keep,
+    Remove,
+    Refuse,
+}
+
+/// Which of a filter message's fields hold what: listener, HTTP and cluster filters differ.
+struct FilterShape {
+    typed_config: u32,
+    config_discovery: u32,
+    is_optional: Option<u32>,
+}
+
+const NETWORK_FILTER: FilterShape = FilterShape {
+    typed_config: 4,
+    config_discovery: 5,
+    is_optional: None,
+};
+const HTTP_FILTER: FilterShape = FilterShape {
+    typed_config: 4,
+    config_discovery: 5,
+    is_optional: Some(6),
+};
+const CLUSTER_FILTER: FilterShape = FilterShape {
+    typed_config: 2,
+    config_discovery: 3,
+    is_optional: None,
+};
+
+/// The type Envoy looks an Any up by: its own, or a TypedStruct's inner one.
+fn extension_type(any: &[u8]) -> Result<String, WireError> {
+    let name = type_name(wire::string_field(any, 1)?);
+    if TYPED_STRUCTS.contains(&name) {
+        let value = wire::len_field(any, 2)?.unwrap_or_default();
+        return Ok(type_name(wire::string_field(value, 1)?).to_string());
+    }
+    Ok(name.to_string())
+}
+
+impl Pass {
+    fn finding(&self, filter: &str, type_name: &str) -> Finding {
+        Finding {
+            resource: self.resource.clone(),
+            filter: filter.to_string(),
+            type_name: type_name.to_string(),
+        }
+    }
+
+    /// Judges one filter by the types it names (its typed_config, or the type_urls of its
+    /// config_discovery): all loadable, kept; all Istio-only, removed; a security filter with a
+    /// type Envoy lacks, refused; anything else unknown, kept and reported.
+    fn judge(&mut self, filter: &[u8], shape: &FilterShape) -> Result<Decision, WireError> {
+        let name = wire::string_field(filter, 1)?;
+        let mut types = Vec::new();
+        let mut optional = false;
+        for field in wire::fields(filter) {
+            let field = field?;
+            if field.number == shape.typed_config && field.is_len() {
+                types.push(extension_type(field.value)?);
+            } else if field.number == shape.config_discovery && field.is_len() {
+                for url in wire::repeated(field.value, 4)? {
+                    types.push(type_name(std::str::from_utf8(url).unwrap_or_default()).to_string());
+                }
+            } else if Some(field.number) == shape.is_optional {
+                optional = field.varint().unwrap_or(0) != 0;
+            }
+        }
+        if types.iter().all(|t| loadable(t)) {
+            return Ok(Decision::Keep);
+        }
+        if SECURITY_FILTERS.contains(&name) {
+            for t in types.iter().filter(|t| !loadable(t)) {
+                self.found.refused.push(self.finding(name, t));
+            }
+            return Ok(Decision::Refuse);
+        }
+        if types.iter().all(|t| istio_only(t)) {
+            for t in &types {
+                self.found.removed.push(self.finding(name, t));
+            }
+            return Ok(Decision::Remove);
+        }
+        if !optional {
+            for t in types.iter().filter(|t| !loadable(t)) {
+                self.found.unknown.push(self.finding(name, t));
+            }
+        }
+        Ok(Decision::Keep)
+    }
+
+    /// Removes the Istio-only HTTP filters of an HttpConnectionManager (`istio.metadata_exchange`,
+    /// `istio.alpn`, `istio.stats`). Where `istio.stats` is removed from an HCM, this is the place
+    /// a replacement for its metrics belongs.
+    fn strip_http_filters(&mut self, hcm: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
+        wire::rewrite(hcm, |field| {
+            if field.number != 5 || !field.is_len() {
+                return Ok(Edit::Keep);
+            }
+            Ok(match self.judge(field.value, &HTTP_FILTER)? {
+                Decision::Remove => Edit::Drop,
+                Decision::Keep | Decision::Refuse => Edit::Keep,
+            })
+        })
+    }
+
+    /// One network filter of a filter chain: removed when Istio-only; an HCM is entered.
+    fn network_filter(&mut self, filter: &[u8]) -> Result<Edit, WireError> {
+        match self.judge(filter, &NETWORK_FILTER)? {
+            Decision::Remove => return Ok(Edit::Drop),
+            Decision::Refuse => return Ok(Edit::Keep),
+            Decision::Keep => {}
+        }
+        let edited = wire::rewrite(filter, |field| {
+            if field.number != NETWORK_FILTER.typed_config || !field.is_len() {
+                return Ok(Edit::Keep);
+            }
+            if type_name(wire::string_field(field.value, 1)?) != HCM {
+                return Ok(Edit::Keep);
+            }
+            let hcm = wire::len_field(field.value, 2)?.unwrap_or_default();
+            match self.strip_http_filters(hcm)? {
+                Some(hcm) => Ok(Edit::Replace(replace_any_value(field.value, &hcm)?)),
+                None => Ok(Edit::Keep),
+            }
+        })?;
+        Ok(edited.map_or(Edit::Keep, Edit::Replace))
+    }
+
+    /// Removes the Istio-only network filters of a filter chain (`istio.metadata_exchange`,
+    /// `istio.stats` beside a tcp_proxy or an HCM), the Istio-only HTTP filters of its HCMs, and
+    /// `istio-peer-exchange` from its DownstreamTlsContext. Where `istio.stats` is removed
+    /// beside a tcp_proxy, this is the place a replacement for its metrics belongs.
+    fn strip_network_filters(&mut self, chain: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
+        wire::rewrite(chain, |field| match (field.number, field.is_len()) {
+            (3, true) => self.network_filter(field.value),
+            (6, true) => Ok(self
+                .transport_socket(field.value)?
+                .map_or(Edit::Keep, Edit::Replace)),
+            _ => Ok(Edit::Keep),
+        })
+    }
+
+    /// A TransportSocket whose TLS context offers `istio-peer-exchange`, without it.
+    fn transport_socket(&mut self, socket: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
+        let edited = wire::rewrite(socket, |field| {
+            if field.number != 3 || !field.is_len() {
+                return Ok(Edit::Keep);
+            }
+            let kind = type_name(wire::string_field(field.value, 1)?);
+            if kind != DOWNSTREAM_TLS && kind != UPSTREAM_TLS {
+                return Ok(Edit::Keep);
+            }
+            let tls = wire::len_field(field.value, 2)?.unwrap_or_default();
+            // Both contexts hold their CommonTlsContext in field 1, its ALPN list in field 4.
+            let tls = wire::rewrite(tls, |f| {
+                if f.number != 1 || !f.is_len() {
+                    return Ok::<_, WireError>(Edit::Keep);
+                }
+                let common = wire::rewrite(f.value, |alpn| {
+                    Ok::<_, WireError>(
+                        if alpn.number == 4 && alpn.value == PEER_EXCHANGE_ALPN.as_bytes() {
+                            Edit::Drop
+                        } else {
+                            Edit::Keep
+                        },
+                    )
+                })?;
+                Ok(common.map_or(Edit::Keep, Edit::Replace))
+            })?;
+            match tls {
+                Some(tls) => Ok(Edit::Replace(replace_any_value(field.value, &tls)?)),
+                None => Ok(Edit::Keep),
+            }
+        })?;
+        if edited.is_some() {
+            self.found.alpn_stripped.push(self.resource.clone());
+        }
+        Ok(edited)
+    }
+
+    fn listener(&mut self, listener: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
+        // filter_chains (3) and default_filter_chain (25).
+        wire::rewrite(listener, |field| match (field.number, field.is_len()) {
+            (3 | 25, true) => Ok(self
+                .strip_network_filters(field.value)?
+                .map_or(Edit::Keep, Edit::Replace)),
+            _ => Ok(Edit::Keep),
+        })
+    }
+
+    fn cluster(&mut self, cluster: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
+        wire::rewrite(cluster, |field| match (field.number, field.is_len()) {
+            // filters
+            (40, true) => Ok(match self.judge(field.value, &CLUSTER_FILTER)? {
+                Decision::Remove => Edit::Drop,
+                Decision::Keep | Decision::Refuse => Edit::Keep,
+            }),
+            // transport_socket
+            (24, true) => Ok(self
+                .transport_socket(field.value)?
+                .map_or(Edit::Keep, Edit::Replace)),
+            // transport_socket_matches: the socket is field 3 of each.
+            (43, true) => {
+                let edited = wire::rewrite(field.value, |m| match (m.number, m.is_len()) {
+                    (3, true) => Ok(self
+                        .transport_socket(m.value)?
+                        .map_or(Edit::Keep, Edit::Replace)),
+                    _ => Ok(Edit::Keep),
+                })?;
+                Ok(edited.map_or(Edit::Keep, Edit::Replace))
+            }
+            _ => Ok(Edit::Keep),
+        })
+    }
+
+    /// An ECDS resource: dropped whole when Istio-only (the listener's reference to it is
+    /// removed in LDS by the same rule).
+    fn extension_config(&mut self, config: &[u8]) -> Result<Edit, WireError> {
+        Ok(match self.judge(config, &CLUSTER_FILTER)? {
+            Decision::Remove => Edit::Drop,
+            Decision::Keep | Decision::Refuse => Edit::Keep,
+        })
+    }
+
+    /// One resource (an Any) of the response's type.
+    fn resource(&mut self, kind: &str, any: &[u8]) -> Result<Edit, WireError> {
+        let value = wire::len_field(any, 2)?.unwrap_or_default();
+        // Listener, Cluster and TypedExtensionConfig all carry their name in field 1.
+        if self.resource.is_empty() {
+            self.resource = wire::string_field(value, 1)?.to_string();
+        }
+        let edited = match kind {
+            LISTENER_TYPE => self.listener(value)?,
+            CLUSTER_TYPE => self.cluster(value)?,
+            EXTENSION_CONFIG_TYPE => match self.extension_config(value)? {
+                Edit::Drop => return Ok(Edit::Drop),
+                _ => None,
+            },
+            _ => None,
+        };
+        Ok(match edited {
+            Some(value) => Edit::Replace(replace_any_value(any, &value)?),
+            None => Edit::Keep,
+        })
+    }
+
+    /// The resources (field 2) of a response: Anys in state of the world, Resource wrappers
+    /// (name 3, Any 2) in Delta.
+    fn response(
+        &mut self,
+        delta: bool,
+        kind: &str,
+        msg: &[u8],
+    ) -> Result<Option<Vec<u8>>, WireError> {
+        wire::rewrite(msg, |field| {
+            if field.number != 2 || !field.is_len() {
+                return Ok(Edit::Keep);
+            }
+            if !delta {
+                self.resource.clear();
+                return self.resource(kind, field.value);
+            }
+            self.resource = wire::string_field(field.value, 3)?.to_string();
+            let mut drop = false;
+            let edited = wire::rewrite(field.value, |r| {
+                if r.number != 2 || !r.is_len() {
+                    return Ok(Edit::Keep);
+                }
+                let edit = self.resource(kind, r.value)?;
+                drop = matches!(edit, Edit::Drop);
+                Ok(edit)
+            })?;
+            Ok(match (drop, edited) {
+                (true, _) => Edit::Drop,
+                (false, Some(r)) => Edit::Replace(r),
+                (false, None) => Edit::Keep,
+            })
+        })
+    }
+}
+
+/// An Any (type_url 1, value 2) with a new value, its type kept.
+fn replace_any_value(any: &[u8], value: &[u8]) -> Result<Vec<u8>, WireError> {
+    let edited = wire::rewrite(any, |f| {
+        Ok(if f.number == 2 {
+            Edit::Replace(value.to_vec())
+        } else {
+            Edit::Keep
+        })
+    })?;
+    Ok(edited.unwrap_or_else(|| {
+        let mut out = any.to_vec();
+        wire::put_len(&mut out, 2, value);
+        out
+    }))
+}
+
+/// What became of one response.
+#[derive(Debug, PartialEq)]
+pub enum Adapted {
+    /// Nothing to change: forward the bytes as they came.
+    Unchanged,
+    /// Forward these bytes instead.
+    Changed(Bytes, Findings),
+    /// Do not forward: NACK upstream with this reason.
+    Refused(String, Findings),
+}
+
+/// Adapts one (Delta)DiscoveryResponse.
+pub fn adapt(delta: bool, msg: &[u8]) -> Result<Adapted, WireError> {
+    if !needs_adapting(msg) {
+        return Ok(Adapted::Unchanged);
+    }
+    let kind = wire::string_field(msg, 4)?;
+    if ![LISTENER_TYPE, CLUSTER_TYPE, EXTENSION_CONFIG_TYPE].contains(&kind) {
+        return Ok(Adapted::Unchanged);
+    }
+    let mut pass = Pass::default();
+    let edited = pass.response(delta, kind, msg)?;
+    let found = pass.found;
+    if !found.refused.is_empty() {
+        let named: Vec<String> = found
+            .refused
+            .iter()
+            .map(|f| format!("{} in {} (type {})", f.filter, f.resource, f.type_name))
+            .collect();
+        let why = format!(
+            "refused by the agent: security filter of a type upstream Envoy cannot load: {}",
+            named.join("; ")
+        );
+        return Ok(Adapted::Refused(why, found));
+    }
+    Ok(match edited {
+        Some(bytes) => Adapted::Changed(Bytes::from(bytes), found),
+        None if found == Findings::default() => Adapted::Unchanged,
+        None => Adapted::Changed(Bytes::copy_from_slice(msg), found),
+    })
+}
+
+/// The NACK the agent sends for a refused response (as Envoy would: the nonce, the reason).
+pub fn nack(delta: bool, msg: &[u8], why: &str) -> Result<Bytes, WireError> {
+    let type_url = wire::string_field(msg, 4)?.to_string();
+    // nonce: field 5 in both responses.
+    let nonce = wire::string_field(msg, 5)?.to_string();
+    let error_detail = Some(RpcStatus {
+        code: tonic::Code::InvalidArgument as i32,
+        message: why.to_string(),
+        details: Vec::new(),
+    });
+    Ok(Bytes::from(if delta {
+        DeltaDiscoveryRequest {
+            type_url,
+            response_nonce: nonce,
+            error_detail,
+            ..Default::default()
+        }
+        .encode_to_vec()
+    } else {
+        DiscoveryRequest {
+            type_url,
+            response_nonce: nonce,
+            error_detail,
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }))
+}
+
+/// How many refusals the debug view keeps.
+const REFUSALS_KEPT: usize = 32;
+/// How many resources the debug view names per removed or unknown extension.
+const RESOURCES_KEPT: usize = 16;
+
+/// What the adapter has done, for `/debug/xds_adapt`.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Report {
+    /// Removed extensions by type, then filter name: how many, and some resources they were in.
+    removed: BTreeMap<String, BTreeMap<String, Seen>>,
+    /// Kept extensions of types Envoy cannot load, by type and filter name.
+    unknown: BTreeMap<String, BTreeMap<String, Seen>>,
+    /// Resources whose `istio-peer-exchange` ALPN was removed.
+    alpn_stripped: Seen,
+    /// The last refused responses.
+    refused: VecDeque<Refusal>,
+}
+
+#[derive(Debug, Default, serde::Serialize)]
+struct Seen {
+    count: u64,
+    resources: BTreeSet<String>,
+}
+
+impl Seen {
+    fn add(&mut self, resource: &str) {
+        self.count += 1;
+        if self.resources.len() < RESOURCES_KEPT {
+            self.resources.insert(resource.to_string());
+        }
+    }
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Refusal {
+    type_url: String,
+    reason: String,
+    filters: Vec<Finding>,
+}
+
+/// The adaptation step of the xDS proxy, with its report and metrics.
+pub struct Adapter {
+    metrics: Arc<crate::metrics::Metrics>,
+    report: Mutex<Report>,
+}
+
+impl Adapter {
+    pub fn new(metrics: Arc<crate::metrics::Metrics>) -> Adapter {
+        Adapter {
+            metrics,
+            report: Mutex::new(Report::default()),
+        }
+    }
+
+    /// The report as JSON.
+    pub fn report_json(&self) -> String {
+        match self.report.lock() {
+            Ok(report) => serde_json::to_string_pretty(&*report).unwrap_or_default(),
+            Err(_) => "{}".to_string(),
+        }
+    }
+
+    /// Counts and reports what one response held. A refused response reaches Envoy with
+    /// nothing removed: only its refusal is recorded.
+    fn record(&self, type_url: &str, found: &Findings, refusal: Option<&str>) {
+        let Ok(mut report) = self.report.lock() else {
+            return;
+        };
+        if let Some(reason) = refusal {
+            self.metrics.xds_adapt_refused.inc();
+            if report.refused.len() == REFUSALS_KEPT {
+                report.refused.pop_front();
+            }
+            report.refused.push_back(Refusal {
+                type_url: type_url.to_string(),
+                reason: reason.to_string(),
+                filters: found.refused.clone(),
+            });
+            return;
+        }
+        for f in &found.removed {
+            self.metrics.xds_adapt_removed(&f.type_name);
+            let seen = report.removed.entry(f.type_name.clone()).or_default();
+            seen.entry(f.filter.clone()).or_default().add(&f.resource);
+        }
+        for f in &found.unknown {
+            let seen = report.unknown.entry(f.type_name.clone()).or_default();
+            seen.entry(f.filter.clone()).or_default().add(&f.resource);
+        }
+        for r in &found.alpn_stripped {
+            report.alpn_stripped.add(r);
+        }
+    }
+
+    /// Adapts one response from the control plane: `Some` is forwarded to Envoy; a refused one
+    /// is NACKed on `upstream` and `None` returned. A response that cannot be read is forwarded
+    /// as it is, for Envoy to judge.
+    pub fn response(
+        &self,
+        delta: bool,
+        msg: Bytes,
+        upstream: &tokio::sync::mpsc::Sender<Bytes>,
+    ) -> Option<Bytes> {
+        match adapt(delta, &msg) {
+            Ok(Adapted::Unchanged) => Some(msg),
+            Ok(Adapted::Changed(bytes, found)) => {
+                let type_url = wire::string_field(&msg, 4).unwrap_or_default();
+                for f in &found.unknown {
+                    tracing::warn!(resource = %f.resource, filter = %f.filter, r#type = %f.type_name,
+                        "extension of a type upstream Envoy lacks; forwarded as it is");
+                }
+                tracing::debug!(
+                    type_url,
+                    removed = found.removed.len(),
+                    "adapted an xDS response"
+                );
+                self.record(type_url, &found, None);
+                Some(bytes)
+            }
+            Ok(Adapted::Refused(why, found)) => {
+                let type_url = wire::string_field(&msg, 4).unwrap_or_default();
+                tracing::error!(type_url, reason = %why, "NACKing an xDS response; Envoy keeps its last config");
+                self.record(type_url, &found, Some(&why));
+                match nack(delta, &msg, &why) {
+                    Ok(request) => {
+                        if upstream.try_send(request).is_err() {
+                            tracing::warn!("could not send the NACK to the control plane");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "could not build the NACK"),
+                }
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read an xDS response to adapt it; forwarded as it is");
+                Some(msg)
+            }
+        }
+    }
+}
+
+/// The proxy's hook: passes errors through, adapts responses when `adapter` is on.
+pub fn apply(
+    adapter: Option<&Adapter>,
+    delta: bool,
+    msg: Result<Bytes, tonic::Status>,
+    upstream: &tokio::sync::mpsc::Sender<Bytes>,
+) -> Option<Result<Bytes, tonic::Status>> {
+    match (adapter, msg) {
+        (Some(adapter), Ok(bytes)) => adapter.response(delta, bytes, upstream).map(Ok),
+        (_, msg) => Some(msg),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,595 @@
+use super::*;
+use envoy_types::pb::envoy::config::cluster::v3::{
+    Cluster, Filter as ClusterFilter, cluster::TransportSocketMatch,
+};
+use envoy_types::pb::envoy::config::core::v3::{
+    ExtensionConfigSource, TransportSocket, TypedExtensionConfig, transport_socket,
+};
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, http_filter,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CommonTlsContext, DownstreamTlsContext, UpstreamTlsContext,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryResponse, DiscoveryResponse, Resource,
+};
+use envoy_types::pb::google::protobuf::{Any, Struct};
+
+/// udpa.type.v1.TypedStruct / xds.type.v3.TypedStruct (same fields).
+#[derive(Clone, PartialEq, prost::Message)]
+struct TypedStruct {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(message, optional, tag = "2")]
+    value: Option<Struct>,
+}
+
+fn any(type_name: &str, value: Vec<u8>) -> Any {
+    Any {
+        type_url: format!("type.googleapis.com/{type_name}"),
+        value,
+    }
+}
+
+fn typed_struct(outer: &str, inner: &str) -> Any {
+    any(
+        outer,
+        TypedStruct {
+            type_url: format!("type.googleapis.com/{inner}"),
+            value: Some(Struct::default()),
+        }
+        .encode_to_vec(),
+    )
+}
+
+fn http_filter(name: &str, config: Any) -> HttpFilter {
+    HttpFilter {
+        name: name.into(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(config)),
+        ..Default::default()
+    }
+}
+
+fn network_filter(name: &str, config: Any) -> Filter {
+    Filter {
+        name: name.into(),
+        config_type: Some(filter::ConfigType::TypedConfig(config)),
+    }
+}
+
+const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
+const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
+const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
+
+fn hcm(filters: Vec<HttpFilter>) -> Filter {
+    network_filter(
+        "envoy.filters.network.http_connection_manager",
+        any(
+            HCM,
+            HttpConnectionManager {
+                stat_prefix: "inbound_0.0.0.0_8080".into(),
+                http_filters: filters,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+    )
+}
+
+fn tls_socket(kind: &str, alpn: &[&str]) -> TransportSocket {
+    let common = Some(CommonTlsContext {
+        alpn_protocols: alpn.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    });
+    let value = if kind == DOWNSTREAM_TLS {
+        DownstreamTlsContext {
+            common_tls_context: common,
+            ..Default::default()
+        }
+        .encode_to_vec()
+    } else {
+        UpstreamTlsContext {
+            common_tls_context: common,
+            sni: "outbound_.8080_._.a.ns.svc.cluster.local".into(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    TransportSocket {
+        name: "envoy.transport_sockets.tls".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(any(kind, value))),
+    }
+}
+
+/// A sidecar inbound listener as istiod 1.24–1.28 writes it (prometheus telemetry on).
+fn istio_inbound_listener() -> Listener {
+    let http_chain = FilterChain {
+        name: "0.0.0.0_8080".into(),
+        filters: vec![hcm(vec![
+            http_filter(
+                "istio.metadata_exchange",
+                typed_struct("udpa.type.v1.TypedStruct", PEER_METADATA),
+            ),
+            http_filter("envoy.filters.http.rbac", any(RBAC, vec![])),
+            http_filter("istio.alpn", any(ALPN_OVERRIDE, vec![0x0a, 0x00])),
+            http_filter("istio.stats", any(ISTIO_STATS, vec![])),
+            http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+        ])],
+        transport_socket: Some(tls_socket(
+            DOWNSTREAM_TLS,
+            &[PEER_EXCHANGE_ALPN, "h2", "http/1.1"],
+        )),
+        ..Default::default()
+    };
+    let tcp_chain = FilterChain {
+        name: "0.0.0.0_9000".into(),
+        filters: vec![
+            network_filter(
+                "istio.metadata_exchange",
+                typed_struct("udpa.type.v1.TypedStruct", TCP_METADATA_EXCHANGE),
+            ),
+            network_filter("istio.stats", any(ISTIO_STATS, vec![])),
+            network_filter("envoy.filters.network.tcp_proxy", any(TCP_PROXY, vec![])),
+        ],
+        ..Default::default()
+    };
+    Listener {
+        name: "virtualInbound".into(),
+        filter_chains: vec![http_chain, tcp_chain],
+        default_filter_chain: Some(FilterChain {
+            filters: vec![
+                network_filter(
+                    "istio.stats",
+                    typed_struct("xds.type.v3.TypedStruct", ISTIO_STATS),
+                ),
+                network_filter("envoy.filters.network.tcp_proxy", any(TCP_PROXY, vec![])),
+            ],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The same listener as Envoy should get it.
+fn adapted_inbound_listener() -> Listener {
+    let mut l = istio_inbound_listener();
+    l.filter_chains[0].filters = vec![hcm(vec![
+        http_filter("envoy.filters.http.rbac", any(RBAC, vec![])),
+        http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+    ])];
+    l.filter_chains[0].transport_socket = Some(tls_socket(DOWNSTREAM_TLS, &["h2", "http/1.1"]));
+    l.filter_chains[1].filters.drain(..2);
+    if let Some(d) = &mut l.default_filter_chain {
+        d.filters.remove(0);
+    }
+    l
+}
+
+fn istio_cluster() -> Cluster {
+    Cluster {
+        name: "outbound|8080||a.ns.svc.cluster.local".into(),
+        filters: vec![ClusterFilter {
+            name: "istio.metadata_exchange".into(),
+            typed_config: Some(typed_struct(
+                "udpa.type.v1.TypedStruct",
+                TCP_METADATA_EXCHANGE,
+            )),
+            config_discovery: None,
+        }],
+        transport_socket_matches: vec![
+            TransportSocketMatch {
+                name: "tlsMode-istio".into(),
+                transport_socket: Some(tls_socket(UPSTREAM_TLS, &[PEER_EXCHANGE_ALPN, "istio"])),
+                ..Default::default()
+            },
+            TransportSocketMatch {
+                name: "tlsMode-disabled".into(),
+                transport_socket: Some(TransportSocket {
+                    name: "envoy.transport_sockets.raw_buffer".into(),
+                    config_type: Some(transport_socket::ConfigType::TypedConfig(any(
+                        "envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer",
+                        vec![],
+                    ))),
+                }),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    }
+}
+
+fn sotw(type_url: &str, resources: Vec<Any>) -> Vec<u8> {
+    DiscoveryResponse {
+        version_info: "2026-01-01T00:00:00Z/7".into(),
+        resources,
+        type_url: type_url.into(),
+        nonce: "nonce-7".into(),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn delta(type_url: &str, resources: Vec<(String, Any)>) -> Vec<u8> {
+    DeltaDiscoveryResponse {
+        system_version_info: "v7".into(),
+        resources: resources
+            .into_iter()
+            .map(|(name, any)| Resource {
+                name,
+                version: "v7".into(),
+                resource: Some(any),
+                ..Default::default()
+            })
+            .collect(),
+        type_url: type_url.into(),
+        nonce: "nonce-7".into(),
+        removed_resources: vec!["gone".into()],
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn listener_any(l: &Listener) -> Any {
+    any("envoy.config.listener.v3.Listener", l.encode_to_vec())
+}
+
+fn cluster_any(c: &Cluster) -> Any {
+    any("envoy.config.cluster.v3.Cluster", c.encode_to_vec())
+}
+
+fn changed(out: Adapted) -> (Bytes, Findings) {
+    match out {
+        Adapted::Changed(b, f) => (b, f),
+        other => panic!("expected a change, got {other:?}"),
+    }
+}
+
+#[test]
+fn sotw_listeners_lose_the_istio_only_filters_and_alpn() {
+    let plain = Listener {
+        name: "plain".into(),
+        filter_chains: vec![FilterChain {
+            filters: vec![network_filter(
+                "envoy.filters.network.tcp_proxy",
+                any(TCP_PROXY, vec![]),
+            )],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let msg = sotw(
+        LISTENER_TYPE,
+        vec![
+            listener_any(&istio_inbound_listener()),
+            listener_any(&plain),
+        ],
+    );
+    let (bytes, found) = changed(adapt(false, &msg).unwrap());
+    let resp = DiscoveryResponse::decode(bytes).unwrap();
+    assert_eq!(resp.nonce, "nonce-7");
+    assert_eq!(resp.version_info, "2026-01-01T00:00:00Z/7");
+    assert_eq!(resp.resources.len(), 2);
+    let got = Listener::decode(resp.resources[0].value.as_slice()).unwrap();
+    assert_eq!(got, adapted_inbound_listener());
+    // The untouched listener is the same bytes.
+    assert_eq!(resp.resources[1], listener_any(&plain));
+    let removed: Vec<(&str, &str)> = found
+        .removed
+        .iter()
+        .map(|f| (f.filter.as_str(), f.type_name.as_str()))
+        .collect();
+    assert_eq!(
+        removed,
+        vec![
+            ("istio.metadata_exchange", PEER_METADATA),
+            ("istio.alpn", ALPN_OVERRIDE),
+            ("istio.stats", ISTIO_STATS),
+            ("istio.metadata_exchange", TCP_METADATA_EXCHANGE),
+            ("istio.stats", ISTIO_STATS),
+            ("istio.stats", ISTIO_STATS),
+        ]
+    );
+    assert!(found.removed.iter().all(|f| f.resource == "virtualInbound"));
+    assert_eq!(found.alpn_stripped, vec!["virtualInbound".to_string()]);
+    assert!(found.refused.is_empty() && found.unknown.is_empty());
+}
+
+#[test]
+fn delta_clusters_lose_the_cluster_filter_and_peer_exchange_alpn() {
+    let msg = delta(
+        CLUSTER_TYPE,
+        vec![(
+            "outbound|8080||a.ns.svc.cluster.local".into(),
+            cluster_any(&istio_cluster()),
+        )],
+    );
+    let (bytes, found) = changed(adapt(true, &msg).unwrap());
+    let resp = DeltaDiscoveryResponse::decode(bytes).unwrap();
+    assert_eq!(resp.removed_resources, vec!["gone".to_string()]);
+    assert_eq!(resp.nonce, "nonce-7");
+    let r = &resp.resources[0];
+    assert_eq!(r.version, "v7");
+    let got = Cluster::decode(r.resource.as_ref().unwrap().value.as_slice()).unwrap();
+    let mut want = istio_cluster();
+    want.filters.clear();
+    want.transport_socket_matches[0].transport_socket = Some(tls_socket(UPSTREAM_TLS, &["istio"]));
+    assert_eq!(got, want);
+    assert_eq!(found.removed.len(), 1);
+    assert_eq!(
+        found.removed[0].resource,
+        "outbound|8080||a.ns.svc.cluster.local"
+    );
+    assert_eq!(found.alpn_stripped.len(), 1);
+}
+
+#[test]
+fn a_cluster_transport_socket_loses_peer_exchange_alpn() {
+    let mut c = istio_cluster();
+    c.transport_socket_matches.clear();
+    c.filters.clear();
+    c.transport_socket = Some(tls_socket(UPSTREAM_TLS, &[PEER_EXCHANGE_ALPN, "istio"]));
+    let (bytes, _) = changed(adapt(false, &sotw(CLUSTER_TYPE, vec![cluster_any(&c)])).unwrap());
+    let resp = DiscoveryResponse::decode(bytes).unwrap();
+    let got = Cluster::decode(resp.resources[0].value.as_slice()).unwrap();
+    c.transport_socket = Some(tls_socket(UPSTREAM_TLS, &["istio"]));
+    assert_eq!(got, c);
+}
+
+#[test]
+fn responses_with_nothing_istio_only_pass_untouched() {
+    let mut l = adapted_inbound_listener();
+    l.filter_chains[0].transport_socket = Some(tls_socket(DOWNSTREAM_TLS, &["h2"]));
+    for msg in [
+        sotw(LISTENER_TYPE, vec![listener_any(&l)]),
+        delta(
+            CLUSTER_TYPE,
+            vec![("c".into(), cluster_any(&Cluster::default()))],
+        ),
+    ] {
+        assert!(!needs_adapting(&msg));
+        assert_eq!(adapt(false, &msg).unwrap(), Adapted::Unchanged);
+    }
+    // Route and endpoint responses are never decoded.
+    let routes = sotw(
+        "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+        vec![any("stats.PluginConfig", vec![])],
+    );
+    assert_eq!(adapt(false, &routes).unwrap(), Adapted::Unchanged);
+}
+
+#[test]
+fn unknown_fields_survive_the_edit() {
+    // Field 999 of the Listener and of the response: unknown to our types, kept as they were.
+    let mut value = istio_inbound_listener().encode_to_vec();
+    wire::put_len(&mut value, 999, b"future");
+    let mut msg = sotw(
+        LISTENER_TYPE,
+        vec![any("envoy.config.listener.v3.Listener", value)],
+    );
+    wire::put_len(&mut msg, 998, b"later");
+    let (bytes, _) = changed(adapt(false, &msg).unwrap());
+    assert!(memchr::memmem::find(&bytes, b"future").is_some());
+    assert!(memchr::memmem::find(&bytes, b"later").is_some());
+    let got = DiscoveryResponse::decode(bytes).unwrap();
+    let l = Listener::decode(got.resources[0].value.as_slice()).unwrap();
+    assert_eq!(l, adapted_inbound_listener());
+}
+
+#[test]
+fn a_security_filter_of_an_unknown_type_refuses_the_response() {
+    let mut l = istio_inbound_listener();
+    l.filter_chains[0].filters = vec![hcm(vec![
+        http_filter(
+            "envoy.filters.http.rbac",
+            typed_struct("udpa.type.v1.TypedStruct", "istio.rbac.v1.Custom"),
+        ),
+        http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+    ])];
+    let msg = sotw(LISTENER_TYPE, vec![listener_any(&l)]);
+    let Adapted::Refused(why, found) = adapt(false, &msg).unwrap() else {
+        panic!("expected a refusal");
+    };
+    assert!(
+        why.contains("envoy.filters.http.rbac in virtualInbound"),
+        "{why}"
+    );
+    assert!(why.contains("istio.rbac.v1.Custom"), "{why}");
+    assert_eq!(found.refused.len(), 1);
+    let request = DiscoveryRequest::decode(nack(false, &msg, &why).unwrap()).unwrap();
+    assert_eq!(request.response_nonce, "nonce-7");
+    assert_eq!(request.type_url, LISTENER_TYPE);
+    assert_eq!(request.error_detail.unwrap().message, why);
+
+    // Network ext_authz in Delta, and a security filter named like one but holding Istio stats.
+    let mut l = istio_inbound_listener();
+    l.filter_chains[1].filters[1] =
+        network_filter("envoy.filters.network.ext_authz", any(ISTIO_STATS, vec![]));
+    let msg = delta(
+        LISTENER_TYPE,
+        vec![("virtualInbound".into(), listener_any(&l))],
+    );
+    assert!(matches!(adapt(true, &msg).unwrap(), Adapted::Refused(..)));
+    let request = DeltaDiscoveryRequest::decode(nack(true, &msg, "x").unwrap()).unwrap();
+    assert_eq!(request.response_nonce, "nonce-7");
+}
+
+#[test]
+fn other_unknown_types_are_kept_and_named() {
+    let mut l = adapted_inbound_listener();
+    l.filter_chains[1].filters.insert(
+        0,
+        network_filter(
+            "istio_authn",
+            typed_struct("udpa.type.v1.TypedStruct", "io.istio.network.authn.Config"),
+        ),
+    );
+    let mut optional = http_filter("vendor.optional", any("vendor.Thing", vec![]));
+    optional.is_optional = true;
+    l.filter_chains[0].filters = vec![hcm(vec![
+        optional,
+        http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+    ])];
+    let msg = sotw(LISTENER_TYPE, vec![listener_any(&l)]);
+    let (bytes, found) = changed(adapt(false, &msg).unwrap());
+    assert_eq!(
+        bytes.as_ref(),
+        msg.as_slice(),
+        "nothing removed, nothing changed"
+    );
+    assert_eq!(
+        found.unknown,
+        vec![Finding {
+            resource: "virtualInbound".into(),
+            filter: "istio_authn".into(),
+            type_name: "io.istio.network.authn.Config".into(),
+        }],
+        "the optional filter Envoy skips itself is not reported"
+    );
+}
+
+#[test]
+fn ecds_configs_and_their_references_are_removed() {
+    let discovered = HttpFilter {
+        name: "istio-system.stats".into(),
+        config_type: Some(http_filter::ConfigType::ConfigDiscovery(
+            ExtensionConfigSource {
+                type_urls: vec![format!("type.googleapis.com/{ISTIO_STATS}")],
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    };
+    let mut l = adapted_inbound_listener();
+    l.filter_chains[0].filters = vec![hcm(vec![
+        discovered,
+        http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+    ])];
+    let (bytes, found) =
+        changed(adapt(false, &sotw(LISTENER_TYPE, vec![listener_any(&l)])).unwrap());
+    let got = Listener::decode(
+        DiscoveryResponse::decode(bytes).unwrap().resources[0]
+            .value
+            .as_slice(),
+    )
+    .unwrap();
+    assert_eq!(got, adapted_inbound_listener_with_router_only());
+    assert_eq!(found.removed[0].filter, "istio-system.stats");
+
+    let config = |name: &str, typed: Any| {
+        any(
+            "envoy.config.core.v3.TypedExtensionConfig",
+            TypedExtensionConfig {
+                name: name.into(),
+                typed_config: Some(typed),
+            }
+            .encode_to_vec(),
+        )
+    };
+    let keep = config(
+        "istio-system.lua",
+        any("envoy.extensions.filters.http.lua.v3.Lua", vec![]),
+    );
+    for delta_xds in [false, true] {
+        let resources = vec![
+            config("istio-system.stats", any(ISTIO_STATS, vec![])),
+            keep.clone(),
+        ];
+        let msg = if delta_xds {
+            delta(
+                EXTENSION_CONFIG_TYPE,
+                vec![
+                    ("istio-system.stats".into(), resources[0].clone()),
+                    ("istio-system.lua".into(), keep.clone()),
+                ],
+            )
+        } else {
+            sotw(EXTENSION_CONFIG_TYPE, resources)
+        };
+        let (bytes, found) = changed(adapt(delta_xds, &msg).unwrap());
+        assert_eq!(found.removed[0].resource, "istio-system.stats");
+        if delta_xds {
+            let r = DeltaDiscoveryResponse::decode(bytes).unwrap();
+            assert_eq!(r.resources.len(), 1);
+            assert_eq!(r.resources[0].resource.as_ref(), Some(&keep));
+        } else {
+            assert_eq!(
+                DiscoveryResponse::decode(bytes).unwrap().resources,
+                vec![keep.clone()]
+            );
+        }
+    }
+}
+
+fn adapted_inbound_listener_with_router_only() -> Listener {
+    let mut l = adapted_inbound_listener();
+    l.filter_chains[0].filters = vec![hcm(vec![http_filter(
+        "envoy.filters.http.router",
+        any(ROUTER, vec![]),
+    )])];
+    l
+}
+
+#[test]
+fn the_adapter_nacks_upstream_and_reports() {
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let adapter = Adapter::new(metrics.clone());
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+    let good = Bytes::from(sotw(
+        LISTENER_TYPE,
+        vec![listener_any(&istio_inbound_listener())],
+    ));
+    let out = adapter.response(false, good, &tx).expect("forwarded");
+    assert!(!needs_adapting(&out));
+    assert!(rx.try_recv().is_err(), "no NACK for an adapted response");
+
+    let mut l = istio_inbound_listener();
+    l.filter_chains[0].filters = vec![hcm(vec![http_filter(
+        "envoy.filters.http.jwt_authn",
+        any("istio.jwt.Custom", vec![]),
+    )])];
+    let bad = Bytes::from(sotw(LISTENER_TYPE, vec![listener_any(&l)]));
+    assert!(adapter.response(false, bad, &tx).is_none());
+    let nack = DiscoveryRequest::decode(rx.try_recv().unwrap()).unwrap();
+    assert!(
+        nack.error_detail
+            .unwrap()
+            .message
+            .contains("envoy.filters.http.jwt_authn")
+    );
+
+    let report: serde_json::Value = serde_json::from_str(&adapter.report_json()).unwrap();
+    assert_eq!(report["removed"][ISTIO_STATS]["istio.stats"]["count"], 3);
+    assert_eq!(
+        report["refused"][0]["filters"][0]["filter"],
+        "envoy.filters.http.jwt_authn"
+    );
+    assert_eq!(report["alpn_stripped"]["resources"][0], "virtualInbound");
+    let text = metrics.encode();
+    assert!(
+        text.contains("istio_agent_xds_adapt_removed_total{type=\"stats.PluginConfig\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("istio_agent_xds_adapt_refused_total 1"),
+        "{text}"
+    );
+
+    // Off: everything passes as it is.
+    let bad = Bytes::from(sotw(LISTENER_TYPE, vec![listener_any(&l)]));
+    assert_eq!(
+        apply(None, false, Ok(bad.clone()), &tx).unwrap().unwrap(),
+        bad
+    );
+}
+
+#[test]
+fn garbage_is_forwarded_not_a_panic() {
+    let (tx, _rx) = tokio::sync::mpsc::channel(1);
+    let adapter = Adapter::new(Arc::new(crate::metrics::Metrics::new()));
+    let mut msg = sotw(LISTENER_TYPE, vec![listener_any(&istio_inbound_listener())]);
+    msg.truncate(msg.len() - 3);
+    let msg = Bytes::from(msg);
+    assert_eq!(adapter.response(false, msg.clone(), &tx), Some(msg));
+}
