@@ -340,13 +340,14 @@ impl XdsServer {
 /// The per-stream protocol state of one xDS flavour (state of the world or Delta).
 trait StreamState: Send + 'static {
     type Request: Send + 'static;
-    /// Handles a request from the proxy; may answer it.
+    /// Handles a request from the proxy; may answer it (with more than one response when the
+    /// answer obliges another type to follow, see `DeltaConnection::handle`).
     fn on_request(
         &mut self,
         push: &PushContext,
         req: Self::Request,
         stats: &XdsStats,
-    ) -> Result<Option<Outgoing>, Status>;
+    ) -> Result<Vec<Outgoing>, Status>;
     /// What to send for `type_url` after a new snapshot, if anything.
     fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing>;
     fn proxy(&self) -> Option<&Proxy>;
@@ -362,8 +363,10 @@ impl StreamState for Connection {
         push: &PushContext,
         req: SotwRequest,
         stats: &XdsStats,
-    ) -> Result<Option<Outgoing>, Status> {
-        handle_request(self, push, req, stats)
+    ) -> Result<Vec<Outgoing>, Status> {
+        Ok(handle_request(self, push, req, stats)?
+            .into_iter()
+            .collect())
     }
     fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing> {
         self.response(push, type_url)
@@ -388,7 +391,7 @@ impl StreamState for DeltaConnection {
         push: &PushContext,
         req: DeltaRequest,
         stats: &XdsStats,
-    ) -> Result<Option<Outgoing>, Status> {
+    ) -> Result<Vec<Outgoing>, Status> {
         self.handle(push, req, stats)
     }
     fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing> {
@@ -768,7 +771,7 @@ impl DeltaConnection {
         push: &PushContext,
         req: DeltaRequest,
         stats: &XdsStats,
-    ) -> Result<Option<Outgoing>, Status> {
+    ) -> Result<Vec<Outgoing>, Status> {
         identify(&mut self.proxy, req.node.as_ref(), &self.scope)?;
         let first = !self.watches.contains_key(&req.type_url);
         let watch = self.watches.entry(req.type_url.clone()).or_default();
@@ -779,7 +782,7 @@ impl DeltaConnection {
         let error = req.error.as_ref().map(|e| e.message.as_str());
         let answer = answer(&req.nonce, &watch.nonce_sent, error);
         if !watch.sync.record(&answer, &req.type_url, stats) {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let mut changed = first;
         for name in req.subscribe {
@@ -800,9 +803,17 @@ impl DeltaConnection {
             watch.sent.remove(&name);
         }
         if !changed {
-            return Ok(None);
+            return Ok(Vec::new());
         }
-        Ok(self.response(push, &req.type_url, true))
+        let mut out: Vec<Outgoing> = self
+            .response(push, &req.type_url, true)
+            .into_iter()
+            .collect();
+        // Clusters re-sent here wait for their endpoints (`forget_endpoints_of`).
+        if req.type_url == CLUSTER_TYPE {
+            out.extend(self.response(push, ENDPOINT_TYPE, false));
+        }
+        Ok(out)
     }
 
     fn response(
@@ -853,12 +864,37 @@ impl DeltaConnection {
             return None;
         }
         watch.responded = true;
+        if type_url == CLUSTER_TYPE {
+            let names: Vec<&str> = resources.iter().map(|(name, ..)| name.as_str()).collect();
+            forget_endpoints_of(&mut self.watches, &names);
+        }
+        let Some(watch) = self.watches.get_mut(type_url) else {
+            return None;
+        };
         self.next_nonce += 1;
         let nonce = format!("{}-{}", push.version, self.next_nonce);
         let out = Outgoing::delta(&push.version, type_url, &nonce, resources, &removed);
         watch.nonce_sent = nonce;
         watch.sync.sent = Some(push.version.clone());
         Some(out)
+    }
+}
+
+/// Envoy finishes warming an updated EDS cluster only when it receives the cluster's
+/// ClusterLoadAssignment again, changed or not (Envoy's xDS protocol notes on resource warming);
+/// until then it keeps the previous cluster, and the new settings never apply. So whenever
+/// `clusters` are sent, what Envoy holds of their endpoints is forgotten, and the next EDS
+/// response (the one that follows in the same push, or with the request's answer) re-sends
+/// them. Only the clusters sent: an unchanged cluster keeps its endpoints unsent. Our EDS
+/// clusters name their endpoints after themselves (empty `service_name`, or the same name).
+fn forget_endpoints_of(watches: &mut HashMap<String, DeltaWatch>, clusters: &[&str]) {
+    let Some(eds) = watches.get_mut(ENDPOINT_TYPE) else {
+        return;
+    };
+    for name in clusters {
+        if let Some(held) = eds.sent.get_mut(*name) {
+            *held = None;
+        }
     }
 }
 

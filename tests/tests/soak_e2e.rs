@@ -417,6 +417,26 @@ fn soak_traffic_rotation_edits_and_control_plane_restarts() {
         rds_updates >= edits / 2,
         "only {rds_updates} of {edits} edits reached the client's Envoy"
     );
+    // Each edit changes the DestinationRule's connection pool, so the cluster too: the updated
+    // cluster must finish warming (its endpoints re-sent) rather than wait forever.
+    let modified = net.pods[client]
+        .envoy_stat("cluster_manager.cluster_modified")
+        .unwrap()
+        - churn_before[0];
+    assert!(
+        modified >= edits / 2,
+        "only {modified} of {edits} DestinationRule edits replaced the client's cluster"
+    );
+    let warming = || {
+        net.pods[client]
+            .envoy_stat("cluster_manager.warming_clusters")
+            .unwrap()
+    };
+    assert!(
+        harness::wait_until(Duration::from_secs(10), || warming() == 0),
+        "{} clusters left warming at the end",
+        warming()
+    );
     // Leak checks, bounded generously: after the first minute (caches, pools and the
     // first rotation are in place) an agent's descriptors and memory stay flat.
     for role in ["client agent", "server agent"] {

@@ -406,6 +406,70 @@ spec:
     assert!(m.client().envoy_stat(&stat).unwrap() >= 1);
 }
 
+/// A connection pool added by editing the DestinationRule of a running mesh applies: the edit
+/// changes the cluster and not its endpoints, and Envoy finishes warming an updated cluster
+/// only once the endpoints are sent again (over Delta xDS, which istiod-core must re-send even
+/// unchanged). Before that fix the new cluster stayed warming and the old one kept serving.
+#[test]
+fn a_connection_pool_added_by_an_edit_applies() {
+    let routing = |pool: &str, timeout: u32| {
+        format!(
+            r#"kind: DestinationRule
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  host: reviews
+{pool}---
+kind: VirtualService
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  hosts: [reviews]
+  http:
+  - route: [{{destination: {{host: reviews}}}}]
+    retries: {{attempts: 0}}
+    timeout: {timeout}s
+"#
+        )
+    };
+    let Some(m) = mesh(
+        "a_connection_pool_added_by_an_edit_applies",
+        &TWO_VERSIONS[..1],
+        &routing("", 30),
+    ) else {
+        return;
+    };
+    let url = format!("http://{VIP}:{PORT}/sleep/1000");
+    let before = m.send(&url, 8, &[], 8);
+    assert!(before.iter().all(|r| r.code == 200), "{before:?}");
+
+    let cds = "cluster_manager.cds.update_success";
+    let updates = m.client().envoy_stat(cds).unwrap();
+    let pool = "  trafficPolicy:
+    connectionPool:
+      tcp: {maxConnections: 1}
+      http: {http1MaxPendingRequests: 1, maxRequestsPerConnection: 1}
+";
+    m.edit_routing(&routing(pool, 31));
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            m.client().envoy_stat(cds).unwrap_or(0) > updates
+        }),
+        "the DestinationRule edit never reached the client's CDS"
+    );
+    let warming = "cluster_manager.warming_clusters";
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            m.client().envoy_stat(warming).ok() == Some(0)
+        }),
+        "the edited cluster stays warming: {} warming",
+        m.client().envoy_stat(warming).unwrap_or(0)
+    );
+    let after = m.send(&url, 8, &[], 8);
+    assert!(
+        after.iter().any(|r| r.code == 503 && r.overloaded),
+        "the new connection pool does not apply: {after:?}"
+    );
+}
+
 #[test]
 fn tcp_weighted_route() {
     let routing = format!(
