@@ -868,9 +868,7 @@ impl DeltaConnection {
             let names: Vec<&str> = resources.iter().map(|(name, ..)| name.as_str()).collect();
             forget_endpoints_of(&mut self.watches, &names);
         }
-        let Some(watch) = self.watches.get_mut(type_url) else {
-            return None;
-        };
+        let watch = self.watches.get_mut(type_url)?;
         self.next_nonce += 1;
         let nonce = format!("{}-{}", push.version, self.next_nonce);
         let out = Outgoing::delta(&push.version, type_url, &nonce, resources, &removed);
