@@ -45,12 +45,23 @@ pub const PEER_METADATA: &str = "io.istio.http.peer_metadata.Config";
 pub const TCP_METADATA_EXCHANGE: &str = "envoy.tcp.metadataexchange.config.MetadataExchange";
 pub const ALPN_OVERRIDE: &str = "istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig";
 pub const ISTIO_STATS: &str = "stats.PluginConfig";
-const ISTIO_ONLY: [&str; 4] = [
+/// istiod up to 1.11 wrote metadata exchange and stats as Wasm filters of plugins compiled into
+/// istio-proxy (the null VM); no upstream Envoy has them. Reported as `null-vm:<plugin>`.
+pub const NULL_VM_METADATA_EXCHANGE: &str = "null-vm:envoy.wasm.metadata_exchange";
+pub const NULL_VM_STATS: &str = "null-vm:envoy.wasm.stats";
+const ISTIO_ONLY: [&str; 6] = [
     PEER_METADATA,
     TCP_METADATA_EXCHANGE,
     ALPN_OVERRIDE,
     ISTIO_STATS,
+    NULL_VM_METADATA_EXCHANGE,
+    NULL_VM_STATS,
 ];
+const WASM_FILTERS: [&str; 2] = [
+    "envoy.extensions.filters.http.wasm.v3.Wasm",
+    "envoy.extensions.filters.network.wasm.v3.Wasm",
+];
+const NULL_VM: &str = "envoy.wasm.runtime.null";
 
 /// The ALPN istio-proxy peers negotiate for TCP metadata exchange.
 pub const PEER_EXCHANGE_ALPN: &str = "istio-peer-exchange";
@@ -92,7 +103,9 @@ fn istio_only(name: &str) -> bool {
 /// outside Envoy's own API. A response whose every `type.googleapis.com/` names an Envoy or
 /// well-known type and that has no such ALPN is forwarded untouched without being decoded.
 pub fn needs_adapting(msg: &[u8]) -> bool {
-    if memchr::memmem::find(msg, PEER_EXCHANGE_ALPN.as_bytes()).is_some() {
+    if memchr::memmem::find(msg, PEER_EXCHANGE_ALPN.as_bytes()).is_some()
+        || memchr::memmem::find(msg, NULL_VM.as_bytes()).is_some()
+    {
         return true;
     }
     memchr::memmem::find_iter(msg, TYPE_PREFIX).any(|at| {
@@ -165,9 +178,22 @@ const CLUSTER_FILTER: FilterShape = FilterShape {
     is_optional: None,
 };
 
-/// The type Envoy looks an Any up by: its own, or a TypedStruct's inner one.
+/// The type Envoy looks an Any up by: its own, or a TypedStruct's inner one; for a Wasm filter of
+/// the null VM, `null-vm:<plugin>` (Envoy cannot load it whatever the plugin).
 fn extension_type(any: &[u8]) -> Result<String, WireError> {
     let name = type_name(wire::string_field(any, 1)?);
+    if WASM_FILTERS.contains(&name) {
+        // Wasm.config (1) → PluginConfig.vm_config (3) → VmConfig: runtime (2), code (3) →
+        // AsyncDataSource.local (1) → DataSource.inline_string (3).
+        let wasm = wire::len_field(any, 2)?.unwrap_or_default();
+        let plugin = wire::len_field(wasm, 1)?.unwrap_or_default();
+        let vm = wire::len_field(plugin, 3)?.unwrap_or_default();
+        if wire::string_field(vm, 2)? == NULL_VM {
+            let code = wire::len_field(vm, 3)?.unwrap_or_default();
+            let local = wire::len_field(code, 1)?.unwrap_or_default();
+            return Ok(format!("null-vm:{}", wire::string_field(local, 3)?));
+        }
+    }
     if TYPED_STRUCTS.contains(&name) {
         let value = wire::len_field(any, 2)?.unwrap_or_default();
         return Ok(type_name(wire::string_field(value, 1)?).to_string());

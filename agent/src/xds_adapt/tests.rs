@@ -593,3 +593,61 @@ fn garbage_is_forwarded_not_a_panic() {
     let msg = Bytes::from(msg);
     assert_eq!(adapter.response(false, msg.clone(), &tx), Some(msg));
 }
+
+#[test]
+fn null_vm_wasm_filters_of_old_istiods_are_removed() {
+    use envoy_types::pb::envoy::config::core::v3::{
+        AsyncDataSource, DataSource, async_data_source, data_source,
+    };
+    use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
+    use envoy_types::pb::envoy::extensions::wasm::v3::{PluginConfig, VmConfig, plugin_config};
+    let wasm = |runtime: &str, plugin: &str| {
+        any(
+            "envoy.extensions.filters.http.wasm.v3.Wasm",
+            Wasm {
+                config: Some(PluginConfig {
+                    vm: Some(plugin_config::Vm::VmConfig(VmConfig {
+                        runtime: runtime.into(),
+                        code: Some(AsyncDataSource {
+                            specifier: Some(async_data_source::Specifier::Local(DataSource {
+                                specifier: Some(data_source::Specifier::InlineString(
+                                    plugin.into(),
+                                )),
+                                ..Default::default()
+                            })),
+                        }),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }),
+            }
+            .encode_to_vec(),
+        )
+    };
+    let mut l = adapted_inbound_listener();
+    l.filter_chains[0].filters = vec![hcm(vec![
+        http_filter(
+            "istio.metadata_exchange",
+            wasm(NULL_VM, "envoy.wasm.metadata_exchange"),
+        ),
+        http_filter("istio.stats", wasm(NULL_VM, "envoy.wasm.stats")),
+        http_filter("vendor.plugin", wasm("envoy.wasm.runtime.v8", "x")),
+        http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+    ])];
+    let (bytes, found) =
+        changed(adapt(false, &sotw(LISTENER_TYPE, vec![listener_any(&l)])).unwrap());
+    let got = Listener::decode(
+        DiscoveryResponse::decode(bytes).unwrap().resources[0]
+            .value
+            .as_slice(),
+    )
+    .unwrap();
+    let mut want = adapted_inbound_listener();
+    want.filter_chains[0].filters = vec![hcm(vec![
+        http_filter("vendor.plugin", wasm("envoy.wasm.runtime.v8", "x")),
+        http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+    ])];
+    assert_eq!(got, want);
+    let types: Vec<&str> = found.removed.iter().map(|f| f.type_name.as_str()).collect();
+    assert_eq!(types, vec![NULL_VM_METADATA_EXCHANGE, NULL_VM_STATS]);
+}
