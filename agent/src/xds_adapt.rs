@@ -15,6 +15,11 @@
 //!   (with the metadata-exchange filter gone, a peer that negotiated it would write exchange
 //!   bytes into the application's stream).
 //!
+//! Where `istio.stats` is removed, Istio's standard metrics would vanish with it: the connection
+//! manager or tcp_proxy it measured gets the agent's access logger instead (the one istiod-core
+//! gives every listener, `istiod_core::generators::telemetry`), reporting as the listener's
+//! traffic direction says, so `istio_requests_total` and the rest still come from the agent.
+//!
 //! The messages are edited at the wire level (`wire`): everything not removed is kept byte for
 //! byte, fields unknown to our generated types included. A response with nothing to remove is
 //! found by a scan of its bytes and forwarded as it came.
@@ -31,6 +36,9 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
+use istiod_core::generators::telemetry::{
+    Reporter, http_access_log, tcp_access_log, tcp_access_log_options,
+};
 use prost::Message;
 use wire::Edit;
 pub use wire::WireError;
@@ -77,6 +85,7 @@ const SECURITY_FILTERS: [&str; 5] = [
 
 const HCM: &str =
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
 const DOWNSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
 const UPSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
 const TYPED_STRUCTS: [&str; 2] = ["udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct"];
@@ -140,6 +149,9 @@ pub struct Findings {
     pub unknown: Vec<Finding>,
     /// Resources whose `istio-peer-exchange` ALPN was removed.
     pub alpn_stripped: Vec<String>,
+    /// Listeners where a removed `istio.stats` was replaced by the agent's access logger
+    /// (`with_standard_metrics`), one entry per connection manager or tcp_proxy.
+    pub metrics_added: Vec<String>,
 }
 
 /// The editing of one response: the resource being walked and what was found.
@@ -147,6 +159,35 @@ pub struct Findings {
 struct Pass {
     resource: String,
     found: Findings,
+    /// How the listener being walked reports Istio's metrics (its traffic direction).
+    reporter: Option<Reporter>,
+    /// Whether an `istio.stats` network filter was removed from the filter chain being walked.
+    chain_lost_tcp_stats: bool,
+}
+
+/// Whether a removed type was Istio's stats filter (either form).
+fn is_stats(type_name: &str) -> bool {
+    type_name == ISTIO_STATS || type_name == NULL_VM_STATS
+}
+
+/// The reporter of a listener: its `traffic_direction` (16: INBOUND 1, OUTBOUND 2), else
+/// Istio's inbound listener name, else outbound (`source`).
+fn listener_reporter(listener: &[u8]) -> Result<Reporter, WireError> {
+    for field in wire::fields(listener) {
+        let field = field?;
+        if field.number == 16 {
+            match field.varint() {
+                Some(1) => return Ok(Reporter::Destination),
+                Some(2) => return Ok(Reporter::Source),
+                _ => {}
+            }
+        }
+    }
+    Ok(if wire::string_field(listener, 1)? == "virtualInbound" {
+        Reporter::Destination
+    } else {
+        Reporter::Source
+    })
 }
 
 enum Decision {
@@ -256,7 +297,8 @@ impl Pass {
     /// `istio.alpn`, `istio.stats`). Where `istio.stats` is removed from an HCM, this is the place
     /// a replacement for its metrics belongs.
     fn strip_http_filters(&mut self, hcm: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
-        wire::rewrite(hcm, |field| {
+        let removed_before = self.found.removed.len();
+        let edited = wire::rewrite(hcm, |field| {
             if field.number != 5 || !field.is_len() {
                 return Ok(Edit::Keep);
             }
@@ -264,13 +306,31 @@ impl Pass {
                 Decision::Remove => Edit::Drop,
                 Decision::Keep | Decision::Refuse => Edit::Keep,
             })
-        })
+        })?;
+        let lost_stats = self.found.removed[removed_before..]
+            .iter()
+            .any(|f| is_stats(&f.type_name));
+        match (edited, self.reporter) {
+            (Some(mut hcm), Some(reporter)) if lost_stats => {
+                // HttpConnectionManager.access_log (13), repeated: appending adds one.
+                wire::put_len(&mut hcm, 13, &http_access_log(reporter).encode_to_vec());
+                self.found.metrics_added.push(self.resource.clone());
+                Ok(Some(hcm))
+            }
+            (edited, _) => Ok(edited),
+        }
     }
 
     /// One network filter of a filter chain: removed when Istio-only; an HCM is entered.
     fn network_filter(&mut self, filter: &[u8]) -> Result<Edit, WireError> {
+        let removed_before = self.found.removed.len();
         match self.judge(filter, &NETWORK_FILTER)? {
-            Decision::Remove => return Ok(Edit::Drop),
+            Decision::Remove => {
+                self.chain_lost_tcp_stats |= self.found.removed[removed_before..]
+                    .iter()
+                    .any(|f| is_stats(&f.type_name));
+                return Ok(Edit::Drop);
+            }
             Decision::Refuse => return Ok(Edit::Keep),
             Decision::Keep => {}
         }
@@ -295,12 +355,50 @@ impl Pass {
     /// `istio-peer-exchange` from its DownstreamTlsContext. Where `istio.stats` is removed
     /// beside a tcp_proxy, this is the place a replacement for its metrics belongs.
     fn strip_network_filters(&mut self, chain: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
-        wire::rewrite(chain, |field| match (field.number, field.is_len()) {
+        self.chain_lost_tcp_stats = false;
+        let edited = wire::rewrite(chain, |field| match (field.number, field.is_len()) {
             (3, true) => self.network_filter(field.value),
             (6, true) => Ok(self
                 .transport_socket(field.value)?
                 .map_or(Edit::Keep, Edit::Replace)),
             _ => Ok(Edit::Keep),
+        })?;
+        match (edited, self.reporter) {
+            (Some(chain), Some(reporter)) if self.chain_lost_tcp_stats => Ok(Some(
+                self.log_tcp_proxies(&chain, reporter)?.unwrap_or(chain),
+            )),
+            (edited, _) => Ok(edited),
+        }
+    }
+
+    /// The chain's tcp_proxy filters with the agent's access logger (their `istio.stats` was
+    /// removed): TcpProxy.access_log (5) appended, access_log_options (17) set (a message
+    /// field appended last wins, merged into any earlier one as protobuf does).
+    fn log_tcp_proxies(
+        &mut self,
+        chain: &[u8],
+        reporter: Reporter,
+    ) -> Result<Option<Vec<u8>>, WireError> {
+        wire::rewrite(chain, |field| {
+            if field.number != 3 || !field.is_len() {
+                return Ok(Edit::Keep);
+            }
+            let edited = wire::rewrite(field.value, |f| {
+                if f.number != NETWORK_FILTER.typed_config || !f.is_len() {
+                    return Ok(Edit::Keep);
+                }
+                if type_name(wire::string_field(f.value, 1)?) != TCP_PROXY {
+                    return Ok(Edit::Keep);
+                }
+                let mut tcp = wire::len_field(f.value, 2)?.unwrap_or_default().to_vec();
+                wire::put_len(&mut tcp, 5, &tcp_access_log(reporter).encode_to_vec());
+                wire::put_len(&mut tcp, 17, &tcp_access_log_options().encode_to_vec());
+                Ok(Edit::Replace(replace_any_value(f.value, &tcp)?))
+            })?;
+            if edited.is_some() {
+                self.found.metrics_added.push(self.resource.clone());
+            }
+            Ok(edited.map_or(Edit::Keep, Edit::Replace))
         })
     }
 
@@ -343,6 +441,7 @@ impl Pass {
     }
 
     fn listener(&mut self, listener: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
+        self.reporter = Some(listener_reporter(listener)?);
         // filter_chains (3) and default_filter_chain (25).
         wire::rewrite(listener, |field| match (field.number, field.is_len()) {
             (3 | 25, true) => Ok(self
@@ -544,6 +643,8 @@ pub struct Report {
     unknown: BTreeMap<String, BTreeMap<String, Seen>>,
     /// Resources whose `istio-peer-exchange` ALPN was removed.
     alpn_stripped: Seen,
+    /// Listeners whose removed `istio.stats` was replaced by the agent's access logger.
+    metrics_added: Seen,
     /// The last refused responses.
     refused: VecDeque<Refusal>,
 }
@@ -621,6 +722,9 @@ impl Adapter {
         }
         for r in &found.alpn_stripped {
             report.alpn_stripped.add(r);
+        }
+        for r in &found.metrics_added {
+            report.metrics_added.add(r);
         }
     }
 

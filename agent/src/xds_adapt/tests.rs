@@ -9,6 +9,7 @@ use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, http_filter,
 };
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CommonTlsContext, DownstreamTlsContext, UpstreamTlsContext,
 };
@@ -152,10 +153,23 @@ fn istio_inbound_listener() -> Listener {
     }
 }
 
-/// The same listener as Envoy should get it.
+/// A connection manager with these filters and the agent's inbound access logger (what an
+/// HCM whose `istio.stats` was removed becomes).
+fn logged_hcm(filters: Vec<HttpFilter>) -> Filter {
+    let mut f = hcm(filters);
+    if let Some(filter::ConfigType::TypedConfig(a)) = &mut f.config_type {
+        let mut m = HttpConnectionManager::decode(a.value.as_slice()).unwrap();
+        m.access_log.push(http_access_log(Reporter::Destination));
+        a.value = m.encode_to_vec();
+    }
+    f
+}
+
+/// The same listener as Envoy should get it: where `istio.stats` was, the agent's access
+/// logger reporting as `destination` (the listener is Istio's inbound one).
 fn adapted_inbound_listener() -> Listener {
     let mut l = istio_inbound_listener();
-    l.filter_chains[0].filters = vec![hcm(vec![
+    l.filter_chains[0].filters = vec![logged_hcm(vec![
         http_filter("envoy.filters.http.rbac", any(RBAC, vec![])),
         http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
     ])];
@@ -163,6 +177,20 @@ fn adapted_inbound_listener() -> Listener {
     l.filter_chains[1].filters.drain(..2);
     if let Some(d) = &mut l.default_filter_chain {
         d.filters.remove(0);
+    }
+    let logged_tcp = any(
+        TCP_PROXY,
+        TcpProxy {
+            access_log: vec![tcp_access_log(Reporter::Destination)],
+            access_log_options: Some(tcp_access_log_options()),
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    );
+    l.filter_chains[1].filters[0] =
+        network_filter("envoy.filters.network.tcp_proxy", logged_tcp.clone());
+    if let Some(d) = &mut l.default_filter_chain {
+        d.filters[0] = network_filter("envoy.filters.network.tcp_proxy", logged_tcp);
     }
     l
 }
@@ -524,7 +552,7 @@ fn ecds_configs_and_their_references_are_removed() {
 
 fn adapted_inbound_listener_with_router_only() -> Listener {
     let mut l = adapted_inbound_listener();
-    l.filter_chains[0].filters = vec![hcm(vec![http_filter(
+    l.filter_chains[0].filters = vec![logged_hcm(vec![http_filter(
         "envoy.filters.http.router",
         any(ROUTER, vec![]),
     )])];
@@ -643,11 +671,68 @@ fn null_vm_wasm_filters_of_old_istiods_are_removed() {
     )
     .unwrap();
     let mut want = adapted_inbound_listener();
-    want.filter_chains[0].filters = vec![hcm(vec![
+    want.filter_chains[0].filters = vec![logged_hcm(vec![
         http_filter("vendor.plugin", wasm("envoy.wasm.runtime.v8", "x")),
         http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
     ])];
     assert_eq!(got, want);
     let types: Vec<&str> = found.removed.iter().map(|f| f.type_name.as_str()).collect();
     assert_eq!(types, vec![NULL_VM_METADATA_EXCHANGE, NULL_VM_STATS]);
+}
+
+/// A removed `istio.stats` leaves its place to the agent's access logger, reporting as the
+/// listener's traffic direction says; a listener that had no stats filter gets none.
+#[test]
+fn removed_stats_are_replaced_by_the_agents_access_logger() {
+    let outbound = |direction: i32, name: &str, stats: bool| {
+        let mut filters = vec![http_filter(
+            "envoy.filters.http.router",
+            any(ROUTER, vec![]),
+        )];
+        if stats {
+            filters.insert(0, http_filter("istio.stats", any(ISTIO_STATS, vec![])));
+        }
+        Listener {
+            name: name.into(),
+            traffic_direction: direction,
+            filter_chains: vec![FilterChain {
+                filters: vec![hcm(filters)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    };
+    let logs = |l: &Listener| -> Vec<_> {
+        let Some(filter::ConfigType::TypedConfig(a)) = &l.filter_chains[0].filters[0].config_type
+        else {
+            panic!("untyped");
+        };
+        HttpConnectionManager::decode(a.value.as_slice())
+            .unwrap()
+            .access_log
+    };
+    let msg = sotw(
+        LISTENER_TYPE,
+        vec![
+            listener_any(&outbound(2, "0.0.0.0_8080", true)),
+            listener_any(&outbound(0, "10.0.0.1_80", true)),
+            listener_any(&outbound(1, "in", true)),
+            listener_any(&outbound(2, "nostats", false)),
+        ],
+    );
+    let (bytes, found) = changed(adapt(false, &msg).unwrap());
+    let resp = DiscoveryResponse::decode(bytes).unwrap();
+    let got: Vec<Listener> = resp
+        .resources
+        .iter()
+        .map(|a| Listener::decode(a.value.as_slice()).unwrap())
+        .collect();
+    assert_eq!(logs(&got[0]), vec![http_access_log(Reporter::Source)]);
+    assert_eq!(logs(&got[1]), vec![http_access_log(Reporter::Source)]);
+    assert_eq!(logs(&got[2]), vec![http_access_log(Reporter::Destination)]);
+    assert!(logs(&got[3]).is_empty());
+    assert_eq!(
+        found.metrics_added,
+        vec!["0.0.0.0_8080", "10.0.0.1_80", "in"]
+    );
 }
