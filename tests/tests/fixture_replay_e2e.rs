@@ -254,11 +254,25 @@ fn authz_dump_is_accepted_and_routes_traffic() {
     {
         return;
     }
+    replay_authz_dump(&[]);
+}
+
+/// The same over state-of-the-world xDS.
+#[test]
+fn authz_dump_is_accepted_and_routes_traffic_over_state_of_the_world() {
+    let test = "authz_dump_is_accepted_and_routes_traffic_over_state_of_the_world";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    replay_authz_dump(&[("ISTIO_DELTA_XDS", "false")]);
+}
+
+fn replay_authz_dump(agent_env: &[(&str, &str)]) {
     let endpoints = format!("{KUBERNETES_CLUSTER}={}:{BACKEND_PORT}", pod_ipv4(3));
     let net = replay(
         &[AUTHZ_DUMP],
         &["--cluster", KUBERNETES_CLUSTER, "--endpoints", &endpoints],
-        &[],
+        agent_env,
     );
     assert_all_accepted(&net);
     let pod = &net.pods[0];

@@ -37,7 +37,7 @@ use envoy_types::pb::google::protobuf::{Any, Duration};
 use envoy_types::util::pack_any;
 use futures::Stream;
 use prost::Message;
-use prost_reflect::{DescriptorPool, DynamicMessage};
+use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -60,16 +60,47 @@ fn descriptor_pool() -> Result<DescriptorPool, Error> {
     Ok(pool)
 }
 
-/// One recorded resource (a JSON object with its `@type`) encoded as the Any istiod sent.
+/// One recorded resource (a JSON object with its `@type`) encoded as the Any istiod sent. The
+/// encoding is checked by decoding it back to JSON: it must give the recorded JSON again (no
+/// field unknown to the descriptors, none lost).
 fn encode(pool: &DescriptorPool, json: &serde_json::Value) -> Result<Any, Error> {
     let any = pool
         .get_message_by_name("google.protobuf.Any")
         .ok_or("google.protobuf.Any is not in the descriptor set")?;
-    let msg = DynamicMessage::deserialize(any, json).map_err(|e| {
-        let name = json.get("name").and_then(|n| n.as_str()).unwrap_or("?");
-        format!("resource {name}: {e}")
-    })?;
-    Ok(Any::decode(msg.encode_to_vec().as_slice())?)
+    let name = json.get("name").and_then(|n| n.as_str()).unwrap_or("?");
+    let msg = DynamicMessage::deserialize(any.clone(), json)
+        .map_err(|e| format!("resource {name}: {e}"))?;
+    let bytes = msg.encode_to_vec();
+    let back = DynamicMessage::decode(any, bytes.as_slice())?.serialize_with_options(
+        serde_json::value::Serializer,
+        &SerializeOptions::new().use_proto_field_name(true),
+    )?;
+    if let Some(at) = first_difference(json, &back, String::new()) {
+        return Err(format!("resource {name}: encoding does not round-trip at {at}").into());
+    }
+    Ok(Any::decode(bytes.as_slice())?)
+}
+
+/// Where two JSON values first differ (numbers compared by value), as a path.
+fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: String) -> Option<String> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| match (x.get(k), y.get(k)) {
+                (Some(v), Some(w)) => first_difference(v, w, format!("{at}/{k}")),
+                _ => Some(format!("{at}/{k}")),
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (v, w))| first_difference(v, w, format!("{at}/{i}"))),
+        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => None,
+        _ if a == b => None,
+        _ => Some(at),
+    }
 }
 
 /// The resources of each type, by name.
