@@ -178,6 +178,9 @@ struct Pass {
     resource: String,
     /// The resource needs an HBONE filter: it is removed whole.
     drop_resource: bool,
+    /// Delta resources removed whole for that reason: Envoy is told to remove them, in case an
+    /// earlier version of one (without HBONE filters) reached it.
+    dropped: Vec<String>,
     found: Findings,
 }
 
@@ -564,6 +567,7 @@ impl Pass {
                 return self.resource(kind, field.value);
             }
             self.resource = wire::string_field(field.value, 3)?.to_string();
+            self.drop_resource = false;
             let mut drop = false;
             let edited = wire::rewrite(field.value, |r| {
                 if r.number != 2 || !r.is_len() {
@@ -573,6 +577,9 @@ impl Pass {
                 drop = matches!(edit, Edit::Drop);
                 Ok(edit)
             })?;
+            if self.drop_resource {
+                self.dropped.push(self.resource.clone());
+            }
             Ok(match (drop, edited) {
                 (true, _) => Edit::Drop,
                 (false, Some(r)) => Edit::Replace(r),
@@ -619,7 +626,14 @@ pub fn adapt(delta: bool, msg: &[u8]) -> Result<Adapted, WireError> {
         return Ok(Adapted::Unchanged);
     }
     let mut pass = Pass::default();
-    let edited = pass.response(delta, kind, msg)?;
+    let mut edited = pass.response(delta, kind, msg)?;
+    if !pass.dropped.is_empty() {
+        // DeltaDiscoveryResponse.removed_resources (6).
+        let out = edited.get_or_insert_with(|| msg.to_vec());
+        for name in &pass.dropped {
+            wire::put_len(out, 6, name.as_bytes());
+        }
+    }
     let found = pass.found;
     if !found.refused.is_empty() {
         let named: Vec<String> = found
