@@ -2,8 +2,9 @@
 //! Recorded istiod output replayed through the agent to a real, upstream Envoy: config dumps
 //! from istio/istio's test data (tests/fixtures/istio, see SOURCE.md) are served by
 //! `fixture-ads` as the agent's remote control plane. With the xDS adaptation on, Envoy accepts
-//! every listener, cluster and route of the dump and traffic goes where the dump's listeners
-//! send it; with `XDS_ADAPT=false` the same replay is rejected.
+//! every listener, cluster and route the agent forwards (all of the dump's but the HBONE
+//! listeners, which the agent removes) and traffic goes where the dump's listeners send it; with
+//! `XDS_ADAPT=false` the same replay is rejected.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
