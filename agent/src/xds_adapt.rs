@@ -13,7 +13,18 @@
 //!   HTTP and network filter;
 //! - ALPN `istio-peer-exchange` in the Downstream/UpstreamTlsContext of filter chains and clusters
 //!   (with the metadata-exchange filter gone, a peer that negotiated it would write exchange
-//!   bytes into the application's stream).
+//!   bytes into the application's stream);
+//! - `istio_authn` (`io.istio.network.authn.Config`, istiod 1.17–1.19 inbound chains), which
+//!   put the peer's SPIFFE URI SAN in the filter state `io.istio.peer_principal` for RBAC
+//!   principals to match. Those principals (in the HTTP and network RBAC filters of the same
+//!   listeners) become `authenticated.principal_name` with the same matcher: what istiod itself
+//!   went back to for sidecars in 1.20 (istio/istio#47395), matched by upstream Envoy against the
+//!   verified peer certificate's URI SAN. So no principal of a DENY policy stops matching;
+//! - whole listeners that need Istio's HBONE filters (`istio.set_internal_dst_address`,
+//!   `io.istio.http.connect_authority`, `connect_baggage`: `connect_originate`,
+//!   `connect_terminate`, `main_internal` of istiod 1.18+ with HBONE on). Without them HBONE
+//!   tunnels to and from this proxy are refused (port 15008 is not served); plain and mTLS
+//!   traffic is not affected.
 //!
 //! Where `istio.stats` is removed, Istio's standard metrics would vanish with it: the connection
 //! manager or tcp_proxy it measured gets the agent's access logger instead (the one istiod-core
@@ -57,13 +68,28 @@ pub const ISTIO_STATS: &str = "stats.PluginConfig";
 /// istio-proxy (the null VM); no upstream Envoy has them. Reported as `null-vm:<plugin>`.
 pub const NULL_VM_METADATA_EXCHANGE: &str = "null-vm:envoy.wasm.metadata_exchange";
 pub const NULL_VM_STATS: &str = "null-vm:envoy.wasm.stats";
-const ISTIO_ONLY: [&str; 6] = [
+/// The network filter `istio_authn` of istiod 1.17–1.19.
+pub const PEER_AUTHN: &str = "io.istio.network.authn.Config";
+const ISTIO_ONLY: [&str; 7] = [
     PEER_METADATA,
     TCP_METADATA_EXCHANGE,
     ALPN_OVERRIDE,
     ISTIO_STATS,
     NULL_VM_METADATA_EXCHANGE,
     NULL_VM_STATS,
+    PEER_AUTHN,
+];
+/// Filters only Istio's HBONE listeners use: a listener with one is removed whole.
+pub const HBONE_ONLY: [&str; 3] = [
+    "istio.set_internal_dst_address.v1.Config",
+    "io.istio.http.connect_authority.Config",
+    "io.istio.http.connect_baggage.Config",
+];
+/// The filter state `istio_authn` set, and RBAC principals of istiod 1.17–1.19 matched.
+const PEER_PRINCIPAL_KEY: &[u8] = b"io.istio.peer_principal";
+const RBAC_FILTERS: [&str; 2] = [
+    "envoy.extensions.filters.http.rbac.v3.RBAC",
+    "envoy.extensions.filters.network.rbac.v3.RBAC",
 ];
 const WASM_FILTERS: [&str; 2] = [
     "envoy.extensions.filters.http.wasm.v3.Wasm",
@@ -108,12 +134,14 @@ fn istio_only(name: &str) -> bool {
     ISTIO_ONLY.contains(&name)
 }
 
-/// Whether `msg` may carry something to adapt: `istio-peer-exchange`, or an Any type URL
+/// Whether `msg` may carry something to adapt: `istio-peer-exchange`, the null VM, RBAC on
+/// `io.istio.peer_principal`, or an Any type URL
 /// outside Envoy's own API. A response whose every `type.googleapis.com/` names an Envoy or
 /// well-known type and that has no such ALPN is forwarded untouched without being decoded.
 pub fn needs_adapting(msg: &[u8]) -> bool {
     if memchr::memmem::find(msg, PEER_EXCHANGE_ALPN.as_bytes()).is_some()
         || memchr::memmem::find(msg, NULL_VM.as_bytes()).is_some()
+        || memchr::memmem::find(msg, PEER_PRINCIPAL_KEY).is_some()
     {
         return true;
     }
@@ -152,12 +180,19 @@ pub struct Findings {
     /// Listeners where a removed `istio.stats` was replaced by the agent's access logger
     /// (`with_standard_metrics`), one entry per connection manager or tcp_proxy.
     pub metrics_added: Vec<String>,
+    /// Resources whose RBAC principals on `io.istio.peer_principal` became `authenticated`.
+    pub principals_rewritten: Vec<String>,
 }
 
 /// The editing of one response: the resource being walked and what was found.
 #[derive(Default)]
 struct Pass {
     resource: String,
+    /// The resource needs an HBONE filter: it is removed whole.
+    drop_resource: bool,
+    /// Delta resources removed whole for that reason: Envoy is told to remove them, in case an
+    /// earlier version of one (without HBONE filters) reached it.
+    dropped: Vec<String>,
     found: Findings,
     /// How the listener being walked reports Istio's metrics (its traffic direction).
     reporter: Option<Reporter>,
@@ -218,6 +253,68 @@ const CLUSTER_FILTER: FilterShape = FilterShape {
     config_discovery: 3,
     is_optional: None,
 };
+const LISTENER_FILTER: FilterShape = FilterShape {
+    typed_config: 3,
+    config_discovery: 5,
+    is_optional: None,
+};
+
+/// An RBAC principal (config.rbac.v3.Principal) with every `filter_state` match on
+/// `io.istio.peer_principal` (12: key 1, string_match 2) turned into
+/// `authenticated` (4) `{ principal_name (2): the same StringMatcher }`, through `and_ids` (1),
+/// `or_ids` (2) (Set.ids 1) and `not_id` (8).
+fn rewrite_principal(principal: &[u8]) -> Edited {
+    wire::rewrite(principal, |f| {
+        if !f.is_len() {
+            return Ok(Edit::Keep);
+        }
+        match f.number {
+            1 | 2 => {
+                let set = wire::rewrite(f.value, |id| {
+                    if id.number != 1 || !id.is_len() {
+                        return Ok(Edit::Keep);
+                    }
+                    Ok(rewrite_principal(id.value)?.map_or(Edit::Keep, Edit::Replace))
+                })?;
+                Ok(set.map_or(Edit::Keep, Edit::Replace))
+            }
+            8 => Ok(rewrite_principal(f.value)?.map_or(Edit::Keep, Edit::Replace)),
+            12 if wire::len_field(f.value, 1)? == Some(PEER_PRINCIPAL_KEY) => {
+                let Some(matcher) = wire::len_field(f.value, 2)? else {
+                    return Ok(Edit::Keep);
+                };
+                let mut authenticated = Vec::new();
+                wire::put_len(&mut authenticated, 2, matcher);
+                Ok(Edit::Renumber(4, authenticated))
+            }
+            _ => Ok(Edit::Keep),
+        }
+    })
+}
+
+/// A message, or `None` when unchanged.
+type Edited = Result<Option<Vec<u8>>, WireError>;
+
+/// `msg` with each length-delimited field `number` edited by `inner`.
+fn rewrite_field(msg: &[u8], number: u32, inner: &dyn Fn(&[u8]) -> Edited) -> Edited {
+    wire::rewrite(msg, |f| {
+        if f.number != number || !f.is_len() {
+            return Ok(Edit::Keep);
+        }
+        Ok(inner(f.value)?.map_or(Edit::Keep, Edit::Replace))
+    })
+}
+
+/// An HTTP or network RBAC filter config (rules 1, shadow_rules 2 → config.rbac.v3.RBAC:
+/// policies 2, map entries with the Policy in 2 → principals 2) with its principals rewritten.
+fn rewrite_rbac(rbac: &[u8]) -> Edited {
+    let policy = |p: &[u8]| rewrite_field(p, 2, &rewrite_principal);
+    let entry = |e: &[u8]| rewrite_field(e, 2, &policy);
+    let rules = |r: &[u8]| rewrite_field(r, 2, &entry);
+    let shadow = rewrite_field(rbac, 2, &rules)?;
+    let both = rewrite_field(shadow.as_deref().unwrap_or(rbac), 1, &rules)?;
+    Ok(both.or(shadow))
+}
 
 /// The type Envoy looks an Any up by: its own, or a TypedStruct's inner one; for a Wasm filter of
 /// the null VM, `null-vm:<plugin>` (Envoy cannot load it whatever the plugin).
@@ -273,6 +370,11 @@ impl Pass {
         if types.iter().all(|t| loadable(t)) {
             return Ok(Decision::Keep);
         }
+        if let Some(t) = types.iter().find(|t| HBONE_ONLY.contains(&t.as_str())) {
+            self.drop_resource = true;
+            self.found.removed.push(self.finding(name, t));
+            return Ok(Decision::Keep);
+        }
         if SECURITY_FILTERS.contains(&name) {
             for t in types.iter().filter(|t| !loadable(t)) {
                 self.found.refused.push(self.finding(name, t));
@@ -304,7 +406,8 @@ impl Pass {
             }
             Ok(match self.judge(field.value, &HTTP_FILTER)? {
                 Decision::Remove => Edit::Drop,
-                Decision::Keep | Decision::Refuse => Edit::Keep,
+                Decision::Refuse => Edit::Keep,
+                Decision::Keep => self.rbac_principals(field.value, &HTTP_FILTER)?,
             })
         })?;
         let lost_stats = self.found.removed[removed_before..]
@@ -321,6 +424,33 @@ impl Pass {
         }
     }
 
+    /// A filter whose typed_config is an RBAC filter config, with its `io.istio.peer_principal`
+    /// principals rewritten (see the module docs).
+    fn rbac_principals(&mut self, filter: &[u8], shape: &FilterShape) -> Result<Edit, WireError> {
+        let edited = wire::rewrite(filter, |field| {
+            if field.number != shape.typed_config || !field.is_len() {
+                return Ok(Edit::Keep);
+            }
+            if !RBAC_FILTERS.contains(&type_name(wire::string_field(field.value, 1)?)) {
+                return Ok(Edit::Keep);
+            }
+            let rbac = wire::len_field(field.value, 2)?.unwrap_or_default();
+            match rewrite_rbac(rbac)? {
+                Some(rbac) => Ok(Edit::Replace(replace_any_value(field.value, &rbac)?)),
+                None => Ok(Edit::Keep),
+            }
+        })?;
+        Ok(match edited {
+            Some(filter) => {
+                if self.found.principals_rewritten.last() != Some(&self.resource) {
+                    self.found.principals_rewritten.push(self.resource.clone());
+                }
+                Edit::Replace(filter)
+            }
+            None => Edit::Keep,
+        })
+    }
+
     /// One network filter of a filter chain: removed when Istio-only; an HCM is entered.
     fn network_filter(&mut self, filter: &[u8]) -> Result<Edit, WireError> {
         let removed_before = self.found.removed.len();
@@ -333,6 +463,9 @@ impl Pass {
             }
             Decision::Refuse => return Ok(Edit::Keep),
             Decision::Keep => {}
+        }
+        if let Edit::Replace(rbac) = self.rbac_principals(filter, &NETWORK_FILTER)? {
+            return Ok(Edit::Replace(rbac));
         }
         let edited = wire::rewrite(filter, |field| {
             if field.number != NETWORK_FILTER.typed_config || !field.is_len() {
@@ -442,11 +575,16 @@ impl Pass {
 
     fn listener(&mut self, listener: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
         self.reporter = Some(listener_reporter(listener)?);
-        // filter_chains (3) and default_filter_chain (25).
+        // filter_chains (3) and default_filter_chain (25); listener_filters (9) are only
+        // judged (an HBONE one removes the listener).
         wire::rewrite(listener, |field| match (field.number, field.is_len()) {
             (3 | 25, true) => Ok(self
                 .strip_network_filters(field.value)?
                 .map_or(Edit::Keep, Edit::Replace)),
+            (9, true) => {
+                self.judge(field.value, &LISTENER_FILTER)?;
+                Ok(Edit::Keep)
+            }
             _ => Ok(Edit::Keep),
         })
     }
@@ -492,6 +630,7 @@ impl Pass {
         if self.resource.is_empty() {
             self.resource = wire::string_field(value, 1)?.to_string();
         }
+        self.drop_resource = false;
         let edited = match kind {
             LISTENER_TYPE => self.listener(value)?,
             CLUSTER_TYPE => self.cluster(value)?,
@@ -501,6 +640,9 @@ impl Pass {
             },
             _ => None,
         };
+        if self.drop_resource {
+            return Ok(Edit::Drop);
+        }
         Ok(match edited {
             Some(value) => Edit::Replace(replace_any_value(any, &value)?),
             None => Edit::Keep,
@@ -524,6 +666,7 @@ impl Pass {
                 return self.resource(kind, field.value);
             }
             self.resource = wire::string_field(field.value, 3)?.to_string();
+            self.drop_resource = false;
             let mut drop = false;
             let edited = wire::rewrite(field.value, |r| {
                 if r.number != 2 || !r.is_len() {
@@ -533,6 +676,9 @@ impl Pass {
                 drop = matches!(edit, Edit::Drop);
                 Ok(edit)
             })?;
+            if self.drop_resource {
+                self.dropped.push(self.resource.clone());
+            }
             Ok(match (drop, edited) {
                 (true, _) => Edit::Drop,
                 (false, Some(r)) => Edit::Replace(r),
@@ -579,7 +725,14 @@ pub fn adapt(delta: bool, msg: &[u8]) -> Result<Adapted, WireError> {
         return Ok(Adapted::Unchanged);
     }
     let mut pass = Pass::default();
-    let edited = pass.response(delta, kind, msg)?;
+    let mut edited = pass.response(delta, kind, msg)?;
+    if !pass.dropped.is_empty() {
+        // DeltaDiscoveryResponse.removed_resources (6).
+        let out = edited.get_or_insert_with(|| msg.to_vec());
+        for name in &pass.dropped {
+            wire::put_len(out, 6, name.as_bytes());
+        }
+    }
     let found = pass.found;
     if !found.refused.is_empty() {
         let named: Vec<String> = found
@@ -645,6 +798,8 @@ pub struct Report {
     alpn_stripped: Seen,
     /// Listeners whose removed `istio.stats` was replaced by the agent's access logger.
     metrics_added: Seen,
+    /// Resources whose RBAC principals on `io.istio.peer_principal` became `authenticated`.
+    principals_rewritten: Seen,
     /// The last refused responses.
     refused: VecDeque<Refusal>,
 }
@@ -725,6 +880,9 @@ impl Adapter {
         }
         for r in &found.metrics_added {
             report.metrics_added.add(r);
+        }
+        for r in &found.principals_rewritten {
+            report.principals_rewritten.add(r);
         }
     }
 

@@ -449,8 +449,8 @@ fn other_unknown_types_are_kept_and_named() {
     l.filter_chains[1].filters.insert(
         0,
         network_filter(
-            "istio_authn",
-            typed_struct("udpa.type.v1.TypedStruct", "io.istio.network.authn.Config"),
+            "vendor.network",
+            typed_struct("udpa.type.v1.TypedStruct", "vendor.network.Config"),
         ),
     );
     let mut optional = http_filter("vendor.optional", any("vendor.Thing", vec![]));
@@ -470,8 +470,8 @@ fn other_unknown_types_are_kept_and_named() {
         found.unknown,
         vec![Finding {
             resource: "virtualInbound".into(),
-            filter: "istio_authn".into(),
-            type_name: "io.istio.network.authn.Config".into(),
+            filter: "vendor.network".into(),
+            type_name: "vendor.network.Config".into(),
         }],
         "the optional filter Envoy skips itself is not reported"
     );
@@ -735,4 +735,221 @@ fn removed_stats_are_replaced_by_the_agents_access_logger() {
         found.metrics_added,
         vec!["0.0.0.0_8080", "10.0.0.1_80", "in"]
     );
+}
+
+mod istiod_1_18 {
+    //! What istiod 1.17–1.19 adds (seen in istio/istio's recorded authz config dump,
+    //! tests/fixtures/istio/authz_configdump.yaml): `istio_authn` with RBAC principals on its
+    //! filter state, and HBONE listeners.
+    use super::*;
+    use envoy_types::pb::envoy::config::listener::v3::{ListenerFilter, listener_filter};
+    use envoy_types::pb::envoy::config::rbac::v3::{
+        Policy, Principal, Rbac as RbacRules, principal,
+    };
+    use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
+    use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
+    use envoy_types::pb::envoy::r#type::matcher::v3::{
+        FilterStateMatcher, StringMatcher, filter_state_matcher, string_matcher,
+    };
+
+    const HTTP_RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
+    const NETWORK_RBAC: &str = "envoy.extensions.filters.network.rbac.v3.RBAC";
+
+    fn exact(s: &str) -> StringMatcher {
+        StringMatcher {
+            match_pattern: Some(string_matcher::MatchPattern::Exact(s.into())),
+            ..Default::default()
+        }
+    }
+
+    fn filter_state(key: &str, m: StringMatcher) -> Principal {
+        Principal {
+            identifier: Some(principal::Identifier::FilterState(FilterStateMatcher {
+                key: key.into(),
+                matcher: Some(filter_state_matcher::Matcher::StringMatch(m)),
+            })),
+        }
+    }
+
+    fn authenticated(m: StringMatcher) -> Principal {
+        Principal {
+            identifier: Some(principal::Identifier::Authenticated(
+                principal::Authenticated {
+                    principal_name: Some(m),
+                },
+            )),
+        }
+    }
+
+    fn or_ids(ids: Vec<Principal>) -> Principal {
+        Principal {
+            identifier: Some(principal::Identifier::OrIds(principal::Set { ids })),
+        }
+    }
+
+    fn not_id(p: Principal) -> Principal {
+        Principal {
+            identifier: Some(principal::Identifier::NotId(Box::new(p))),
+        }
+    }
+
+    /// DENY rules as istiod 1.18 writes them: a peer principal (nested as istiod nests it), a
+    /// negated one, and another filter state key that must stay.
+    fn rules(peer: impl Fn(StringMatcher) -> Principal) -> RbacRules {
+        let principals = vec![
+            or_ids(vec![peer(exact(
+                "spiffe://cluster.local/ns/default/sa/sleep",
+            ))]),
+            not_id(or_ids(vec![peer(exact(
+                "spiffe://cluster.local/ns/test/sa/x",
+            ))])),
+            filter_state("other.key", exact("v")),
+        ];
+        RbacRules {
+            action: 1,
+            policies: [(
+                "ns[default]-policy[deny]-rule[0]".to_string(),
+                Policy {
+                    principals,
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            ..Default::default()
+        }
+    }
+
+    fn inbound(peer: impl Fn(StringMatcher) -> Principal + Copy, authn: bool) -> Listener {
+        let http = HttpRbac {
+            rules: Some(rules(peer)),
+            shadow_rules: Some(rules(peer)),
+            ..Default::default()
+        };
+        let network = NetworkRbac {
+            rules: Some(rules(peer)),
+            stat_prefix: "tcp.".into(),
+            ..Default::default()
+        };
+        let mut filters = Vec::new();
+        if authn {
+            filters.push(network_filter(
+                "istio_authn",
+                typed_struct("udpa.type.v1.TypedStruct", PEER_AUTHN),
+            ));
+        }
+        filters.push(network_filter(
+            "envoy.filters.network.rbac",
+            any(NETWORK_RBAC, network.encode_to_vec()),
+        ));
+        filters.push(hcm(vec![
+            http_filter(
+                "envoy.filters.http.rbac",
+                any(HTTP_RBAC, http.encode_to_vec()),
+            ),
+            http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+        ]));
+        Listener {
+            name: "virtualInbound".into(),
+            filter_chains: vec![FilterChain {
+                filters,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn istio_authn_goes_and_peer_principals_become_authenticated() {
+        let key = |m| filter_state("io.istio.peer_principal", m);
+        let msg = sotw(LISTENER_TYPE, vec![listener_any(&inbound(key, true))]);
+        let (bytes, found) = changed(adapt(false, &msg).unwrap());
+        let resp = DiscoveryResponse::decode(bytes).unwrap();
+        let got = Listener::decode(resp.resources[0].value.as_slice()).unwrap();
+        assert_eq!(got, inbound(authenticated, false));
+        assert_eq!(
+            found
+                .removed
+                .iter()
+                .map(|f| (f.filter.as_str(), f.type_name.as_str()))
+                .collect::<Vec<_>>(),
+            vec![("istio_authn", PEER_AUTHN)]
+        );
+        assert_eq!(
+            found.principals_rewritten,
+            vec!["virtualInbound".to_string()]
+        );
+        assert!(found.unknown.is_empty() && found.refused.is_empty());
+    }
+
+    #[test]
+    fn hbone_listeners_are_removed_whole_in_both_protocols() {
+        let set_dst = ListenerFilter {
+            name: "set_dst_address".into(),
+            config_type: Some(listener_filter::ConfigType::TypedConfig(typed_struct(
+                "udpa.type.v1.TypedStruct",
+                HBONE_ONLY[0],
+            ))),
+            ..Default::default()
+        };
+        let main_internal = Listener {
+            name: "main_internal".into(),
+            listener_filters: vec![set_dst],
+            ..Default::default()
+        };
+        let connect_terminate = Listener {
+            name: "connect_terminate".into(),
+            filter_chains: vec![FilterChain {
+                filters: vec![hcm(vec![
+                    http_filter(
+                        "connect_authority",
+                        typed_struct("udpa.type.v1.TypedStruct", HBONE_ONLY[1]),
+                    ),
+                    http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+                ])],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let kept = adapted_inbound_listener();
+        let msg = sotw(
+            LISTENER_TYPE,
+            vec![
+                listener_any(&main_internal),
+                listener_any(&kept),
+                listener_any(&connect_terminate),
+            ],
+        );
+        let (bytes, found) = changed(adapt(false, &msg).unwrap());
+        let resp = DiscoveryResponse::decode(bytes).unwrap();
+        assert_eq!(resp.resources, vec![listener_any(&kept)]);
+        let removed: Vec<(&str, &str)> = found
+            .removed
+            .iter()
+            .map(|f| (f.resource.as_str(), f.type_name.as_str()))
+            .collect();
+        assert_eq!(
+            removed,
+            vec![
+                ("main_internal", HBONE_ONLY[0]),
+                ("connect_terminate", HBONE_ONLY[1]),
+            ]
+        );
+
+        let msg = delta(
+            LISTENER_TYPE,
+            vec![
+                ("main_internal".into(), listener_any(&main_internal)),
+                ("virtualInbound".into(), listener_any(&kept)),
+            ],
+        );
+        let (bytes, _) = changed(adapt(true, &msg).unwrap());
+        let resp = DeltaDiscoveryResponse::decode(bytes).unwrap();
+        let names: Vec<&str> = resp.resources.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, vec!["virtualInbound"]);
+        // An earlier version of the dropped listener, if Envoy has one, goes too.
+        assert_eq!(
+            resp.removed_resources,
+            vec!["gone".to_string(), "main_internal".to_string()]
+        );
+    }
 }

@@ -144,6 +144,8 @@ pub enum Edit {
     Drop,
     /// A new payload for this length-delimited field.
     Replace(Vec<u8>),
+    /// In its place, length-delimited field `number` with this payload (a oneof's other case).
+    Renumber(u32, Vec<u8>),
 }
 
 /// Rewrites `msg` field by field; `None` when every field was kept (the caller keeps `msg`).
@@ -161,8 +163,10 @@ pub fn rewrite(
         }
         let out = out.get_or_insert_with(|| Vec::with_capacity(msg.len()));
         out.extend_from_slice(msg.get(copied..field.start).unwrap_or_default());
-        if let Edit::Replace(payload) = change {
-            put_len(out, field.number, &payload);
+        match change {
+            Edit::Replace(payload) => put_len(out, field.number, &payload),
+            Edit::Renumber(number, payload) => put_len(out, number, &payload),
+            Edit::Keep | Edit::Drop => {}
         }
         copied = field.end;
     }
