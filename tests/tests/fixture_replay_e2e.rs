@@ -346,6 +346,35 @@ fn replay_authz_dump(agent_env: &[(&str, &str)]) {
         "{}",
         net.logs()
     );
+
+    // The listener's `istio.stats` was replaced by the agent's access logger: the connection
+    // shows in Istio's standard TCP metrics, reported by this (the client's) sidecar.
+    assert!(
+        report["metrics_added"]["count"].as_u64() >= Some(1),
+        "{report}"
+    );
+    let mut exposition = String::new();
+    let counted = wait_until(Duration::from_secs(20), || {
+        exposition = pod
+            .http_get(0, "http://127.0.0.1:15020/stats/prometheus")
+            .unwrap()
+            .1;
+        exposition.lines().any(|l| {
+            l.starts_with("istio_tcp_connections_closed_total{")
+                && l.contains("reporter=\"source\"")
+                && l.contains("destination_service=\"kubernetes.default.svc.cluster.local\"")
+                && l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) >= Some(1.0)
+        })
+    });
+    let istio: Vec<&str> = exposition
+        .lines()
+        .filter(|l| l.starts_with("istio_tcp") || l.starts_with("istio_request"))
+        .collect();
+    assert!(
+        counted,
+        "no closed connection counted: {istio:#?}\n{}",
+        net.logs()
+    );
 }
 
 /// The describe test dump (Istio 1.13 era: a cluster with the `istio.metadata_exchange` cluster
