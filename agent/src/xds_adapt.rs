@@ -45,8 +45,6 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
-use envoy_types::pb::google::rpc::Status as RpcStatus;
 use istiod_core::generators::telemetry::{
     Reporter, http_access_log, tcp_access_log, tcp_access_log_options,
 };
@@ -755,31 +753,16 @@ pub fn adapt(delta: bool, msg: &[u8]) -> Result<Adapted, WireError> {
 
 /// The NACK the agent sends for a refused response (as Envoy would: the nonce, the reason).
 pub fn nack(delta: bool, msg: &[u8], why: &str) -> Result<Bytes, WireError> {
-    let type_url = wire::string_field(msg, 4)?.to_string();
+    let type_url = wire::string_field(msg, 4)?;
     // nonce: field 5 in both responses.
-    let nonce = wire::string_field(msg, 5)?.to_string();
-    let error_detail = Some(RpcStatus {
-        code: tonic::Code::InvalidArgument as i32,
-        message: why.to_string(),
-        details: Vec::new(),
-    });
-    Ok(Bytes::from(if delta {
-        DeltaDiscoveryRequest {
-            type_url,
-            response_nonce: nonce,
-            error_detail,
-            ..Default::default()
-        }
-        .encode_to_vec()
-    } else {
-        DiscoveryRequest {
-            type_url,
-            response_nonce: nonce,
-            error_detail,
-            ..Default::default()
-        }
-        .encode_to_vec()
-    }))
+    let nonce = wire::string_field(msg, 5)?;
+    Ok(crate::xds_proxy::answer_upstream(
+        delta,
+        type_url,
+        "",
+        nonce,
+        Some(why.to_string()),
+    ))
 }
 
 /// How many refusals the debug view keeps.

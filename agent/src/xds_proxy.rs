@@ -223,7 +223,20 @@ fn nds_request(delta: bool, version: &str, nonce: &str) -> Bytes {
 /// The agent's answer to a name table: an ACK, or with `error` a NACK (`version` is then the
 /// last one accepted, as the xDS protocol asks).
 fn nds_answer(delta: bool, version: &str, nonce: &str, error: Option<String>) -> Bytes {
-    let type_url = istio_proto::nds::TYPE_URL.to_string();
+    answer_upstream(delta, istio_proto::nds::TYPE_URL, version, nonce, error)
+}
+
+/// A request the agent itself sends the control plane on a stream: an ACK of the response
+/// `nonce` of `type_url`, or with `error` a NACK of it (`version`: the last one accepted; state
+/// of the world only, Delta has no such field).
+pub(crate) fn answer_upstream(
+    delta: bool,
+    type_url: &str,
+    version: &str,
+    nonce: &str,
+    error: Option<String>,
+) -> Bytes {
+    let type_url = type_url.to_string();
     let error_detail = error.map(|message| envoy_types::pb::google::rpc::Status {
         code: tonic::Code::InvalidArgument as i32,
         message,

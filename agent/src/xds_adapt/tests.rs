@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CommonTlsContext, DownstreamTlsContext, UpstreamTlsContext,
 };
 use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryResponse, DiscoveryResponse, Resource,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
 };
 use envoy_types::pb::google::protobuf::{Any, Struct};
 
