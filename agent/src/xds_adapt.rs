@@ -198,11 +198,6 @@ struct Pass {
     chain_lost_tcp_stats: bool,
 }
 
-/// Whether a removed type was Istio's stats filter (either form).
-fn is_stats(type_name: &str) -> bool {
-    type_name == ISTIO_STATS || type_name == NULL_VM_STATS
-}
-
 /// The reporter of a listener: its `traffic_direction` (16: INBOUND 1, OUTBOUND 2), else
 /// Istio's inbound listener name, else outbound (`source`).
 fn listener_reporter(listener: &[u8]) -> Result<Reporter, WireError> {
@@ -338,6 +333,15 @@ fn extension_type(any: &[u8]) -> Result<String, WireError> {
 }
 
 impl Pass {
+    /// Whether Istio's stats filter (either form) is among the removals from the `from`th on.
+    fn removed_stats_since(&self, from: usize) -> bool {
+        self.found
+            .removed
+            .iter()
+            .skip(from)
+            .any(|f| f.type_name == ISTIO_STATS || f.type_name == NULL_VM_STATS)
+    }
+
     fn finding(&self, filter: &str, type_name: &str) -> Finding {
         Finding {
             resource: self.resource.clone(),
@@ -408,9 +412,7 @@ impl Pass {
                 Decision::Keep => self.rbac_principals(field.value, &HTTP_FILTER)?,
             })
         })?;
-        let lost_stats = self.found.removed[removed_before..]
-            .iter()
-            .any(|f| is_stats(&f.type_name));
+        let lost_stats = self.removed_stats_since(removed_before);
         match (edited, self.reporter) {
             (Some(mut hcm), Some(reporter)) if lost_stats => {
                 // HttpConnectionManager.access_log (13), repeated: appending adds one.
@@ -454,9 +456,7 @@ impl Pass {
         let removed_before = self.found.removed.len();
         match self.judge(filter, &NETWORK_FILTER)? {
             Decision::Remove => {
-                self.chain_lost_tcp_stats |= self.found.removed[removed_before..]
-                    .iter()
-                    .any(|f| is_stats(&f.type_name));
+                self.chain_lost_tcp_stats |= self.removed_stats_since(removed_before);
                 return Ok(Edit::Drop);
             }
             Decision::Refuse => return Ok(Edit::Keep),
