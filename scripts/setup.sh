@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
-# Installs what the demo and the tests need on a fresh Debian machine, as root. Idempotent.
-# Downloads only through apt, pip and cargo.
+# Installs what the demo needs on a fresh Debian machine, as root; with --tests also what only
+# the tests need (cargo-nextest, cargo-deny, Istio's own binaries as the oracle). Idempotent.
+# Downloads only through apt, pip, cargo and the Go module proxy.
+#   scripts/setup.sh           the demo's needs
+#   scripts/setup.sh --tests   and the tests' (scripts/test.sh)
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TESTS=false
+case "${1:-}" in
+  --tests) TESTS=true ;;
+  "") ;;
+  *) echo "usage: $0 [--tests]" >&2; exit 2 ;;
+esac
 
 ENVOY_VERSION="1.40.0"
 ENVOY_BIN="/usr/local/bin/envoy"
@@ -84,6 +95,11 @@ EOF
   say "wrote $CONF (default_ulimits = [], runtime runc)"
 fi
 
+if ! $TESTS; then
+  say "done (the demo's needs; --tests adds the tests')"
+  exit 0
+fi
+
 if command -v cargo-nextest >/dev/null 2>&1 || cargo nextest --version >/dev/null 2>&1; then
   say "cargo-nextest: present"
 else
@@ -100,4 +116,8 @@ else
   say "cargo install cargo-deny ${CARGO_DENY_VERSION}"
   cargo install --locked cargo-deny --version "$CARGO_DENY_VERSION"
 fi
+# Istio's own binaries, the oracle the tests compare our rules and bootstrap with: the release-1.31
+# build, the only recent istio.io/istio the Go module proxy serves whole (the 1.29.6 tag is not
+# served). Built once per version (the stamp); a cold build takes minutes on 2 cores.
+./scripts/install-istio.sh
 say "done"

@@ -4,9 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-./scripts/setup.sh
+./scripts/setup.sh --tests
 # A clean CI build gains nothing from incremental state (1.9 GB on disk): leave it out there.
 if [ "${CI:-false}" = true ]; then export CARGO_INCREMENTAL=0; fi
+# A clean clone is not a clean machine: a developer's CARGO_HOME holds crates a fresh one lacks
+# (other platforms' crates among them), which hid a build step that needed them. In CI every
+# cargo command below runs offline against a CARGO_HOME of this run that holds only this
+# platform's crates, as a fresh machine's would after one fetch; anything more fails here.
+if [ "${CI:-false}" = true ] || [ "${FRESH_CARGO_HOME:-false}" = true ]; then
+  ./scripts/fresh-cargo-home.sh "$PWD/target/cargo-home"
+  export CARGO_HOME="$PWD/target/cargo-home" CARGO_NET_OFFLINE=true
+fi
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"

@@ -12,11 +12,16 @@ const PROTOS: [&str; 4] = [
     "protos/istio_alpn.proto",
 ];
 
-/// envoy-types' `src/generated/types.bin`, found through `cargo metadata`.
+/// envoy-types' `src/generated/types.bin`, found through `cargo metadata`. Filtered to the
+/// platform being built for: without the filter, cargo wants the manifests of every platform's
+/// crates (Windows-only ones too), which a CARGO_HOME that fetched only this platform's crates
+/// does not hold, and `--offline` cannot download.
 fn envoy_types_descriptors() -> Result<PathBuf, Box<dyn std::error::Error>> {
     let cargo = std::env::var("CARGO")?;
+    let target = std::env::var("TARGET")?;
     let out = Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", &target])
         .current_dir(std::env::var("CARGO_MANIFEST_DIR")?)
         .output()?;
     if !out.status.success() {

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs Istio's own pilot-agent, pilot-discovery and istioctl from the Go module proxy, pinned,
+# into $ISTIO_HOME/bin (default /opt/istio-oracle/VERSION), with the Istio envoy bootstrap
+# template their pilot-agent reads. Idempotent: a stamp names what was built; nothing is rebuilt
+# while it matches. The tests find the binaries there (tests/src/istio.rs) and fail without them.
+#   scripts/install-istio.sh          install unless the stamp matches
+#   scripts/install-istio.sh --print  print the directory and exit
+set -euo pipefail
+
+# The release-1.31 branch build (VERSION 1.31): istio.io/istio has no tag this proxy serves whole.
+ISTIO_MODULE_VERSION="v0.0.0-20260827124520-eed52ebb66ad"
+ISTIO_BUILD_VERSION="1.31-eed52ebb66ad"
+ISTIO_HOME="${ISTIO_HOME:-/opt/istio-oracle/${ISTIO_BUILD_VERSION}}"
+PKGS=(pilot/cmd/pilot-agent pilot/cmd/pilot-discovery istioctl/cmd/istioctl)
+STAMP="$ISTIO_HOME/.stamp"
+WANT="istio.io/istio@${ISTIO_MODULE_VERSION} buildVersion=${ISTIO_BUILD_VERSION} ${PKGS[*]}"
+
+say() { echo "install-istio: $*"; }
+if [ "${1:-}" = --print ]; then echo "$ISTIO_HOME"; exit 0; fi
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] \
+  && [ -x "$ISTIO_HOME/bin/pilot-agent" ] && [ -x "$ISTIO_HOME/bin/pilot-discovery" ] \
+  && [ -x "$ISTIO_HOME/bin/istioctl" ] && [ -f "$ISTIO_HOME/envoy_bootstrap_tmpl.json" ]; then
+  say "Istio ${ISTIO_BUILD_VERSION}: present in $ISTIO_HOME"
+  exit 0
+fi
+command -v go >/dev/null || { echo "install-istio: go is not installed (the Go toolchain builds Istio's binaries)" >&2; exit 1; }
+
+say "building Istio ${ISTIO_BUILD_VERSION} (${PKGS[*]}) from the Go module proxy into $ISTIO_HOME/bin: minutes the first time"
+mkdir -p "$ISTIO_HOME/bin"
+start=$SECONDS
+args=()
+for p in "${PKGS[@]}"; do args+=("istio.io/istio/${p}@${ISTIO_MODULE_VERSION}"); done
+# GOFLAGS from the caller's environment (-mod=vendor and the like) do not apply to go install pkg@v.
+GOFLAGS= GOBIN="$ISTIO_HOME/bin" go install -trimpath \
+  -ldflags "-s -w -X istio.io/istio/pkg/version.buildVersion=${ISTIO_BUILD_VERSION}" "${args[@]}"
+# pilot-agent reads its Envoy bootstrap template from ./var/lib/istio/envoy/envoy_bootstrap_tmpl.json
+# (Istio's proxy image puts this file there); the module holds it.
+mod="$(GOFLAGS= go list -m -f "{{.Dir}}" "istio.io/istio@${ISTIO_MODULE_VERSION}")"
+install -m 0644 "$mod/tools/packaging/common/envoy_bootstrap.json" "$ISTIO_HOME/envoy_bootstrap_tmpl.json"
+"$ISTIO_HOME/bin/pilot-agent" version --short 2>/dev/null | grep -q "$ISTIO_BUILD_VERSION" \
+  || { echo "install-istio: $ISTIO_HOME/bin/pilot-agent does not report ${ISTIO_BUILD_VERSION}" >&2; exit 1; }
+echo "$WANT" > "$STAMP"
+say "built in $((SECONDS - start)) s"
