@@ -17,12 +17,19 @@ const SDS_SOCKET: &str = "./var/run/secrets/workload-spiffe-uds/socket";
 use istiod_core::generators::telemetry::CLUSTER as TELEMETRY_CLUSTER;
 
 fn socket_address(ip: &str, port: u16) -> Value {
-    json!({ "socket_address": { "address": ip, "port_value": port } })
+    json!({ "socket_address": { "protocol": "TCP", "address": ip, "port_value": port } })
+}
+
+/// Istio ends every stat prefix it writes with `;` (its tag regexes rely on it): a static
+/// cluster's stats are `cluster.NAME;.*`, so they get the `cluster_name` tag.
+fn alt_stat_name(name: &str) -> String {
+    format!("{name};")
 }
 
 fn static_cluster(name: &str, ip: &str, port: u16) -> Value {
     json!({
         "name": name,
+        "alt_stat_name": alt_stat_name(name),
         "type": "STATIC",
         "connect_timeout": "0.250s",
         "lb_policy": "ROUND_ROBIN",
@@ -36,8 +43,10 @@ fn static_cluster(name: &str, ip: &str, port: u16) -> Value {
 fn pipe_cluster(name: &str, path: &str, extra: Value) -> Value {
     let mut c = json!({
         "name": name,
+        "alt_stat_name": alt_stat_name(name),
         "type": "STATIC",
         "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
@@ -55,14 +64,16 @@ fn pipe_cluster(name: &str, path: &str, extra: Value) -> Value {
     c
 }
 
-/// A protobuf JSON duration (`10.000000000s`).
+/// A protobuf JSON duration: `10s` for whole seconds (as Istio writes them), else
+/// `10.500000000s`.
 fn proto_duration(d: std::time::Duration) -> String {
-    format!("{}.{:09}s", d.as_secs(), d.subsec_nanos())
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}.{:09}s", d.as_secs(), d.subsec_nanos())
+    }
 }
 
-/// ProxyConfig tracing.zipkin as Istio 1.5's bootstrap wrote it: a STRICT_DNS `zipkin` cluster
-/// (refreshed at `--dnsRefreshRate`) and Envoy's Zipkin tracer posting JSON v2 spans to it. The
-/// tracer only records spans of HTTP listeners whose connection manager turns tracing on.
 fn zipkin(address: &str, cfg: &Config, ipv6: bool) -> Option<(Value, Value)> {
     let (host, port) = address.rsplit_once(':')?;
     let port: u16 = port.parse().ok()?;
@@ -99,12 +110,24 @@ fn zipkin(address: &str, cfg: &Config, ipv6: bool) -> Option<(Value, Value)> {
 /// A static HTTP listener routing one path prefix to one cluster. In a pod with an IPv6
 /// address it listens on `::` and also accepts IPv4 (`ipv4_compat`), so kubelet can probe 15021
 /// over either family.
-fn static_listener(port: u16, stat_prefix: &str, prefix: &str, cluster: &str, ipv6: bool) -> Value {
+fn static_listener(
+    port: u16,
+    stat_prefix: &str,
+    prefix: &str,
+    cluster: &str,
+    ipv6: bool,
+    filters: Vec<Value>,
+) -> Value {
     let address = if ipv6 {
-        json!({ "socket_address": { "address": "::", "port_value": port, "ipv4_compat": true } })
+        json!({ "socket_address": { "protocol": "TCP", "address": "::", "port_value": port, "ipv4_compat": true } })
     } else {
         socket_address("0.0.0.0", port)
     };
+    let router = json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
+    });
+    let http_filters: Vec<Value> = filters.into_iter().chain([router]).collect();
     json!({
         "name": format!("0.0.0.0_{port}"),
         "address": address,
@@ -124,14 +147,198 @@ fn static_listener(port: u16, stat_prefix: &str, prefix: &str, cluster: &str, ip
                             "routes": [{ "match": { "prefix": prefix }, "route": { "cluster": cluster } }]
                         }]
                     },
-                    "http_filters": [{
-                        "name": "envoy.filters.http.router",
-                        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
-                    }]
+                    "http_filters": http_filters
                 }
             }]
         }]
     })
+}
+
+/// Istio's tag extraction (tools/packaging/common/envoy_bootstrap.json): the tags ahead of the
+/// extra stat tags, then those after them. Envoy's default tags are off, as in Istio.
+const TAGS_BEFORE: [(&str, &str); 9] = [
+    ("cluster_name", r"^cluster(\.(.+);)"),
+    (
+        "http_conn_manager_prefix",
+        r"^http\.(((?:[_.[:digit:]\w]*|[_\[\]aAbBcCdDeEfF[:digit:]\w\:]*));\.)",
+    ),
+    ("thread_name", r"^server(\.(.+))\.watchdog"),
+    ("tcp_prefix", r"^tcp\.((.*?)\.)\w+?$"),
+    ("response_code", r"_rq(_(\d{3}))$"),
+    ("response_code_class", r"_rq(_(\dxx))$"),
+    (
+        "http_conn_manager_listener_prefix",
+        r"^listener(?=\.).*?\.http\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)",
+    ),
+    (
+        "listener_address",
+        r"^listener\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)",
+    ),
+    (
+        "mongo_prefix",
+        r"^mongo\.(.+?)\.(collection|cmd|cx_|op_|delays_|decoding_)(.*?)$",
+    ),
+];
+const TAGS_AFTER: [(&str, &str); 7] = [
+    ("cache", r"(cache\.(.+?)\.)"),
+    ("component", r"(component\.(.+?)\.)"),
+    ("tag", r"(tag\.(.+?);\.)"),
+    ("wasm_filter", r"(wasm_filter\.(.+?)\.)"),
+    ("authz_enforce_result", r"rbac(\.(allowed|denied))"),
+    ("authz_dry_run_action", r"(\.istio_dry_run_(allow|deny)_)"),
+    ("authz_dry_run_result", r"(\.shadow_(allowed|denied))"),
+];
+
+/// `stats_config`: Istio's tag extraction and inclusion list (`config::stats`). The template's
+/// own entries frame the list: `reporter=` (Istio's standard metrics) first, `component` and
+/// `istio` last.
+fn stats_config(cfg: &Config) -> Value {
+    let s = &cfg.stats;
+    let tag = |name: &str, regex: &str| json!({ "tag_name": name, "regex": regex });
+    let extra = s
+        .extra_tags
+        .iter()
+        .map(|t| tag(t, &format!(r"({t}=\.=(.*?);\.;)")));
+    let stats_tags: Vec<Value> = TAGS_BEFORE
+        .iter()
+        .map(|(n, r)| tag(n, r))
+        .chain(extra)
+        .chain(TAGS_AFTER.iter().map(|(n, r)| tag(n, r)))
+        .collect();
+    let patterns: Vec<Value> = std::iter::once(json!({ "prefix": "reporter=" }))
+        .chain(s.prefixes.iter().map(|p| json!({ "prefix": p })))
+        .chain(s.suffixes.iter().map(|p| json!({ "suffix": p })))
+        .chain(
+            s.regexps
+                .iter()
+                .map(|r| json!({ "safe_regex": { "regex": r } })),
+        )
+        .chain([json!({ "prefix": "component" }), json!({ "prefix": "istio" })])
+        .collect();
+    let mut config = json!({
+        "use_all_default_tags": false,
+        "stats_tags": stats_tags,
+        "stats_matcher": { "inclusion_list": { "patterns": patterns } }
+    });
+    if !s.histogram_buckets.is_empty() {
+        config["histogram_bucket_settings"] = s
+            .histogram_buckets
+            .iter()
+            .map(|(prefix, buckets)| {
+                // Whole bounds as integers, as Istio writes them (`1`, not `1.0`).
+                let buckets: Vec<Value> = buckets
+                    .iter()
+                    .map(|b| {
+                        if b.fract() == 0.0 && b.abs() < 1e15 {
+                            json!(*b as i64)
+                        } else {
+                            json!(b)
+                        }
+                    })
+                    .collect();
+                json!({ "match": { "prefix": prefix }, "buckets": buckets })
+            })
+            .collect();
+    }
+    config
+}
+
+/// Istio compresses what 15090 serves when the scraper accepts it (ProxyConfig statsCompression,
+/// default on): brotli, zstd, gzip, in Istio's order.
+fn stats_compressors() -> Vec<Value> {
+    [
+        ("brotli", "brotli.compressor.v3.Brotli"),
+        ("zstd", "zstd.compressor.v3.Zstd"),
+        ("gzip", "gzip.compressor.v3.Gzip"),
+    ]
+    .iter()
+    .map(|(name, library)| {
+        json!({
+            "name": format!("envoy.filters.http.compressor.{name}"),
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor",
+                "compressor_library": {
+                    "name": format!("stats_{name}"),
+                    "typed_config": { "@type": format!("type.googleapis.com/envoy.extensions.compression.{library}") }
+                },
+                "response_direction_config": { "common_config": { "content_type": [
+                    "text/plain", "application/vnd.google.protobuf",
+                    "application/openmetrics-text", "application/openmetrics-protobuf"
+                ] } }
+            }
+        })
+    })
+    .collect()
+}
+
+/// The version of Istio whose control plane and config this sidecar is proven against (the
+/// release-1.31 build the tests run): istiod decides by the proxy's ISTIO_VERSION what it may
+/// send, so the crate's own version (0.x) would make it send the oldest forms.
+pub const ISTIO_COMPAT_VERSION: &str = "1.31.0";
+
+/// Envoy runtime: Istio's defaults (pkg/bootstrap/config.go `extractRuntimeFlags`), then
+/// ProxyConfig runtimeValues (`"true"`/`"false"` as booleans, `""` removes a default).
+fn runtime_flags(cfg: &Config) -> Value {
+    let mut flags = serde_json::Map::new();
+    flags.insert("re2.max_program_size.error_level".into(), "32768".into());
+    flags.insert(
+        "envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst".into(),
+        true.into(),
+    );
+    flags.insert(
+        "envoy.reloadable_features.http_reject_path_with_fragment".into(),
+        false.into(),
+    );
+    flags.insert(
+        "envoy.reloadable_features.fixed_heap_use_allocated".into(),
+        true.into(),
+    );
+    flags.insert(
+        "envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update".into(),
+        false.into(),
+    );
+    for (k, v) in &cfg.runtime_values {
+        match v.as_str() {
+            "" => {
+                flags.remove(k);
+            }
+            "true" => {
+                flags.insert(k.clone(), true.into());
+            }
+            "false" => {
+                flags.insert(k.clone(), false.into());
+            }
+            other => {
+                flags.insert(k.clone(), other.into());
+            }
+        }
+    }
+    Value::Object(flags)
+}
+
+/// The overload manager's global downstream connection cap: ProxyConfig runtimeValues
+/// `overload.global_downstream_max_connections`, else unlimited (as Istio).
+fn global_downstream_max_connections(cfg: &Config) -> i64 {
+    cfg.runtime_values
+        .get("overload.global_downstream_max_connections")
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(i64::from(i32::MAX))
+}
+
+/// `node.locality` with only the keys that are set, as Istio writes it.
+fn locality(cfg: &Config) -> Value {
+    let l = &cfg.locality;
+    let keys = [
+        ("region", &l.region),
+        ("zone", &l.zone),
+        ("sub_zone", &l.sub_zone),
+    ];
+    Value::Object(
+        keys.iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+            .collect(),
+    )
 }
 
 fn node_metadata(cfg: &Config) -> Value {
@@ -146,9 +353,21 @@ fn node_metadata(cfg: &Config) -> Value {
     meta.insert("INSTANCE_IPS".into(), ips.join(",").into());
     meta.insert("ENVOY_STATUS_PORT".into(), ENVOY_STATUS_PORT.into());
     meta.insert("ENVOY_PROMETHEUS_PORT".into(), PROMETHEUS_PORT.into());
-    meta.insert("ISTIO_VERSION".into(), env!("CARGO_PKG_VERSION").into());
-    meta.insert("LABELS".into(), json!(cfg.labels));
-    meta.insert("ANNOTATIONS".into(), json!(cfg.annotations));
+    meta.insert("ISTIO_VERSION".into(), ISTIO_COMPAT_VERSION.into());
+    // What Istio's agent adds to every proxy's metadata.
+    meta.insert("ENVOY_SKIP_DEPRECATED_LOGS".into(), "true".into());
+    meta.insert("METADATA_DISCOVERY".into(), "false".into());
+    meta.insert("WORKLOAD_IDENTITY_SOCKET_FILE".into(), "socket".into());
+    if let Some(client) = cfg.xds_client.as_ref().filter(|c| c.tls) {
+        meta.insert("PILOT_SAN".into(), json!([client.server_name]));
+    }
+    // Istio leaves out what is empty.
+    if !cfg.labels.is_empty() {
+        meta.insert("LABELS".into(), json!(cfg.labels));
+    }
+    if !cfg.annotations.is_empty() {
+        meta.insert("ANNOTATIONS".into(), json!(cfg.annotations));
+    }
     meta.insert("PROXY_CONFIG".into(), cfg.proxy_config_json.clone());
     if cfg.exit_on_zero_active_connections {
         meta.insert("EXIT_ON_ZERO_ACTIVE_CONNECTIONS".into(), "true".into());
@@ -206,23 +425,30 @@ fn render_base(cfg: &Config, ipv6: bool) -> Value {
     let telemetry_socket = crate::telemetry::socket_path(cfg).display().to_string();
     let ads_source =
         json!({ "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" });
-    json!({
+    let mut b = json!({
+        "application_log_config": {
+            "log_format": { "text_format": "%Y-%m-%dT%T.%fZ\t%l\tenvoy %n %g:%#\t%v\tthread=%t" }
+        },
+        "bootstrap_extensions": [{
+            "name": "envoy.bootstrap.internal_listener",
+            "typed_config": {
+                "@type": "type.googleapis.com/udpa.type.v1.TypedStruct",
+                "type_url": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener",
+                "value": { "buffer_size_kb": 64 }
+            }
+        }],
+        "stats_config": stats_config(cfg),
+        // Stats objects are created on first use: Istio's setting, less memory per cluster.
+        "deferred_stat_options": { "enable_deferred_creation_stats": true },
         "node": {
             "id": cfg.node_id(),
             "cluster": cfg.service_cluster,
-            "locality": {
-                "region": cfg.locality.region,
-                "zone": cfg.locality.zone,
-                "sub_zone": cfg.locality.sub_zone
-            },
+            "locality": locality(cfg),
             "metadata": node_metadata(cfg)
         },
         "layered_runtime": {
             "layers": [
-                { "name": "global config", "static_layer": {
-                    "envoy.reloadable_features.http_reject_path_with_fragment": false,
-                    "re2.max_program_size.error_level": "32768"
-                } },
+                { "name": "global config", "static_layer": runtime_flags(cfg) },
                 { "name": "admin", "admin_layer": {} }
             ]
         },
@@ -231,7 +457,7 @@ fn render_base(cfg: &Config, ipv6: bool) -> Value {
                 "name": "envoy.resource_monitors.global_downstream_max_connections",
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
-                    "max_active_downstream_connections": i32::MAX
+                    "max_active_downstream_connections": global_downstream_max_connections(cfg)
                 }
             }]
         },
@@ -244,7 +470,7 @@ fn render_base(cfg: &Config, ipv6: bool) -> Value {
                 }
             }],
             "profile_path": "/var/lib/istio/data/envoy.prof",
-            "address": socket_address("127.0.0.1", cfg.admin_port)
+            "address": { "socket_address": { "address": "127.0.0.1", "port_value": cfg.admin_port } }
         },
         "dynamic_resources": {
             "lds_config": ads_source,
@@ -274,11 +500,20 @@ fn render_base(cfg: &Config, ipv6: bool) -> Value {
                 pipe_cluster(TELEMETRY_CLUSTER, &telemetry_socket, json!({})),
             ],
             "listeners": [
-                static_listener(PROMETHEUS_PORT, "stats", "/stats/prometheus", "prometheus_stats", ipv6),
-                static_listener(ENVOY_STATUS_PORT, "agent", "/healthz/ready", "agent", ipv6),
+                static_listener(PROMETHEUS_PORT, "stats", "/stats/prometheus", "prometheus_stats", ipv6, stats_compressors()),
+                static_listener(ENVOY_STATUS_PORT, "agent", "/healthz/ready", "agent", ipv6, Vec::new()),
             ]
         }
-    })
+    });
+    if let Some(obj) = b.as_object_mut() {
+        if let Some(d) = cfg.stats.flush_interval {
+            obj.insert("stats_flush_interval".into(), proto_duration(d).into());
+        }
+        if let Some(d) = cfg.stats.eviction_interval {
+            obj.insert("stats_eviction_interval".into(), proto_duration(d).into());
+        }
+    }
+    b
 }
 
 #[cfg(test)]
@@ -337,7 +572,7 @@ mod tests {
         assert_eq!(clusters[3]["connect_timeout"], "10.500000000s");
         let zipkin = clusters.iter().find(|c| c["name"] == "zipkin").unwrap();
         assert_eq!(zipkin["type"], "STRICT_DNS");
-        assert_eq!(zipkin["dns_refresh_rate"], "30.000000000s");
+        assert_eq!(zipkin["dns_refresh_rate"], "30s");
         assert_eq!(
             zipkin["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
                 ["address"],

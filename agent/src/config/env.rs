@@ -2,6 +2,8 @@
 
 pub const POD_NAME: &str = "POD_NAME";
 pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
+/// The workload (Deployment) name the injector gives the proxy's metadata.
+pub const WORKLOAD_NAME: &str = "ISTIO_META_WORKLOAD_NAME";
 pub const INSTANCE_IP: &str = "INSTANCE_IP";
 pub const SERVICE_ACCOUNT: &str = "SERVICE_ACCOUNT";
 pub const PROXY_CONFIG: &str = "PROXY_CONFIG";

@@ -9,6 +9,7 @@ pub mod legacy_flags;
 pub mod metrics;
 pub mod probes;
 mod proxy_config;
+pub mod stats;
 pub mod xds_client;
 
 use std::collections::BTreeMap;
@@ -96,6 +97,10 @@ pub struct Config {
     pub labels: std::collections::BTreeMap<String, String>,
     /// Pod annotations (./etc/istio/pod/annotations).
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// Which Envoy stats exist and their tags (Istio's inclusion list and tag extraction).
+    pub stats: stats::StatsConfig,
+    /// ProxyConfig runtimeValues: Envoy runtime keys over Istio's defaults (`""` removes one).
+    pub runtime_values: BTreeMap<String, String>,
     /// `ISTIO_METAJSON_*` → metadata key with a JSON value.
     pub metadata_json: Vec<(String, serde_json::Value)>,
     /// The ProxyConfig fields set by the mesh config, PROXY_CONFIG and the annotation, merged.
@@ -318,6 +323,22 @@ impl Config {
         };
         let identity = IdentityConfig::from_env(lookup, env_vars, &workload)?;
         let lifecycle = Lifecycle::from_env(lookup)?;
+        let service_cluster = service_cluster_or_default(
+            args.service_cluster
+                .clone()
+                .or(pc.service_cluster.clone())
+                .unwrap_or_default(),
+            &labels,
+            lookup(env::WORKLOAD_NAME).as_deref(),
+            &pod_namespace,
+        );
+        let stats = stats::StatsConfig::from_inputs(&stats::StatsInputs {
+            matcher: pc.proxy_stats_matcher.as_ref(),
+            extra_stat_tags: pc.extra_stat_tags.as_deref(),
+            annotations: &annotations,
+            instance_ips: &instance_ips,
+            exit_on_zero_active_connections: lifecycle.exit_on_zero_active_connections,
+        })?;
         Ok(Config {
             proxy_type: args.proxy_type.clone(),
             dns_domain: args
@@ -327,11 +348,7 @@ impl Config {
             pod_name,
             pod_namespace,
             instance_ips,
-            service_cluster: args
-                .service_cluster
-                .clone()
-                .or(pc.service_cluster.clone())
-                .unwrap_or_else(|| "istio-proxy".to_string()),
+            service_cluster,
             service_account,
             config_path: PathBuf::from(
                 pc.config_path
@@ -375,6 +392,8 @@ impl Config {
             minimum_drain_duration: lifecycle.minimum_drain_duration,
             labels,
             annotations,
+            stats,
+            runtime_values: pc.runtime_values.clone().unwrap_or_default(),
             metadata_json,
             proxy_config_json: serde_json::Value::Object(merged),
             bootstrap_override,
@@ -476,7 +495,7 @@ fn proxy_config(
     ConfigError,
 > {
     let mut pc = ProxyConfigOverlay::default();
-    let mut merged = serde_json::Map::new();
+    let mut merged = proxy_config::defaults();
     if let Some((path, text)) = &inputs.mesh_config {
         let input = format!("meshConfig file {}", path.display());
         overlay_into(&mut pc, &mut merged, &input, text)?;
@@ -495,6 +514,7 @@ fn proxy_config(
     }
     if let Some(addr) = annotations.get("sidecar.istio.io/discoveryAddress") {
         pc.discovery_address = Some(addr.clone());
+        merged.insert("discoveryAddress".into(), addr.clone().into());
     }
     if let Some(port) = annotations.get("status.sidecar.istio.io/port") {
         pc.status_port = Some(port.parse().map_err(|_| {
@@ -504,6 +524,7 @@ fn proxy_config(
                 "a port number",
             )
         })?);
+        merged.insert("statusPort".into(), pc.status_port.into());
     }
     Ok((pc, merged))
 }
@@ -601,6 +622,30 @@ fn metadata(pc: &ProxyConfigOverlay, env_vars: &[(String, String)]) -> Vec<(Stri
         }
     }
     by_key.into_iter().collect()
+}
+
+/// Envoy's `node.cluster` as Istio names it (pkg/bootstrap/config.go `serviceClusterOrDefault`):
+/// a name set by the flag or ProxyConfig, unless it is empty or `istio-proxy`; else the app
+/// label (`app`, `app.kubernetes.io/name`, `service.istio.io/canonical-name`) dot namespace;
+/// else the workload name dot namespace; else `istio-proxy.NAMESPACE`.
+fn service_cluster_or_default(
+    name: String,
+    labels: &BTreeMap<String, String>,
+    workload: Option<&str>,
+    namespace: &str,
+) -> String {
+    if !name.is_empty() && name != "istio-proxy" {
+        return name;
+    }
+    let app = ["app", "app.kubernetes.io/name", "service.istio.io/canonical-name"]
+        .iter()
+        .find_map(|k| labels.get(*k));
+    match (app, workload.filter(|w| !w.is_empty())) {
+        (Some(app), _) => format!("{app}.{namespace}"),
+        (None, Some(w)) => format!("{w}.{namespace}"),
+        (None, None) if !namespace.is_empty() => format!("istio-proxy.{namespace}"),
+        (None, None) => "istio-proxy".to_string(),
+    }
 }
 
 /// A ProxyConfig duration field, or its default in seconds.

@@ -24,6 +24,9 @@ pub(super) struct ProxyConfigOverlay {
     pub(super) parent_shutdown_duration: Option<String>,
     pub(super) connect_timeout: Option<String>,
     pub(super) tracing: Option<Tracing>,
+    pub(super) proxy_stats_matcher: Option<super::stats::ProxyStatsMatcher>,
+    pub(super) extra_stat_tags: Option<Vec<String>>,
+    pub(super) runtime_values: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// ProxyConfig `tracing`: of its tracers only Zipkin is acted on (written into the bootstrap).
@@ -39,7 +42,7 @@ pub(super) struct Zipkin {
 
 /// ProxyConfig fields (istio/api mesh/v1alpha1/proxy.proto) the agent accepts without acting on
 /// them yet; anything else is a typo and rejected.
-const KNOWN_UNUSED_FIELDS: [&str; 27] = [
+const KNOWN_UNUSED_FIELDS: [&str; 25] = [
     "discoveryRefreshDelay",
     "zipkinAddress",
     "statsdUdpAddress",
@@ -51,12 +54,9 @@ const KNOWN_UNUSED_FIELDS: [&str; 27] = [
     "sds",
     "envoyAccessLogService",
     "envoyMetricsService",
-    "runtimeValues",
-    "extraStatTags",
     "gatewayTopology",
     "meshId",
     "readinessProbe",
-    "proxyStatsMatcher",
     "holdApplicationUntilProxyStarts",
     "caCertificatesPem",
     "image",
@@ -67,9 +67,10 @@ const KNOWN_UNUSED_FIELDS: [&str; 27] = [
     "tracingServiceName",
     "clusterName",
     "serviceClusterName",
+    "statsCompression",
 ];
 
-const USED_FIELDS: [&str; 15] = [
+const USED_FIELDS: [&str; 18] = [
     "configPath",
     "binaryPath",
     "serviceCluster",
@@ -85,7 +86,31 @@ const USED_FIELDS: [&str; 15] = [
     "parentShutdownDuration",
     "connectTimeout",
     "tracing",
+    "proxyStatsMatcher",
+    "extraStatTags",
+    "runtimeValues",
 ];
+
+/// The ProxyConfig fields Istio's defaults set (pkg/config/mesh `DefaultProxyConfig`, as
+/// protojson writes them), which the PROXY_CONFIG node metadata starts from: istiod reads the
+/// proxy's effective ProxyConfig there, not only what was overlaid.
+pub(super) fn defaults() -> serde_json::Map<String, serde_json::Value> {
+    let serde_json::Value::Object(map) = serde_json::json!({
+        "binaryPath": "/usr/local/bin/envoy",
+        "configPath": "./etc/istio/proxy",
+        "controlPlaneAuthPolicy": "MUTUAL_TLS",
+        "discoveryAddress": super::DEFAULT_DISCOVERY_ADDRESS,
+        "drainDuration": "45s",
+        "proxyAdminPort": 15000,
+        "serviceCluster": "istio-proxy",
+        "statNameLength": 189,
+        "statusPort": 15020,
+        "terminationDrainDuration": "5s"
+    }) else {
+        return serde_json::Map::new();
+    };
+    map
+}
 
 /// Applies one ProxyConfig source over `base`, and records its raw fields in `merged` (which
 /// becomes the PROXY_CONFIG node metadata).
@@ -151,7 +176,10 @@ pub(super) fn overlay_into(
         proxy_metadata,
         parent_shutdown_duration,
         connect_timeout,
-        tracing
+        tracing,
+        proxy_stats_matcher,
+        extra_stat_tags,
+        runtime_values
     );
 
     Ok(())
