@@ -23,6 +23,8 @@ pub mod env {
 #[derive(Debug, Default, Parser)]
 #[command(
     name = "istio-iptables",
+    // A repeated flag takes its last value, as Istio's (pflag) does.
+    args_override_self = true,
     about = "Set up iptables rules so that a pod's TCP traffic is captured by Envoy (Istio-compatible).",
     long_about = "Set up iptables rules so that a pod's TCP traffic is captured by Envoy.\n\n\
         Accepts the flags and env vars of Istio's istio-iptables (command line > env var > default). \
@@ -49,10 +51,10 @@ pub struct Args {
     /// Inbound interception mode: REDIRECT or TPROXY [env: ISTIO_INBOUND_INTERCEPTION_MODE].
     #[arg(short = 'm', long = "istio-inbound-interception-mode")]
     pub inbound_interception_mode: Option<String>,
-    /// Inbound ports to capture, or '*' for all [env: ISTIO_INBOUND_PORTS].
+    /// Inbound ports (or ranges such as 3000:3010) to capture, or '*' for all [env: ISTIO_INBOUND_PORTS].
     #[arg(short = 'b', long = "istio-inbound-ports")]
     pub inbound_ports: Option<String>,
-    /// Inbound ports excluded when -b is '*' [env: ISTIO_LOCAL_EXCLUDE_PORTS].
+    /// Inbound ports (or ranges) excluded when -b is '*' [env: ISTIO_LOCAL_EXCLUDE_PORTS].
     #[arg(short = 'd', long = "istio-local-exclude-ports")]
     pub local_exclude_ports: Option<String>,
     /// Interfaces whose traffic is never captured [env: ISTIO_EXCLUDE_INTERFACES].
@@ -64,10 +66,10 @@ pub struct Args {
     /// Outbound destination CIDRs never captured [env: ISTIO_SERVICE_EXCLUDE_CIDR].
     #[arg(short = 'x', long = "istio-service-exclude-cidr")]
     pub service_exclude_cidr: Option<String>,
-    /// Outbound ports always captured [env: ISTIO_OUTBOUND_PORTS].
+    /// Outbound ports (or ranges) always captured [env: ISTIO_OUTBOUND_PORTS].
     #[arg(short = 'q', long = "istio-outbound-ports")]
     pub outbound_ports: Option<String>,
-    /// Outbound ports never captured, TCP and UDP [env: ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE].
+    /// Outbound ports (or ranges such as 3000:3010) never captured, TCP and UDP [env: ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE].
     #[arg(short = 'o', long = "istio-local-outbound-ports-exclude")]
     pub local_outbound_ports_exclude: Option<String>,
     /// Virtual interfaces (e.g. KubeVirt) whose inbound traffic is treated as outbound [env: KUBE_VIRT_INTERFACES].
@@ -94,16 +96,17 @@ pub struct Args {
     /// Check that redirection works; exit 126 if not [env: RUN_VALIDATION].
     #[arg(long = "run-validation", num_args = 0..=1, default_missing_value = "true")]
     pub run_validation: Option<String>,
-    /// Capture DNS to the agent on 15053 [env: REDIRECT_DNS, ISTIO_META_DNS_CAPTURE].
+    /// Capture DNS to the agent on 15053 [env: ISTIO_META_DNS_CAPTURE, else REDIRECT_DNS].
     #[arg(long = "redirect-dns", num_args = 0..=1, default_missing_value = "true")]
     pub redirect_dns: Option<String>,
     /// Capture all DNS, not only to resolv.conf servers [env: CAPTURE_ALL_DNS].
     #[arg(long = "capture-all-dns", num_args = 0..=1, default_missing_value = "true")]
     pub capture_all_dns: Option<String>,
-    /// Drop packets in conntrack state INVALID [env: DROP_INVALID, INVALID_DROP].
+    /// Drop packets in conntrack state INVALID [env: INVALID_DROP, else DROP_INVALID].
     #[arg(long = "drop-invalid", num_args = 0..=1, default_missing_value = "true")]
     pub drop_invalid: Option<String>,
-    /// Apply both IPv4 and IPv6 rules [env: DUAL_STACK, ISTIO_DUAL_STACK].
+    /// Accepted as Istio's; IPv6 rules follow the pod's addresses: added when it has a global
+    /// IPv6 address, with or without this flag [env: ISTIO_DUAL_STACK, else DUAL_STACK].
     #[arg(long = "dual-stack", num_args = 0..=1, default_missing_value = "true")]
     pub dual_stack: Option<String>,
     /// Network namespace to enter before applying [env: NETWORK_NAMESPACE].
@@ -124,6 +127,22 @@ pub struct Args {
     /// Log levels, Istio style (e.g. default:info); accepted for compatibility.
     #[arg(long = "log_output_level")]
     pub log_output_level: Option<String>,
+    /// Istio's JSON logs (the injector passes it with `global.logAsJson`); accepted for
+    /// compatibility, logs stay plain lines on stderr.
+    #[arg(long = "log_as_json", num_args = 0..=1, default_missing_value = "true")]
+    pub log_as_json: Option<String>,
+    /// Istio's log destinations; accepted for compatibility, logs go to stderr.
+    #[arg(long = "log_target", action = clap::ArgAction::Append)]
+    pub log_target: Vec<String>,
+    /// Istio's per-scope caller information; accepted for compatibility.
+    #[arg(long = "log_caller")]
+    pub log_caller: Option<String>,
+    /// Istio's per-scope stack-trace levels; accepted for compatibility.
+    #[arg(long = "log_stacktrace_level")]
+    pub log_stacktrace_level: Option<String>,
+    /// Istio's klog verbosity; accepted for compatibility.
+    #[arg(long = "vklog")]
+    pub vklog: Option<String>,
 }
 
 /// A validated configuration error: which input, what value, what was expected.
@@ -142,15 +161,49 @@ pub enum InterceptionMode {
     Tproxy,
 }
 
+/// One item of a port list: a port, or an inclusive range `first:last` as iptables' `--dport`
+/// takes it (Istio passes list items to iptables as written, so VM env files use ranges).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PortRange {
+    pub first: u16,
+    /// The end of a range; `None` for a single port.
+    pub last: Option<u16>,
+}
+
+impl From<u16> for PortRange {
+    fn from(port: u16) -> PortRange {
+        PortRange {
+            first: port,
+            last: None,
+        }
+    }
+}
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.last {
+            Some(last) => write!(f, "{}:{last}", self.first),
+            None => write!(f, "{}", self.first),
+        }
+    }
+}
+
+/// As written (`15020`, `3000:3010`), so the config logged at start reads as the flags did.
+impl std::fmt::Debug for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 /// Which inbound ports are captured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InboundPorts {
     None,
     /// All ports, minus the excluded ones.
     All {
-        exclude: Vec<u16>,
+        exclude: Vec<PortRange>,
     },
-    Only(Vec<u16>),
+    Only(Vec<PortRange>),
 }
 
 /// Which outbound destinations are captured.
@@ -200,8 +253,8 @@ pub struct Config {
     pub exclude_interfaces: Vec<String>,
     pub outbound: OutboundCidrs,
     pub outbound_exclude_cidrs: Vec<Cidr>,
-    pub outbound_ports: Vec<u16>,
-    pub outbound_exclude_ports: Vec<u16>,
+    pub outbound_ports: Vec<PortRange>,
+    pub outbound_exclude_ports: Vec<PortRange>,
     pub kube_virt_interfaces: Vec<String>,
     pub tproxy_mark: u32,
     pub tproxy_route_table: u32,
@@ -213,6 +266,7 @@ pub struct Config {
     pub redirect_dns: bool,
     pub capture_all_dns: bool,
     pub drop_invalid: bool,
+    /// Parsed for Istio's sake; the IP families follow the pod's addresses (`crate::families`).
     pub dual_stack: bool,
     pub network_namespace: Option<String>,
     pub reconcile: bool,
@@ -248,9 +302,26 @@ fn parse_port(input: &Input, raw: &str) -> Result<u16, ConfigError> {
     }
 }
 
-fn parse_port_list(input: &Input) -> Result<Vec<u16>, ConfigError> {
+/// A port list item: a port, or a range `first:last` with first <= last.
+fn parse_port_range(input: &Input, raw: &str) -> Result<PortRange, ConfigError> {
+    let Some((first, last)) = raw.split_once(':') else {
+        return parse_port(input, raw).map(PortRange::from);
+    };
+    let bad = || err(input, "ports 1-65535 or ranges first:last of them");
+    let first = parse_port(input, first).map_err(|_| bad())?;
+    let last = parse_port(input, last).map_err(|_| bad())?;
+    if first > last {
+        return Err(bad());
+    }
+    Ok(PortRange {
+        first,
+        last: Some(last),
+    })
+}
+
+fn parse_port_list(input: &Input) -> Result<Vec<PortRange>, ConfigError> {
     split_list(&input.value)
-        .map(|p| parse_port(input, p))
+        .map(|p| parse_port_range(input, p))
         .collect()
 }
 
@@ -366,7 +437,9 @@ struct Sources<'a> {
 }
 
 impl Sources<'_> {
-    /// The flag `--long` if given, else the first of `envs` that is set.
+    /// The flag `--long` if given, else the first of `envs` that is set. Where Istio binds two
+    /// env vars to a flag, its additional one (e.g. ISTIO_META_DNS_CAPTURE) wins when both are
+    /// set, so it is listed first.
     fn get(&self, cli: &Option<String>, long: &str, envs: &[&str]) -> Option<Input> {
         if let Some(v) = cli {
             return Some(Input {
@@ -401,7 +474,12 @@ impl Sources<'_> {
             .map_or(Ok(default), |i| parse_port(&i, &i.value))
     }
 
-    fn ports(&self, cli: &Option<String>, long: &str, env: &str) -> Result<Vec<u16>, ConfigError> {
+    fn ports(
+        &self,
+        cli: &Option<String>,
+        long: &str,
+        env: &str,
+    ) -> Result<Vec<PortRange>, ConfigError> {
         self.get(cli, long, &[env])
             .map_or(Ok(Vec::new()), |i| parse_port_list(&i))
     }
@@ -689,7 +767,7 @@ impl Config {
             redirect_dns: src.flag(
                 &args.redirect_dns,
                 "redirect-dns",
-                &["REDIRECT_DNS", "ISTIO_META_DNS_CAPTURE"],
+                &["ISTIO_META_DNS_CAPTURE", "REDIRECT_DNS"],
             )?,
             capture_all_dns: src.flag(
                 &args.capture_all_dns,
@@ -699,12 +777,12 @@ impl Config {
             drop_invalid: src.flag(
                 &args.drop_invalid,
                 "drop-invalid",
-                &["DROP_INVALID", "INVALID_DROP"],
+                &["INVALID_DROP", "DROP_INVALID"],
             )?,
             dual_stack: src.flag(
                 &args.dual_stack,
                 "dual-stack",
-                &["DUAL_STACK", "ISTIO_DUAL_STACK"],
+                &["ISTIO_DUAL_STACK", "DUAL_STACK"],
             )?,
             network_namespace,
             reconcile: src.flag(&args.reconcile, "reconcile", &["RECONCILE"])?,
@@ -746,7 +824,7 @@ mod tests {
         assert_eq!(
             c.inbound,
             InboundPorts::All {
-                exclude: vec![15090, 15021, 15020]
+                exclude: vec![15090.into(), 15021.into(), 15020.into()]
             }
         );
         assert!(c.outbound_exclude_cidrs.is_empty());
@@ -794,6 +872,96 @@ mod tests {
         let many: Vec<String> = (0..65).map(|i| format!("g{i}")).collect();
         let e = parse(&[], &[(env::OUTBOUND_OWNER_GROUPS, &many.join(","))]).unwrap_err();
         assert!(e.to_string().contains("at most 64"));
+    }
+
+    #[test]
+    fn port_lists_take_ranges() {
+        let c = parse(
+            &[
+                "-o",
+                "3000:3010, 22",
+                "-q",
+                "80:80",
+                "-b",
+                "*",
+                "-d",
+                "1:1024",
+            ],
+            &[],
+        )
+        .unwrap();
+        let range = |first, last| PortRange {
+            first,
+            last: Some(last),
+        };
+        assert_eq!(c.outbound_exclude_ports, vec![range(3000, 3010), 22.into()]);
+        assert_eq!(c.outbound_ports, vec![range(80, 80)]);
+        assert_eq!(
+            c.inbound,
+            InboundPorts::All {
+                exclude: vec![range(1, 1024)]
+            }
+        );
+        assert_eq!(range(3000, 3010).to_string(), "3000:3010");
+        for bad in [
+            "3010:3000",
+            "0:10",
+            "3000:",
+            ":3010",
+            "1:2:3",
+            "1:65536",
+            "01:2",
+            "1-2",
+        ] {
+            let e = parse(&["-o", bad], &[]).unwrap_err();
+            assert_eq!(e.input, "--istio-local-outbound-ports-exclude", "{bad}");
+        }
+        // The single ports stay single ports.
+        assert!(parse(&["-p", "15001:15002"], &[]).is_err());
+    }
+
+    #[test]
+    fn istio_aliases_win_over_the_primary_env_var() {
+        let c = parse(
+            &[],
+            &[
+                ("REDIRECT_DNS", "false"),
+                ("ISTIO_META_DNS_CAPTURE", "true"),
+                ("DROP_INVALID", "true"),
+                ("INVALID_DROP", "false"),
+            ],
+        )
+        .unwrap();
+        assert!(c.redirect_dns);
+        assert!(!c.drop_invalid);
+        let c = parse(
+            &["--redirect-dns=false"],
+            &[("ISTIO_META_DNS_CAPTURE", "true")],
+        )
+        .unwrap();
+        assert!(!c.redirect_dns);
+    }
+
+    #[test]
+    fn repeated_flags_take_the_last_value_and_log_flags_are_accepted() {
+        let c = parse(
+            &[
+                "-p",
+                "1",
+                "-p",
+                "2",
+                "--log_as_json",
+                "--log_target",
+                "stdout",
+                "--log_target=/dev/null",
+                "--log_caller=default",
+                "--log_stacktrace_level=default:none",
+                "--vklog=3",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.proxy_port, 2);
     }
 
     #[test]

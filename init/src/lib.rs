@@ -82,8 +82,6 @@ impl Error {
 }
 
 /// True when this network namespace has a non-loopback, non-link-local IPv6 address.
-/// Stricter than Istio (which looks only at the first address): a pod that can speak IPv6
-/// gets IPv6 capture, so v6 traffic can never bypass Envoy.
 pub fn has_global_ipv6() -> bool {
     std::fs::read_to_string("/proc/net/if_inet6")
         .map(|s| {
@@ -108,9 +106,13 @@ pub fn parse_resolv_conf(text: &str) -> Vec<IpAddr> {
         .collect()
 }
 
-/// Which families this run covers.
-pub fn families(cfg: &Config) -> Vec<Family> {
-    if cfg.dual_stack || has_global_ipv6() {
+/// Which families this run covers: IPv4 always, IPv6 when the pod has a global IPv6 address.
+/// Istio adds IPv6 when the first address is IPv6, or with `--dual-stack` when any is: so a
+/// dual-stack pod without `--dual-stack` gets IPv6 capture here too (its v6 traffic can never
+/// bypass Envoy), and, as in Istio, `--dual-stack` alone adds no IPv6 rules to a pod without
+/// IPv6 (a node with IPv6 disabled has no ip6tables to take them).
+pub fn families(pod_has_ipv6: bool) -> Vec<Family> {
+    if pod_has_ipv6 {
         vec![Family::V4, Family::V6]
     } else {
         vec![Family::V4]
@@ -164,7 +166,7 @@ pub fn run(cfg: &Config) -> Result<Report, Error> {
         enter_netns(ns)?;
     }
     let facts = pod_facts(cfg, Path::new("/etc/resolv.conf"));
-    let families = families(cfg);
+    let families = families(has_global_ipv6());
     let plans: Vec<Plan> = families
         .iter()
         .map(|f| plan::plan(cfg, *f, &facts))

@@ -3,7 +3,7 @@
 //! Mirrors the rule order of Istio's `tools/istio-iptables/pkg/capture/run.go` (`Run()`), so the
 //! rendered payload for the injector's default args matches Istio's rule set line for line.
 
-use crate::config::{Cidr, Config, InboundPorts, InterceptionMode, OutboundCidrs};
+use crate::config::{Cidr, Config, InboundPorts, InterceptionMode, OutboundCidrs, PortRange};
 
 pub const ISTIO_INBOUND: &str = "ISTIO_INBOUND";
 pub const ISTIO_REDIRECT: &str = "ISTIO_REDIRECT";
@@ -325,7 +325,7 @@ fn tproxy_divert_chains(c: &Ctx, b: &mut Builder) {
 }
 
 /// `-b '*'`: every inbound port but the excluded ones.
-fn inbound_all_ports(c: &Ctx, b: &mut Builder, table: Table, exclude: &[u16]) {
+fn inbound_all_ports(c: &Ctx, b: &mut Builder, table: Table, exclude: &[PortRange]) {
     for port in exclude {
         let port = port.to_string();
         b.append(
@@ -355,7 +355,7 @@ fn inbound_all_ports(c: &Ctx, b: &mut Builder, table: Table, exclude: &[u16]) {
 }
 
 /// `-b p1,p2`: only the listed inbound ports.
-fn inbound_listed_ports(c: &Ctx, b: &mut Builder, ports: &[u16]) {
+fn inbound_listed_ports(c: &Ctx, b: &mut Builder, ports: &[PortRange]) {
     for port in ports {
         let port = port.to_string();
         if c.tproxy {
@@ -407,12 +407,22 @@ fn outbound_exclusions(c: &Ctx, b: &mut Builder) {
     );
 }
 
+fn is_loopback(addr: std::net::IpAddr) -> bool {
+    match addr {
+        std::net::IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(v6.is_loopback(), |v4| v4.is_loopback()),
+        v4 => v4.is_loopback(),
+    }
+}
+
 /// Per proxy uid, then per gid: the app calling itself through Envoy is redirected inbound, the
 /// app calling itself directly is not captured, and Envoy's own traffic is never captured.
 fn proxy_owner_rules(c: &Ctx, b: &mut Builder) {
-    // If the include list names a loopback range, traffic to lo is captured rather than returned.
+    // If the include list names a loopback range (in either family, an IPv4-mapped one too, as
+    // Istio's Go `IsLoopback` reads it), traffic to lo is captured rather than returned.
     let include_has_loopback = match &c.cfg.outbound {
-        OutboundCidrs::Only(cidrs) => cidrs.iter().any(|cidr| cidr.addr.is_loopback()),
+        OutboundCidrs::Only(cidrs) => cidrs.iter().any(|cidr| is_loopback(cidr.addr)),
         _ => false,
     };
     let dns_tunnel_ports = format!("53,{}", c.tunnel);
