@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+pub mod istio;
 pub mod podman;
 
 /// Every namespace the harness creates starts with this.
