@@ -213,7 +213,10 @@ fn stats_config(cfg: &Config) -> Value {
                 .iter()
                 .map(|r| json!({ "safe_regex": { "regex": r } })),
         )
-        .chain([json!({ "prefix": "component" }), json!({ "prefix": "istio" })])
+        .chain([
+            json!({ "prefix": "component" }),
+            json!({ "prefix": "istio" }),
+        ])
         .collect();
     let mut config = json!({
         "use_all_default_tags": false,

@@ -30,6 +30,9 @@ pub fn pod_ipv4(n: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 233, 0, n)
 }
 
+/// The downward-API annotations file line that keeps every Envoy stat (see `Network::add_pod`).
+pub const ALL_ENVOY_STATS: &str = "sidecar.istio.io/statsInclusionRegexps=\".*\"\n";
+
 /// Service VIPs are taken from this range; pods route it to their eth0 (it never leaves the hub).
 pub const VIP_RANGE: &str = "10.234.0.0/16";
 
@@ -551,6 +554,13 @@ impl Network {
         )?;
         run("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
         run("ip", &["-n", &ns, "route", "add", VIP_RANGE, "dev", "eth0"])?;
+        // The tests read Envoy's counters of the traffic they send (`Pod::envoy_stat`), which
+        // Istio's stats inclusion list leaves out: each pod is annotated to keep all of Envoy's
+        // stats, as a user debugging a sidecar would. The default list is proven by
+        // bootstrap_oracle (against Istio's pilot-agent) and stats_e2e (what 15090 serves).
+        let pod_info = dir.join("etc/istio/pod");
+        fs::create_dir_all(&pod_info)?;
+        write_readable(&pod_info.join("annotations"), ALL_ENVOY_STATS)?;
         self.pods.push(Pod {
             ns,
             ip,

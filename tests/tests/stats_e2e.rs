@@ -137,3 +137,129 @@ fn merged_stats_hold_agent_envoy_and_app_metrics() {
     assert_eq!(om.matches("# EOF").count(), 1);
     assert!(om.ends_with("# EOF\n"));
 }
+
+/// Envoy's stats as Istio's inclusion list keeps them: with 20 services, 15090 serves Envoy's
+/// server, cluster-manager, listener-manager and xds-grpc series (tagged `cluster_name`, from the
+/// bootstrap's `alt_stat_name`), and none of the services' clusters; a pod annotated with
+/// `sidecar.istio.io/statsInclusionPrefixes` gets those too.
+#[test]
+fn envoy_keeps_istios_stats_by_default_and_what_the_pod_asks_for() {
+    if !require_root("envoy_keeps_istios_stats_by_default_and_what_the_pod_asks_for")
+        || !require_envoy("envoy_keeps_istios_stats_by_default_and_what_the_pod_asks_for")
+    {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    net.add_pod("default", 2).unwrap();
+    net.add_pod("annotated", 3).unwrap();
+    let mesh = net.dir().join("mesh");
+    std::fs::create_dir_all(&mesh).unwrap();
+    let services: String = (0..20)
+        .map(|i| {
+            format!(
+                "---\nkind: ServiceEntry\nmetadata: {{name: svc{i}, namespace: demo}}\nspec:\n  \
+                 hosts: [svc{i}.demo.svc.cluster.local]\n  addresses: [10.234.1.{i}]\n  \
+                 ports: [{{number: 8080, name: http, protocol: HTTP}}]\n  \
+                 endpoints: [{{address: 10.233.0.9}}]\n"
+            )
+        })
+        .collect();
+    std::fs::write(mesh.join("mesh.yaml"), services).unwrap();
+    // The harness's pods keep all stats (harness::ALL_ENVOY_STATS); these two say what they want.
+    let annotations = |i: usize| net.pods[i].dir.join("etc/istio/pod/annotations");
+    std::fs::write(annotations(0), "").unwrap();
+    std::fs::write(
+        annotations(1),
+        "sidecar.istio.io/statsInclusionPrefixes=\"cluster.outbound|8080||svc1.\"\n",
+    )
+    .unwrap();
+    for (i, name) in [(0, "default"), (1, "annotated")] {
+        let ip = format!("10.233.0.{}", i + 2);
+        net.pods[i]
+            .spawn_embedded_agent(
+                &mesh,
+                &[
+                    ("POD_NAME", name),
+                    ("POD_NAMESPACE", "demo"),
+                    ("INSTANCE_IP", &ip),
+                    ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
+                ],
+            )
+            .unwrap();
+    }
+    for pod in &net.pods {
+        let ready = pod.wait_http_ok(
+            "http://127.0.0.1:15021/healthz/ready",
+            Duration::from_secs(60),
+        );
+        assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
+    }
+    let scrape = |i: usize| {
+        let (code, text) = net.pods[i]
+            .http_get(0, "http://127.0.0.1:15090/stats/prometheus")
+            .unwrap();
+        assert_eq!(code, 200);
+        assert_valid_exposition(&text);
+        text
+    };
+    let series = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| {
+                l.rsplit_once(' ')
+                    .unwrap()
+                    .0
+                    .trim_end_matches("{}")
+                    .to_string()
+            })
+            .collect()
+    };
+    let default = scrape(0);
+    let all = series(&default);
+    for want in [
+        "envoy_server_live",
+        "envoy_cluster_manager_cds_update_success",
+        "envoy_listener_manager_lds_update_success",
+        "envoy_cluster_upstream_cx_total{cluster_name=\"xds-grpc\"}",
+    ] {
+        assert!(all.iter().any(|s| s == want), "{want} missing:\n{default}");
+    }
+    assert!(
+        !default.contains("svc1") && !default.contains("outbound|"),
+        "a service's stats without being asked for:\n{default}"
+    );
+    // Every series comes from an included prefix (Istio's list; `reporter=` has none here).
+    let included = [
+        "envoy_server_",
+        "envoy_cluster_manager_",
+        "envoy_listener_manager_",
+        "envoy_cluster_",
+        "envoy_wasm_",
+    ];
+    for s in &all {
+        assert!(
+            included.iter().any(|p| s.starts_with(p)),
+            "{s} is outside Istio's inclusion list"
+        );
+        if s.starts_with("envoy_cluster_") && !s.starts_with("envoy_cluster_manager_") {
+            assert!(s.contains("cluster_name=\"xds-grpc\""), "{s}");
+        }
+    }
+    assert!(
+        all.len() < 600,
+        "{} series with Istio's list (Istio's own sidecar serves ~424)",
+        all.len()
+    );
+    let (_, admin) = net.pods[1]
+        .http_get(0, "http://127.0.0.1:15000/stats?filter=svc")
+        .unwrap();
+    assert!(
+        // (Traffic stats come with the first use: Istio's deferred stats creation.)
+        admin.contains("cluster.outbound|8080||svc1.demo.svc.cluster.local.circuit_breakers."),
+        "the annotated prefix was not kept:\n{admin}"
+    );
+    assert!(
+        !admin.contains("svc2."),
+        "stats of a cluster the annotation does not name:\n{admin}"
+    );
+}

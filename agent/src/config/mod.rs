@@ -637,9 +637,13 @@ fn service_cluster_or_default(
     if !name.is_empty() && name != "istio-proxy" {
         return name;
     }
-    let app = ["app", "app.kubernetes.io/name", "service.istio.io/canonical-name"]
-        .iter()
-        .find_map(|k| labels.get(*k));
+    let app = [
+        "app",
+        "app.kubernetes.io/name",
+        "service.istio.io/canonical-name",
+    ]
+    .iter()
+    .find_map(|k| labels.get(*k));
     match (app, workload.filter(|w| !w.is_empty())) {
         (Some(app), _) => format!("{app}.{namespace}"),
         (None, Some(w)) => format!("{w}.{namespace}"),

@@ -102,8 +102,16 @@ impl StatsConfig {
                 .chain(required.iter().map(|s| s.to_string()));
             substitute_pod_ip(all, i.instance_ips)
         };
-        let prefixes = list(PREFIXES_ANNOTATION, m.inclusion_prefixes, &REQUIRED_PREFIXES);
-        let suffixes = list(SUFFIXES_ANNOTATION, m.inclusion_suffixes, &suffixes_required);
+        let prefixes = list(
+            PREFIXES_ANNOTATION,
+            m.inclusion_prefixes,
+            &REQUIRED_PREFIXES,
+        );
+        let suffixes = list(
+            SUFFIXES_ANNOTATION,
+            m.inclusion_suffixes,
+            &suffixes_required,
+        );
         let regexps = list(REGEXPS_ANNOTATION, m.inclusion_regexps, &REQUIRED_REGEXPS);
         for re in &regexps {
             let source = if i.annotations.contains_key(REGEXPS_ANNOTATION) {
@@ -290,7 +298,10 @@ mod tests {
         assert_eq!(c.eviction_interval, Some(Duration::from_secs(30)));
         assert_eq!(
             c.histogram_buckets,
-            [("envoy".into(), vec![0.5]), ("istio".into(), vec![1.0, 5.0])]
+            [
+                ("envoy".into(), vec![0.5]),
+                ("istio".into(), vec![1.0, 5.0])
+            ]
         );
         let c = config(
             &[
