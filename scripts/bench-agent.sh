@@ -6,12 +6,19 @@
 #     vs a bare Envoy started with the same config as static resources -> LIVE (the floor);
 #   - agent memory: the agent's RSS (Envoy excluded) with the 1000-service mesh proxied, vs with
 #     a 1-service mesh.
+#   - Envoy's stats (PARTS=stats): our sidecar with Istio's stats inclusion list, with every stat
+#     kept (`proxyStatsMatcher: {inclusionRegexps: [".*"]}`, what ours did before it had the list),
+#     and Istio's own pilot-agent (scripts/install-istio.sh) with the same Envoy and the same
+#     istiod-core: series and bytes on 15090, Envoy's RSS, start to ready.
 # Usage: ./scripts/bench-agent.sh [runs] (default 5). Root required. Prints Markdown.
+# PARTS="ready stats" (the default) picks the parts to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${1:-5}"
 SERVICES="${SERVICES:-1000}"
-./scripts/setup.sh >/dev/null
+PARTS="${PARTS:-ready stats}"
+part() { [[ " $PARTS " == *" $1 "* ]]; }
+./scripts/setup.sh $(part stats && echo --tests) >/dev/null
 cargo build --release --quiet -p pilot-agent -p istiod-core
 BIN="$PWD/target/release"
 WORK="$(mktemp -d /tmp/istbench-agent.XXXXXX)"; chmod 0755 "$WORK"
@@ -79,18 +86,25 @@ mint_certs() { # dir
   openssl x509 -req -in "$WORK/leaf.csr" -CA "$1/root-cert.pem" -CAkey "$WORK/root-key.pem" -days 1 \
     -extfile "$WORK/leaf.ext" -out "$1/cert-chain.pem" 2>/dev/null
 }
-start_agent() {
+start_agent() { # [extra PROXY_CONFIG fields, e.g. ', "proxyStatsMatcher": {...}'] [agent binary] [env...]
+  local extra="${1:-}" agent="${2:-$BIN/pilot-agent}"
+  shift 2 2>/dev/null || shift $#
   mkdir -p "$WORK/pod"; chmod 0755 "$WORK/pod"
+  # The mounted certificates, where our agent and Istio's each look first.
   [ -f "$WORK/pod/var/run/secrets/workload-spiffe-credentials/key.pem" ] || \
     mint_certs "$WORK/pod/var/run/secrets/workload-spiffe-credentials"
-  (cd "$WORK/pod" && env -i PATH="$PATH" POD_NAME=bench POD_NAMESPACE=bench INSTANCE_IP=10.233.0.2 \
-    PROXY_CONFIG='{"discoveryAddress": "127.0.0.1:15010", "terminationDrainDuration": "0s"}' \
-    ip netns exec "$NS" "$BIN/pilot-agent" proxy sidecar >"$WORK/agent.log" 2>&1 &)
+  mkdir -p "$WORK/pod/etc"; rm -rf "$WORK/pod/etc/certs"
+  cp -r "$WORK/pod/var/run/secrets/workload-spiffe-credentials" "$WORK/pod/etc/certs"
+  chmod -R a+rX "$WORK/pod"
+  (cd "$WORK/pod" && env -i PATH="$PATH" POD_NAME=bench POD_NAMESPACE=bench INSTANCE_IP=10.233.0.2 "$@" \
+    PROXY_CONFIG="{\"discoveryAddress\": \"127.0.0.1:15010\", \"terminationDrainDuration\": \"0s\", \"controlPlaneAuthPolicy\": \"NONE\"$extra}" \
+    ip netns exec "$NS" "$agent" proxy sidecar >"$WORK/agent.log" 2>&1 &)
 }
 agent_pid() { for p in $(ip netns pids "$NS"); do [ "$(cat /proc/$p/comm)" = pilot-agent ] && echo "$p"; done; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
 : > "$WORK/agent_ready"; : > "$WORK/direct_ready"; : > "$WORK/static_ready"; : > "$WORK/rss_big"; : > "$WORK/rss_small"
+if part ready; then
 for _ in $(seq 1 "$RUNS"); do
   # Agent + Envoy, 1000 services.
   start_istiod "$WORK/mesh-big"
@@ -182,3 +196,43 @@ echo "|---|---|---|---|"
 printf "| start to ready (ms): agent+Envoy vs Envoy direct to istiod-core | %s | %s | %.2f |\n" "$agent" "$direct" "$(echo "$agent / $direct" | bc -l)"
 printf "| start to ready (ms): agent+Envoy vs Envoy with the same config static | %s | %s | %.2f |\n" "$agent" "$static" "$(echo "$agent / $static" | bc -l)"
 printf "| agent RSS (MiB), Envoy excluded: %s services vs 1 service | %s | %s | %.2f |\n" "$SERVICES" "$big" "$small" "$(echo "$big / $small" | bc -l)"
+echo
+fi
+
+if part stats; then
+ISTIO_HOME="$(./scripts/install-istio.sh --print)"
+envoy_pid() { for p in $(ip netns pids "$NS"); do [ "$(cat /proc/$p/comm)" = envoy ] && echo "$p"; done; }
+# One sidecar at a time: start to ready, then (after a settle) 15090's series and bytes, Envoy's RSS.
+measure() { # label, then start_agent's arguments
+  local label="$1"; shift
+  start_istiod "$WORK/mesh-big"
+  local t; t=$(now); start_agent "$@"; wait_http http://127.0.0.1:15021/healthz/ready
+  echo $(( $(now) - t )) >> "$WORK/stats_ready_$label"
+  sleep 2
+  in_ns curl -s http://127.0.0.1:15090/stats/prometheus > "$WORK/scrape"
+  grep -vc '^#' "$WORK/scrape" >> "$WORK/stats_series_$label"
+  wc -c < "$WORK/scrape" >> "$WORK/stats_bytes_$label"
+  rss_kib "$(envoy_pid)" >> "$WORK/stats_rss_$label"
+  stop_all
+}
+for label in istio ours all; do for f in ready series bytes rss; do : > "$WORK/stats_${f}_$label"; done; done
+for _ in $(seq 1 "$RUNS"); do
+  measure ours
+  measure all ', "proxyStatsMatcher": {"inclusionRegexps": [".*"]}'
+  measure istio '' "$ISTIO_HOME/bin/pilot-agent" CLOUD_PLATFORM=none \
+    ISTIO_BOOTSTRAP="$ISTIO_HOME/envoy_bootstrap_tmpl.json"
+done
+med() { sort -n "$1" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+echo "Envoy's stats, $SERVICES services, median of $RUNS runs: ours with Istio's inclusion list, ours keeping every stat, Istio's pilot-agent ($(basename "$ISTIO_HOME")), same Envoy and istiod-core"
+echo
+echo "| measure | ours (Istio's list) | ours, every stat | Istio's pilot-agent | ours / Istio's |"
+echo "|---|---|---|---|---|"
+row() { # name, file kind, scale divisor, format
+  local o a i; o=$(med "$WORK/stats_$2_ours"); a=$(med "$WORK/stats_$2_all"); i=$(med "$WORK/stats_$2_istio")
+  printf "| %s | $4 | $4 | $4 | %.2f |\n" "$1" "$(echo "$o / $3" | bc -l)" "$(echo "$a / $3" | bc -l)" "$(echo "$i / $3" | bc -l)" "$(echo "$o / $i" | bc -l)"
+}
+row "15090 series" series 1 "%.0f"
+row "15090 bytes per scrape (KB)" bytes 1000 "%.1f"
+row "Envoy RSS (MiB)" rss 1024 "%.1f"
+row "start to ready (ms)" ready 1000000 "%.0f"
+fi

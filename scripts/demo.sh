@@ -94,6 +94,15 @@ echo "== pilot-agent proxy sidecar (embedded control plane and CA: a copy of exa
 # The embedded CA keeps its root in the config directory (cacerts/): use a copy, not the repo.
 cp -r "$ROOT/examples/demo-mesh" "$WORK/mesh"
 declare -A NAME=([client]=sleep [server]=httpbin)
+# Envoy keeps Istio's stats only (its inclusion list); the summary reads three more counters, which
+# the pods ask for as an Istio user would, with the sidecar.istio.io/statsInclusionPrefixes annotation
+# (the downward-API file the kubelet writes).
+for pod in client server; do
+  mkdir -p "$WORK/$pod/etc/istio/pod"
+  echo 'sidecar.istio.io/statsInclusionPrefixes="http.outbound_0.0.0.0_'"$PORT"',http.inbound_0.0.0.0_'"$PORT"',listener.0.0.0.0_15006.ssl"' \
+    > "$WORK/$pod/etc/istio/pod/annotations"
+  chmod -R a+rX "$WORK/$pod/etc"
+done
 n=2
 for pod in client server; do
   (cd "$WORK/$pod" && env -i PATH="$PATH" POD_NAME="${NAME[$pod]}" POD_NAMESPACE=demo \
