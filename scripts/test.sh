@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh --tests
 # A clean CI build gains nothing from incremental state (1.9 GB on disk): leave it out there.
 if [ "${CI:-false}" = true ]; then export CARGO_INCREMENTAL=0; fi
+# cargo-deny checks the dependency graph of every platform (licenses and bans of Windows-only
+# crates too), so it reads every platform's manifests: it runs first, with the usual CARGO_HOME.
+echo "== cargo deny (deny.toml: advisories, bans, licenses, sources)"
+./scripts/deny.sh
 # A clean clone is not a clean machine: a developer's CARGO_HOME holds crates a fresh one lacks
 # (other platforms' crates among them), which hid a build step that needed them. In CI every
 # cargo command below runs offline against a CARGO_HOME of this run that holds only this
@@ -19,8 +23,6 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== cargo deny (deny.toml: advisories, bans, licenses, sources)"
-./scripts/deny.sh
 echo "== build (once, for all tests)"
 cargo build --workspace --bins --tests
 echo "== images (from the debug binaries, for the pod tests)"
