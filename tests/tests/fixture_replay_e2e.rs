@@ -340,7 +340,8 @@ fn replay_authz_dump(agent_env: &[(&str, &str)]) {
     assert!(answered, "{last:?}\n{}", net.logs());
     assert!(last.1.starts_with("GET /replayed HTTP/1.1"), "{last:?}");
     assert!(
-        pod.envoy_stat(&format!("cluster.{KUBERNETES_CLUSTER}.upstream_cx_total"))
+        // The scaffolding cluster names its stats as istiod does: `NAME;`.
+        pod.envoy_stat(&format!("cluster.{KUBERNETES_CLUSTER};.upstream_cx_total"))
             .unwrap()
             > 0,
         "{}",

@@ -101,7 +101,9 @@ fn attributes(reporter: Reporter, kind: &str, extra: &[(&str, &str)]) -> KeyValu
         (attr::KIND, kind),
         (attr::PEER_SAN, peer),
         (attr::LOCAL_SAN, local),
-        (attr::CLUSTER, "%UPSTREAM_CLUSTER%"),
+        // The cluster's name: `%UPSTREAM_CLUSTER%` is its `alt_stat_name`, which istiod sets to
+        // the name plus `;` (its stats delimiter).
+        (attr::CLUSTER, "%UPSTREAM_CLUSTER_RAW%"),
         (attr::ENDPOINT, "%UPSTREAM_METADATA(istio:workload)%"),
         (attr::RESPONSE_FLAGS, "%RESPONSE_FLAGS%"),
         (attr::RECEIVED_BYTES, "%DOWNSTREAM_WIRE_BYTES_RECEIVED%"),

@@ -230,6 +230,8 @@ impl Resources {
 fn scaffold_cluster(name: &str) -> Cluster {
     Cluster {
         name: name.to_string(),
+        // As istiod names every cluster's stats (`util.DelimitedStatsPrefix`): `NAME;`.
+        alt_stat_name: format!("{name};"),
         connect_timeout: Some(Duration {
             seconds: 5,
             nanos: 0,
