@@ -80,6 +80,7 @@ fn zipkin(address: &str, cfg: &Config, ipv6: bool) -> Option<(Value, Value)> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let cluster = json!({
         "name": "zipkin",
+        "alt_stat_name": alt_stat_name("zipkin"),
         "type": "STRICT_DNS",
         "respect_dns_ttl": true,
         "dns_lookup_family": if ipv6 { "V6_ONLY" } else { "V4_ONLY" },
@@ -88,7 +89,8 @@ fn zipkin(address: &str, cfg: &Config, ipv6: bool) -> Option<(Value, Value)> {
         "lb_policy": "ROUND_ROBIN",
         "load_assignment": {
             "cluster_name": "zipkin",
-            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": socket_address(host, port) } }] }]
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address":
+                { "socket_address": { "address": host, "port_value": port } } } }] }]
         }
     });
     let tracing = json!({

@@ -148,6 +148,9 @@ fn cases() -> Vec<Case> {
     c.env
         .push(("ISTIO_META_WORKLOAD_NAME", "reviews-v2".into()));
     v.push(c);
+    let mut c = case("zipkin-tracing");
+    c.proxy_config = json!({ "tracing": { "zipkin": { "address": "zipkin.istio-system:9411" } } });
+    v.push(c);
     let mut c = case("state-of-the-world-xds");
     c.env.push(("ISTIO_DELTA_XDS", "false".into()));
     v.push(c);
