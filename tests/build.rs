@@ -1,6 +1,7 @@
-//! For the fixture replay (`src/bin/fixture-ads.rs`): one descriptor set holding Envoy's API (the
-//! set the `envoy-types` crate is generated from, which it does not export) and the Istio-only
-//! extension configs of `protos/`, so recorded config dumps can be encoded to protobuf.
+//! For recorded xDS (`src/xds_descriptors.rs`: the fixture replay's `fixture-ads`, `record-xds`):
+//! one descriptor set holding Envoy's API (the set the `envoy-types` crate is generated from,
+//! which it does not export) and the Istio-only extension configs of `protos/`, so recorded
+//! config dumps can be encoded to protobuf and recorded responses rendered as JSON.
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -18,6 +18,7 @@ use anyhow::{Context, Result, bail};
 
 pub mod istio;
 pub mod podman;
+pub mod xds_descriptors;
 
 /// Every namespace the harness creates starts with this.
 pub const PREFIX: &str = "istt";

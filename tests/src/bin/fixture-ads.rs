@@ -46,19 +46,7 @@ const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 
-const ENVOY_DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/envoy_types.bin"));
-const ISTIO_DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/istio_only.bin"));
-
 type Error = Box<dyn std::error::Error + Send + Sync>;
-
-/// Envoy's API and the Istio-only extension configs the dumps carry.
-fn descriptor_pool() -> Result<DescriptorPool, Error> {
-    let mut pool = DescriptorPool::decode(ENVOY_DESCRIPTORS)
-        .map_err(|e| format!("envoy-types descriptor set: {e}"))?;
-    pool.decode_file_descriptor_set(ISTIO_DESCRIPTORS)
-        .map_err(|e| format!("Istio-only descriptor set: {e}"))?;
-    Ok(pool)
-}
 
 /// One recorded resource (a JSON object with its `@type`) encoded as the Any istiod sent. The
 /// encoding is checked by decoding it back to JSON: it must give the recorded JSON again (no
@@ -415,7 +403,7 @@ fn parse_args(pool: &DescriptorPool) -> Result<(SocketAddr, Resources), Error> {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let pool = descriptor_pool()?;
+    let pool = harness::xds_descriptors::descriptor_pool()?;
     let (listen, resources) = parse_args(&pool)?;
     let server = AggregatedDiscoveryServiceServer::new(FixtureAds {
         resources: Arc::new(resources),
