@@ -1,34 +1,22 @@
 //! Bootstrap goldens, each also checked by Envoy itself (`envoy --mode validate`).
 //! Regenerate with `UPDATE_GOLDENS=1 cargo test -p pilot-agent --test bootstrap`.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
 
 use pilot_agent::bootstrap;
 use pilot_agent::config::{Config, ProxyArgs};
+
+/// Bootstrap goldens' pods live in namespace `shop`.
+const DOMAIN: &str = "shop.svc.cluster.local";
 
 fn config(env: &[(&str, &str)]) -> Config {
     config_with(env, ProxyArgs::default())
 }
 
 fn config_with(env: &[(&str, &str)], extra: ProxyArgs) -> Config {
-    let vars: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let lookup = vars.clone();
-    Config::from_env(
-        &ProxyArgs {
-            proxy_type: "sidecar".into(),
-            domain: Some("shop.svc.cluster.local".into()),
-            config_dir: Some("/etc/istio/mesh.d".into()),
-            proxy_log_level: "warning".into(),
-            ..extra
-        },
-        &move |k| lookup.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
-        &vars,
-        &|_| Some(1337),
-    )
-    .expect("valid config")
+    support::sidecar_config(DOMAIN, env, extra)
 }
 
 fn cases() -> Vec<(&'static str, Config)> {
@@ -96,29 +84,13 @@ fn cases() -> Vec<(&'static str, Config)> {
     ]
 }
 
-fn envoy() -> Option<PathBuf> {
-    let p =
-        PathBuf::from(std::env::var("ENVOY_BIN").unwrap_or_else(|_| "/usr/local/bin/envoy".into()));
-    if p.exists() {
-        return Some(p);
-    }
-    // Skipping is asked for (SKIP_E2E=1), never the default.
-    assert!(
-        std::env::var("SKIP_E2E").is_ok_and(|v| v == "1"),
-        "needs Envoy at {} (scripts/setup.sh installs it), or SKIP_E2E=1 to skip explicitly",
-        p.display()
-    );
-    eprintln!("!!!!! SKIPPED (SKIP_E2E=1): envoy not installed, no `envoy --mode validate` !!!!!");
-    None
-}
-
 #[test]
 fn bootstraps_match_goldens_and_envoy_accepts_them() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
     let update = std::env::var_os("UPDATE_GOLDENS").is_some();
     let tmp = std::env::temp_dir().join(format!("bootstrap-golden-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("tmp dir");
-    let envoy = envoy();
+    let envoy = support::envoy();
     let mut failures = Vec::new();
     for (name, cfg) in cases() {
         let text = serde_json::to_string_pretty(&bootstrap::render(&cfg)).expect("json") + "\n";

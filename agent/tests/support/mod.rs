@@ -1,7 +1,8 @@
 //! A fake control plane for the agent's integration tests: a real gRPC ADS server on loopback
 //! (TLS with certificates made here, or plaintext) that counts the connections it accepts and
 //! the ADS calls it receives, and answers each state-of-the-world request with responses that
-//! name the stream they belong to.
+//! name the stream they belong to. Also what several tests build the same way: a sidecar's
+//! agent config from env, and the Envoy binary for `envoy --mode validate`.
 
 #![allow(clippy::unwrap_used, dead_code)] // test code: a panic is the failure report
 
@@ -258,4 +259,49 @@ pub async fn open_stream(
         .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await?;
     Ok((tx, resp.into_inner()))
+}
+
+/// A sidecar's agent config for pods of `domain` from `env` (as the container's environment
+/// would give it) and the proxy args `extra`.
+pub fn sidecar_config(
+    domain: &str,
+    env: &[(&str, &str)],
+    extra: pilot_agent::config::ProxyArgs,
+) -> pilot_agent::config::Config {
+    let vars: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let lookup = vars.clone();
+    pilot_agent::config::Config::from_env(
+        &pilot_agent::config::ProxyArgs {
+            proxy_type: "sidecar".into(),
+            domain: Some(domain.into()),
+            config_dir: Some("/etc/istio/mesh.d".into()),
+            proxy_log_level: "warning".into(),
+            ..extra
+        },
+        &move |k| lookup.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
+        &vars,
+        &|_| Some(1337),
+    )
+    .expect("valid config")
+}
+
+/// Envoy for `envoy --mode validate` (ENVOY_BIN, else /usr/local/bin/envoy). Missing, it fails
+/// the test unless skipping was asked for with SKIP_E2E=1 (then `None`, said loudly).
+pub fn envoy() -> Option<PathBuf> {
+    let p =
+        PathBuf::from(std::env::var("ENVOY_BIN").unwrap_or_else(|_| "/usr/local/bin/envoy".into()));
+    if p.exists() {
+        return Some(p);
+    }
+    // Skipping is asked for (SKIP_E2E=1), never the default.
+    assert!(
+        std::env::var("SKIP_E2E").is_ok_and(|v| v == "1"),
+        "needs Envoy at {} (scripts/setup.sh installs it), or SKIP_E2E=1 to skip explicitly",
+        p.display()
+    );
+    eprintln!("!!!!! SKIPPED (SKIP_E2E=1): envoy not installed, no `envoy --mode validate` !!!!!");
+    None
 }
