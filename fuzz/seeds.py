@@ -3,7 +3,8 @@
 changing it): the repo's config (goldens, the demo mesh) as YAML and JSON, the YAML examples of
 an optional extra directory of text files (`--extra DIR`: every `apiVersion:`/`kind:` block), and
 hand-built inputs for the binary formats (gRPC frames of xDS requests, DNS queries with an NDS
-name table, CSRs made with openssl). Needs python3; PyYAML (JSON copies) and openssl (CSRs) are
+name table, CSRs made with openssl), and the xDS responses a real istiod sent a sidecar
+(tests/fixtures/istiod-1.31). Needs python3; PyYAML (JSON copies) and openssl (CSRs) are
 used when present."""
 
 import argparse
@@ -319,6 +320,19 @@ def init_seeds():
         put("init_args", "\0".join(words) + "\x01" + "\0".join(env))
 
 
+# --- recorded istiod responses --------------------------------------------------------------------
+
+RECORDED = ROOT / "tests" / "fixtures" / "istiod-1.31" / "bookinfo-productpage"
+
+
+def xds_adapt_seeds():
+    # What a real istiod sent a sidecar (scripts/record-istiod.sh): the target's first byte says
+    # Delta (1) or state of the world (0), the rest is the response as recorded.
+    for flag, stream in ((b"\0", "sotw"), (b"\1", "delta")):
+        for f in sorted((RECORDED / stream).glob("*.pb")):
+            put("xds_adapt", flag + f.read_bytes())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--extra", action="append", default=[],
@@ -333,6 +347,7 @@ def main():
     sds_seeds()
     agent_seeds()
     init_seeds()
+    xds_adapt_seeds()
     for d in sorted(OUT.iterdir()):
         print(f"seeds: {d.name}: {len(list(d.iterdir()))}")
 
