@@ -19,18 +19,11 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use envoy_types::pb::google::protobuf::{Any, Struct};
+use pilot_agent::xds_adapt::TypedStruct;
 use pilot_agent::xds_adapt::{self, Adapted};
 use prost::Message;
 
 const SERVICES: usize = 1000;
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct TypedStruct {
-    #[prost(string, tag = "1")]
-    type_url: String,
-    #[prost(message, optional, tag = "2")]
-    value: Option<Struct>,
-}
 
 fn any(name: &str, value: Vec<u8>) -> Any {
     Any {

@@ -113,6 +113,17 @@ const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"
 const DOWNSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
 const UPSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
 const TYPED_STRUCTS: [&str; 2] = ["udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct"];
+
+/// `udpa.type.v1.TypedStruct` / `xds.type.v3.TypedStruct` (the same fields), how istiod wraps the
+/// Istio-only extensions' configs. The adapter reads them on the wire; the tests and the bench
+/// build and decode them with this one definition.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TypedStruct {
+    #[prost(string, tag = "1")]
+    pub type_url: String,
+    #[prost(message, optional, tag = "2")]
+    pub value: Option<envoy_types::pb::google::protobuf::Struct>,
+}
 const TYPE_PREFIX: &[u8] = b"type.googleapis.com/";
 
 /// The name a type URL ends with (`type.googleapis.com/x.y.Z` → `x.y.Z`).

@@ -33,7 +33,8 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     DownstreamTlsContext, UpstreamTlsContext,
 };
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
-use envoy_types::pb::google::protobuf::{Any, Struct};
+use envoy_types::pb::google::protobuf::Any;
+use pilot_agent::xds_adapt::TypedStruct;
 use pilot_agent::xds_adapt::{
     self, ALPN_OVERRIDE, Adapted, Findings, ISTIO_STATS, PEER_EXCHANGE_ALPN, PEER_METADATA,
     TCP_METADATA_EXCHANGE,
@@ -142,15 +143,6 @@ fn adapted(stream: Stream, file: &str) -> (Vec<u8>, Findings) {
         Adapted::Changed(bytes, found) => (bytes.to_vec(), found),
         other => panic!("{stream:?} {file}: expected the response changed, got {other:?}"),
     }
-}
-
-/// udpa.type.v1.TypedStruct / xds.type.v3.TypedStruct.
-#[derive(Clone, PartialEq, prost::Message)]
-struct TypedStruct {
-    #[prost(string, tag = "1")]
-    type_url: String,
-    #[prost(message, optional, tag = "2")]
-    value: Option<Struct>,
 }
 
 fn type_name(url: &str) -> &str {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::xds_adapt::TypedStruct;
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster, Filter as ClusterFilter, cluster::TransportSocketMatch,
 };
@@ -17,15 +18,6 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
 };
 use envoy_types::pb::google::protobuf::{Any, Struct};
-
-/// udpa.type.v1.TypedStruct / xds.type.v3.TypedStruct (same fields).
-#[derive(Clone, PartialEq, prost::Message)]
-struct TypedStruct {
-    #[prost(string, tag = "1")]
-    type_url: String,
-    #[prost(message, optional, tag = "2")]
-    value: Option<Struct>,
-}
 
 fn any(type_name: &str, value: Vec<u8>) -> Any {
     Any {
