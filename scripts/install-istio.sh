@@ -38,7 +38,7 @@ GOFLAGS= GOBIN="$ISTIO_HOME/bin" go install -trimpath \
 # (Istio's proxy image puts this file there); the module holds it.
 mod="$(GOFLAGS= go list -m -f "{{.Dir}}" "istio.io/istio@${ISTIO_MODULE_VERSION}")"
 install -m 0644 "$mod/tools/packaging/common/envoy_bootstrap.json" "$ISTIO_HOME/envoy_bootstrap_tmpl.json"
-"$ISTIO_HOME/bin/pilot-agent" version --short 2>/dev/null | grep -q "$ISTIO_BUILD_VERSION" \
+[[ "$("$ISTIO_HOME/bin/pilot-agent" version --short 2>/dev/null)" == *"$ISTIO_BUILD_VERSION"* ]] \
   || { echo "install-istio: $ISTIO_HOME/bin/pilot-agent does not report ${ISTIO_BUILD_VERSION}" >&2; exit 1; }
 echo "$WANT" > "$STAMP"
 say "built in $((SECONDS - start)) s"

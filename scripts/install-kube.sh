@@ -59,7 +59,7 @@ for c in "${CMDS[@]}"; do
     -o "$KUBE_HOME/bin/$c" "k8s.io/kubernetes/cmd/$c")
   say "$c built in $((SECONDS - start)) s"
 done
-"$KUBE_HOME/bin/kube-apiserver" --version | grep -qx "Kubernetes ${KUBE_VERSION}" \
+[ "$("$KUBE_HOME/bin/kube-apiserver" --version)" = "Kubernetes ${KUBE_VERSION}" ] \
   || { echo "install-kube: $KUBE_HOME/bin/kube-apiserver does not report ${KUBE_VERSION}" >&2; exit 1; }
 want > "$STAMP"
 say "Kubernetes ${KUBE_VERSION}: installed in $KUBE_HOME"

@@ -44,7 +44,9 @@ else
 fi
 
 have_envoy_version() {
-  [ -x "$ENVOY_BIN" ] && "$ENVOY_BIN" --version 2>/dev/null | grep -q "/${ENVOY_VERSION}/"
+  # The output is read whole first: `envoy --version | grep -q` under pipefail fails at random
+  # (grep exits at the match, Envoy then dies of SIGPIPE on its last line).
+  [ -x "$ENVOY_BIN" ] && [[ "$("$ENVOY_BIN" --version 2>/dev/null)" == *"/${ENVOY_VERSION}/"* ]]
 }
 if have_envoy_version; then
   say "envoy ${ENVOY_VERSION}: present at ${ENVOY_BIN}"
@@ -110,7 +112,7 @@ fi
 # cargo-deny checks the dependency graph (deny.toml) in scripts/test.sh. Built from crates.io:
 # about 6 minutes on 2 cores the first time, nothing after (the version check skips it).
 CARGO_DENY_VERSION="0.18.3"
-if cargo deny --version 2>/dev/null | grep -q " ${CARGO_DENY_VERSION}\$"; then
+if [[ "$(cargo deny --version 2>/dev/null)" == *" ${CARGO_DENY_VERSION}" ]]; then
   say "cargo-deny ${CARGO_DENY_VERSION}: present"
 else
   say "cargo install cargo-deny ${CARGO_DENY_VERSION}"
