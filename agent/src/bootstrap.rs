@@ -74,6 +74,9 @@ fn proto_duration(d: std::time::Duration) -> String {
     }
 }
 
+/// ProxyConfig tracing.zipkin as Istio's bootstrap writes it: a STRICT_DNS `zipkin` cluster
+/// (refreshed at `--dnsRefreshRate`, 30s unset) and Envoy's Zipkin tracer posting JSON v2 spans to
+/// it. The tracer only records spans of HTTP listeners whose connection manager turns tracing on.
 fn zipkin(address: &str, cfg: &Config, ipv6: bool) -> Option<(Value, Value)> {
     let (host, port) = address.rsplit_once(':')?;
     let port: u16 = port.parse().ok()?;
@@ -284,41 +287,28 @@ pub const ISTIO_COMPAT_VERSION: &str = "1.31.0";
 /// Envoy runtime: Istio's defaults (pkg/bootstrap/config.go `extractRuntimeFlags`), then
 /// ProxyConfig runtimeValues (`"true"`/`"false"` as booleans, `""` removes a default).
 fn runtime_flags(cfg: &Config) -> Value {
-    let mut flags = serde_json::Map::new();
-    flags.insert("re2.max_program_size.error_level".into(), "32768".into());
-    flags.insert(
-        "envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst".into(),
-        true.into(),
-    );
-    flags.insert(
-        "envoy.reloadable_features.http_reject_path_with_fragment".into(),
-        false.into(),
-    );
-    flags.insert(
-        "envoy.reloadable_features.fixed_heap_use_allocated".into(),
-        true.into(),
-    );
-    flags.insert(
-        "envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update".into(),
-        false.into(),
-    );
-    for (k, v) in &cfg.runtime_values {
-        match v.as_str() {
-            "" => {
-                flags.remove(k);
-            }
-            "true" => {
-                flags.insert(k.clone(), true.into());
-            }
-            "false" => {
-                flags.insert(k.clone(), false.into());
-            }
-            other => {
-                flags.insert(k.clone(), other.into());
-            }
+    let mut flags = json!({
+        "re2.max_program_size.error_level": "32768",
+        "envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst": true,
+        "envoy.reloadable_features.http_reject_path_with_fragment": false,
+        "envoy.reloadable_features.fixed_heap_use_allocated": true,
+        "envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update": false
+    });
+    if let Some(flags) = flags.as_object_mut() {
+        for (k, v) in &cfg.runtime_values {
+            let value = match v.as_str() {
+                "" => {
+                    flags.remove(k);
+                    continue;
+                }
+                "true" => Value::Bool(true),
+                "false" => Value::Bool(false),
+                other => other.into(),
+            };
+            flags.insert(k.clone(), value);
         }
     }
-    Value::Object(flags)
+    flags
 }
 
 /// The overload manager's global downstream connection cap: ProxyConfig runtimeValues

@@ -113,6 +113,7 @@ const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"
 const DOWNSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
 const UPSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
 const TYPED_STRUCTS: [&str; 2] = ["udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct"];
+const TYPE_PREFIX: &[u8] = b"type.googleapis.com/";
 
 /// `udpa.type.v1.TypedStruct` / `xds.type.v3.TypedStruct` (the same fields), how istiod wraps the
 /// Istio-only extensions' configs. The adapter reads them on the wire; the tests and the bench
@@ -124,7 +125,6 @@ pub struct TypedStruct {
     #[prost(message, optional, tag = "2")]
     pub value: Option<envoy_types::pb::google::protobuf::Struct>,
 }
-const TYPE_PREFIX: &[u8] = b"type.googleapis.com/";
 
 /// The name a type URL ends with (`type.googleapis.com/x.y.Z` → `x.y.Z`).
 fn type_name(url: &str) -> &str {

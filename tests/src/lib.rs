@@ -283,6 +283,20 @@ impl Pod {
         env: &[(&str, &str)],
         args: &[&str],
     ) -> Result<&mut Proc> {
+        let dir = self.dir.clone();
+        self.spawn_in(&dir, name, uid, gid, env, args)
+    }
+
+    /// `spawn` with another working directory (still logging to the pod's `<dir>/<name>.log`).
+    pub fn spawn_in(
+        &mut self,
+        cwd: &Path,
+        name: &str,
+        uid: u32,
+        gid: u32,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Result<&mut Proc> {
         let log = self.dir.join(format!("{name}.log"));
         let file = fs::File::create(&log)?;
         let mut cmd = Command::new("ip");
@@ -299,7 +313,7 @@ impl Pod {
             ]);
         }
         cmd.args(args)
-            .current_dir(&self.dir)
+            .current_dir(cwd)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             // The test run's choice of the control plane's checked cache (scripts/test.sh).

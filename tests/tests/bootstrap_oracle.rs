@@ -11,11 +11,10 @@
 //!   does a known one no case shows any more.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use harness::istio::istio_bin;
 use harness::{Network, binary, require_root};
 use serde_json::{Value, json};
@@ -204,9 +203,10 @@ fn known() -> Vec<Known> {
     ]
 }
 
-/// Where a case's agent runs: its working directory and the env both agents get.
+/// Runs one agent (Istio's or ours) for case `c` in `pod`, from the working directory `work`
+/// (its pod files), and returns the bootstrap and argv the fake Envoy kept.
 fn run_agent(
-    pod: &harness::Pod,
+    pod: &mut harness::Pod,
     work: &Path,
     agent: &Path,
     c: &Case,
@@ -238,35 +238,37 @@ fn run_agent(
     }
     let mut proxy_config = c.proxy_config.clone();
     proxy_config["binaryPath"] = json!(fake);
-    let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into()),
-        ("OUT".into(), out.display().to_string()),
-        ("INSTANCE_IP".into(), pod.ip.to_string()),
-        ("PROXY_CONFIG".into(), proxy_config.to_string()),
+    let (out_dir, instance_ip, proxy_config) = (
+        out.display().to_string(),
+        pod.ip.to_string(),
+        proxy_config.to_string(),
+    );
+    let template = harness::istio::istio_home()
+        .join("envoy_bootstrap_tmpl.json")
+        .display()
+        .to_string();
+    let mut env: Vec<(&str, &str)> = vec![
+        ("OUT", &out_dir),
+        ("INSTANCE_IP", &instance_ip),
+        ("PROXY_CONFIG", &proxy_config),
         // Istio's agent: no cloud metadata lookups, no root certificate needed to start.
-        ("CLOUD_PLATFORM".into(), "none".into()),
-        ("CA_ROOT_CA".into(), "SYSTEM".into()),
-        ("XDS_ROOT_CA".into(), "SYSTEM".into()),
+        ("CLOUD_PLATFORM", "none"),
+        ("CA_ROOT_CA", "SYSTEM"),
+        ("XDS_ROOT_CA", "SYSTEM"),
     ];
     if istio {
-        let template = harness::istio::istio_home().join("envoy_bootstrap_tmpl.json");
-        env.push(("ISTIO_BOOTSTRAP".into(), template.display().to_string()));
+        env.push(("ISTIO_BOOTSTRAP", &template));
     }
-    env.extend(c.env.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &pod.ns])
-        .arg(agent)
-        .args(["proxy", c.proxy_type])
-        .current_dir(work)
-        .env_clear()
-        .envs(env);
-    let output = run_with_timeout(cmd, Duration::from_secs(60))?;
+    env.extend(c.env.iter().map(|(k, v)| (*k, v.as_str())));
+    let name = if istio { "istio-agent" } else { "our-agent" };
+    let agent = agent.display().to_string();
+    let proc = pod.spawn_in(work, name, 0, 0, &env, &[&agent, "proxy", c.proxy_type])?;
+    proc.wait_timeout(Duration::from_secs(60))?;
     let doc = std::fs::read_to_string(out.join("envoy-rev.json")).with_context(|| {
         format!(
-            "{} agent wrote no bootstrap for case {}: {}",
-            if istio { "Istio's" } else { "our" },
+            "{name} wrote no bootstrap for case {}: {}",
             c.name,
-            String::from_utf8_lossy(&output)
+            proc.logs()
         )
     })?;
     let argv = std::fs::read_to_string(out.join("argv"))?
@@ -274,32 +276,6 @@ fn run_agent(
         .map(str::to_string)
         .collect();
     Ok((serde_json::from_str(&doc)?, argv))
-}
-
-fn run_with_timeout(mut cmd: Command, limit: Duration) -> Result<Vec<u8>> {
-    let out = tempfile_path("agent-output");
-    let file = std::fs::File::create(&out)?;
-    let mut child = cmd
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .stdin(std::process::Stdio::null())
-        .spawn()?;
-    let start = std::time::Instant::now();
-    loop {
-        if child.try_wait()?.is_some() {
-            break;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            bail!("agent still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(std::fs::read(&out).unwrap_or_default())
-}
-
-fn tempfile_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("bootstrap-oracle-{}-{name}", std::process::id()))
 }
 
 /// The kubelet's downward-API file format: `key="value"` per line, sorted.
@@ -394,7 +370,6 @@ fn our_bootstrap_matches_istios_but_for_the_known_differences() -> Result<()> {
     let our_agent = binary("pilot-agent");
     let mut net = Network::new()?;
     let i = net.add_pod("oracle", 1)?;
-    let pod = &net.pods[i];
     let fake = net.dir().join("fake-envoy");
     harness::write_readable(&fake, FAKE_ENVOY)?;
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
@@ -404,10 +379,10 @@ fn our_bootstrap_matches_istios_but_for_the_known_differences() -> Result<()> {
     let mut failures = Vec::new();
     let cases = cases();
     for c in &cases {
-        let (istio_doc, istio_argv) =
-            run_agent(pod, &net.dir().join("istio"), &istio_agent, c, &fake, true)?;
-        let (our_doc, our_argv) =
-            run_agent(pod, &net.dir().join("ours"), &our_agent, c, &fake, false)?;
+        let (istio_work, our_work) = (net.dir().join("istio"), net.dir().join("ours"));
+        let pod = &mut net.pods[i];
+        let (istio_doc, istio_argv) = run_agent(pod, &istio_work, &istio_agent, c, &fake, true)?;
+        let (our_doc, our_argv) = run_agent(pod, &our_work, &our_agent, c, &fake, false)?;
         for key in [
             "stats_config",
             "stats_flush_interval",

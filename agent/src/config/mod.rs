@@ -353,14 +353,18 @@ impl Config {
             config_path: PathBuf::from(
                 pc.config_path
                     .clone()
-                    .unwrap_or_else(|| "./etc/istio/proxy".into()),
+                    .unwrap_or_else(|| proxy_config::DEFAULT_CONFIG_PATH.into()),
             ),
             binary_path: PathBuf::from(
                 pc.binary_path
                     .clone()
-                    .unwrap_or_else(|| "/usr/local/bin/envoy".into()),
+                    .unwrap_or_else(|| proxy_config::DEFAULT_BINARY_PATH.into()),
             ),
-            drain_duration: proxy_duration("drainDuration", &pc.drain_duration, 45)?,
+            drain_duration: proxy_duration(
+                "drainDuration",
+                &pc.drain_duration,
+                proxy_config::DEFAULT_DRAIN_SECS,
+            )?,
             parent_shutdown_duration: proxy_duration(
                 "parentShutdownDuration",
                 &pc.parent_shutdown_duration,
@@ -372,10 +376,12 @@ impl Config {
             termination_drain_duration: proxy_duration(
                 "terminationDrainDuration",
                 &pc.termination_drain_duration,
-                5,
+                proxy_config::DEFAULT_TERMINATION_DRAIN_SECS,
             )?,
-            admin_port: pc.proxy_admin_port.unwrap_or(15000),
-            status_port: pc.status_port.unwrap_or(15020),
+            admin_port: pc
+                .proxy_admin_port
+                .unwrap_or(proxy_config::DEFAULT_ADMIN_PORT),
+            status_port: pc.status_port.unwrap_or(proxy_config::DEFAULT_STATUS_PORT),
             // Concurrency: the flag, then ProxyConfig, then ISTIO_CPU_LIMIT (as Istio).
             concurrency: args
                 .concurrency

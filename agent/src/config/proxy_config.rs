@@ -91,21 +91,30 @@ const USED_FIELDS: [&str; 18] = [
     "runtimeValues",
 ];
 
+/// Istio's ProxyConfig defaults (pkg/config/mesh `DefaultProxyConfig`) that the agent acts on:
+/// `Config::parse` falls back to them and `defaults` writes them into the node metadata.
+pub(super) const DEFAULT_CONFIG_PATH: &str = "./etc/istio/proxy";
+pub(super) const DEFAULT_BINARY_PATH: &str = "/usr/local/bin/envoy";
+pub(super) const DEFAULT_DRAIN_SECS: u64 = 45;
+pub(super) const DEFAULT_TERMINATION_DRAIN_SECS: u64 = 5;
+pub(super) const DEFAULT_ADMIN_PORT: u16 = 15000;
+pub(super) const DEFAULT_STATUS_PORT: u16 = 15020;
+
 /// The ProxyConfig fields Istio's defaults set (pkg/config/mesh `DefaultProxyConfig`, as
 /// protojson writes them), which the PROXY_CONFIG node metadata starts from: istiod reads the
 /// proxy's effective ProxyConfig there, not only what was overlaid.
 pub(super) fn defaults() -> serde_json::Map<String, serde_json::Value> {
     let serde_json::Value::Object(map) = serde_json::json!({
-        "binaryPath": "/usr/local/bin/envoy",
-        "configPath": "./etc/istio/proxy",
+        "binaryPath": DEFAULT_BINARY_PATH,
+        "configPath": DEFAULT_CONFIG_PATH,
         "controlPlaneAuthPolicy": "MUTUAL_TLS",
         "discoveryAddress": super::DEFAULT_DISCOVERY_ADDRESS,
-        "drainDuration": "45s",
-        "proxyAdminPort": 15000,
+        "drainDuration": format!("{DEFAULT_DRAIN_SECS}s"),
+        "proxyAdminPort": DEFAULT_ADMIN_PORT,
         "serviceCluster": "istio-proxy",
         "statNameLength": 189,
-        "statusPort": 15020,
-        "terminationDrainDuration": "5s"
+        "statusPort": DEFAULT_STATUS_PORT,
+        "terminationDrainDuration": format!("{DEFAULT_TERMINATION_DRAIN_SECS}s")
     }) else {
         return serde_json::Map::new();
     };

@@ -92,8 +92,10 @@ impl StatsConfig {
         if i.exit_on_zero_active_connections {
             suffixes_required.push(EXIT_ON_ZERO_SUFFIX);
         }
+        // A list's annotation wins when it is set and not empty.
+        let annotated = |annotation: &str| i.annotations.get(annotation).filter(|a| !a.is_empty());
         let list = |annotation: &str, from_pc: Option<Vec<String>>, required: &[&str]| {
-            let user = match i.annotations.get(annotation).filter(|a| !a.is_empty()) {
+            let user = match annotated(annotation) {
                 Some(a) => split(annotation, a),
                 None => from_pc.unwrap_or_default(),
             };
@@ -113,12 +115,12 @@ impl StatsConfig {
             &suffixes_required,
         );
         let regexps = list(REGEXPS_ANNOTATION, m.inclusion_regexps, &REQUIRED_REGEXPS);
+        let source = if annotated(REGEXPS_ANNOTATION).is_some() {
+            format!("annotation {REGEXPS_ANNOTATION}")
+        } else {
+            "ProxyConfig proxyStatsMatcher.inclusionRegexps".to_string()
+        };
         for re in &regexps {
-            let source = if i.annotations.contains_key(REGEXPS_ANNOTATION) {
-                format!("annotation {REGEXPS_ANNOTATION}")
-            } else {
-                "ProxyConfig proxyStatsMatcher.inclusionRegexps".to_string()
-            };
             istiod_core::config_store::values::check_regex(&source, re)
                 .map_err(|why| err(&source, re, &format!("an RE2 regular expression ({why})")))?;
         }
@@ -144,7 +146,8 @@ impl StatsConfig {
         let eviction_interval = annotation_duration(i.annotations, EVICTION_ANNOTATION)
             .filter(|e| {
                 let flush = flush_interval.unwrap_or(DEFAULT_FLUSH);
-                let multiple = !flush.is_zero() && e.as_nanos() % flush.as_nanos() == 0;
+                // Both are at least 1ms (`annotation_duration`).
+                let multiple = e.as_nanos() % flush.as_nanos() == 0;
                 if !multiple {
                     tracing::warn!(
                         annotation = EVICTION_ANNOTATION,

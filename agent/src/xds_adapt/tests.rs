@@ -1,5 +1,4 @@
 use super::*;
-use crate::xds_adapt::TypedStruct;
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster, Filter as ClusterFilter, cluster::TransportSocketMatch,
 };
