@@ -1,0 +1,497 @@
+//! The control plane and the node: certificates, etcd, kube-apiserver, kube-controller-manager,
+//! the node's network namespace and its Node object, and a typed client.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::kubelet::Kubelet;
+
+/// The Kubernetes release `scripts/install-kube.sh` builds (its `KUBE_VERSION`).
+pub const KUBE_VERSION: &str = "v1.36.3";
+/// The node's address: the pods' bridge, where host-network components (istiod) listen.
+pub const NODE_IP: &str = "10.244.0.1";
+/// Pods get addresses from here (the node's `spec.podCIDR`).
+pub const POD_CIDR: &str = "10.244.0.0/24";
+/// Services get ClusterIPs from here; only sidecars route them (no kube-proxy runs).
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The Node every pod is bound to, with its topology labels.
+pub const NODE_NAME: &str = "node-1";
+pub const REGION: &str = "region-1";
+pub const ZONE: &str = "zone-1";
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Where `scripts/install-kube.sh` installs: `$KUBE_HOME`, else `/opt/kube-test/VERSION`.
+pub fn kube_home() -> PathBuf {
+    std::env::var_os("KUBE_HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("/opt/kube-test/{KUBE_VERSION}")))
+}
+
+/// The path of Kubernetes binary `name`; missing, the test fails naming the set-up step (or
+/// skips when SKIP_E2E=1 asked for it: then `Err`).
+pub fn kube_bin(name: &str) -> Result<PathBuf> {
+    let path = kube_home().join("bin").join(name);
+    if path.is_file() {
+        return Ok(path);
+    }
+    let why = format!(
+        "{name} is not at {} (run scripts/setup.sh --tests, which runs scripts/install-kube.sh)",
+        path.display()
+    );
+    harness::cannot_run(&why);
+    bail!("skipped: {why}")
+}
+
+/// A process of the cluster (control plane or container), killed when dropped: SIGTERM, then
+/// SIGKILL after five seconds.
+pub struct Component {
+    pub name: String,
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Component {
+    /// Starts `args` in the calling thread's network namespace, logging to `log`.
+    pub fn spawn(
+        name: &str,
+        args: &[String],
+        env: &[(String, String)],
+        cwd: &Path,
+        log: &Path,
+    ) -> Result<Component> {
+        let file = fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+        let child = Command::new(&args[0])
+            .args(&args[1..])
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("start {name} ({})", args[0]))?;
+        Ok(Component {
+            name: name.to_string(),
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap_or(0)
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; waits for it.
+    pub fn stop(&mut self, grace: Duration) {
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
+        if !self.running() {
+            return;
+        }
+        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && self.running() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    pub fn logs(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Component {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// Joins the calling thread to network namespace `ns` (a name under /var/run/netns).
+pub fn enter_netns(ns: &str) -> Result<()> {
+    let file = fs::File::open(format!("/var/run/netns/{ns}"))
+        .with_context(|| format!("open network namespace {ns}"))?;
+    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+        .with_context(|| format!("join network namespace {ns}"))?;
+    Ok(())
+}
+
+/// A running cluster. Dropping it stops the kubelet's pods, then istiod and the control plane
+/// (last started first), and deletes the namespaces; the directory with every component's log
+/// is kept when the thread is panicking (a failed test) and its path printed.
+pub struct Cluster {
+    pub id: String,
+    /// The node's network namespace (the host network of every component).
+    pub node_ns: String,
+    /// Certificates, kubeconfig, data and logs of this cluster.
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub client: kube::Client,
+    pub kubelet: Kubelet,
+    components: Vec<Component>,
+    // Last, so the client and kubelet tasks are gone before the runtime stops.
+    rt: tokio::runtime::Runtime,
+}
+
+impl Cluster {
+    /// Starts etcd, kube-apiserver and kube-controller-manager in a new node namespace, creates
+    /// the Node (Ready, topology labels, kubelet version `KUBE_VERSION`) and starts the test
+    /// kubelet for it. The calling thread joins the node's network namespace (tests spawn
+    /// processes that must reach the API server on its loopback).
+    pub fn start() -> Result<Cluster> {
+        harness::sweep_stale();
+        let etcd = kube_bin("etcd")?;
+        let apiserver = kube_bin("kube-apiserver")?;
+        let kcm = kube_bin("kube-controller-manager")?;
+        let id = format!(
+            "{}-{}-k{}",
+            harness::PREFIX,
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = std::env::temp_dir().join(&id);
+        fs::create_dir_all(dir.join("logs"))?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
+        let node_ns = format!("{id}-node");
+        harness::run("ip", &["netns", "add", &node_ns])?;
+        for args in [
+            vec!["link", "set", "lo", "up"],
+            vec!["link", "add", "cbr0", "type", "bridge"],
+            vec!["addr", "add", "10.244.0.1/24", "dev", "cbr0"],
+            vec!["link", "set", "cbr0", "up"],
+            // Service addresses go nowhere from the node: only sidecars route them.
+            vec!["route", "add", "unreachable", SERVICE_CIDR],
+        ] {
+            let mut full = vec!["-n", node_ns.as_str()];
+            full.extend(args);
+            harness::run("ip", &full)?;
+        }
+        enter_netns(&node_ns)?;
+        let started = Instant::now();
+        let pki = Pki::write(&dir)?;
+        let kubeconfig = dir.join("kubeconfig");
+        fs::write(&kubeconfig, pki.kubeconfig("https://127.0.0.1:6443"))?;
+
+        let mut components = Vec::new();
+        let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        let d = |p: &str| dir.join(p).display().to_string();
+        components.push(Component::spawn(
+            "etcd",
+            &s(&[
+                &etcd.display().to_string(),
+                "--data-dir",
+                &d("etcd"),
+                "--listen-client-urls=http://127.0.0.1:2379",
+                "--advertise-client-urls=http://127.0.0.1:2379",
+                "--listen-peer-urls=http://127.0.0.1:2380",
+            ]),
+            &[],
+            &dir,
+            &dir.join("logs/etcd.log"),
+        )?);
+        components.push(Component::spawn(
+            "kube-apiserver",
+            &s(&[
+                &apiserver.display().to_string(),
+                "--etcd-servers=http://127.0.0.1:2379",
+                "--bind-address=127.0.0.1",
+                "--secure-port=6443",
+                &format!("--advertise-address={NODE_IP}"),
+                "--endpoint-reconciler-type=none",
+                &format!("--tls-cert-file={}", d("pki/apiserver.crt")),
+                &format!("--tls-private-key-file={}", d("pki/apiserver.key")),
+                &format!("--client-ca-file={}", d("pki/ca.crt")),
+                &format!("--service-account-key-file={}", d("pki/sa.pub")),
+                &format!("--service-account-signing-key-file={}", d("pki/sa.key")),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--api-audiences=https://kubernetes.default.svc.cluster.local,istio-ca",
+                "--authorization-mode=Node,RBAC",
+                &format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                "--allow-privileged=true",
+            ]),
+            &[],
+            &dir,
+            &dir.join("logs/kube-apiserver.log"),
+        )?);
+
+        let rt = node_runtime(&node_ns)?;
+        let client = rt.block_on(client_for(&kubeconfig))?;
+        let ready = rt.block_on(async {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let ns: Api<Namespace> = Api::all(client.clone());
+            while Instant::now() < deadline {
+                if ns.get_opt("default").await.is_ok_and(|n| n.is_some()) {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            false
+        });
+        if !ready {
+            let logs = components[1].logs();
+            bail!(
+                "kube-apiserver not ready in 60 s; its log ends:\n{}",
+                tail(&logs, 30)
+            );
+        }
+        components.push(Component::spawn(
+            "kube-controller-manager",
+            &s(&[
+                &kcm.display().to_string(),
+                &format!("--kubeconfig={}", kubeconfig.display()),
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                &format!("--root-ca-file={}", d("pki/ca.crt")),
+                &format!("--service-account-private-key-file={}", d("pki/sa.key")),
+                "--use-service-account-credentials=false",
+                // No node IPAM (the kubelet owns its pod range) and no node lifecycle (no
+                // heartbeats to watch): every other controller runs.
+                "--controllers=*,-nodeipam,-nodelifecycle",
+            ]),
+            &[],
+            &dir,
+            &dir.join("logs/kube-controller-manager.log"),
+        )?);
+        rt.block_on(create_node(&client))?;
+        let kubelet = Kubelet::start(rt.handle(), client.clone(), &dir, &id)?;
+        eprintln!(
+            "cluster {id}: API server and node ready in {:.1} s (logs in {})",
+            started.elapsed().as_secs_f64(),
+            dir.join("logs").display()
+        );
+        Ok(Cluster {
+            id,
+            node_ns,
+            dir,
+            kubeconfig,
+            client,
+            kubelet,
+            components,
+            rt,
+        })
+    }
+
+    /// Runs `fut` on the cluster's runtime (whose threads are in the node's namespace).
+    pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
+        self.rt.block_on(fut)
+    }
+
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.rt.handle().clone()
+    }
+
+    /// Adds a component (e.g. istiod) stopped with the cluster, before the API server.
+    pub fn adopt(&mut self, c: Component) {
+        self.components.push(c);
+    }
+
+    /// The running component named `name`.
+    pub fn component(&mut self, name: &str) -> Option<&mut Component> {
+        self.components.iter_mut().find(|c| c.name == name)
+    }
+
+    /// Removes the component named `name` from the cluster, stopping it.
+    pub fn stop_component(&mut self, name: &str, grace: Duration) -> Option<Component> {
+        let at = self.components.iter().position(|c| c.name == name)?;
+        let mut c = self.components.remove(at);
+        c.stop(grace);
+        Some(c)
+    }
+
+    /// Every component's log and the kubelet's, for a failure message.
+    pub fn logs_dir(&self) -> PathBuf {
+        self.dir.join("logs")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kubelet.shutdown(&self.rt);
+        while let Some(mut c) = self.components.pop() {
+            c.stop(Duration::from_secs(5));
+        }
+        harness::kill_all_in(&self.node_ns);
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.node_ns])
+            .status();
+        if std::thread::panicking() || std::env::var_os("KUBE_KEEP").is_some() {
+            eprintln!("cluster {}: kept {}", self.id, self.dir.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A multi-thread runtime whose threads (workers and blocking pool) are in namespace `ns`.
+fn node_runtime(ns: &str) -> Result<tokio::runtime::Runtime> {
+    let ns = ns.to_string();
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(move || {
+            if let Err(e) = enter_netns(&ns) {
+                // A thread outside the node's namespace would talk to the wrong loopback.
+                panic!("runtime thread: {e:#}");
+            }
+        })
+        .build()?)
+}
+
+async fn client_for(kubeconfig: &Path) -> Result<kube::Client> {
+    let config = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(kubeconfig)?,
+        &KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// The Node, as a kubelet registers it: Ready, its address, topology labels and kubelet version
+/// (the injector chooses native sidecars from that version).
+async fn create_node(client: &kube::Client) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": NODE_NAME,
+            "labels": {
+                "kubernetes.io/hostname": NODE_NAME,
+                "kubernetes.io/os": "linux",
+                "topology.kubernetes.io/region": REGION,
+                "topology.kubernetes.io/zone": ZONE,
+            },
+        },
+        "spec": {"podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR]},
+    }))?;
+    nodes.create(&PostParams::default(), &node).await?;
+    let now = now_rfc3339();
+    let status = serde_json::json!({
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": NODE_IP},
+                {"type": "Hostname", "address": NODE_NAME},
+            ],
+            "conditions": [{
+                "type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "test kubelet is posting ready status",
+                "lastHeartbeatTime": now, "lastTransitionTime": now,
+            }],
+            "capacity": {"cpu": "2", "memory": "24Gi", "pods": "250"},
+            "allocatable": {"cpu": "2", "memory": "24Gi", "pods": "250"},
+            "nodeInfo": {
+                "kubeletVersion": KUBE_VERSION, "kubeProxyVersion": "",
+                "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "",
+                "osImage": "test kubelet", "containerRuntimeVersion": "netns://1",
+                "operatingSystem": "linux", "architecture": std::env::consts::ARCH,
+            },
+        }
+    });
+    nodes
+        .patch_status(NODE_NAME, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+pub fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The cluster's certificates: a CA, the API server's serving certificate, an admin client
+/// certificate (system:masters) and the service-account token signing key.
+struct Pki {
+    ca_pem: String,
+    admin_crt: PathBuf,
+    admin_key: PathBuf,
+    ca_crt: PathBuf,
+}
+
+impl Pki {
+    fn write(dir: &Path) -> Result<Pki> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let pki = dir.join("pki");
+        fs::create_dir_all(&pki)?;
+        let ca_key = KeyPair::generate()?;
+        let mut ca = CertificateParams::new(Vec::<String>::new())?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "kube-ca");
+        let ca_pem = ca.self_signed(&ca_key)?.pem();
+        let issuer = Issuer::new(ca, ca_key);
+
+        let key = KeyPair::generate()?;
+        let mut serving = CertificateParams::new(vec![
+            "localhost".to_string(),
+            "kubernetes".to_string(),
+            "kubernetes.default".to_string(),
+            "kubernetes.default.svc".to_string(),
+            "kubernetes.default.svc.cluster.local".to_string(),
+            "127.0.0.1".to_string(),
+            NODE_IP.to_string(),
+            "10.96.0.1".to_string(),
+        ])?;
+        serving
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver");
+        fs::write(
+            pki.join("apiserver.crt"),
+            serving.signed_by(&key, &issuer)?.pem(),
+        )?;
+        fs::write(pki.join("apiserver.key"), key.serialize_pem())?;
+
+        let key = KeyPair::generate()?;
+        let mut admin = CertificateParams::new(Vec::<String>::new())?;
+        admin
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:masters");
+        admin.distinguished_name.push(DnType::CommonName, "admin");
+        fs::write(pki.join("admin.crt"), admin.signed_by(&key, &issuer)?.pem())?;
+        fs::write(pki.join("admin.key"), key.serialize_pem())?;
+
+        let sa = KeyPair::generate()?;
+        fs::write(pki.join("sa.key"), sa.serialize_pem())?;
+        fs::write(pki.join("sa.pub"), sa.public_key_pem())?;
+        fs::write(pki.join("ca.crt"), &ca_pem)?;
+        Ok(Pki {
+            ca_pem,
+            admin_crt: pki.join("admin.crt"),
+            admin_key: pki.join("admin.key"),
+            ca_crt: pki.join("ca.crt"),
+        })
+    }
+
+    fn kubeconfig(&self, server: &str) -> String {
+        let _ = &self.ca_pem;
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    \
+             certificate-authority: {}\nusers:\n- name: admin\n  user:\n    client-certificate: {}\n    \
+             client-key: {}\ncontexts:\n- name: test\n  context: {{cluster: test, user: admin}}\n\
+             current-context: test\n",
+            self.ca_crt.display(),
+            self.admin_crt.display(),
+            self.admin_key.display()
+        )
+    }
+}

@@ -1,0 +1,98 @@
+//! What the test kubelet runs for an image: images map to local programs. The node has no
+//! container runtime; our proxy image's programs are the workspace's own binaries, and the
+//! sample apps are stand-ins that answer as the real ones do (`tests/src/bin/bookinfo.rs`).
+//!
+//! Why local programs and not podman: a pod starts in milliseconds, the binaries under test are
+//! the ones cargo just built (no image build in the test loop), and the sidecar reads its
+//! mounted files relative to its working directory, as Istio's agent does, so a directory per
+//! pod is all a container's filesystem needs to be. `scripts/image.sh` proves the images
+//! themselves.
+
+use anyhow::{Result, bail};
+
+/// Our proxy image as the tests install Istio with it (`values.global.hub`/`tag`).
+pub const PROXY_HUB: &str = "localhost/istio-rs";
+pub const PROXY_TAG: &str = "test";
+
+/// An image's entrypoint and the user it runs as when the pod does not say.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    /// The image's `USER` (never 1337, the proxy's, for an app).
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The image `reference` as this node runs it, or an error naming it.
+pub fn resolve(reference: &str) -> Result<Image> {
+    let (repo, _tag) = split_reference(reference);
+    let name = repo.rsplit('/').next().unwrap_or(repo);
+    let bin = |b: &str| harness::binary(b).display().to_string();
+    if repo == format!("{PROXY_HUB}/proxyv2") {
+        // Istio's proxyv2 image: ENTRYPOINT pilot-agent (istio-init runs `pilot-agent
+        // istio-iptables ...`, the sidecar `pilot-agent proxy sidecar ...`), USER 1337.
+        return Ok(Image {
+            entrypoint: vec![bin("pilot-agent")],
+            cmd: vec![],
+            uid: 1337,
+            gid: 1337,
+        });
+    }
+    if let Some(rest) = name.strip_prefix("examples-bookinfo-") {
+        // examples-bookinfo-SERVICE-VERSION; the real images run as uid 1000.
+        let Some((service, version)) = rest.rsplit_once('-') else {
+            bail!("image {reference}: not examples-bookinfo-SERVICE-VERSION");
+        };
+        if !["productpage", "details", "reviews", "ratings"].contains(&service) {
+            bail!("image {reference}: no Bookinfo service {service}");
+        }
+        return Ok(Image {
+            entrypoint: vec![bin("bookinfo"), service.to_string(), version.to_string()],
+            cmd: vec![],
+            uid: 1000,
+            gid: 1000,
+        });
+    }
+    if repo.ends_with("curlimages/curl") {
+        // ENTRYPOINT curl, USER curl_user (100:101); the samples override the command.
+        return Ok(Image {
+            entrypoint: vec!["/usr/bin/curl".into()],
+            cmd: vec![],
+            uid: 100,
+            gid: 101,
+        });
+    }
+    bail!(
+        "image {reference}: this node has no such image (it runs {PROXY_HUB}/proxyv2, \
+         examples-bookinfo-* and curlimages/curl)"
+    )
+}
+
+fn split_reference(reference: &str) -> (&str, &str) {
+    let without_digest = reference.split('@').next().unwrap_or(reference);
+    match without_digest.rsplit_once(':') {
+        // A ':' after the last '/' is a tag; before it, a registry port.
+        Some((repo, tag)) if !tag.contains('/') => (repo, tag),
+        _ => (without_digest, "latest"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_map_to_programs() {
+        let p = resolve("localhost/istio-rs/proxyv2:test").unwrap();
+        assert!(p.entrypoint[0].ends_with("/pilot-agent"));
+        assert_eq!(p.uid, 1337);
+        let b = resolve("registry.istio.io/release/examples-bookinfo-reviews-v2:1.20.3").unwrap();
+        assert_eq!(&b.entrypoint[1..], ["reviews", "v2"]);
+        assert_ne!(b.uid, 1337);
+        assert!(resolve("docker.io/curlimages/curl:8.16.0").is_ok());
+        let err = resolve("docker.io/istio/proxyv2:1.31.0").unwrap_err();
+        assert!(err.to_string().contains("docker.io/istio/proxyv2:1.31.0"));
+        assert!(resolve("localhost:5000/istio-rs/proxyv2").is_err());
+    }
+}

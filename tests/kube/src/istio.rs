@@ -1,0 +1,226 @@
+//! Istio as its users install it: the installed `istioctl` renders the install, pointing the
+//! proxy image at ours; the test applies what a cluster holds of it (CRDs, RBAC, the mesh and
+//! injector ConfigMaps, the istiod Service, the MutatingWebhookConfiguration whose URL reaches
+//! this istiod) and runs the installed `pilot-discovery` with its Deployment's args and env on
+//! the node's host network.
+
+use std::fs;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::api::Api;
+use serde_json::Value;
+
+use crate::apply;
+use crate::cluster::{Cluster, Component};
+use crate::images::{PROXY_HUB, PROXY_TAG};
+use crate::kubelet::http_probe;
+use crate::volumes;
+
+/// The webhook URL the install is rendered with: the API server reaches istiod on the node's
+/// loopback (no Service routing without kube-proxy).
+pub const INJECTION_URL: &str = "https://localhost:15017/inject";
+
+/// How istiod runs: its Deployment's command line and env, resolved.
+pub struct Istiod {
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    /// The rendered install (`istioctl manifest generate`).
+    pub manifest: String,
+}
+
+/// The `istioctl manifest generate` flags of the install: the minimal profile (istiod only),
+/// the webhook URL, our proxy image, and `extra` (`--set` values of the test).
+pub fn manifest_args(extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "manifest",
+        "generate",
+        "--set",
+        "profile=minimal",
+        "--set",
+        &format!("values.istiodRemote.injectionURL={INJECTION_URL}"),
+        "--set",
+        &format!("values.global.hub={PROXY_HUB}"),
+        "--set",
+        &format!("values.global.tag={PROXY_TAG}"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for e in extra {
+        args.push("--set".into());
+        args.push(e.to_string());
+    }
+    args
+}
+
+/// Renders and applies the install, then starts istiod and waits until it is ready and has
+/// given the injector webhook its CA.
+pub fn install(cluster: &mut Cluster, extra: &[&str]) -> Result<Istiod> {
+    let istioctl = harness::istio::istio_bin("istioctl")?;
+    let out = std::process::Command::new(&istioctl)
+        .args(manifest_args(extra))
+        .output()
+        .context("run istioctl manifest generate")?;
+    if !out.status.success() {
+        bail!(
+            "istioctl manifest generate: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let manifest = String::from_utf8(out.stdout)?;
+    fs::write(cluster.dir.join("istio-manifest.yaml"), &manifest)?;
+    let objects = apply::parse_objects(&manifest)?;
+    // What runs istiod is this test (the Deployment's pod would be istiod itself); the
+    // validating webhook names the istiod Service, which the API server cannot reach.
+    let skip = |o: &Value| {
+        matches!(
+            o["kind"].as_str(),
+            Some(
+                "Deployment"
+                    | "HorizontalPodAutoscaler"
+                    | "PodDisruptionBudget"
+                    | "ValidatingWebhookConfiguration"
+            )
+        )
+    };
+    let deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "istiod")
+        .cloned()
+        .context("the rendered install has no istiod Deployment")?;
+    let keep: Vec<Value> = objects.into_iter().filter(|o| !skip(o)).collect();
+    let namespace = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}});
+    let client = cluster.client.clone();
+    cluster.block_on(async {
+        apply::apply_object(&client, &namespace, None).await?;
+        apply::apply_all(&client, &keep, Some("istio-system")).await
+    })?;
+    cluster
+        .kubelet
+        .host_network_service("istio-system", "istiod");
+    let istiod = cluster.block_on(istiod_from(
+        &client,
+        &deployment,
+        cluster.dir.join("istiod"),
+        &cluster.kubeconfig,
+    ))?;
+    let istiod = Istiod { manifest, ..istiod };
+    istiod.start(cluster)?;
+    Ok(istiod)
+}
+
+async fn istiod_from(
+    client: &kube::Client,
+    deployment: &Value,
+    cwd: PathBuf,
+    kubeconfig: &std::path::Path,
+) -> Result<Istiod> {
+    let template = &deployment["spec"]["template"];
+    let container: Container = serde_json::from_value(
+        template["spec"]["containers"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "discovery"))
+            .cloned()
+            .context("istiod Deployment without its discovery container")?,
+    )?;
+    // The pod its Deployment would make, for the env's downward API.
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "istiod-0", "namespace": "istio-system", "labels": template["metadata"]["labels"]},
+        "spec": {
+            "serviceAccountName": template["spec"]["serviceAccountName"],
+            "nodeName": crate::cluster::NODE_NAME,
+            "containers": [],
+        },
+        "status": {"podIP": crate::cluster::NODE_IP, "hostIP": crate::cluster::NODE_IP},
+    }))?;
+    let mut env = volumes::container_env(client, &pod, &container, "istiod Deployment").await?;
+    // Its serving certificate must name the host the API server calls the webhook at.
+    env.push(("ISTIOD_CUSTOM_HOST".into(), "localhost".into()));
+    let mut args = vec![
+        harness::istio::istio_bin("pilot-discovery")?
+            .display()
+            .to_string(),
+    ];
+    args.extend(container.args.iter().flatten().cloned());
+    args.push(format!("--kubeconfig={}", kubeconfig.display()));
+    fs::create_dir_all(&cwd)?;
+    Ok(Istiod {
+        args,
+        env,
+        cwd,
+        manifest: String::new(),
+    })
+}
+
+impl Istiod {
+    /// Starts istiod (as the cluster's component "istiod") and waits for it to be ready and to
+    /// have written its CA into the injector webhook.
+    pub fn start(&self, cluster: &mut Cluster) -> Result<()> {
+        let log = cluster.logs_dir().join("istiod.log");
+        // Appends across restarts: the earlier run's log stays.
+        let earlier = fs::read_to_string(&log).unwrap_or_default();
+        let c = Component::spawn("istiod", &self.args, &self.env, &self.cwd, &log)?;
+        let _ = earlier;
+        cluster.adopt(c);
+        let started = Instant::now();
+        let client = cluster.client.clone();
+        let ok = cluster.block_on(async {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < deadline {
+                if http_probe("127.0.0.1", 8080, "/ready", &[], Duration::from_secs(1))
+                    .await
+                    .is_ok_and(|c| c == 200)
+                    && webhook_has_ca(&client).await
+                {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            false
+        });
+        if !ok {
+            let logs = cluster
+                .component("istiod")
+                .map(|c| c.logs())
+                .unwrap_or_default();
+            bail!(
+                "istiod not ready in 120 s:\n{}",
+                crate::cluster::tail(&logs, 40)
+            );
+        }
+        eprintln!("istiod ready in {:.1} s", started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Stops istiod (SIGTERM, as its pod would be stopped) and starts it again.
+    pub fn restart(&self, cluster: &mut Cluster) -> Result<()> {
+        if let Some(old) = cluster.stop_component("istiod", Duration::from_secs(10)) {
+            let prev = cluster.logs_dir().join("istiod.previous.log");
+            let _ = fs::copy(&old.log, prev);
+        }
+        self.start(cluster)
+    }
+}
+
+async fn webhook_has_ca(client: &kube::Client) -> bool {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    api.get_opt("istio-sidecar-injector")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|w| w.webhooks)
+        .is_some_and(|hooks| {
+            !hooks.is_empty()
+                && hooks.iter().all(|h| {
+                    h.client_config
+                        .ca_bundle
+                        .as_ref()
+                        .is_some_and(|b| !b.0.is_empty())
+                })
+        })
+}
