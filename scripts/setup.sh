@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the demo needs on a fresh Debian machine, as root; with --tests also what only
-# the tests need (cargo-nextest, cargo-deny, Istio's own binaries as the oracle). Idempotent.
+# the tests need (cargo-nextest, cargo-deny, Istio's own binaries as the oracle, Kubernetes'
+# control plane). Idempotent.
 # Downloads only through apt, pip, cargo and the Go module proxy.
 #   scripts/setup.sh           the demo's needs
 #   scripts/setup.sh --tests   and the tests' (scripts/test.sh)
@@ -122,4 +123,8 @@ fi
 # build, the only recent istio.io/istio the Go module proxy serves whole (the 1.29.6 tag is not
 # served). Built once per version (the stamp); a cold build takes minutes on 2 cores.
 ./scripts/install-istio.sh
+# The Kubernetes the tests run Istio in (tests/kube): kube-apiserver, kube-controller-manager and
+# kubectl v1.36.3 built from the Go module proxy through our scratch module tests/kube/go.mod,
+# and Debian's etcd. Stamped; a cold build takes minutes on 2 cores (after Istio's, never beside it).
+./scripts/install-kube.sh
 say "done"

@@ -88,6 +88,37 @@ impl PodRun {
         self.changed.notify_one();
     }
 
+    /// Runs `args` in container `container` as its user, with its env, in its working directory
+    /// (what `kubectl exec` does), and waits for it.
+    pub fn exec(&self, container: &str, args: &[&str]) -> Result<Output> {
+        let c = self.container(container).with_context(|| {
+            format!(
+                "pod {}/{} has no container {container}",
+                self.namespace, self.name
+            )
+        })?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.netns, "setpriv"])
+            .args([
+                "--reuid",
+                &c.uid.to_string(),
+                "--regid",
+                &c.gid.to_string(),
+                "--clear-groups",
+                "--",
+            ])
+            .args(args)
+            .current_dir(&self.dir)
+            .env_clear()
+            .envs(c.env.iter().map(|(k, v)| (k, v)))
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
+            .stdin(Stdio::null());
+        Ok(cmd.output()?)
+    }
+
     /// The log of container `name` (all its runs).
     pub fn logs(&self, name: &str) -> String {
         self.container(name)
@@ -182,8 +213,7 @@ impl Kubelet {
         })
     }
 
-    /// Runs `args` in container `container` of pod `namespace/name` as its user, with its env,
-    /// in its working directory (what `kubectl exec` does), and waits for it.
+    /// Runs `args` in container `container` of pod `namespace/name` (see [`PodRun::exec`]).
     pub fn exec(
         &self,
         namespace: &str,
@@ -191,32 +221,9 @@ impl Kubelet {
         container: &str,
         args: &[&str],
     ) -> Result<Output> {
-        let pod = self
-            .pod(namespace, name)
-            .with_context(|| format!("no running pod {namespace}/{name}"))?;
-        let c = pod
-            .container(container)
-            .with_context(|| format!("pod {namespace}/{name} has no container {container}"))?;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &pod.netns, "setpriv"])
-            .args([
-                "--reuid",
-                &c.uid.to_string(),
-                "--regid",
-                &c.gid.to_string(),
-                "--clear-groups",
-                "--",
-            ])
-            .args(args)
-            .current_dir(&pod.dir)
-            .env_clear()
-            .envs(c.env.iter().map(|(k, v)| (k, v)))
-            .env(
-                "PATH",
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            )
-            .stdin(Stdio::null());
-        Ok(cmd.output()?)
+        self.pod(namespace, name)
+            .with_context(|| format!("no running pod {namespace}/{name}"))?
+            .exec(container, args)
     }
 
     /// The kubelet's log.
@@ -1400,7 +1407,7 @@ pub async fn http_probe(
         }
         req.push_str("Connection: close\r\n\r\n");
         s.write_all(req.as_bytes()).await?;
-        let mut buf = vec![0u8; 64];
+        let mut buf = [0u8; 64];
         let mut n = 0;
         while n < 12 {
             let r = s.read(&mut buf[n..]).await?;
@@ -1560,9 +1567,12 @@ fn setpriv_of(c: &ContainerState) -> Vec<String> {
 
 fn teardown(inner: &Inner, run: &PodRun) {
     harness::kill_all_in(&run.netns);
-    let _ = Command::new("ip")
-        .args(["netns", "delete", &run.netns])
-        .status();
+    // Torn down once: by the pod's task, or by the kubelet's shutdown if that task never ended.
+    if Path::new("/run/netns").join(&run.netns).exists() {
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &run.netns])
+            .status();
+    }
     let _ = fs::remove_dir_all(Path::new("/etc/netns").join(&run.netns));
     if let Some(n) = run.ip.rsplit('.').next().and_then(|n| n.parse::<u8>().ok()) {
         inner

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 //! Istio's Bookinfo in a real Kubernetes control plane: Istio's istiod and its sidecar injector
 //! (installed as `istioctl manifest generate` renders it, the proxy image ours) mutate every pod
 //! of an `istio-injection=enabled` namespace, and the test kubelet runs exactly what the
@@ -130,13 +131,14 @@ fn envoy_counter(c: &Cluster, namespace: &str, pod: &str, name: &str) -> Result<
         .reduce(|a, b| a + b))
 }
 
-/// The `istio_requests_total` series of a pod's sidecar (15090), as label maps with values.
+/// The `istio_requests_total` series of a pod's sidecar (15020), as label maps with values.
 fn requests_total(
     c: &Cluster,
     namespace: &str,
     pod: &str,
 ) -> Result<Vec<(BTreeMap<String, String>, f64)>> {
-    let text = pod_local(c, namespace, pod, "http://127.0.0.1:15090/stats/prometheus")?;
+    // Istio's standard metrics are in the agent's part of the merged exposition (15020).
+    let text = pod_local(c, namespace, pod, "http://127.0.0.1:15020/stats/prometheus")?;
     let mut out = Vec::new();
     for line in text
         .lines()
@@ -166,26 +168,38 @@ fn apply_text(c: &Cluster, text: &str, namespace: &str) -> Result<()> {
     c.block_on(apply::apply_yaml(&c.client, text, Some(namespace)))
 }
 
-/// Polls the productpage through the mesh until `check` holds for a page, or fails with the
-/// last page seen.
+/// Polls the productpage through the mesh until `check` holds for `streak` pages in a row (a
+/// route chosen by chance must not pass for one in effect), or fails with the last page seen;
+/// returns when the streak began.
 fn wait_page(
     c: &Cluster,
     headers: &[&str],
     what: &str,
+    streak: usize,
     check: impl Fn(u16, &str) -> bool,
 ) -> Result<Duration> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(30);
     let mut last = (0, String::new());
+    let mut run: Option<Duration> = None;
+    let mut n = 0;
     while Instant::now() < deadline {
+        let at = started.elapsed();
         last = curl(c, "default", "http://productpage:9080/productpage", headers)?;
         if check(last.0, &last.1) {
-            return Ok(started.elapsed());
+            let first = *run.get_or_insert(at);
+            n += 1;
+            if n >= streak {
+                return Ok(first);
+            }
+            continue;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        run = None;
+        n = 0;
+        std::thread::sleep(Duration::from_millis(100));
     }
     bail!(
-        "{what}: not seen in 30 s; last page ({}): {}",
+        "{what}: not seen {streak} times in a row in 30 s; last page ({}): {}",
         last.0,
         last.1
     )
@@ -268,6 +282,7 @@ fn bookinfo_through_istios_injector() {
         &c,
         &[],
         "the product page with details and reviews",
+        1,
         |code, page| {
             code == 200 && page.contains("William Shakespeare") && page.contains("\"version\": \"v")
         },
@@ -308,5 +323,674 @@ fn bookinfo_through_istios_injector() {
     }
     eprintln!("STEP no NACK, no update_rejected");
 
-    let _ = istiod;
+    certificates_and_mtls(&c);
+    metric_labels(&c);
+    routing_samples(&c);
+    authorization(&c);
+    scaling(&c);
+    deletion_drains(&c);
+    istiod_restart(&mut c, &istiod);
+    unsupported_specs(&c);
+}
+
+fn productpage(c: &Cluster) -> String {
+    pod_named(c, "default", "productpage-v1-").unwrap()
+}
+
+/// Workload certificates come from istiod's CA, and traffic between sidecars is mutual TLS:
+/// with a STRICT PeerAuthentication, plain text from outside the mesh is refused.
+fn certificates_and_mtls(c: &Cluster) {
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(c.client.clone(), "default");
+    let root = c
+        .block_on(api.get("istio-ca-root-cert"))
+        .unwrap()
+        .data
+        .unwrap()["root-cert.pem"]
+        .clone();
+    let root_file = c.dir.join("root-cert.pem");
+    std::fs::write(&root_file, &root).unwrap();
+    let out = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-serial", "-in"])
+        .arg(&root_file)
+        .output()
+        .unwrap();
+    let serial = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .trim_start_matches("serial=")
+        .to_lowercase();
+    assert!(!serial.is_empty(), "the root's serial");
+    let certs = pod_local(
+        c,
+        "default",
+        &productpage(c),
+        "http://127.0.0.1:15000/certs",
+    )
+    .unwrap();
+    let certs: serde_json::Value = serde_json::from_str(&certs).unwrap();
+    let mut cas = Vec::new();
+    let mut spiffe = Vec::new();
+    for cert in certs["certificates"].as_array().unwrap() {
+        for ca in cert["ca_cert"].as_array().into_iter().flatten() {
+            cas.push(
+                ca["serial_number"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_lowercase(),
+            );
+        }
+        for chain in cert["cert_chain"].as_array().into_iter().flatten() {
+            for san in chain["subject_alt_names"].as_array().into_iter().flatten() {
+                spiffe.push(san["uri"].as_str().unwrap_or_default().to_string());
+            }
+        }
+    }
+    assert!(
+        cas.contains(&serial),
+        "the sidecar's CA is istiod's root {serial}: {cas:?}"
+    );
+    assert!(
+        spiffe.contains(&"spiffe://cluster.local/ns/default/sa/bookinfo-productpage".to_string()),
+        "{spiffe:?}"
+    );
+
+    // Plain text from the node (outside the mesh) reaches details while the mesh is PERMISSIVE...
+    let details = pods(c, "default")
+        .into_iter()
+        .find(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .unwrap_or("")
+                .starts_with("details-")
+        })
+        .unwrap();
+    let ip = details.status.unwrap().pod_ip.unwrap();
+    let plain = || c.block_on(cluster::kubelet::http_get_text(&ip, 9080, "/details/0"));
+    assert!(plain().is_ok(), "PERMISSIVE: plain text accepted");
+    // ... and not once it is STRICT, while mesh traffic goes on.
+    apply_text(c, "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata:\n  name: default\nspec:\n  mtls:\n    mode: STRICT\n", "istio-system").unwrap();
+    let started = Instant::now();
+    assert!(
+        harness::wait_until(Duration::from_secs(20), || plain().is_err()),
+        "STRICT: plain text still accepted"
+    );
+    let took = started.elapsed();
+    let (code, page) = curl(c, "default", "http://productpage:9080/productpage", &[]).unwrap();
+    assert!(
+        code == 200 && page.contains("William Shakespeare"),
+        "mesh traffic under STRICT: {code} {page}"
+    );
+    c.block_on(apply::delete_yaml(
+        &c.client,
+        "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata:\n  name: default\n",
+        Some("istio-system"),
+    ))
+    .unwrap();
+    eprintln!("STEP certificates from istiod's CA ({serial}); STRICT mTLS in effect in {took:?}");
+}
+
+/// Istio's standard metrics for that traffic, with the workloads on both sides: each label as
+/// Istio reports it, except the KNOWN differences (each still asserted to differ, so a fix moves
+/// it to the checked labels).
+fn metric_labels(c: &Cluster) {
+    let pp = productpage(c);
+    let details = pod_named(c, "default", "details-v1-").unwrap();
+    let find = |pod: &str, reporter: &str| {
+        requests_total(c, "default", pod)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|(l, _)| {
+                l.get("reporter").map(String::as_str) == Some(reporter)
+                    && l.get("destination_workload").map(String::as_str) == Some("details-v1")
+                    && l.get("source_principal").map(String::as_str)
+                        == Some("spiffe://cluster.local/ns/default/sa/bookinfo-productpage")
+            })
+    };
+    // Envoy batches its access-log records (1 s): the series appear within seconds.
+    let mut client = None;
+    let mut server = None;
+    harness::wait_until(Duration::from_secs(15), || {
+        client = find(&pp, "source");
+        server = find(&details, "destination");
+        client.is_some() && server.is_some()
+    });
+    let (client, _) =
+        client.expect("productpage's sidecar reports no istio_requests_total to details");
+    let (server, _) =
+        server.expect("details' sidecar reports no istio_requests_total from productpage");
+    let want = [
+        ("destination_service", "details.default.svc.cluster.local"),
+        ("destination_service_name", "details"),
+        ("destination_service_namespace", "default"),
+        ("source_workload", "productpage-v1"),
+        ("source_workload_namespace", "default"),
+        ("source_app", "productpage"),
+        ("source_version", "v1"),
+        ("source_canonical_service", "productpage"),
+        (
+            "source_principal",
+            "spiffe://cluster.local/ns/default/sa/bookinfo-productpage",
+        ),
+        ("source_cluster", "Kubernetes"),
+        ("destination_workload", "details-v1"),
+        ("destination_workload_namespace", "default"),
+        ("destination_app", "details"),
+        ("destination_version", "v1"),
+        ("destination_canonical_service", "details"),
+        ("destination_canonical_revision", "v1"),
+        (
+            "destination_principal",
+            "spiffe://cluster.local/ns/default/sa/bookinfo-details",
+        ),
+        ("destination_cluster", "Kubernetes"),
+        ("connection_security_policy", "mutual_tls"),
+        ("request_protocol", "http"),
+        ("response_code", "200"),
+    ];
+    // Where we are not Istio yet. Without Istio's metadata exchange (upstream Envoy has no such
+    // filter) a side learns the peer's workload, namespace and canonical service only from the
+    // endpoint metadata istiod sends the client and the peer's certificate, never its app and
+    // version labels; and the server reports the Host header's name as destination_service.
+    const KNOWN: &[(&str, &str)] = &[
+        ("client", "destination_app"),
+        ("client", "destination_version"),
+        ("client", "connection_security_policy"), // Istio reports "unknown" here too
+        ("server", "destination_service"),
+        ("server", "source_workload"),
+        ("server", "source_app"),
+        ("server", "source_version"),
+        ("server", "source_canonical_service"),
+        ("server", "source_cluster"),
+    ];
+    let mut wrong = Vec::new();
+    let mut still_known = Vec::new();
+    for (side, labels) in [("client", &client), ("server", &server)] {
+        for (k, v) in want {
+            let right = labels.get(k).map(String::as_str) == Some(v);
+            let known = KNOWN.contains(&(side, k));
+            if known && right {
+                wrong.push(format!("{side} {k} is right now: move it out of KNOWN"));
+            } else if !known && !right {
+                wrong.push(format!("{side} {k}={:?} (want {v})", labels.get(k)));
+            } else if known {
+                still_known.push(format!(
+                    "{side} {k}={:?}",
+                    labels.get(k).map(String::as_str).unwrap_or("")
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "istio_requests_total labels: {wrong:#?}\nclient {client:?}\nserver {server:?}"
+    );
+    eprintln!(
+        "STEP metrics: istio_requests_total labelled on both sides; still not Istio's: {still_known:?}"
+    );
+}
+
+const JASON: &str = "Cookie: user=jason";
+
+fn delete_sample(c: &Cluster, rel: &str) {
+    c.block_on(apply::delete_yaml(&c.client, &sample(rel), Some("default")))
+        .unwrap();
+}
+
+/// The samples' VirtualServices and DestinationRules, each in effect within seconds of apply.
+fn routing_samples(c: &Cluster) {
+    apply_sample(
+        c,
+        "bookinfo/networking/destination-rule-all.yaml",
+        "default",
+    )
+    .unwrap();
+    apply_sample(
+        c,
+        "bookinfo/networking/virtual-service-all-v1.yaml",
+        "default",
+    )
+    .unwrap();
+    let took = wait_page(c, &[], "all traffic to reviews v1", 8, |code, p| {
+        code == 200 && reviews_version(p).as_deref() == Some("v1")
+    })
+    .unwrap();
+    for _ in 0..10 {
+        let (_, page) = curl(c, "default", "http://productpage:9080/productpage", &[]).unwrap();
+        assert_eq!(
+            reviews_version(&page).as_deref(),
+            Some("v1"),
+            "virtual-service-all-v1: {page}"
+        );
+    }
+    eprintln!("STEP routing: virtual-service-all-v1 in effect in {took:?}");
+
+    // Header match: jason (the end-user header productpage sends) to v2, everyone else v1.
+    apply_sample(
+        c,
+        "bookinfo/networking/virtual-service-reviews-test-v2.yaml",
+        "default",
+    )
+    .unwrap();
+    let took = wait_page(c, &[JASON], "jason to reviews v2", 8, |_, p| {
+        reviews_version(p).as_deref() == Some("v2")
+    })
+    .unwrap();
+    let (_, page) = curl(c, "default", "http://productpage:9080/productpage", &[]).unwrap();
+    assert_eq!(
+        reviews_version(&page).as_deref(),
+        Some("v1"),
+        "not jason: {page}"
+    );
+    assert!(
+        page.contains("\"color\": \"black\"")
+            || curl(
+                c,
+                "default",
+                "http://productpage:9080/productpage",
+                &[JASON]
+            )
+            .unwrap()
+            .1
+            .contains("black")
+    );
+    eprintln!("STEP routing: header match (end-user: jason -> v2) in effect in {took:?}");
+
+    // Fault injection: an abort for jason's calls to ratings, then a 7 s delay that the product
+    // page's 3 s timeout (and one retry) does not wait for.
+    apply_sample(
+        c,
+        "bookinfo/networking/virtual-service-ratings-test-abort.yaml",
+        "default",
+    )
+    .unwrap();
+    let took = wait_page(c, &[JASON], "ratings aborted for jason", 3, |_, p| {
+        p.contains("Ratings service is currently unavailable")
+    })
+    .unwrap();
+    let (_, page) = curl(c, "default", "http://productpage:9080/productpage", &[]).unwrap();
+    assert!(
+        !page.contains("Ratings service is currently unavailable"),
+        "only jason is aborted: {page}"
+    );
+    eprintln!("STEP routing: fault abort in effect in {took:?}");
+    apply_sample(
+        c,
+        "bookinfo/networking/virtual-service-ratings-test-delay.yaml",
+        "default",
+    )
+    .unwrap();
+    let took = wait_page(c, &[JASON], "ratings delayed 7 s for jason", 1, |_, p| {
+        p.contains("reviews are currently unavailable")
+    })
+    .unwrap();
+    eprintln!("STEP routing: fault delay in effect in {took:?}");
+    delete_sample(
+        c,
+        "bookinfo/networking/virtual-service-ratings-test-delay.yaml",
+    );
+
+    // Request timeouts, as Istio's task: ratings delayed 2 s, reviews (v2) given 0.5 s.
+    apply_text(c, "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: ratings\nspec:\n  hosts:\n  - ratings\n  http:\n  - fault:\n      delay:\n        percentage:\n          value: 100\n        fixedDelay: 2s\n    route:\n    - destination:\n        host: ratings\n        subset: v1\n", "default").unwrap();
+    apply_text(c, "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: reviews\nspec:\n  hosts:\n  - reviews\n  http:\n  - route:\n    - destination:\n        host: reviews\n        subset: v2\n    timeout: 0.5s\n", "default").unwrap();
+    let took = wait_page(c, &[], "reviews timing out after 0.5 s", 3, |_, p| {
+        p.contains("reviews are currently unavailable")
+    })
+    .unwrap();
+    let started = Instant::now();
+    let (_, page) = curl(c, "default", "http://productpage:9080/productpage", &[]).unwrap();
+    let one = started.elapsed();
+    assert!(page.contains("reviews are currently unavailable"), "{page}");
+    assert!(
+        one < Duration::from_millis(1900),
+        "two 0.5 s timeouts took {one:?}"
+    );
+    eprintln!("STEP routing: timeout in effect in {took:?} (a page in {one:?})");
+
+    // Retries: the route's retry policy reaches the client's Envoy.
+    apply_text(c, "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: ratings\nspec:\n  hosts:\n  - ratings\n  http:\n  - route:\n    - destination:\n        host: ratings\n        subset: v1\n    retries:\n      attempts: 4\n      perTryTimeout: 2s\n      retryOn: 5xx,connect-failure\n", "default").unwrap();
+    let reviews_v2 = pod_named(c, "default", "reviews-v2-").unwrap();
+    let started = Instant::now();
+    assert!(
+        harness::wait_until(Duration::from_secs(20), || {
+            pod_local(
+                c,
+                "default",
+                &reviews_v2,
+                "http://127.0.0.1:15000/config_dump?resource=dynamic_route_configs",
+            )
+            .is_ok_and(|d| {
+                d.contains("\"num_retries\": 4")
+                    && d.contains("\"retry_on\": \"5xx,connect-failure\"")
+            })
+        }),
+        "reviews-v2's Envoy never got ratings' retry policy"
+    );
+    eprintln!("STEP routing: retries in effect in {:?}", started.elapsed());
+
+    // Weights: reviews 50% v1, 50% v3.
+    apply_sample(
+        c,
+        "bookinfo/networking/virtual-service-reviews-50-v3.yaml",
+        "default",
+    )
+    .unwrap();
+    delete_sample(
+        c,
+        "bookinfo/networking/virtual-service-ratings-test-abort.yaml",
+    );
+    wait_page(c, &[], "reviews v3 under 50/50", 1, |_, p| {
+        reviews_version(p).as_deref() == Some("v3")
+    })
+    .unwrap();
+    let mut seen = BTreeMap::new();
+    for _ in 0..30 {
+        let (_, page) = curl(c, "default", "http://productpage:9080/productpage", &[]).unwrap();
+        *seen
+            .entry(reviews_version(&page).unwrap_or_default())
+            .or_insert(0) += 1;
+    }
+    assert!(
+        seen.get("v1").is_some_and(|n| *n >= 5)
+            && seen.get("v3").is_some_and(|n| *n >= 5)
+            && seen.len() == 2,
+        "50/50 v1/v3: {seen:?}"
+    );
+    eprintln!("STEP routing: weights 50/50 gave {seen:?}");
+    for rel in [
+        "bookinfo/networking/virtual-service-reviews-50-v3.yaml",
+        "bookinfo/networking/virtual-service-all-v1.yaml",
+    ] {
+        delete_sample(c, rel);
+    }
+}
+
+/// AuthorizationPolicy ALLOW and DENY, as Istio's authorization task applies them.
+fn authorization(c: &Cluster) {
+    let allow_nothing = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: allow-nothing\nspec: {}\n";
+    apply_text(c, allow_nothing, "default").unwrap();
+    let took = wait_code(c, "default", 403).unwrap();
+    eprintln!("STEP authz: allow-nothing denies in {took:?}");
+    let viewer = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: productpage-viewer\nspec:\n  selector:\n    matchLabels:\n      app: productpage\n  action: ALLOW\n  rules:\n  - to:\n    - operation:\n        methods: [\"GET\"]\n";
+    apply_text(c, viewer, "default").unwrap();
+    let took = wait_code(c, "default", 200).unwrap();
+    let (_, page) = curl(c, "default", "http://productpage:9080/productpage", &[]).unwrap();
+    assert!(
+        page.contains("details are currently unavailable"),
+        "details still denied: {page}"
+    );
+    eprintln!("STEP authz: ALLOW GET on productpage in effect in {took:?}");
+    c.block_on(apply::delete_yaml(
+        &c.client,
+        allow_nothing,
+        Some("default"),
+    ))
+    .unwrap();
+    c.block_on(apply::delete_yaml(&c.client, viewer, Some("default")))
+        .unwrap();
+    wait_page(c, &[], "details allowed again", 1, |code, p| {
+        code == 200 && p.contains("William Shakespeare")
+    })
+    .unwrap();
+
+    // DENY the default namespace's curl (by its identity); the classic namespace's curl passes.
+    let deny = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-curl\nspec:\n  selector:\n    matchLabels:\n      app: productpage\n  action: DENY\n  rules:\n  - from:\n    - source:\n        principals: [\"cluster.local/ns/default/sa/curl\"]\n";
+    apply_text(c, deny, "default").unwrap();
+    let took = wait_code(c, "default", 403).unwrap();
+    let (code, _) = curl(
+        c,
+        "classic",
+        "http://productpage.default:9080/productpage",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(code, 200, "another identity is not denied");
+    c.block_on(apply::delete_yaml(&c.client, deny, Some("default")))
+        .unwrap();
+    wait_code(c, "default", 200).unwrap();
+    eprintln!("STEP authz: DENY by principal in effect in {took:?}");
+}
+
+fn wait_code(c: &Cluster, namespace: &str, want: u16) -> Result<Duration> {
+    let started = Instant::now();
+    let mut last = 0;
+    while started.elapsed() < Duration::from_secs(30) {
+        last = curl(
+            c,
+            namespace,
+            "http://productpage.default:9080/productpage",
+            &[],
+        )?
+        .0;
+        if last == want {
+            return Ok(started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!("productpage answered {last}, want {want}")
+}
+
+/// The number of endpoints productpage's Envoy has for a service.
+fn envoy_hosts(c: &Cluster, service: &str) -> usize {
+    let clusters = pod_local(
+        c,
+        "default",
+        &productpage(c),
+        "http://127.0.0.1:15000/clusters",
+    )
+    .unwrap_or_default();
+    let prefix = format!("outbound|9080||{service}.default.svc.cluster.local::");
+    let hosts: std::collections::BTreeSet<String> = clusters
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| rest.split("::").next().map(str::to_string))
+        .filter(|h| h.contains(':'))
+        .collect();
+    hosts.len()
+}
+
+fn scale(c: &Cluster, deployment: &str, replicas: i32) {
+    let api: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(c.client.clone(), "default");
+    let patch = serde_json::json!({"spec": {"replicas": replicas}});
+    c.block_on(api.patch(
+        deployment,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    ))
+    .unwrap();
+}
+
+/// Scaling a Deployment up and down changes the endpoints the sidecars route to.
+fn scaling(c: &Cluster) {
+    assert_eq!(envoy_hosts(c, "reviews"), 3);
+    // reviews-v1 to 3 replicas (5 reviews endpoints), then back to 1 (3).
+    for (replicas, hosts) in [(3, 5), (1, 3)] {
+        let started = Instant::now();
+        scale(c, "reviews-v1", replicas);
+        assert!(
+            harness::wait_until(Duration::from_secs(60), || envoy_hosts(c, "reviews")
+                == hosts),
+            "reviews: {} hosts, want {hosts}",
+            envoy_hosts(c, "reviews")
+        );
+        eprintln!(
+            "STEP scaling: reviews-v1 to {replicas}, productpage's Envoy has {hosts} reviews endpoints after {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// Requests from the curl pod, one after another on one connection (`--rate`), while `during`
+/// runs; the status of each.
+fn traffic_during(c: &Cluster, url: &str, count: usize, during: impl FnOnce()) -> Vec<String> {
+    let pod = pod_named(c, "default", "curl-").unwrap();
+    std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            let mut args: Vec<String> = [
+                "curl",
+                "-s",
+                "-w",
+                "%{http_code}\n",
+                "--rate",
+                "20/s",
+                "-m",
+                "60",
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+            for _ in 0..count {
+                args.extend(["-o".to_string(), "/dev/null".to_string(), url.to_string()]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = c.kubelet.exec("default", &pod, "curl", &args).unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        during();
+        t.join().unwrap()
+    })
+}
+
+/// Deleting a pod drains it: no request fails while one of two details pods goes away.
+fn deletion_drains(c: &Cluster) {
+    scale(c, "details-v1", 2);
+    wait_pods_ready(c, "default", 8, Duration::from_secs(60)).unwrap();
+    assert!(harness::wait_until(
+        Duration::from_secs(30),
+        || envoy_hosts(c, "details") == 2
+    ));
+    let victim = pod_named(c, "default", "details-v1-").unwrap();
+    let codes = traffic_during(c, "http://details:9080/details/0", 100, || {
+        let api: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+        c.block_on(api.delete(&victim, &Default::default()))
+            .unwrap();
+    });
+    let failed: Vec<&String> = codes.iter().filter(|c| *c != "200").collect();
+    assert!(
+        codes.len() == 100 && failed.is_empty(),
+        "{} requests, failed: {failed:?}",
+        codes.len()
+    );
+    assert!(
+        harness::wait_until(Duration::from_secs(40), || c
+            .kubelet
+            .pod("default", &victim)
+            .is_none()),
+        "{victim} still running"
+    );
+    eprintln!("STEP deletion: {victim} deleted under traffic, 100 of 100 requests answered 200");
+    scale(c, "details-v1", 1);
+}
+
+/// istiod restarted mid-traffic: no request on an open connection is lost, and the sidecars
+/// reconnect (a config applied afterwards takes effect).
+fn istiod_restart(c: &mut Cluster, istiod: &cluster::istio::Istiod) {
+    let curl_pod = c
+        .kubelet
+        .pod("default", &pod_named(c, "default", "curl-").unwrap())
+        .unwrap();
+    let mut args: Vec<String> = [
+        "curl",
+        "-s",
+        "-w",
+        "%{http_code}\n",
+        "--rate",
+        "10/s",
+        "-m",
+        "60",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    for _ in 0..60 {
+        args.extend([
+            "-o".to_string(),
+            "/dev/null".to_string(),
+            "http://productpage:9080/productpage".to_string(),
+        ]);
+    }
+    let traffic = std::thread::spawn(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        curl_pod.exec("curl", &args).unwrap()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let started = Instant::now();
+    istiod.restart(c).expect("restart istiod");
+    let down = started.elapsed();
+    let out = traffic.join().unwrap();
+    let codes: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    // Every request on the open connection is answered: none lost, no connection reset (000).
+    let lost: Vec<&String> = codes
+        .iter()
+        .filter(|c| *c == "000" || c.starts_with('5'))
+        .collect();
+    assert!(
+        codes.len() == 60 && lost.is_empty(),
+        "{} requests across the restart, lost: {lost:?}",
+        codes.len()
+    );
+    // KNOWN, not yet explained: a request or two answered 403 by productpage's sidecar while the
+    // sidecars reconnect to the new istiod (no AuthorizationPolicy exists then). Reported, not
+    // hidden: the step says how many.
+    let denied = codes.iter().filter(|c| *c == "403").count();
+    // The sidecars are connected to the new istiod: a route applied now takes effect.
+    apply_sample(
+        c,
+        "bookinfo/networking/virtual-service-reviews-v3.yaml",
+        "default",
+    )
+    .unwrap();
+    let took = wait_page(c, &[], "reviews v3 after the restart", 8, |_, p| {
+        reviews_version(p).as_deref() == Some("v3")
+    })
+    .unwrap();
+    for _ in 0..5 {
+        let (_, page) = curl(c, "default", "http://productpage:9080/productpage", &[]).unwrap();
+        assert_eq!(reviews_version(&page).as_deref(), Some("v3"));
+    }
+    delete_sample(c, "bookinfo/networking/virtual-service-reviews-v3.yaml");
+    eprintln!(
+        "STEP istiod restarted (ready again in {down:?}) under traffic: 60 of 60 requests answered, {denied} of them 403 (KNOWN); new config in effect {took:?} after"
+    );
+}
+
+/// What the test kubelet cannot do fails the pod with the field named.
+fn unsupported_specs(c: &Cluster) {
+    apply_text(
+        c,
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: plain\n",
+        "plain",
+    )
+    .unwrap();
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: hostpath\nspec:\n  containers:\n  - name: c\n    image: docker.io/curlimages/curl:8.16.0\n    command: [\"/bin/sleep\", \"infinity\"]\n    volumeMounts:\n    - name: h\n      mountPath: /h\n  volumes:\n  - name: h\n    hostPath:\n      path: /etc\n";
+    let image = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: unknown-image\nspec:\n  containers:\n  - name: c\n    image: docker.io/library/nginx:1.29\n";
+    apply_text(c, pod, "plain").unwrap();
+    apply_text(c, image, "plain").unwrap();
+    let api: Api<Pod> = Api::namespaced(c.client.clone(), "plain");
+    for (name, needle) in [
+        ("hostpath", "spec.volumes[0] (h)"),
+        ("unknown-image", "spec.containers[0].image"),
+    ] {
+        let mut last = None;
+        let failed = harness::wait_until(Duration::from_secs(20), || {
+            last = c.block_on(api.get(name)).ok().and_then(|p| p.status);
+            last.as_ref().is_some_and(|s| {
+                s.phase.as_deref() == Some("Failed")
+                    && s.message.as_deref().is_some_and(|m| m.contains(needle))
+            })
+        });
+        assert!(
+            failed,
+            "{name}: want Failed naming {needle}, status {last:?}"
+        );
+    }
+    eprintln!("STEP the kubelet refuses what it cannot do, naming the field");
 }

@@ -10,7 +10,8 @@
 //!   bookinfo ratings v1       GET /ratings/ID
 //!
 //! Each call forwards the trace and request headers the real apps forward. Every answer names
-//! the pod (`HOSTNAME`) that gave it.
+//! the pod (`HOSTNAME`) that gave it. On SIGTERM an app shuts down gracefully: it serves one
+//! more second (while the clients' sidecars learn that its endpoint is going), then exits.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -288,6 +289,23 @@ fn main() {
         }
     };
     eprintln!("bookinfo {service} {version} ({pod}) listening on 0.0.0.0:9080");
+    std::thread::spawn(|| {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            use tokio::signal::unix::{SignalKind, signal};
+            if let Ok(mut term) = signal(SignalKind::terminate()) {
+                term.recv().await;
+                eprintln!("SIGTERM: serving one more second");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                std::process::exit(0);
+            }
+        });
+    });
     for stream in listener.incoming().flatten() {
         let (service, version, pod) = (service.clone(), version.clone(), pod.clone());
         std::thread::spawn(move || {
