@@ -201,6 +201,24 @@ fn spiffe_namespace(id: &str) -> Option<&str> {
     (!ns.is_empty()).then_some(ns)
 }
 
+/// One entry of Istio's cluster metadata `istio.services`.
+#[derive(Debug, serde::Deserialize)]
+struct ServiceMeta {
+    host: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: String,
+}
+
+/// The first service of `%CLUSTER_METADATA(istio:services)%` (Envoy writes the list as JSON).
+fn first_service(json: &str) -> Option<ServiceMeta> {
+    serde_json::from_str::<Vec<ServiceMeta>>(json)
+        .ok()?
+        .into_iter()
+        .find(|s| !s.host.is_empty())
+}
+
 /// The host of an Istio cluster name `outbound|PORT|SUBSET|HOST` (or `inbound|...`).
 fn cluster_host(cluster: &str) -> Option<&str> {
     let mut parts = cluster.split('|');
@@ -265,16 +283,22 @@ fn labels(own: &Workload, r: &Record<'_>, http: bool) -> Key {
                 | "InboundPassthroughClusterIpv6"
         )
     });
-    // The service: the cluster's host, else the request's Host (Istio's fallback). Its short
-    // name is a Kubernetes service's name (Istio's cluster metadata `services[0].name`), else
-    // the host itself (a ServiceEntry's).
-    let from_cluster = cluster.and_then(cluster_host);
-    let service_name = |service: &str| match special {
-        Some(s) => s.to_string(),
-        None if service.contains(".svc.") || service.ends_with(".svc") => {
+    // The service: Istio's cluster metadata `services[0]` where the control plane set it (istiod
+    // does on inbound clusters, whose names carry no host), else the cluster name's host, else
+    // the request's Host (Istio's fallback). Its short name is the metadata's name, else a
+    // Kubernetes service's first label, else the host itself (a ServiceEntry's).
+    let meta_service = r.get(attr::SERVICES).and_then(first_service);
+    let from_cluster = meta_service
+        .as_ref()
+        .map(|m| m.host.as_str())
+        .or_else(|| cluster.and_then(cluster_host));
+    let service_name = |service: &str| match (special, &meta_service) {
+        (Some(s), _) => s.to_string(),
+        (None, Some(m)) if m.host == service && !m.name.is_empty() => m.name.clone(),
+        (None, _) if service.contains(".svc.") || service.ends_with(".svc") => {
             service.split('.').next().unwrap_or(service).to_string()
         }
-        None => service.to_string(),
+        (None, _) => service.to_string(),
     };
     let unknown = || UNKNOWN.to_string();
     let (source, destination_workload, source_principal, destination_principal) = if destination {
@@ -305,10 +329,10 @@ fn labels(own: &Workload, r: &Record<'_>, http: bool) -> Key {
             .or(authority)
             .map_or_else(unknown, str::to_string)
     };
-    let service_namespace = if destination {
-        own.namespace.clone()
-    } else {
-        destination_workload.namespace.clone()
+    let service_namespace = match &meta_service {
+        Some(m) if !m.namespace.is_empty() => m.namespace.clone(),
+        _ if destination => own.namespace.clone(),
+        _ => destination_workload.namespace.clone(),
     };
     let protocol = if !http {
         "tcp"
@@ -874,6 +898,42 @@ mod tests {
         let mut out = String::new();
         m.encode(&mut out);
         out
+    }
+
+    #[test]
+    fn inbound_service_comes_from_istiods_cluster_metadata() {
+        // istiod's inbound clusters carry no host in their name; their metadata names the
+        // service, which wins over the request's Host (a short name here).
+        let m = StandardMetrics::new(own());
+        let mut r = inbound_http("200");
+        r.retain(|(k, _)| *k != "authority");
+        r.push(("authority", "b:8080".into()));
+        r.push((
+            "services",
+            r#"[{"host":"b.ns-b.svc.cluster.local","name":"b-svc","namespace":"ns-b"}]"#.into(),
+        ));
+        run(&m, &[r]);
+        let out = text(&m);
+        assert!(
+            out.contains(
+                "destination_service=\"b.ns-b.svc.cluster.local\",destination_canonical_service=\"b\",\
+                 destination_canonical_revision=\"v1\",destination_service_name=\"b-svc\",\
+                 destination_service_namespace=\"ns-b\""
+            ),
+            "{out}"
+        );
+        // Without the metadata, the Host header's name, as before.
+        let m = StandardMetrics::new(own());
+        let mut r = inbound_http("200");
+        r.retain(|(k, _)| *k != "authority");
+        r.push(("authority", "b:8080".into()));
+        r.push(("services", "-".into()));
+        run(&m, &[r]);
+        assert!(
+            text(&m).contains("destination_service=\"b\","),
+            "{}",
+            text(&m)
+        );
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub mod attr {
     /// Istio's endpoint metadata `istio.workload` (`name;namespace;service;revision;cluster`),
     /// where a control plane sets it.
     pub const ENDPOINT: &str = "endpoint";
+    /// Istio's cluster metadata `istio.services` (a JSON list of `{host, name, namespace}`),
+    /// where a control plane sets it: the service of an inbound cluster.
+    pub const SERVICES: &str = "services";
     pub const AUTHORITY: &str = "authority";
     pub const CONTENT_TYPE: &str = "content_type";
     pub const RESPONSE_CODE: &str = "response_code";
@@ -105,6 +108,7 @@ fn attributes(reporter: Reporter, kind: &str, extra: &[(&str, &str)]) -> KeyValu
         // the name plus `;` (its stats delimiter).
         (attr::CLUSTER, "%UPSTREAM_CLUSTER_RAW%"),
         (attr::ENDPOINT, "%UPSTREAM_METADATA(istio:workload)%"),
+        (attr::SERVICES, "%CLUSTER_METADATA(istio:services)%"),
         (attr::RESPONSE_FLAGS, "%RESPONSE_FLAGS%"),
         (attr::RECEIVED_BYTES, "%DOWNSTREAM_WIRE_BYTES_RECEIVED%"),
         (attr::SENT_BYTES, "%DOWNSTREAM_WIRE_BYTES_SENT%"),

@@ -326,10 +326,13 @@ fn bookinfo_through_istios_injector() {
     certificates_and_mtls(&c);
     metric_labels(&c);
     routing_samples(&c);
-    authorization(&c);
     scaling(&c);
     deletion_drains(&c);
     istiod_restart(&mut c, &istiod);
+    // Last among the traffic steps: a connection opened while a DENY policy was in force keeps
+    // that listener's filter chain while it drains (Envoy's listener update), so its next
+    // request is still denied once; the steps above must not meet such a connection.
+    authorization(&c);
     unsupported_specs(&c);
 }
 
@@ -491,12 +494,11 @@ fn metric_labels(c: &Cluster) {
     // Where we are not Istio yet. Without Istio's metadata exchange (upstream Envoy has no such
     // filter) a side learns the peer's workload, namespace and canonical service only from the
     // endpoint metadata istiod sends the client and the peer's certificate, never its app and
-    // version labels; and the server reports the Host header's name as destination_service.
+    // version labels.
     const KNOWN: &[(&str, &str)] = &[
         ("client", "destination_app"),
         ("client", "destination_version"),
         ("client", "connection_security_policy"), // Istio reports "unknown" here too
-        ("server", "destination_service"),
         ("server", "source_workload"),
         ("server", "source_app"),
         ("server", "source_version"),
@@ -713,12 +715,15 @@ fn authorization(c: &Cluster) {
     eprintln!("STEP authz: allow-nothing denies in {took:?}");
     let viewer = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: productpage-viewer\nspec:\n  selector:\n    matchLabels:\n      app: productpage\n  action: ALLOW\n  rules:\n  - to:\n    - operation:\n        methods: [\"GET\"]\n";
     apply_text(c, viewer, "default").unwrap();
-    let took = wait_code(c, "default", 200).unwrap();
-    let (_, page) = curl(c, "default", "http://productpage:9080/productpage", &[]).unwrap();
-    assert!(
-        page.contains("details are currently unavailable"),
-        "details still denied: {page}"
-    );
+    // productpage answers; its own calls to details are still denied (allow-nothing).
+    let took = wait_page(
+        c,
+        &[],
+        "productpage allowed, details denied",
+        3,
+        |code, page| code == 200 && page.contains("details are currently unavailable"),
+    )
+    .unwrap();
     eprintln!("STEP authz: ALLOW GET on productpage in effect in {took:?}");
     c.block_on(apply::delete_yaml(
         &c.client,
@@ -728,7 +733,7 @@ fn authorization(c: &Cluster) {
     .unwrap();
     c.block_on(apply::delete_yaml(&c.client, viewer, Some("default")))
         .unwrap();
-    wait_page(c, &[], "details allowed again", 1, |code, p| {
+    wait_page(c, &[], "details allowed again", 3, |code, p| {
         code == 200 && p.contains("William Shakespeare")
     })
     .unwrap();
@@ -751,10 +756,15 @@ fn authorization(c: &Cluster) {
     eprintln!("STEP authz: DENY by principal in effect in {took:?}");
 }
 
+/// Waits until productpage answers `want` three times in a row from `namespace`'s curl (a
+/// connection opened under the previous policy may answer once more as that policy said).
 fn wait_code(c: &Cluster, namespace: &str, want: u16) -> Result<Duration> {
     let started = Instant::now();
     let mut last = 0;
+    let mut run: Option<Duration> = None;
+    let mut n = 0;
     while started.elapsed() < Duration::from_secs(30) {
+        let at = started.elapsed();
         last = curl(
             c,
             namespace,
@@ -763,11 +773,18 @@ fn wait_code(c: &Cluster, namespace: &str, want: u16) -> Result<Duration> {
         )?
         .0;
         if last == want {
-            return Ok(started.elapsed());
+            let first = *run.get_or_insert(at);
+            n += 1;
+            if n >= 3 {
+                return Ok(first);
+            }
+            continue;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        run = None;
+        n = 0;
+        std::thread::sleep(Duration::from_millis(100));
     }
-    bail!("productpage answered {last}, want {want}")
+    bail!("productpage answered {last}, want {want} three times in a row")
 }
 
 /// The number of endpoints productpage's Envoy has for a service.
@@ -927,20 +944,12 @@ fn istiod_restart(c: &mut Cluster, istiod: &cluster::istio::Istiod) {
         .lines()
         .map(str::to_string)
         .collect();
-    // Every request on the open connection is answered: none lost, no connection reset (000).
-    let lost: Vec<&String> = codes
-        .iter()
-        .filter(|c| *c == "000" || c.starts_with('5'))
-        .collect();
+    let failed: Vec<&String> = codes.iter().filter(|c| *c != "200").collect();
     assert!(
-        codes.len() == 60 && lost.is_empty(),
-        "{} requests across the restart, lost: {lost:?}",
+        codes.len() == 60 && failed.is_empty(),
+        "{} requests across the restart, failed: {failed:?}",
         codes.len()
     );
-    // KNOWN, not yet explained: a request or two answered 403 by productpage's sidecar while the
-    // sidecars reconnect to the new istiod (no AuthorizationPolicy exists then). Reported, not
-    // hidden: the step says how many.
-    let denied = codes.iter().filter(|c| *c == "403").count();
     // The sidecars are connected to the new istiod: a route applied now takes effect.
     apply_sample(
         c,
@@ -958,7 +967,7 @@ fn istiod_restart(c: &mut Cluster, istiod: &cluster::istio::Istiod) {
     }
     delete_sample(c, "bookinfo/networking/virtual-service-reviews-v3.yaml");
     eprintln!(
-        "STEP istiod restarted (ready again in {down:?}) under traffic: 60 of 60 requests answered, {denied} of them 403 (KNOWN); new config in effect {took:?} after"
+        "STEP istiod restarted (ready again in {down:?}) under traffic: 60 of 60 requests 200; new config in effect {took:?} after"
     );
 }
 
