@@ -323,6 +323,7 @@ fn bookinfo_through_istios_injector() {
     }
     eprintln!("STEP no NACK, no update_rejected");
 
+    app_probes(&c);
     certificates_and_mtls(&c);
     metric_labels(&c);
     routing_samples(&c);
@@ -338,6 +339,69 @@ fn bookinfo_through_istios_injector() {
 
 fn productpage(c: &Cluster) -> String {
     pod_named(c, "default", "productpage-v1-").unwrap()
+}
+
+/// An app's own probes, as Istio's injector rewrites them (to the agent's port 15020,
+/// `/app-health/CONTAINER/readyz|livez`), sent by the kubelet and answered through our agent.
+fn app_probes(c: &Cluster) {
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: probed\n  labels:\n    app: probed\nspec:\n  containers:\n  - name: ratings\n    image: registry.istio.io/release/examples-bookinfo-ratings-v1:1.20.3\n    ports:\n    - containerPort: 9080\n    readinessProbe:\n      httpGet:\n        path: /health\n        port: 9080\n      periodSeconds: 1\n    livenessProbe:\n      httpGet:\n        path: /health\n        port: 9080\n      periodSeconds: 1\n";
+    let started = Instant::now();
+    apply_text(c, pod, "default").unwrap();
+    let api: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let mut last = None;
+    let ready = harness::wait_until(Duration::from_secs(30), || {
+        last = c.block_on(api.get("probed")).ok();
+        last.as_ref().is_some_and(is_ready)
+    });
+    let p = last.unwrap();
+    assert!(ready, "the probed pod never became Ready: {:?}", p.status);
+    let app = p
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers
+        .iter()
+        .find(|c| c.name == "ratings")
+        .unwrap();
+    for (what, probe) in [
+        ("readiness", &app.readiness_probe),
+        ("liveness", &app.liveness_probe),
+    ] {
+        let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap();
+        assert_eq!(
+            get.port,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(15020),
+            "{what}"
+        );
+        let want = if what == "readiness" {
+            "/app-health/ratings/readyz"
+        } else {
+            "/app-health/ratings/livez"
+        };
+        assert_eq!(get.path.as_deref(), Some(want), "{what}");
+    }
+    // Still Ready a few probe periods later (the liveness probe never restarted it).
+    std::thread::sleep(Duration::from_secs(3));
+    let p = c.block_on(api.get("probed")).unwrap();
+    let restarts: i32 = p
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|s| s.restart_count)
+        .sum();
+    assert!(
+        is_ready(&p) && restarts == 0,
+        "probed: ready {} restarts {restarts}",
+        is_ready(&p)
+    );
+    c.block_on(api.delete("probed", &Default::default()))
+        .unwrap();
+    eprintln!(
+        "STEP app probes rewritten to 15020 by the injector: Ready in {:?} through our agent",
+        started.elapsed()
+    );
 }
 
 /// Workload certificates come from istiod's CA, and traffic between sidecars is mutual TLS:
