@@ -200,6 +200,53 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Starts `args` in the calling thread's network namespace, in `cwd`, with the test's env
+    /// plus `env`, its output to `log`.
+    pub fn start(
+        name: &str,
+        args: &[String],
+        env: &[(String, String)],
+        cwd: &Path,
+        log: &Path,
+    ) -> Result<Proc> {
+        let (program, rest) = args
+            .split_first()
+            .with_context(|| format!("{name}: no command"))?;
+        let file = fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+        let child = Command::new(program)
+            .args(rest)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("start {name} ({program})"))?;
+        Ok(Proc {
+            name: name.to_string(),
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM, then SIGKILL once `grace` has passed; waits for the exit.
+    pub fn stop(&mut self, grace: Duration) {
+        if !self.running() {
+            return;
+        }
+        let _ = self.signal(nix::sys::signal::Signal::SIGTERM);
+        let _ = self.wait_timeout(grace);
+        if self.running() {
+            let _ = self.signal(nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).unwrap_or(0)
     }

@@ -4,7 +4,7 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,8 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use harness::Proc;
 
 use crate::kubelet::Kubelet;
 
@@ -53,76 +55,6 @@ pub fn kube_bin(name: &str) -> Result<PathBuf> {
     bail!("skipped: {why}")
 }
 
-/// A process of the cluster (control plane or container), killed when dropped: SIGTERM, then
-/// SIGKILL after five seconds.
-pub struct Component {
-    pub name: String,
-    child: Child,
-    pub log: PathBuf,
-}
-
-impl Component {
-    /// Starts `args` in the calling thread's network namespace, logging to `log`.
-    pub fn spawn(
-        name: &str,
-        args: &[String],
-        env: &[(String, String)],
-        cwd: &Path,
-        log: &Path,
-    ) -> Result<Component> {
-        let file = fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
-        let child = Command::new(&args[0])
-            .args(&args[1..])
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .current_dir(cwd)
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .spawn()
-            .with_context(|| format!("start {name} ({})", args[0]))?;
-        Ok(Component {
-            name: name.to_string(),
-            child,
-            log: log.to_path_buf(),
-        })
-    }
-
-    pub fn pid(&self) -> i32 {
-        i32::try_from(self.child.id()).unwrap_or(0)
-    }
-
-    /// True while the process runs.
-    pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// SIGTERM, then SIGKILL after `grace`; waits for it.
-    pub fn stop(&mut self, grace: Duration) {
-        use nix::sys::signal::{Signal, kill};
-        use nix::unistd::Pid;
-        if !self.running() {
-            return;
-        }
-        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline && self.running() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
-        let _ = self.child.wait();
-    }
-
-    pub fn logs(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Component {
-    fn drop(&mut self) {
-        self.stop(Duration::from_secs(5));
-    }
-}
-
 /// Joins the calling thread to network namespace `ns` (a name under /var/run/netns).
 pub fn enter_netns(ns: &str) -> Result<()> {
     let file = fs::File::open(format!("/var/run/netns/{ns}"))
@@ -144,7 +76,7 @@ pub struct Cluster {
     pub kubeconfig: PathBuf,
     pub client: kube::Client,
     pub kubelet: Kubelet,
-    components: Vec<Component>,
+    components: Vec<Proc>,
     // Last, so the client and kubelet tasks are gone before the runtime stops.
     rt: tokio::runtime::Runtime,
 }
@@ -191,7 +123,7 @@ impl Cluster {
         let mut components = Vec::new();
         let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
         let d = |p: &str| dir.join(p).display().to_string();
-        components.push(Component::spawn(
+        components.push(Proc::start(
             "etcd",
             &s(&[
                 &etcd.display().to_string(),
@@ -205,7 +137,7 @@ impl Cluster {
             &dir,
             &dir.join("logs/etcd.log"),
         )?);
-        components.push(Component::spawn(
+        components.push(Proc::start(
             "kube-apiserver",
             &s(&[
                 &apiserver.display().to_string(),
@@ -250,7 +182,7 @@ impl Cluster {
                 tail(&logs, 30)
             );
         }
-        components.push(Component::spawn(
+        components.push(Proc::start(
             "kube-controller-manager",
             &s(&[
                 &kcm.display().to_string(),
@@ -297,17 +229,17 @@ impl Cluster {
     }
 
     /// Adds a component (e.g. istiod) stopped with the cluster, before the API server.
-    pub fn adopt(&mut self, c: Component) {
+    pub fn adopt(&mut self, c: Proc) {
         self.components.push(c);
     }
 
     /// The running component named `name`.
-    pub fn component(&mut self, name: &str) -> Option<&mut Component> {
+    pub fn component(&mut self, name: &str) -> Option<&mut Proc> {
         self.components.iter_mut().find(|c| c.name == name)
     }
 
     /// Removes the component named `name` from the cluster, stopping it.
-    pub fn stop_component(&mut self, name: &str, grace: Duration) -> Option<Component> {
+    pub fn stop_component(&mut self, name: &str, grace: Duration) -> Option<Proc> {
         let at = self.components.iter().position(|c| c.name == name)?;
         let mut c = self.components.remove(at);
         c.stop(grace);

@@ -15,7 +15,7 @@ use kube::api::Api;
 use serde_json::Value;
 
 use crate::apply;
-use crate::cluster::{Cluster, Component};
+use crate::cluster::Cluster;
 use crate::images::{PROXY_HUB, PROXY_TAG};
 use crate::kubelet::http_probe;
 use crate::volumes;
@@ -162,10 +162,7 @@ impl Istiod {
     /// have written its CA into the injector webhook.
     pub fn start(&self, cluster: &mut Cluster) -> Result<()> {
         let log = cluster.logs_dir().join("istiod.log");
-        // Appends across restarts: the earlier run's log stays.
-        let earlier = fs::read_to_string(&log).unwrap_or_default();
-        let c = Component::spawn("istiod", &self.args, &self.env, &self.cwd, &log)?;
-        let _ = earlier;
+        let c = harness::Proc::start("istiod", &self.args, &self.env, &self.cwd, &log)?;
         cluster.adopt(c);
         let started = Instant::now();
         let client = cluster.client.clone();

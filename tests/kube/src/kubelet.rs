@@ -1392,6 +1392,26 @@ pub async fn http_probe(
     headers: &[(String, String)],
     timeout: Duration,
 ) -> Result<u16> {
+    Ok(http_get(host, port, path, headers, timeout).await?.0)
+}
+
+/// One plain HTTP GET from the node; the body of a 200 answer.
+pub async fn http_get_text(host: &str, port: u16, path: &str) -> Result<String> {
+    match http_get(host, port, path, &[], Duration::from_secs(10)).await? {
+        (200, body) => Ok(body),
+        (code, _) => bail!("GET {host}:{port}{path}: {code}"),
+    }
+}
+
+/// One HTTP/1.1 GET (`Connection: close`, the kubelet's User-Agent and Accept unless `headers`
+/// give them) within `timeout`: the status code and the body.
+async fn http_get(
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+    timeout: Duration,
+) -> Result<(u16, String)> {
     let fut = async {
         let mut s = tokio::net::TcpStream::connect((host, port)).await?;
         let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n");
@@ -1407,26 +1427,28 @@ pub async fn http_probe(
         }
         req.push_str("Connection: close\r\n\r\n");
         s.write_all(req.as_bytes()).await?;
-        let mut buf = [0u8; 64];
-        let mut n = 0;
-        while n < 12 {
-            let r = s.read(&mut buf[n..]).await?;
-            if r == 0 {
-                break;
-            }
-            n += r;
-        }
-        let line = String::from_utf8_lossy(&buf[..n]).to_string();
-        let code: u16 = line
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await?;
+        let text = String::from_utf8_lossy(&out).to_string();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let code: u16 = head
             .split_whitespace()
             .nth(1)
             .and_then(|c| c.parse().ok())
-            .with_context(|| format!("not an HTTP response: {line:?}"))?;
-        anyhow::Ok(code)
+            .with_context(|| format!("GET {host}:{port}{path}: not an HTTP response"))?;
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
+        anyhow::Ok((code, body))
     };
     tokio::time::timeout(timeout, fut)
         .await
-        .context("probe timed out")?
+        .with_context(|| format!("GET {host}:{port}{path} timed out"))?
 }
 
 /// Writes the pod's status whenever something in it changed.
@@ -1661,37 +1683,6 @@ async fn warn_event(inner: &Inner, pod: &Pod, reason: &str, message: &str) {
         "{}: {message}",
         pod.metadata.name.clone().unwrap_or_default()
     ));
-}
-
-/// One plain HTTP GET from the node; the body of a 200 answer.
-pub async fn http_get_text(host: &str, port: u16, path: &str) -> Result<String> {
-    let mut s = tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio::net::TcpStream::connect((host, port)),
-    )
-    .await
-    .context("connect timed out")??;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await?;
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
-        .await
-        .context("read timed out")??;
-    let text = String::from_utf8_lossy(&out).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        bail!(
-            "GET {host}:{port}{path}: {}",
-            head.lines().next().unwrap_or_default()
-        );
-    }
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        return Ok(dechunk(body));
-    }
-    Ok(body.to_string())
 }
 
 fn dechunk(body: &str) -> String {
