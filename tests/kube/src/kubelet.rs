@@ -1013,6 +1013,10 @@ fn spawn_container(run: &PodRun, p: &Prepared) -> Result<tokio::process::Child> 
         .create(true)
         .append(true)
         .open(&p.state.log)?;
+    // The container's stdout and stderr belong to its user, as runc makes them (its
+    // fixStdioPermissions): a process may reopen them by path, as Envoy does for an access log
+    // file `/dev/stdout` (Istio's meshConfig.accessLogFile).
+    std::os::unix::fs::fchown(&log, Some(p.state.uid), Some(p.state.gid))?;
     let mut cmd = tokio::process::Command::new("ip");
     cmd.args(["netns", "exec", &run.netns, "setpriv"])
         .args(&p.setpriv)
@@ -1697,4 +1701,67 @@ fn dechunk(body: &str) -> String {
         rest = after[n..].trim_start_matches("\r\n");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec}))
+            .unwrap()
+    }
+
+    const PROXY: &str = "localhost/istio-rs/proxyv2:test";
+
+    #[test]
+    fn what_it_cannot_do_is_refused_by_field() {
+        let cases = [
+            (
+                serde_json::json!({"containers": [{"name": "c", "image": PROXY}], "hostNetwork": true}),
+                "spec.hostNetwork",
+            ),
+            (
+                serde_json::json!({"containers": [{"name": "c", "image": "nginx"}]}),
+                "spec.containers[0].image",
+            ),
+            (
+                serde_json::json!({"containers": [{"name": "c", "image": PROXY, "ports": [{"containerPort": 80, "hostPort": 80}]}]}),
+                "spec.containers[0].ports[0].hostPort",
+            ),
+            (
+                serde_json::json!({"initContainers": [{"name": "i", "image": PROXY, "readinessProbe": {"grpc": {"port": 1}}}], "containers": []}),
+                "spec.initContainers[0].readinessProbe.grpc",
+            ),
+            (
+                serde_json::json!({"containers": [], "securityContext": {"sysctls": [{"name": "kernel.shm_rmid_forced", "value": "1"}]}}),
+                "spec.securityContext.sysctls[0]",
+            ),
+        ];
+        for (spec, field) in cases {
+            let err = check_spec(&pod(spec.clone())).unwrap_err().to_string();
+            assert!(err.contains(field), "{spec}: {err}");
+        }
+    }
+
+    #[test]
+    fn what_it_does_not_enforce_is_named() {
+        let lax = check_spec(&pod(serde_json::json!({
+            "containers": [{
+                "name": "c", "image": PROXY,
+                "resources": {"limits": {"cpu": "2"}},
+                "securityContext": {"readOnlyRootFilesystem": true},
+            }],
+            "securityContext": {"sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}]},
+        })))
+        .unwrap();
+        assert_eq!(
+            lax,
+            [
+                "spec.containers[0].securityContext.readOnlyRootFilesystem",
+                "spec.containers[0].resources"
+            ]
+        );
+    }
 }

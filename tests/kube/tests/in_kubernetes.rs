@@ -218,7 +218,9 @@ fn bookinfo_through_istios_injector() {
         return;
     }
     let mut c = Cluster::start().expect("start the cluster");
-    let istiod = cluster::istio::install(&mut c, &[]).expect("install Istio");
+    // Access logs on, as Istio's users turn them on first.
+    let istiod = cluster::istio::install(&mut c, &["meshConfig.accessLogFile=/dev/stdout"])
+        .expect("install Istio");
 
     // The injection-enabled namespace, Bookinfo and the curl client as Istio's samples have them.
     apply_text(&c, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n  labels:\n    istio-injection: enabled\n", "default").unwrap();
@@ -323,6 +325,7 @@ fn bookinfo_through_istios_injector() {
     }
     eprintln!("STEP no NACK, no update_rejected");
 
+    access_logs(&c);
     app_probes(&c);
     certificates_and_mtls(&c);
     metric_labels(&c);
@@ -339,6 +342,30 @@ fn bookinfo_through_istios_injector() {
 
 fn productpage(c: &Cluster) -> String {
     pod_named(c, "default", "productpage-v1-").unwrap()
+}
+
+/// `meshConfig.accessLogFile: /dev/stdout`: istiod's access loggers reach Envoy through the
+/// agent and each sidecar logs its requests, inbound and outbound, in Istio's default format.
+fn access_logs(c: &Cluster) {
+    let pp = productpage(c);
+    let run = c.kubelet.pod("default", &pp).unwrap();
+    let mut log = String::new();
+    // Envoy writes its access log every second (--file-flush-interval-msec 1000).
+    let found = harness::wait_until(Duration::from_secs(10), || {
+        log = run.logs("istio-proxy");
+        log.lines().any(|l| {
+            l.contains("\"GET /productpage HTTP/1.1\" 200") && l.contains("inbound|9080||")
+        }) && log.lines().any(|l| {
+            l.contains("\"GET /details/0 HTTP/1.1\" 200")
+                && l.contains("outbound|9080||details.default.svc.cluster.local")
+        })
+    });
+    assert!(
+        found,
+        "productpage's sidecar logged no inbound and outbound requests:\n{}",
+        cluster::cluster::tail(&log, 20)
+    );
+    eprintln!("STEP access logs: productpage's sidecar logs its inbound and outbound requests");
 }
 
 /// An app's own probes, as Istio's injector rewrites them (to the agent's port 15020,
