@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 /// The Istio build the oracles are: `ISTIO_BUILD_VERSION` of `scripts/install-istio.sh`, which is
 /// where the version is chosen (a unit test below fails when the two disagree).
@@ -13,26 +13,21 @@ pub const ISTIO_BUILD_VERSION: &str = "1.31-eed52ebb66ad";
 
 /// Where `scripts/install-istio.sh` installs: `$ISTIO_HOME`, else `/opt/istio-oracle/VERSION`.
 pub fn istio_home() -> PathBuf {
-    std::env::var_os("ISTIO_HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("/opt/istio-oracle/{ISTIO_BUILD_VERSION}")))
+    crate::install_home(
+        "ISTIO_HOME",
+        &format!("/opt/istio-oracle/{ISTIO_BUILD_VERSION}"),
+    )
 }
 
 /// The path of Istio's binary `name` (e.g. "pilot-agent"). Missing, it is a test failure naming
 /// the set-up step; `Err` only when SKIP_E2E=1 asked to skip instead, and the caller returns.
 pub fn istio_bin(name: &str) -> Result<PathBuf> {
-    let path = istio_home().join("bin").join(name);
-    if path.is_file() {
-        return Ok(path);
-    }
-    let why = format!(
-        "Istio's {name} is not at {} (run scripts/setup.sh --tests, which runs \
-         scripts/install-istio.sh)",
-        path.display()
-    );
-    crate::cannot_run(&why);
-    bail!("skipped: {why}")
+    crate::installed_bin(
+        &istio_home(),
+        name,
+        &format!("Istio's {name}"),
+        "scripts/install-istio.sh",
+    )
 }
 
 #[cfg(test)]

@@ -67,6 +67,30 @@ pub fn cannot_run(why: &str) -> bool {
     panic!("{why}; run as root after scripts/setup.sh, or set SKIP_E2E=1 to skip it explicitly");
 }
 
+/// Where an install script put its tools: `$VAR` when set and not empty, else `default`.
+pub fn install_home(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var)
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default))
+}
+
+/// The path of `home/bin/name`, installed by `installer`. Missing, it is a test failure naming
+/// the set-up step (`what` names the binary); `Err` only when SKIP_E2E=1 asked to skip instead,
+/// and the caller returns.
+pub fn installed_bin(home: &Path, name: &str, what: &str, installer: &str) -> Result<PathBuf> {
+    let path = home.join("bin").join(name);
+    if path.is_file() {
+        return Ok(path);
+    }
+    let why = format!(
+        "{what} is not at {} (run scripts/setup.sh --tests, which runs {installer})",
+        path.display()
+    );
+    cannot_run(&why);
+    bail!("skipped: {why}")
+}
+
 /// Returns true if the test can run as root; see `cannot_run` for when it cannot.
 pub fn require_root(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() && which("ip") && which("iptables") {

@@ -34,25 +34,13 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// Where `scripts/install-kube.sh` installs: `$KUBE_HOME`, else `/opt/kube-test/VERSION`.
 pub fn kube_home() -> PathBuf {
-    std::env::var_os("KUBE_HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("/opt/kube-test/{KUBE_VERSION}")))
+    harness::install_home("KUBE_HOME", &format!("/opt/kube-test/{KUBE_VERSION}"))
 }
 
 /// The path of Kubernetes binary `name`; missing, the test fails naming the set-up step (or
 /// skips when SKIP_E2E=1 asked for it: then `Err`).
 pub fn kube_bin(name: &str) -> Result<PathBuf> {
-    let path = kube_home().join("bin").join(name);
-    if path.is_file() {
-        return Ok(path);
-    }
-    let why = format!(
-        "{name} is not at {} (run scripts/setup.sh --tests, which runs scripts/install-kube.sh)",
-        path.display()
-    );
-    harness::cannot_run(&why);
-    bail!("skipped: {why}")
+    harness::installed_bin(&kube_home(), name, name, "scripts/install-kube.sh")
 }
 
 /// Joins the calling thread to network namespace `ns` (a name under /var/run/netns).
@@ -355,7 +343,6 @@ pub fn tail(text: &str, lines: usize) -> String {
 /// The cluster's certificates: a CA, the API server's serving certificate, an admin client
 /// certificate (system:masters) and the service-account token signing key.
 struct Pki {
-    ca_pem: String,
     admin_crt: PathBuf,
     admin_key: PathBuf,
     ca_crt: PathBuf,
@@ -407,7 +394,6 @@ impl Pki {
         fs::write(pki.join("sa.pub"), sa.public_key_pem())?;
         fs::write(pki.join("ca.crt"), &ca_pem)?;
         Ok(Pki {
-            ca_pem,
             admin_crt: pki.join("admin.crt"),
             admin_key: pki.join("admin.key"),
             ca_crt: pki.join("ca.crt"),
@@ -415,7 +401,6 @@ impl Pki {
     }
 
     fn kubeconfig(&self, server: &str) -> String {
-        let _ = &self.ca_pem;
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    \
              certificate-authority: {}\nusers:\n- name: admin\n  user:\n    client-certificate: {}\n    \

@@ -20,7 +20,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -37,6 +37,14 @@ use crate::cluster::{NODE_IP, NODE_NAME, now_rfc3339};
 use crate::images;
 use crate::volumes;
 
+/// Locks `m`; a panic elsewhere while it was held does not stop the kubelet.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The PATH of every container (the node's tools are the images' filesystems).
+const CONTAINER_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// What a running container is, for status and for `exec`.
 #[derive(Debug, Clone)]
 pub struct ContainerState {
@@ -52,6 +60,8 @@ pub struct ContainerState {
     pub state: serde_json::Value,
     pub uid: u32,
     pub gid: u32,
+    /// How `setpriv` makes a process this container's: user, groups, capabilities.
+    pub setpriv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub log: PathBuf,
 }
@@ -75,7 +85,7 @@ pub struct PodRun {
 
 impl PodRun {
     fn with<R>(&self, name: &str, f: impl FnOnce(&mut ContainerState) -> R) -> Option<R> {
-        let mut cs = self.containers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cs = lock(&self.containers);
         cs.iter_mut().find(|c| c.name == name).map(f)
     }
 
@@ -84,7 +94,7 @@ impl PodRun {
     }
 
     fn set_phase(&self, phase: &str, message: Option<String>) {
-        *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = (phase.to_string(), message);
+        *lock(&self.phase) = (phase.to_string(), message);
         self.changed.notify_one();
     }
 
@@ -97,26 +107,8 @@ impl PodRun {
                 self.namespace, self.name
             )
         })?;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.netns, "setpriv"])
-            .args([
-                "--reuid",
-                &c.uid.to_string(),
-                "--regid",
-                &c.gid.to_string(),
-                "--clear-groups",
-                "--",
-            ])
-            .args(args)
-            .current_dir(&self.dir)
-            .env_clear()
-            .envs(c.env.iter().map(|(k, v)| (k, v)))
-            .env(
-                "PATH",
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            )
-            .stdin(Stdio::null());
-        Ok(cmd.output()?)
+        let argv: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        Ok(container_command(self, &c, &argv).output()?)
     }
 
     /// The log of container `name` (all its runs).
@@ -147,7 +139,7 @@ struct Inner {
 
 impl Inner {
     fn say(&self, msg: &str) {
-        let mut f = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = lock(&self.log);
         let _ = writeln!(f, "{} {msg}", now_rfc3339());
     }
 }
@@ -192,17 +184,13 @@ impl Kubelet {
     /// Declares that Service `namespace/name` is served on the node's host network (istiod):
     /// pods resolve its names to the node's address.
     pub fn host_network_service(&self, namespace: &str, name: &str) {
-        self.inner
-            .host_network
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert((namespace.to_string(), name.to_string()));
+        lock(&self.inner.host_network).insert((namespace.to_string(), name.to_string()));
         refresh_hosts(&self.inner);
     }
 
     /// The running pods (not yet torn down).
     pub fn pods(&self) -> Vec<Arc<PodRun>> {
-        let pods = self.inner.pods.lock().unwrap_or_else(|e| e.into_inner());
+        let pods = lock(&self.inner.pods);
         pods.values().map(|p| p.run.clone()).collect()
     }
 
@@ -244,7 +232,7 @@ impl Kubelet {
             t.abort();
         }
         let entries: Vec<PodEntry> = {
-            let mut pods = self.inner.pods.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pods = lock(&self.inner.pods);
             pods.drain().map(|(_, e)| e).collect()
         };
         for e in entries {
@@ -269,7 +257,7 @@ async fn watch_pods(inner: Arc<Inner>) {
             }
             Ok(watcher::Event::Delete(pod)) => {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
-                let pods = inner.pods.lock().unwrap_or_else(|e| e.into_inner());
+                let pods = lock(&inner.pods);
                 if let Some(e) = pods.get(&uid) {
                     // The object is gone (deleted with no grace): stop now.
                     let mut p = pod.clone();
@@ -312,7 +300,7 @@ async fn watch_services(inner: Arc<Inner>) {
                 continue;
             }
         }
-        *inner.services.lock().unwrap_or_else(|e| e.into_inner()) = all.values().cloned().collect();
+        *lock(&inner.services) = all.values().cloned().collect();
         refresh_hosts(&inner);
     }
 }
@@ -338,7 +326,7 @@ async fn on_pod(inner: &Arc<Inner>, pod: Pod) -> Result<()> {
         .and_then(|s| s.phase.as_deref())
         .is_some_and(|p| p == "Succeeded" || p == "Failed");
     let known = {
-        let pods = inner.pods.lock().unwrap_or_else(|e| e.into_inner());
+        let pods = lock(&inner.pods);
         match pods.get(&uid) {
             Some(e) => {
                 let _ = e.tx.send(pod.clone());
@@ -361,11 +349,7 @@ async fn on_pod(inner: &Arc<Inner>, pod: Pod) -> Result<()> {
     let run = Arc::new(new_run(inner, &pod)?);
     let (tx, rx) = watch::channel(pod);
     let task = tokio::spawn(run_pod(inner.clone(), run.clone(), rx));
-    inner
-        .pods
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(uid, PodEntry { tx, run, task });
+    lock(&inner.pods).insert(uid, PodEntry { tx, run, task });
     Ok(())
 }
 
@@ -397,7 +381,7 @@ async fn bind(inner: &Inner, ns: &str, name: &str) -> Result<()> {
 
 fn new_run(inner: &Inner, pod: &Pod) -> Result<PodRun> {
     let ip = {
-        let mut ips = inner.ips.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ips = lock(&inner.ips);
         let n = (2u8..=254)
             .find(|n| !ips.contains(n))
             .context("no pod address left in 10.244.0.0/24")?;
@@ -470,11 +454,7 @@ async fn run_pod(inner: Arc<Inner>, run: Arc<PodRun>, mut rx: watch::Receiver<Po
     status_task.abort();
     teardown(&inner, &run);
     delete_now(&inner, &run.namespace, &run.name, &run.uid).await;
-    inner
-        .pods
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&run.uid);
+    lock(&inner.pods).remove(&run.uid);
     inner.say(&format!("removed {}/{}", run.namespace, run.name));
 }
 
@@ -556,7 +536,7 @@ async fn start_pod(
         );
     }
     {
-        let mut cs = run.containers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cs = lock(&run.containers);
         *cs = prepared.iter().map(|p| p.state.clone()).collect();
     }
     not_enforced.sort();
@@ -802,16 +782,8 @@ fn hosts_for(inner: &Inner, run: &PodRun) -> String {
         "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{}\t{}\n",
         run.ip, run.name
     );
-    let services = inner
-        .services
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let host_network = inner
-        .host_network
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let services = lock(&inner.services).clone();
+    let host_network = lock(&inner.host_network).clone();
     for s in services {
         let name = s.metadata.name.clone().unwrap_or_default();
         let ns = s.metadata.namespace.clone().unwrap_or_default();
@@ -839,7 +811,7 @@ fn hosts_for(inner: &Inner, run: &PodRun) -> String {
 /// Rewrites every pod's hosts file in place (the bind mounts keep pointing at it).
 fn refresh_hosts(inner: &Inner) {
     let runs: Vec<Arc<PodRun>> = {
-        let pods = inner.pods.lock().unwrap_or_else(|e| e.into_inner());
+        let pods = lock(&inner.pods);
         pods.values().map(|p| p.run.clone()).collect()
     };
     for run in runs {
@@ -850,12 +822,11 @@ fn refresh_hosts(inner: &Inner) {
     }
 }
 
-/// A container ready to run: its state, command line and setpriv options.
+/// A container ready to run: its state and command line.
 #[derive(Clone)]
 struct Prepared {
     state: ContainerState,
     argv: Vec<String>,
-    setpriv: Vec<String>,
     spec: Container,
 }
 
@@ -971,11 +942,11 @@ async fn prepare(
             state: serde_json::json!({"waiting": {"reason": "PodInitializing"}}),
             uid,
             gid,
+            setpriv,
             env,
             log,
         },
         argv,
-        setpriv,
         spec: c.clone(),
     })
 }
@@ -983,11 +954,7 @@ async fn prepare(
 /// `NAME_SERVICE_HOST`/`_PORT` for the Services of the pod's namespace (enableServiceLinks, the
 /// API server's default) and the `kubernetes` Service.
 fn service_env(inner: &Inner, namespace: &str) -> Vec<(String, String)> {
-    let services = inner
-        .services
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let services = lock(&inner.services).clone();
     let mut env = Vec::new();
     for s in services {
         let ns = s.metadata.namespace.clone().unwrap_or_default();
@@ -1008,6 +975,22 @@ fn service_env(inner: &Inner, namespace: &str) -> Vec<(String, String)> {
     env
 }
 
+/// `argv` as container `c` runs it: in the pod's network namespace and directory, as its user
+/// with its capabilities (`setpriv`), with its env.
+fn container_command(run: &PodRun, c: &ContainerState, argv: &[String]) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &run.netns, "setpriv"])
+        .args(&c.setpriv)
+        .arg("--")
+        .args(argv)
+        .current_dir(&run.dir)
+        .env_clear()
+        .env("PATH", CONTAINER_PATH)
+        .envs(c.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null());
+    cmd
+}
+
 fn spawn_container(run: &PodRun, p: &Prepared) -> Result<tokio::process::Child> {
     let log = fs::OpenOptions::new()
         .create(true)
@@ -1017,22 +1000,8 @@ fn spawn_container(run: &PodRun, p: &Prepared) -> Result<tokio::process::Child> 
     // fixStdioPermissions): a process may reopen them by path, as Envoy does for an access log
     // file `/dev/stdout` (Istio's meshConfig.accessLogFile).
     std::os::unix::fs::fchown(&log, Some(p.state.uid), Some(p.state.gid))?;
-    let mut cmd = tokio::process::Command::new("ip");
-    cmd.args(["netns", "exec", &run.netns, "setpriv"])
-        .args(&p.setpriv)
-        .arg("--")
-        .args(&p.argv)
-        .current_dir(&run.dir)
-        .env_clear()
-        .env(
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        )
-        .envs(p.state.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true);
+    let mut cmd = tokio::process::Command::from(container_command(run, &p.state, &p.argv));
+    cmd.stdout(log.try_clone()?).stderr(log).kill_on_drop(true);
     cmd.spawn()
         .with_context(|| format!("start container {}", p.state.name))
 }
@@ -1131,11 +1100,7 @@ async fn supervise(inner: Arc<Inner>, run: Arc<PodRun>, p: Prepared, restart_pol
 
 /// A pod whose containers do not restart is Succeeded or Failed once they all exited.
 fn finished(run: &PodRun) {
-    let cs = run
-        .containers
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let cs = lock(&run.containers).clone();
     let regular: Vec<&ContainerState> = cs.iter().filter(|c| !c.init).collect();
     if regular.iter().all(|c| c.state.get("terminated").is_some()) {
         let ok = regular
@@ -1204,7 +1169,7 @@ async fn probe(inner: Arc<Inner>, run: Arc<PodRun>, p: Prepared) {
         }
         let pid = run.with(&name, |c| c.pid).flatten();
         if let Some(sp) = &p.spec.startup_probe {
-            if !probe_until(&inner, &run, &p, sp, pid, true).await {
+            if !probe_until(&run, &p, sp, pid).await {
                 // Failed its startup probe: killed, the supervisor restarts it.
                 kill_pid(pid);
                 continue;
@@ -1297,14 +1262,7 @@ fn period(p: &Probe) -> Duration {
 }
 
 /// Runs `p` until it succeeds (true) or fails `failureThreshold` times in a row (false).
-async fn probe_until(
-    _inner: &Inner,
-    run: &PodRun,
-    c: &Prepared,
-    p: &Probe,
-    pid: Option<i32>,
-    _startup: bool,
-) -> bool {
+async fn probe_until(run: &PodRun, c: &Prepared, p: &Probe, pid: Option<i32>) -> bool {
     tokio::time::sleep(Duration::from_secs(
         p.initial_delay_seconds.unwrap_or(0) as u64
     ))
@@ -1483,12 +1441,8 @@ async fn write_status(inner: Arc<Inner>, run: Arc<PodRun>) {
 }
 
 fn status_of(run: &PodRun, start_time: &str) -> serde_json::Value {
-    let cs = run
-        .containers
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let (phase, message) = run.phase.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let cs = lock(&run.containers).clone();
+    let (phase, message) = lock(&run.phase).clone();
     let status = |c: &ContainerState| {
         serde_json::json!({
             "name": c.name, "image": c.image, "imageID": "",
@@ -1534,11 +1488,7 @@ async fn terminate(inner: &Inner, run: &PodRun, pod: &Pod, grace: Duration) {
         .chain(spec.containers.iter())
         .map(|c| (c.name.clone(), c.clone()))
         .collect();
-    let cs = run
-        .containers
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let cs = lock(&run.containers).clone();
     let regular: Vec<ContainerState> = cs.iter().filter(|c| !c.init).cloned().collect();
     let mut sidecars: Vec<ContainerState> = cs.iter().filter(|c| c.sidecar).cloned().collect();
     sidecars.reverse();
@@ -1551,7 +1501,6 @@ async fn terminate(inner: &Inner, run: &PodRun, pod: &Pod, grace: Duration) {
             let p = Prepared {
                 state: c.clone(),
                 argv: vec![],
-                setpriv: setpriv_of(&c),
                 spec,
             };
             waits.push(async move {
@@ -1578,17 +1527,6 @@ async fn terminate(inner: &Inner, run: &PodRun, pod: &Pod, grace: Duration) {
         }
         futures::future::join_all(waits).await;
     }
-    let _ = inner;
-}
-
-fn setpriv_of(c: &ContainerState) -> Vec<String> {
-    vec![
-        "--reuid".into(),
-        c.uid.to_string(),
-        "--regid".into(),
-        c.gid.to_string(),
-        "--clear-groups".into(),
-    ]
 }
 
 fn teardown(inner: &Inner, run: &PodRun) {
@@ -1601,11 +1539,7 @@ fn teardown(inner: &Inner, run: &PodRun) {
     }
     let _ = fs::remove_dir_all(Path::new("/etc/netns").join(&run.netns));
     if let Some(n) = run.ip.rsplit('.').next().and_then(|n| n.parse::<u8>().ok()) {
-        inner
-            .ips
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&n);
+        lock(&inner.ips).remove(&n);
     }
 }
 

@@ -141,8 +141,7 @@ pub async fn write_token(client: &kube::Client, pod: &Pod, file: &TokenFile) -> 
             .await
         {
             Ok(t) => break t,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
+            Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => {
@@ -165,33 +164,22 @@ async fn config_map_data(
     optional: bool,
 ) -> Result<BTreeMap<String, Vec<u8>>> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    // As the kubelet, a missing ConfigMap keeps the pod waiting (istiod publishes
-    // istio-ca-root-cert a moment after a namespace appears); an optional one is empty.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(cm) = api.get_opt(name).await? {
-            let mut out: BTreeMap<String, Vec<u8>> = cm
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, v.into_bytes()))
-                .collect();
-            out.extend(
-                cm.binary_data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.0)),
-            );
-            return Ok(out);
-        }
-        if optional {
-            return Ok(BTreeMap::new());
-        }
-        if Instant::now() > deadline {
-            bail!("configMap {ns}/{name} does not exist (waited 60 s)");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let Some(cm) = wait_for(&api, "configMap", name, optional).await? else {
+        return Ok(BTreeMap::new());
+    };
+    let mut out: BTreeMap<String, Vec<u8>> = cm
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.into_bytes()))
+        .collect();
+    out.extend(
+        cm.binary_data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0)),
+    );
+    Ok(out)
 }
 
 async fn secret_data(
@@ -201,28 +189,42 @@ async fn secret_data(
     optional: bool,
 ) -> Result<BTreeMap<String, Vec<u8>>> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let Some(s) = wait_for(&api, "secret", name, optional).await? else {
+        return Ok(BTreeMap::new());
+    };
+    let mut out: BTreeMap<String, Vec<u8>> = s
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect();
+    out.extend(
+        s.string_data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.into_bytes())),
+    );
+    Ok(out)
+}
+
+/// Object `name` of `api`, as the kubelet waits for it: a missing one keeps the pod waiting
+/// (istiod publishes istio-ca-root-cert a moment after a namespace appears), up to 60 s; an
+/// optional one is `None` at once.
+async fn wait_for<K>(api: &Api<K>, kind: &str, name: &str, optional: bool) -> Result<Option<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Some(s) = api.get_opt(name).await? {
-            let mut out: BTreeMap<String, Vec<u8>> = s
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, v.0))
-                .collect();
-            out.extend(
-                s.string_data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.into_bytes())),
-            );
-            return Ok(out);
+        if let Some(o) = api.get_opt(name).await? {
+            return Ok(Some(o));
         }
         if optional {
-            return Ok(BTreeMap::new());
+            return Ok(None);
         }
         if Instant::now() > deadline {
-            bail!("secret {ns}/{name} does not exist (waited 60 s)");
+            let ns = api.namespace().unwrap_or_default();
+            bail!("{kind} {ns}/{name} does not exist (waited 60 s)");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

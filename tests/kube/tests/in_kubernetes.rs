@@ -7,6 +7,7 @@
 //! what it proves.
 
 use std::collections::BTreeMap;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -178,6 +179,20 @@ fn wait_page(
     streak: usize,
     check: impl Fn(u16, &str) -> bool,
 ) -> Result<Duration> {
+    let url = "http://productpage:9080/productpage";
+    wait_answers(c, "default", url, headers, what, streak, check)
+}
+
+/// `wait_page` from `namespace`'s curl to `url`.
+fn wait_answers(
+    c: &Cluster,
+    namespace: &str,
+    url: &str,
+    headers: &[&str],
+    what: &str,
+    streak: usize,
+    check: impl Fn(u16, &str) -> bool,
+) -> Result<Duration> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(30);
     let mut last = (0, String::new());
@@ -185,7 +200,7 @@ fn wait_page(
     let mut n = 0;
     while Instant::now() < deadline {
         let at = started.elapsed();
-        last = curl(c, "default", "http://productpage:9080/productpage", headers)?;
+        last = curl(c, namespace, url, headers)?;
         if check(last.0, &last.1) {
             let first = *run.get_or_insert(at);
             n += 1;
@@ -852,32 +867,9 @@ fn authorization(c: &Cluster) {
 /// Waits until productpage answers `want` three times in a row from `namespace`'s curl (a
 /// connection opened under the previous policy may answer once more as that policy said).
 fn wait_code(c: &Cluster, namespace: &str, want: u16) -> Result<Duration> {
-    let started = Instant::now();
-    let mut last = 0;
-    let mut run: Option<Duration> = None;
-    let mut n = 0;
-    while started.elapsed() < Duration::from_secs(30) {
-        let at = started.elapsed();
-        last = curl(
-            c,
-            namespace,
-            "http://productpage.default:9080/productpage",
-            &[],
-        )?
-        .0;
-        if last == want {
-            let first = *run.get_or_insert(at);
-            n += 1;
-            if n >= 3 {
-                return Ok(first);
-            }
-            continue;
-        }
-        run = None;
-        n = 0;
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    bail!("productpage answered {last}, want {want} three times in a row")
+    let url = "http://productpage.default:9080/productpage";
+    let what = format!("productpage answering {want} to {namespace}'s curl");
+    wait_answers(c, namespace, url, &[], &what, 3, |code, _| code == want)
 }
 
 /// The number of endpoints productpage's Envoy has for a service.
@@ -931,39 +923,47 @@ fn scaling(c: &Cluster) {
     }
 }
 
-/// Requests from the curl pod, one after another on one connection (`--rate`), while `during`
-/// runs; the status of each.
-fn traffic_during(c: &Cluster, url: &str, count: usize, during: impl FnOnce()) -> Vec<String> {
-    let pod = pod_named(c, "default", "curl-").unwrap();
-    std::thread::scope(|s| {
-        let t = s.spawn(|| {
-            let mut args: Vec<String> = [
-                "curl",
-                "-s",
-                "-w",
-                "%{http_code}\n",
-                "--rate",
-                "20/s",
-                "-m",
-                "60",
-            ]
-            .iter()
-            .map(|a| a.to_string())
-            .collect();
-            for _ in 0..count {
-                args.extend(["-o".to_string(), "/dev/null".to_string(), url.to_string()]);
-            }
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let out = c.kubelet.exec("default", &pod, "curl", &args).unwrap();
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        });
-        std::thread::sleep(Duration::from_millis(500));
-        during();
-        t.join().unwrap()
+/// Starts `count` requests from the default namespace's curl pod to `url`, one after another
+/// on one connection at `rate` (curl's `--rate`); joined, the status of each.
+fn start_traffic(c: &Cluster, url: &str, count: usize, rate: &str) -> JoinHandle<Vec<String>> {
+    let curl_pod = c
+        .kubelet
+        .pod("default", &pod_named(c, "default", "curl-").unwrap())
+        .unwrap();
+    let mut args: Vec<String> = [
+        "curl",
+        "-s",
+        "-w",
+        "%{http_code}\n",
+        "--rate",
+        rate,
+        "-m",
+        "60",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    for _ in 0..count {
+        args.extend(["-o".to_string(), "/dev/null".to_string(), url.to_string()]);
+    }
+    std::thread::spawn(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = curl_pod.exec("curl", &args).unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
     })
+}
+
+/// Every one of `count` requests answered 200.
+fn assert_all_ok(codes: &[String], count: usize, what: &str) {
+    let failed: Vec<&String> = codes.iter().filter(|c| *c != "200").collect();
+    assert!(
+        codes.len() == count && failed.is_empty(),
+        "{} requests {what}, failed: {failed:?}",
+        codes.len()
+    );
 }
 
 /// Deleting a pod drains it: no request fails while one of two details pods goes away.
@@ -975,17 +975,12 @@ fn deletion_drains(c: &Cluster) {
         || envoy_hosts(c, "details") == 2
     ));
     let victim = pod_named(c, "default", "details-v1-").unwrap();
-    let codes = traffic_during(c, "http://details:9080/details/0", 100, || {
-        let api: Api<Pod> = Api::namespaced(c.client.clone(), "default");
-        c.block_on(api.delete(&victim, &Default::default()))
-            .unwrap();
-    });
-    let failed: Vec<&String> = codes.iter().filter(|c| *c != "200").collect();
-    assert!(
-        codes.len() == 100 && failed.is_empty(),
-        "{} requests, failed: {failed:?}",
-        codes.len()
-    );
+    let traffic = start_traffic(c, "http://details:9080/details/0", 100, "20/s");
+    std::thread::sleep(Duration::from_millis(500));
+    let api: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    c.block_on(api.delete(&victim, &Default::default()))
+        .unwrap();
+    assert_all_ok(&traffic.join().unwrap(), 100, "while a pod was deleted");
     assert!(
         harness::wait_until(Duration::from_secs(40), || c
             .kubelet
@@ -1000,49 +995,12 @@ fn deletion_drains(c: &Cluster) {
 /// istiod restarted mid-traffic: no request on an open connection is lost, and the sidecars
 /// reconnect (a config applied afterwards takes effect).
 fn istiod_restart(c: &mut Cluster, istiod: &cluster::istio::Istiod) {
-    let curl_pod = c
-        .kubelet
-        .pod("default", &pod_named(c, "default", "curl-").unwrap())
-        .unwrap();
-    let mut args: Vec<String> = [
-        "curl",
-        "-s",
-        "-w",
-        "%{http_code}\n",
-        "--rate",
-        "10/s",
-        "-m",
-        "60",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
-    for _ in 0..60 {
-        args.extend([
-            "-o".to_string(),
-            "/dev/null".to_string(),
-            "http://productpage:9080/productpage".to_string(),
-        ]);
-    }
-    let traffic = std::thread::spawn(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        curl_pod.exec("curl", &args).unwrap()
-    });
+    let traffic = start_traffic(c, "http://productpage:9080/productpage", 60, "10/s");
     std::thread::sleep(Duration::from_secs(1));
     let started = Instant::now();
     istiod.restart(c).expect("restart istiod");
     let down = started.elapsed();
-    let out = traffic.join().unwrap();
-    let codes: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect();
-    let failed: Vec<&String> = codes.iter().filter(|c| *c != "200").collect();
-    assert!(
-        codes.len() == 60 && failed.is_empty(),
-        "{} requests across the restart, failed: {failed:?}",
-        codes.len()
-    );
+    assert_all_ok(&traffic.join().unwrap(), 60, "across the restart");
     // The sidecars are connected to the new istiod: a route applied now takes effect.
     apply_sample(
         c,
