@@ -788,6 +788,12 @@ impl TestCa {
     }
 }
 
+/// The last `lines` lines of `text` (for failure messages quoting a log).
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
 /// Polls `f` every 200 ms until it returns true or `limit` passes.
 pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;

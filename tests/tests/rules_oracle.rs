@@ -1251,9 +1251,7 @@ fn parse_ours(text: &str) -> Result<RuleSets, String> {
 }
 
 fn tail(bytes: &[u8], lines: usize) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+    harness::tail(&String::from_utf8_lossy(bytes), lines)
 }
 
 /// The two tools and the namespaces they run in.

@@ -167,7 +167,7 @@ impl Cluster {
             let logs = components[1].logs();
             bail!(
                 "kube-apiserver not ready in 60 s; its log ends:\n{}",
-                tail(&logs, 30)
+                harness::tail(&logs, 30)
             );
         }
         components.push(Proc::start(
@@ -333,11 +333,6 @@ pub fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
-}
-
-pub fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// The cluster's certificates: a CA, the API server's serving certificate, an admin client

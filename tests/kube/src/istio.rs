@@ -185,10 +185,7 @@ impl Istiod {
                 .component("istiod")
                 .map(|c| c.logs())
                 .unwrap_or_default();
-            bail!(
-                "istiod not ready in 120 s:\n{}",
-                crate::cluster::tail(&logs, 40)
-            );
+            bail!("istiod not ready in 120 s:\n{}", harness::tail(&logs, 40));
         }
         eprintln!("istiod ready in {:.1} s", started.elapsed().as_secs_f64());
         Ok(())

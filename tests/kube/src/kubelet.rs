@@ -603,7 +603,7 @@ async fn start_pod(
 }
 
 fn cluster_tail(log: &Path) -> String {
-    crate::cluster::tail(&fs::read_to_string(log).unwrap_or_default(), 10)
+    harness::tail(&fs::read_to_string(log).unwrap_or_default(), 10)
 }
 
 /// Rejects what this kubelet cannot do (naming the field); returns what it accepts without

@@ -73,7 +73,7 @@ fn wait_pods_ready(
             bail!(
                 "{namespace}: want {count} ready pods after {limit:?}, have:\n{}\nkubelet log:\n{}",
                 states.join("\n"),
-                cluster::cluster::tail(&c.kubelet.log(), 40)
+                harness::tail(&c.kubelet.log(), 40)
             );
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -378,7 +378,7 @@ fn access_logs(c: &Cluster) {
     assert!(
         found,
         "productpage's sidecar logged no inbound and outbound requests:\n{}",
-        cluster::cluster::tail(&log, 20)
+        harness::tail(&log, 20)
     );
     eprintln!("STEP access logs: productpage's sidecar logs its inbound and outbound requests");
 }
