@@ -127,4 +127,7 @@ fi
 # kubectl v1.36.3 built from the Go module proxy through our scratch module tests/kube/go.mod,
 # and Debian's etcd. Stamped; a cold build takes minutes on 2 cores (after Istio's, never beside it).
 ./scripts/install-kube.sh
+# The trace and log collector of the observability tests: Jaeger v2 (v1.76.0/v2.13.0) built from
+# the Go module proxy through our scratch module tests/collectors/go.mod. Stamped; about 3 min cold.
+./scripts/install-collectors.sh
 say "done"

@@ -75,6 +75,17 @@ pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
     if nix::unistd::geteuid().is_root() {
         cmd.uid(cfg.envoy_uid).gid(cfg.envoy_uid);
     }
+    // Istio's span tags read these (istiod-core writes them as environment tags, so one
+    // connection manager serves every proxy; istiod writes them as literals).
+    let own = crate::telemetry::Workload::own(cfg);
+    cmd.env(
+        istiod_core::generators::telemetry::tracing::ENV_CANONICAL_SERVICE,
+        &own.canonical_service,
+    )
+    .env(
+        istiod_core::generators::telemetry::tracing::ENV_CANONICAL_REVISION,
+        &own.canonical_revision,
+    );
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which is
     // async-signal-safe; it allocates nothing and touches no lock. It runs after the uid change,
     // which would otherwise clear the parent-death signal.

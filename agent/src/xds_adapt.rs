@@ -48,6 +48,7 @@ use bytes::Bytes;
 use istiod_core::generators::telemetry::{
     Reporter, http_access_log, tcp_access_log, tcp_access_log_options,
 };
+use istiod_core::push_context::telemetry::{MetricShape, MetricsPlan};
 use prost::Message;
 use wire::Edit;
 pub use wire::WireError;
@@ -207,6 +208,53 @@ struct Pass {
     reporter: Option<Reporter>,
     /// Whether an `istio.stats` network filter was removed from the filter chain being walked.
     chain_lost_tcp_stats: bool,
+    /// The metrics' shape (Telemetry overrides) of the `istio.stats` removed last.
+    stats_plan: MetricsPlan,
+}
+
+/// Istio's `stats.PluginConfig` (istio/api `envoy/extensions/stats/config.proto`) as the shape
+/// of the agent's metrics: `metrics` (8) MetricConfigs with `dimensions` (1, a map), `name`
+/// (2), `tags_to_remove` (3) and `drop` (5); `tcp_reporting_duration` (7).
+fn stats_plan(config: &[u8]) -> Result<MetricsPlan, WireError> {
+    let mut plan = MetricsPlan::default();
+    for m in wire::repeated(config, 8)? {
+        let mut shape = MetricShape {
+            name: wire::string_field(m, 2)?.to_string(),
+            ..MetricShape::default()
+        };
+        for field in wire::fields(m) {
+            let field = field?;
+            match (field.number, field.is_len()) {
+                (1, true) => {
+                    let key = wire::string_field(field.value, 1)?;
+                    let value = wire::string_field(field.value, 2)?;
+                    shape.dimensions.insert(key.to_string(), value.to_string());
+                }
+                (3, true) => shape.tags_to_remove.push(
+                    std::str::from_utf8(field.value)
+                        .unwrap_or_default()
+                        .to_string(),
+                ),
+                (5, false) => shape.drop = field.varint().unwrap_or(0) != 0,
+                _ => {}
+            }
+        }
+        plan.metrics.push(shape);
+    }
+    if let Some(d) = wire::len_field(config, 7)? {
+        let mut seconds = 0u64;
+        let mut nanos = 0u32;
+        for field in wire::fields(d) {
+            let field = field?;
+            match field.number {
+                1 => seconds = field.varint().unwrap_or(0),
+                2 => nanos = u32::try_from(field.varint().unwrap_or(0)).unwrap_or(0),
+                _ => {}
+            }
+        }
+        plan.reporting_interval = Some(std::time::Duration::new(seconds, nanos));
+    }
+    Ok(plan)
 }
 
 /// The reporter of a listener: its `traffic_direction` (16: INBOUND 1, OUTBOUND 2), else
@@ -371,7 +419,13 @@ impl Pass {
         for field in wire::fields(filter) {
             let field = field?;
             if field.number == shape.typed_config && field.is_len() {
-                types.push(extension_type(field.value)?);
+                let t = extension_type(field.value)?;
+                if t == ISTIO_STATS {
+                    // Any.value (2): the stats.PluginConfig.
+                    let config = wire::len_field(field.value, 2)?.unwrap_or_default();
+                    self.stats_plan = stats_plan(config)?;
+                }
+                types.push(t);
             } else if field.number == shape.config_discovery && field.is_len() {
                 for url in wire::repeated(field.value, 4)? {
                     types.push(type_name(std::str::from_utf8(url).unwrap_or_default()).to_string());
@@ -427,7 +481,11 @@ impl Pass {
         match (edited, self.reporter) {
             (Some(mut hcm), Some(reporter)) if lost_stats => {
                 // HttpConnectionManager.access_log (13), repeated: appending adds one.
-                wire::put_len(&mut hcm, 13, &http_access_log(reporter).encode_to_vec());
+                wire::put_len(
+                    &mut hcm,
+                    13,
+                    &http_access_log(reporter, &self.stats_plan).encode_to_vec(),
+                );
                 self.found.metrics_added.push(self.resource.clone());
                 Ok(Some(hcm))
             }
@@ -533,8 +591,9 @@ impl Pass {
                     return Ok(Edit::Keep);
                 }
                 let mut tcp = wire::len_field(f.value, 2)?.unwrap_or_default().to_vec();
-                wire::put_len(&mut tcp, 5, &tcp_access_log(reporter).encode_to_vec());
-                wire::put_len(&mut tcp, 17, &tcp_access_log_options().encode_to_vec());
+                let plan = &self.stats_plan;
+                wire::put_len(&mut tcp, 5, &tcp_access_log(reporter, plan).encode_to_vec());
+                wire::put_len(&mut tcp, 17, &tcp_access_log_options(plan).encode_to_vec());
                 Ok(Edit::Replace(replace_any_value(f.value, &tcp)?))
             })?;
             if edited.is_some() {

@@ -13,7 +13,9 @@ use serde::Deserialize;
 pub mod authorization;
 pub mod destination_rule;
 pub mod gateway;
+pub mod providers;
 pub mod request_authentication;
+pub mod telemetry;
 pub mod traffic;
 pub mod values;
 pub mod virtual_service;
@@ -192,7 +194,21 @@ pub struct MeshConfigSpec {
     /// External authorizers (and other providers, kept as written) that CUSTOM
     /// AuthorizationPolicies name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub extension_providers: Vec<authorization::ExtensionProvider>,
+    pub extension_providers: Vec<providers::ExtensionProvider>,
+    /// The legacy access log: a file (`/dev/stdout`) every sidecar and gateway writes, when no
+    /// Telemetry or default provider configures access logging.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log_format: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log_encoding: Option<providers::LogEncoding>,
+    /// Tracing through the bootstrap's tracer (ProxyConfig `tracing`) when no Telemetry or
+    /// default provider configures it; Istio's default is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_tracing: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_providers: Option<providers::DefaultProviders>,
     #[serde(flatten)]
     pub rest: BTreeMap<String, serde_json::Value>,
 }
@@ -220,6 +236,21 @@ impl MeshConfigSpec {
         if other.outbound_traffic_policy.is_some() {
             self.outbound_traffic_policy
                 .clone_from(&other.outbound_traffic_policy);
+        }
+        if other.access_log_file.is_some() {
+            self.access_log_file.clone_from(&other.access_log_file);
+        }
+        if other.access_log_format.is_some() {
+            self.access_log_format.clone_from(&other.access_log_format);
+        }
+        if other.access_log_encoding.is_some() {
+            self.access_log_encoding = other.access_log_encoding;
+        }
+        if other.enable_tracing.is_some() {
+            self.enable_tracing = other.enable_tracing;
+        }
+        if other.default_providers.is_some() {
+            self.default_providers.clone_from(&other.default_providers);
         }
         self.rest
             .extend(other.rest.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -330,6 +361,7 @@ pub enum Resource {
     Secret(Metadata, TlsSecret),
     AuthorizationPolicy(Metadata, AuthorizationPolicySpec),
     RequestAuthentication(Metadata, RequestAuthenticationSpec),
+    Telemetry(Metadata, telemetry::TelemetrySpec),
     Namespace(Metadata),
     WorkloadGroup(Metadata, WorkloadGroupSpec),
     MeshConfig(Metadata, MeshConfigSpec),
@@ -528,6 +560,7 @@ impl Resource {
             Resource::Secret(..) => "Secret",
             Resource::AuthorizationPolicy(..) => "AuthorizationPolicy",
             Resource::RequestAuthentication(..) => "RequestAuthentication",
+            Resource::Telemetry(..) => "Telemetry",
             Resource::Namespace(..) => "Namespace",
             Resource::WorkloadGroup(..) => "WorkloadGroup",
             Resource::MeshConfig(..) => "MeshConfig",
@@ -549,6 +582,7 @@ impl Resource {
             | Resource::Secret(m, _)
             | Resource::AuthorizationPolicy(m, _)
             | Resource::RequestAuthentication(m, _)
+            | Resource::Telemetry(m, _)
             | Resource::WorkloadGroup(m, _)
             | Resource::MeshConfig(m, _)
             | Resource::Namespace(m) => m,
@@ -577,6 +611,7 @@ impl Resource {
             Resource::RequestAuthentication(m, s) => {
                 ("RequestAuthentication", m, serde_json::to_value(s))
             }
+            Resource::Telemetry(m, s) => ("Telemetry", m, serde_json::to_value(s)),
             Resource::Namespace(m) => ("Namespace", m, Ok(serde_json::Value::Null)),
             Resource::WorkloadGroup(m, s) => ("WorkloadGroup", m, serde_json::to_value(s)),
             Resource::MeshConfig(m, s) => ("MeshConfig", m, serde_json::to_value(s)),
@@ -687,6 +722,11 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             let spec = checked_spec(spec, &typed, validate_request_authentication, &mut meta)?;
             warn_if_targeted(spec.targeted(), &mut meta);
             Resource::RequestAuthentication(meta, spec)
+        }
+        "Telemetry" => {
+            let spec = checked_spec(spec, &typed, telemetry::validate_telemetry, &mut meta)?;
+            warn_if_targeted(spec.targeted(), &mut meta);
+            Resource::Telemetry(meta, spec)
         }
         "Namespace" => Resource::Namespace(meta),
         // Secrets with TLS material (a Gateway's credentialName); other Secrets are not ours.

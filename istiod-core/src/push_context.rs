@@ -16,6 +16,7 @@ mod authn;
 mod change;
 pub mod routing;
 mod sidecar_scope;
+pub mod telemetry;
 pub use authn::InboundMtls;
 pub use change::Change;
 pub use routing::{AppliedRule, MeshRoute, Routing};
@@ -39,6 +40,8 @@ pub struct PushContext {
     pub authorization_policies: Vec<(Metadata, crate::config_store::AuthorizationPolicySpec)>,
     /// Every RequestAuthentication, by (namespace, name).
     pub request_authentications: Vec<(Metadata, crate::config_store::RequestAuthenticationSpec)>,
+    /// Every Telemetry, by (namespace, name).
+    pub telemetries: Vec<(Metadata, crate::config_store::telemetry::TelemetrySpec)>,
     pub sidecars: Vec<(Metadata, SidecarSpec)>,
     /// Every Gateway, by (namespace, name) (generators::gateway picks a router's).
     pub gateways: Vec<(Metadata, crate::config_store::GatewaySpec)>,
@@ -273,6 +276,7 @@ impl Default for PushContext {
             peer_authentications: Vec::new(),
             authorization_policies: Vec::new(),
             request_authentications: Vec::new(),
+            telemetries: Vec::new(),
             sidecars: Vec::new(),
             gateways: Vec::new(),
             secrets: Vec::new(),
@@ -298,6 +302,27 @@ impl PushContext {
             .root_namespace
             .as_deref()
             .unwrap_or(ROOT_NAMESPACE)
+    }
+
+    /// The telemetry of a workload in `namespace` with `labels` (both sides).
+    pub fn telemetry(
+        &self,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> telemetry::ProxyTelemetry {
+        let specs =
+            telemetry::applicable(&self.telemetries, self.root_namespace(), namespace, labels);
+        telemetry::merge(&specs, self.mesh.default_providers.as_ref())
+    }
+
+    /// Whether a workload of `namespace` may have telemetry of its own, beyond the mesh-wide
+    /// Telemetry of the root namespace: a Telemetry of its namespace (in the root namespace,
+    /// one with a selector) could apply to it.
+    pub fn telemetry_varies_in(&self, namespace: &str) -> bool {
+        let root = namespace == self.root_namespace();
+        self.telemetries
+            .iter()
+            .any(|(m, s)| m.namespace() == namespace && (!root || s.selector.is_some()))
     }
 
     /// Every port some service declares HTTP on, in order (one route configuration each).
@@ -381,6 +406,10 @@ impl PushContext {
             Resource::RequestAuthentication(m, s) => Some((m, s)),
             _ => None,
         });
+        let telemetries = by_name(&config, |r| match r {
+            Resource::Telemetry(m, s) => Some((m, s)),
+            _ => None,
+        });
         let gateways = by_name(&config, |r| match r {
             Resource::Gateway(m, s) => Some((m, s)),
             _ => None,
@@ -395,6 +424,7 @@ impl PushContext {
             scope_gateway_to_namespace: false,
             authorization_policies,
             request_authentications,
+            telemetries,
             mesh,
             version,
             sidecars,

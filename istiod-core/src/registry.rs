@@ -115,6 +115,7 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
             | Resource::Secret(..)
             | Resource::AuthorizationPolicy(..)
             | Resource::RequestAuthentication(..)
+            | Resource::Telemetry(..)
             | Resource::Namespace(..)
             | Resource::WorkloadGroup(..)
             | Resource::MeshConfig(..) => {}

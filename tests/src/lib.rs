@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+pub mod collector;
 pub mod istio;
 pub mod podman;
 pub mod xds_descriptors;
@@ -410,6 +411,11 @@ impl Pod {
     /// `pilot-agent proxy sidecar --configDir MESH` as root (the embedded control plane), with
     /// `env` as the injector would set it; its process is named "pilot-agent".
     pub fn spawn_embedded_agent(&mut self, mesh: &Path, env: &[(&str, &str)]) -> Result<&mut Proc> {
+        // The container's stdout belongs to its user, as runc gives it: Envoy (1337) reopens
+        // /dev/stdout for access logs (`spawn` truncates the file and keeps its owner).
+        let log = self.dir.join("pilot-agent.log");
+        fs::File::create(&log)?;
+        std::os::unix::fs::chown(&log, Some(ENVOY_UID), Some(ENVOY_UID))?;
         let agent = binary("pilot-agent");
         let (agent, mesh) = (agent.to_string_lossy(), mesh.to_string_lossy());
         self.spawn(
@@ -577,6 +583,9 @@ impl Pod {
             .unwrap_or(0))
     }
 }
+
+/// Envoy's uid in a pod (Istio's proxy user).
+pub const ENVOY_UID: u32 = 1337;
 
 /// A set of pods on one bridge. Dropping it kills their processes and deletes the namespaces.
 pub struct Network {

@@ -150,7 +150,10 @@ fn logged_hcm(filters: Vec<HttpFilter>) -> Filter {
     let mut f = hcm(filters);
     if let Some(filter::ConfigType::TypedConfig(a)) = &mut f.config_type {
         let mut m = HttpConnectionManager::decode(a.value.as_slice()).unwrap();
-        m.access_log.push(http_access_log(Reporter::Destination));
+        m.access_log.push(http_access_log(
+            Reporter::Destination,
+            &MetricsPlan::default(),
+        ));
         a.value = m.encode_to_vec();
     }
     f
@@ -172,8 +175,11 @@ fn adapted_inbound_listener() -> Listener {
     let logged_tcp = any(
         TCP_PROXY,
         TcpProxy {
-            access_log: vec![tcp_access_log(Reporter::Destination)],
-            access_log_options: Some(tcp_access_log_options()),
+            access_log: vec![tcp_access_log(
+                Reporter::Destination,
+                &MetricsPlan::default(),
+            )],
+            access_log_options: Some(tcp_access_log_options(&MetricsPlan::default())),
             ..Default::default()
         }
         .encode_to_vec(),
@@ -718,9 +724,21 @@ fn removed_stats_are_replaced_by_the_agents_access_logger() {
         .iter()
         .map(|a| Listener::decode(a.value.as_slice()).unwrap())
         .collect();
-    assert_eq!(logs(&got[0]), vec![http_access_log(Reporter::Source)]);
-    assert_eq!(logs(&got[1]), vec![http_access_log(Reporter::Source)]);
-    assert_eq!(logs(&got[2]), vec![http_access_log(Reporter::Destination)]);
+    assert_eq!(
+        logs(&got[0]),
+        vec![http_access_log(Reporter::Source, &MetricsPlan::default())]
+    );
+    assert_eq!(
+        logs(&got[1]),
+        vec![http_access_log(Reporter::Source, &MetricsPlan::default())]
+    );
+    assert_eq!(
+        logs(&got[2]),
+        vec![http_access_log(
+            Reporter::Destination,
+            &MetricsPlan::default()
+        )]
+    );
     assert!(logs(&got[3]).is_empty());
     assert_eq!(
         found.metrics_added,
@@ -943,4 +961,64 @@ mod istiod_1_18 {
             vec!["gone".to_string(), "main_internal".to_string()]
         );
     }
+}
+
+#[test]
+fn istiods_stats_config_shapes_the_agents_metrics() {
+    // stats.PluginConfig { metrics: [ {dimensions: {request_host: "request.host"},
+    //   name: "requests_total", tags_to_remove: ["request_protocol"]}, {name:
+    //   "request_bytes", drop: true} ], tcp_reporting_duration: 10s }
+    let mut dim = Vec::new();
+    wire::put_len(&mut dim, 1, b"request_host");
+    wire::put_len(&mut dim, 2, b"request.host");
+    let mut count = Vec::new();
+    wire::put_len(&mut count, 1, &dim);
+    wire::put_len(&mut count, 2, b"requests_total");
+    wire::put_len(&mut count, 3, b"request_protocol");
+    let mut bytes = Vec::new();
+    wire::put_len(&mut bytes, 2, b"request_bytes");
+    bytes.extend([5 << 3, 1]);
+    let mut config = Vec::new();
+    wire::put_len(&mut config, 8, &count);
+    wire::put_len(&mut config, 8, &bytes);
+    wire::put_len(&mut config, 7, &[1 << 3, 10]);
+    let plan = stats_plan(&config).unwrap();
+    assert_eq!(
+        plan.reporting_interval,
+        Some(std::time::Duration::from_secs(10))
+    );
+    assert_eq!(plan.metrics.len(), 2);
+    assert_eq!(plan.metrics[0].name, "requests_total");
+    assert_eq!(
+        plan.metrics[0].tags_to_remove,
+        vec!["request_protocol".to_string()]
+    );
+    assert_eq!(plan.metrics[0].dimensions["request_host"], "request.host");
+    assert!(plan.metrics[1].drop);
+
+    // In a listener: the agent's logger carries that shape.
+    let listener = Listener {
+        name: "0.0.0.0_8080".into(),
+        traffic_direction: 2,
+        filter_chains: vec![FilterChain {
+            filters: vec![hcm(vec![
+                http_filter("istio.stats", any(ISTIO_STATS, config.clone())),
+                http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+            ])],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let msg = sotw(LISTENER_TYPE, vec![listener_any(&listener)]);
+    let (out, _) = changed(adapt(false, &msg).unwrap());
+    let resp = DiscoveryResponse::decode(out).unwrap();
+    let l = Listener::decode(resp.resources[0].value.as_slice()).unwrap();
+    let Some(filter::ConfigType::TypedConfig(a)) = &l.filter_chains[0].filters[0].config_type
+    else {
+        panic!("untyped");
+    };
+    let logs = HttpConnectionManager::decode(a.value.as_slice())
+        .unwrap()
+        .access_log;
+    assert_eq!(logs, vec![http_access_log(Reporter::Source, &plan)]);
 }

@@ -206,3 +206,24 @@ mod tests {
         assert!(m.check("uri").is_err());
     }
 }
+
+/// A bare percentage (a protobuf `DoubleValue` such as Telemetry's
+/// `randomSamplingPercentage`): 0 to 100, finite, checked as it is read.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+#[serde(transparent)]
+pub struct Percentage(pub f64);
+
+// A checked Percentage is finite, so equality is an equivalence.
+impl Eq for Percentage {}
+
+impl<'de> Deserialize<'de> for Percentage {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = f64::deserialize(d)?;
+        if !value.is_finite() || !(0.0..=100.0).contains(&value) {
+            return Err(serde::de::Error::custom(format!(
+                "percentage {value} is not between 0 and 100"
+            )));
+        }
+        Ok(Percentage(value))
+    }
+}

@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::util::pack_any;
 
 use crate::config_store::MeshConfigSpec;
-use crate::config_store::authorization::ExtensionProvider;
+use crate::config_store::providers::ExtensionProvider;
 
 pub const HTTP_EXT_AUTHZ: &str = "envoy.filters.http.ext_authz";
 pub const NETWORK_EXT_AUTHZ: &str = "envoy.filters.network.ext_authz";

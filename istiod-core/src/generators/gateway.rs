@@ -233,6 +233,9 @@ pub fn listeners(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     let servers = servers(push, proxy, &labels);
     let authz = super::authz::inbound(push, proxy, &labels);
     let filters = RouteFilters::of(push);
+    // A gateway reports and logs as a client (Istio's CLIENT mode for gateways).
+    let telemetry = push.telemetry(&proxy.namespace, &labels);
+    let instruments = super::telemetry::Instruments::new(push, &telemetry.client, true, true);
     let mut out = Vec::new();
     for ((bind, port), on_port) in by_listener(&servers) {
         let Some(kind) = port_kind(on_port[0].server) else {
@@ -279,7 +282,7 @@ pub fn listeners(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
             continue;
         }
         let tls_port = kind == PortKind::Tls;
-        let listener = Listener {
+        let mut listener = Listener {
             name: name.clone(),
             address: Some(socket_address(&bind, port)),
             filter_chains: chains,
@@ -294,6 +297,7 @@ pub fn listeners(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
             },
             ..Default::default()
         };
+        instruments.apply(&mut listener);
         out.push(Named::new(name, pack_any(listener)));
     }
     out

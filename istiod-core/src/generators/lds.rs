@@ -681,22 +681,25 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     if super::gateway::is_router(proxy) {
         return super::gateway::listeners(push, proxy);
     }
-    let metrics = super::telemetry::enabled(&push.mesh);
+    // Telemetry per side. The outbound listeners are shared by every proxy unless a
+    // Telemetry of the proxy's own namespace could apply to it.
+    let labels = proxy.workload_labels(&push.services);
+    let own = push.telemetry(&proxy.namespace, &labels);
+    let client = super::telemetry::Instruments::new(push, &own.client, true, false);
+    let server = super::telemetry::Instruments::new(push, &own.server, false, false);
+    let telemetry_shared = !push.telemetry_varies_in(&proxy.namespace);
     let named = |mut l: Listener| {
-        if metrics {
-            let reporter = if l.name == VIRTUAL_INBOUND {
-                super::telemetry::Reporter::Destination
-            } else {
-                super::telemetry::Reporter::Source
-            };
-            super::telemetry::instrument(&mut l, reporter);
+        if l.name == VIRTUAL_INBOUND {
+            server.apply(&mut l);
+        } else {
+            client.apply(&mut l);
         }
         Named::new(l.name.clone(), pack_any(l))
     };
     let scope = push.sidecar_scope(proxy);
     let mut out = match scope {
         // Routes that depend on the proxy: its listeners are its own.
-        None if push.routing.per_proxy => {
+        None if push.routing.per_proxy || !telemetry_shared => {
             let mut own: Vec<Named> = outbound_listeners(push, &|_, _| true, Some(proxy))
                 .into_iter()
                 .map(named)

@@ -23,10 +23,13 @@ use istio_proto::otlp_logs::{
     AnyValue, ExportLogsServiceRequest, ExportLogsServiceResponse, KeyValue, any_value,
 };
 use istiod_core::generators::telemetry::attr;
+use istiod_core::generators::telemetry::metrics::Shape;
 use tokio::net::UnixListener;
 use tonic::{Request, Response, Status};
 
 use crate::config::Config;
+
+mod shape;
 
 /// Most label sets (series of all the metrics of one kind, HTTP or TCP) kept.
 pub const MAX_LABEL_SETS: usize = 10_000;
@@ -414,6 +417,8 @@ impl Histogram {
 
 #[derive(Debug, Clone, Default)]
 struct HttpSeries {
+    /// The Telemetry overrides the series' records came with (`None`: Istio's labels as is).
+    shape: Option<Arc<Shape>>,
     requests: u64,
     duration: Histogram,
     request_bytes: Histogram,
@@ -422,6 +427,7 @@ struct HttpSeries {
 
 #[derive(Debug, Clone, Default)]
 struct TcpSeries {
+    shape: Option<Arc<Shape>>,
     opened: u64,
     closed: u64,
     sent: u64,
@@ -472,6 +478,7 @@ impl State {
 pub struct StandardMetrics {
     own: Workload,
     state: Mutex<State>,
+    shapes: shape::Shapes,
 }
 
 impl StandardMetrics {
@@ -479,6 +486,7 @@ impl StandardMetrics {
         StandardMetrics {
             own,
             state: Mutex::new(State::default()),
+            shapes: shape::Shapes::default(),
         }
     }
 
@@ -492,24 +500,41 @@ impl StandardMetrics {
     /// Counts every log record of an export request.
     pub fn record(&self, request: &ExportLogsServiceRequest) {
         let mut state = self.state();
-        for record in request
-            .resource_logs
-            .iter()
-            .flat_map(|r| &r.scope_logs)
-            .flat_map(|s| &s.log_records)
-        {
-            let r = Record::of(&record.attributes);
-            match r.get(attr::KIND) {
-                Some("http") => self.http(&mut state, &r),
-                Some("tcp") => self.tcp(&mut state, &r),
-                _ => {}
+        for batch in &request.resource_logs {
+            let resource = batch
+                .resource
+                .as_ref()
+                .map_or(&[][..], |r| &r.attributes[..]);
+            let shape = self.shapes.of(resource);
+            for record in batch.scope_logs.iter().flat_map(|s| &s.log_records) {
+                let r = Record::of(&record.attributes);
+                match r.get(attr::KIND) {
+                    Some("http") => self.http(&mut state, &r, shape.as_ref()),
+                    Some("tcp") => self.tcp(&mut state, &r, shape.as_ref()),
+                    _ => {}
+                }
             }
         }
     }
 
-    fn http(&self, state: &mut State, r: &Record<'_>) {
-        let key = labels(&self.own, r, true);
+    /// The record's key: its standard labels, then (under a shape) its dimensions.
+    fn key(&self, r: &Record<'_>, http: bool, shape: Option<&Arc<Shape>>) -> Key {
+        let key = labels(&self.own, r, http);
+        let Some(shape) = shape else {
+            return key;
+        };
+        let mut values = key.0.into_vec();
+        for (k, v) in shape::dimensions(shape, |a| r.get(a)) {
+            values.push(k.into());
+            values.push(bounded(&v));
+        }
+        Key(values.into_boxed_slice())
+    }
+
+    fn http(&self, state: &mut State, r: &Record<'_>, shape: Option<&Arc<Shape>>) {
+        let key = self.key(r, true, shape);
         if let Some(s) = state.http_series(key) {
+            s.shape = shape.cloned();
             s.requests += 1;
             s.duration.record(r.number(attr::DURATION_MS));
             s.request_bytes.record(r.number(attr::RECEIVED_BYTES));
@@ -520,7 +545,7 @@ impl StandardMetrics {
     /// A TCP connection counts as opened at its first record (Envoy logs every 15 s and at the
     /// end), its bytes as they grow, and closed at its end. A record of the upstream connecting
     /// is ignored: an inbound one comes before the client's certificate is known.
-    fn tcp(&self, state: &mut State, r: &Record<'_>) {
+    fn tcp(&self, state: &mut State, r: &Record<'_>, shape: Option<&Arc<Shape>>) {
         let kind = r.get(attr::LOG_TYPE);
         if kind == Some("TcpUpstreamConnected") {
             return;
@@ -543,7 +568,7 @@ impl StandardMetrics {
         let (key, before_sent, before_received) = match known {
             Some(c) => (c.key, c.sent, c.received),
             None => {
-                let key = Arc::new(labels(&self.own, r, false));
+                let key = Arc::new(self.key(r, false, shape));
                 if !end && state.open.len() >= MAX_OPEN_CONNECTIONS {
                     // Not remembered: counted once, at its end, in full.
                     return;
@@ -555,6 +580,7 @@ impl StandardMetrics {
             }
         };
         if let Some(s) = state.tcp_series(&key) {
+            s.shape = shape.cloned();
             s.sent += sent.saturating_sub(before_sent);
             s.received += received.saturating_sub(before_received);
             if end {
@@ -592,7 +618,7 @@ impl StandardMetrics {
     /// the lock, nor the whole text, which for thousands of label sets is tens of megabytes.
     pub fn exposition(&self) -> Exposition {
         let state = self.state();
-        Exposition {
+        let mut e = Exposition {
             http: state
                 .http
                 .iter()
@@ -604,9 +630,17 @@ impl StandardMetrics {
                 .map(|(k, s)| (k.clone(), s.clone()))
                 .collect(),
             overflow: state.overflow,
+            projected: None,
             family: 0,
             series: 0,
+        };
+        drop(state);
+        if e.http.iter().any(|(_, s)| s.shape.is_some())
+            || e.tcp.iter().any(|(_, s)| s.shape.is_some())
+        {
+            e.projected = Some(projected(&e.http, &e.tcp));
         }
+        e
     }
 }
 
@@ -632,6 +666,9 @@ pub struct Exposition {
     http: Vec<(Arc<Key>, HttpSeries)>,
     tcp: Vec<(Arc<Key>, TcpSeries)>,
     overflow: u64,
+    /// Under Telemetry overrides: each family's series with their labels as shaped (and
+    /// series whose labels became equal added up), in place of `http` and `tcp`.
+    projected: Option<Vec<Family>>,
     family: usize,
     series: usize,
 }
@@ -639,12 +676,33 @@ pub struct Exposition {
 impl Exposition {
     /// Writes the next series (or a family's header, or the trailer) to `out`; false when done.
     fn step(&mut self, out: &mut String) -> bool {
-        let http_labels: Vec<&str> = LABELS[..LABELS.len() - 2]
-            .iter()
-            .chain(&HTTP_ONLY)
-            .chain(&LABELS[LABELS.len() - 2..])
-            .copied()
-            .collect();
+        if let Some(families) = &self.projected {
+            let (f, i) = (self.family, self.series);
+            if let Some(family) = families.get(f) {
+                let Some((labels, value)) = family.series.get(i) else {
+                    (self.family, self.series) = (f + 1, 0);
+                    return true;
+                };
+                if i == 0 {
+                    header(out, family.name, family.kind);
+                }
+                match value {
+                    Sum::Count(n) => {
+                        let _ = writeln!(out, "{}{{{labels}}} {n}", family.name);
+                    }
+                    Sum::Histogram(h) => shaped_histogram(out, family.name, labels, h),
+                }
+                self.series += 1;
+                return true;
+            }
+            if f == families.len() {
+                // The trailer, as below.
+                self.family = 8;
+            } else {
+                return false;
+            }
+        }
+        let http_labels = http_label_names();
         let (f, i) = (self.family, self.series);
         match f {
             0..=3 => {
@@ -700,6 +758,151 @@ impl Exposition {
         self.series += 1;
         true
     }
+}
+
+/// One metric family as shaped: its series' rendered labels and values.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    series: Vec<(String, Sum)>,
+}
+
+#[derive(Debug, Clone)]
+enum Sum {
+    Count(u64),
+    Histogram(Histogram),
+}
+
+impl Sum {
+    fn add(&mut self, other: &Sum) {
+        match (self, other) {
+            (Sum::Count(a), Sum::Count(b)) => *a += b,
+            (Sum::Histogram(a), Sum::Histogram(b)) => {
+                for (x, y) in a.buckets.iter_mut().zip(b.buckets) {
+                    *x += y;
+                }
+                a.sum += b.sum;
+                a.count += b.count;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The labels `k="v",...`, escaped.
+fn render(labels: &[(String, String)]) -> String {
+    let mut out = String::new();
+    for (i, (k, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(k);
+        out.push_str("=\"");
+        escape(&mut out, v);
+        out.push('"');
+    }
+    out
+}
+
+/// Every family with its series' labels shaped (see `shape`), equal label sets added up.
+fn projected(http: &[(Arc<Key>, HttpSeries)], tcp: &[(Arc<Key>, TcpSeries)]) -> Vec<Family> {
+    let http_labels = http_label_names();
+    let split = |key: &Key, standard: usize| -> (Vec<Box<str>>, Vec<shape::Dim>) {
+        let (std, rest) = key.0.split_at(standard.min(key.0.len()));
+        let dims = rest
+            .chunks_exact(2)
+            .map(|p| (p[0].clone(), p[1].clone()))
+            .collect();
+        (std.to_vec(), dims)
+    };
+    let mut families = Vec::new();
+    let mut add = |name: &'static str,
+                   kind: &'static str,
+                   names: &[&str],
+                   series: Vec<(&Key, Option<&Arc<Shape>>, Sum)>| {
+        let metric = name.trim_start_matches("istio_");
+        let mut sums: std::collections::BTreeMap<String, Sum> = std::collections::BTreeMap::new();
+        for (key, shape, value) in series {
+            let (values, dims) = split(key, names.len());
+            let labels = match shape {
+                Some(shape) => match shape::project(shape, metric, names, &values, &dims) {
+                    Some(l) => l,
+                    None => continue,
+                },
+                None => names
+                    .iter()
+                    .zip(&values)
+                    .map(|(n, v)| ((*n).to_string(), v.to_string()))
+                    .collect(),
+            };
+            let rendered = render(&labels);
+            match sums.get_mut(&rendered) {
+                Some(sum) => sum.add(&value),
+                None => {
+                    sums.insert(rendered, value);
+                }
+            }
+        }
+        families.push(Family {
+            name,
+            kind,
+            series: sums.into_iter().collect(),
+        });
+    };
+    for (f, name) in HTTP_FAMILIES.iter().enumerate() {
+        let series = http
+            .iter()
+            .map(|(k, s)| {
+                let v = match f {
+                    0 => Sum::Count(s.requests),
+                    1 => Sum::Histogram(s.duration.clone()),
+                    2 => Sum::Histogram(s.request_bytes.clone()),
+                    _ => Sum::Histogram(s.response_bytes.clone()),
+                };
+                (&**k, s.shape.as_ref(), v)
+            })
+            .collect();
+        add(
+            name,
+            if f == 0 { "counter" } else { "histogram" },
+            &http_labels,
+            series,
+        );
+    }
+    for (f, name) in TCP_FAMILIES.iter().enumerate() {
+        let series = tcp
+            .iter()
+            .map(|(k, s)| {
+                let v = [s.sent, s.received, s.opened, s.closed][f];
+                (&**k, s.shape.as_ref(), Sum::Count(v))
+            })
+            .collect();
+        add(name, "counter", &LABELS, series);
+    }
+    families
+}
+
+/// A histogram's lines with rendered labels.
+fn shaped_histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
+    let sep = if labels.is_empty() { "" } else { "," };
+    let mut cumulative = 0;
+    for (b, n) in BUCKETS.iter().zip(h.buckets) {
+        cumulative += n;
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum);
+    let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
+}
+
+/// The labels of the HTTP metrics: [`LABELS`] with [`HTTP_ONLY`] before the last two.
+fn http_label_names() -> Vec<&'static str> {
+    LABELS[..LABELS.len() - 2]
+        .iter()
+        .chain(&HTTP_ONLY)
+        .chain(&LABELS[LABELS.len() - 2..])
+        .copied()
+        .collect()
 }
 
 impl Iterator for Exposition {

@@ -14,18 +14,16 @@
 
 use envoy_types::pb::envoy::config::accesslog::v3::{AccessLog, access_log};
 use envoy_types::pb::envoy::config::core::v3::{GrpcService, grpc_service};
-use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
 use envoy_types::pb::envoy::extensions::access_loggers::open_telemetry::v3::OpenTelemetryAccessLogConfig;
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
-use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy;
 use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
 use envoy_types::pb::opentelemetry::proto::common::v1::{
     AnyValue, KeyValue, KeyValueList, any_value,
 };
 use envoy_types::util::pack_any;
-use prost::Message;
 
-use crate::config_store::MeshConfigSpec;
+use crate::config_store::telemetry::TagValue;
+use crate::push_context::telemetry::MetricsPlan;
 
 /// The static cluster of the agent's bootstrap that reaches the agent's telemetry socket.
 pub const CLUSTER: &str = "agent-telemetry";
@@ -67,6 +65,77 @@ pub mod attr {
     pub const LOG_TYPE: &str = "log_type";
     /// TCP: Envoy's downstream connection id, to relate a connection's records.
     pub const CONNECTION: &str = "connection";
+    /// The resource attribute with the metrics' shape (Telemetry `metrics` overrides, Istio's
+    /// `istio.stats` MetricConfigs): JSON, see [`super::Shape`].
+    pub const SHAPE: &str = "istio.metrics";
+    /// The record attributes of the shape's per-request dimension values: `dim.0`, `dim.1`, ...
+    pub const DIMENSION_PREFIX: &str = "dim.";
+}
+
+/// The metrics' shape as the agent reads it from the [`attr::SHAPE`] resource attribute: per
+/// metric (Prometheus name without `istio_`), whether it is dropped, the labels removed, and
+/// the labels set, each to a literal or to a record attribute (`dim.N`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Shape {
+    pub metrics: Vec<MetricShape>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MetricShape {
+    pub name: String,
+    #[serde(default)]
+    pub drop: bool,
+    #[serde(default)]
+    pub remove: Vec<String>,
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, Dimension>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dimension {
+    Literal(String),
+    /// A record attribute, by key.
+    Attribute(String),
+}
+
+/// The shape of `plan`, and the record attributes its dimensions need (key, Envoy command).
+/// A CEL value that cannot be computed here is `unknown`, as Istio's filter reports a value it
+/// cannot evaluate (a Telemetry's values were checked when it was read; an istiod's may not be).
+pub fn shape(plan: &MetricsPlan) -> (Shape, Vec<(String, String)>) {
+    let mut commands: Vec<(String, String)> = Vec::new();
+    let metrics = plan
+        .metrics
+        .iter()
+        .map(|m| MetricShape {
+            name: m.name.clone(),
+            drop: m.drop,
+            remove: m.tags_to_remove.clone(),
+            set: m
+                .dimensions
+                .iter()
+                .map(|(tag, expr)| {
+                    let d = match TagValue::parse(expr) {
+                        Ok(TagValue::Literal(l)) => Dimension::Literal(l),
+                        Ok(TagValue::Command(c)) => {
+                            let key = match commands.iter().find(|(_, have)| *have == c) {
+                                Some((k, _)) => k.clone(),
+                                None => {
+                                    let k = format!("{}{}", attr::DIMENSION_PREFIX, commands.len());
+                                    commands.push((k.clone(), c));
+                                    k
+                                }
+                            };
+                            Dimension::Attribute(key)
+                        }
+                        Err(_) => Dimension::Literal("unknown".into()),
+                    };
+                    (tag.clone(), d)
+                })
+                .collect(),
+        })
+        .collect();
+    (Shape { metrics }, commands)
 }
 
 /// Which side of a request a listener reports as (Istio's `reporter` label).
@@ -126,7 +195,23 @@ fn attributes(reporter: Reporter, kind: &str, extra: &[(&str, &str)]) -> KeyValu
     }
 }
 
-fn logger(reporter: Reporter, attributes: KeyValueList) -> AccessLog {
+fn logger(reporter: Reporter, mut attributes: KeyValueList, plan: &MetricsPlan) -> AccessLog {
+    let (shape, commands) = shape(plan);
+    attributes
+        .values
+        .extend(commands.iter().map(|(k, v)| KeyValue {
+            key: k.clone(),
+            value: Some(string(v)),
+            ..Default::default()
+        }));
+    // The shape once per batch (a resource attribute), not once per record.
+    let resource_attributes = (!shape.metrics.is_empty()).then(|| KeyValueList {
+        values: vec![KeyValue {
+            key: attr::SHAPE.to_string(),
+            value: Some(string(&serde_json::to_string(&shape).unwrap_or_default())),
+            ..Default::default()
+        }],
+    });
     let config = OpenTelemetryAccessLogConfig {
         grpc_service: Some(GrpcService {
             target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
@@ -145,6 +230,7 @@ fn logger(reporter: Reporter, attributes: KeyValueList) -> AccessLog {
         // Node name, zone and cluster on every batch: the agent knows them already.
         disable_builtin_labels: true,
         attributes: Some(attributes),
+        resource_attributes,
         // Batches of up to 64 KiB, at least once a second (Envoy's defaults are 16 KiB, 1 s).
         buffer_size_bytes: Some(UInt32Value { value: 64 * 1024 }),
         ..Default::default()
@@ -157,7 +243,7 @@ fn logger(reporter: Reporter, attributes: KeyValueList) -> AccessLog {
 }
 
 /// The access logger of an HTTP connection manager reporting as `reporter`.
-pub fn http_access_log(reporter: Reporter) -> AccessLog {
+pub fn http_access_log(reporter: Reporter, plan: &MetricsPlan) -> AccessLog {
     logger(
         reporter,
         attributes(
@@ -171,12 +257,13 @@ pub fn http_access_log(reporter: Reporter) -> AccessLog {
                 (attr::DURATION_MS, "%DURATION%"),
             ],
         ),
+        plan,
     )
 }
 
 /// The access logger of a tcp_proxy reporting as `reporter`. The tcp_proxy must also log every
 /// so often (`tcp_access_log_options`), or a long connection reports nothing until it closes.
-pub fn tcp_access_log(reporter: Reporter) -> AccessLog {
+pub fn tcp_access_log(reporter: Reporter, plan: &MetricsPlan) -> AccessLog {
     logger(
         reporter,
         attributes(
@@ -187,6 +274,7 @@ pub fn tcp_access_log(reporter: Reporter) -> AccessLog {
                 (attr::CONNECTION, "%CONNECTION_ID%"),
             ],
         ),
+        plan,
     )
 }
 
@@ -194,62 +282,16 @@ pub fn tcp_access_log(reporter: Reporter) -> AccessLog {
 /// it lasts, not only when it closes. Not when the upstream connects: on an inbound mTLS chain
 /// tcp_proxy dials the app before the client's TLS handshake is done, so that record would
 /// carry no client certificate (Istio's filter likewise waits for the peer, or the close).
-pub fn tcp_access_log_options() -> tcp_proxy::TcpAccessLogOptions {
+pub fn tcp_access_log_options(plan: &MetricsPlan) -> tcp_proxy::TcpAccessLogOptions {
     tcp_proxy::TcpAccessLogOptions {
-        access_log_flush_interval: Some(Duration {
-            seconds: TCP_REPORT_SECONDS,
-            nanos: 0,
-        }),
+        access_log_flush_interval: Some(plan.reporting_interval.map_or(
+            Duration {
+                seconds: TCP_REPORT_SECONDS,
+                nanos: 0,
+            },
+            crate::config_store::values::proto_duration,
+        )),
         ..Default::default()
-    }
-}
-
-/// Whether the mesh wants Istio's standard metrics: MeshConfig `defaultProviders.metrics` unset
-/// (Istio's default is Prometheus) or naming `prometheus`. `defaultProviders: {metrics: []}`
-/// turns them off, as it turns off Istio's stats filter.
-pub fn enabled(mesh: &MeshConfigSpec) -> bool {
-    match mesh
-        .rest
-        .get("defaultProviders")
-        .and_then(|p| p.get("metrics"))
-    {
-        None | Some(serde_json::Value::Null) => true,
-        Some(serde_json::Value::Array(names)) => {
-            names.iter().any(|n| n.as_str() == Some("prometheus"))
-        }
-        Some(_) => true,
-    }
-}
-
-/// Adds the access logger to every HTTP connection manager and tcp_proxy of `listener`.
-pub fn instrument(listener: &mut Listener, reporter: Reporter) {
-    for chain in &mut listener.filter_chains {
-        for f in &mut chain.filters {
-            let Some(filter::ConfigType::TypedConfig(any)) = &mut f.config_type else {
-                continue;
-            };
-            let added = match f.name.as_str() {
-                "envoy.filters.network.http_connection_manager" => {
-                    HttpConnectionManager::decode(any.value.as_slice())
-                        .ok()
-                        .map(|mut hcm| {
-                            hcm.access_log.push(http_access_log(reporter));
-                            hcm.encode_to_vec()
-                        })
-                }
-                "envoy.filters.network.tcp_proxy" => {
-                    TcpProxy::decode(any.value.as_slice()).ok().map(|mut tcp| {
-                        tcp.access_log.push(tcp_access_log(reporter));
-                        tcp.access_log_options = Some(tcp_access_log_options());
-                        tcp.encode_to_vec()
-                    })
-                }
-                _ => None,
-            };
-            if let Some(value) = added {
-                any.value = value;
-            }
-        }
     }
 }
 
@@ -257,20 +299,7 @@ pub fn instrument(listener: &mut Listener, reporter: Reporter) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    fn mesh(yaml: &str) -> MeshConfigSpec {
-        serde_yaml_ng::from_str(yaml).unwrap()
-    }
-
-    #[test]
-    fn default_providers_turn_metrics_off() {
-        assert!(enabled(&MeshConfigSpec::default()));
-        assert!(enabled(&mesh("defaultProviders: {metrics: [prometheus]}")));
-        assert!(!enabled(&mesh("defaultProviders: {metrics: []}")));
-        assert!(!enabled(&mesh(
-            "defaultProviders: {metrics: [stackdriver]}"
-        )));
-    }
+    use prost::Message;
 
     #[test]
     fn each_side_reports_the_other_sides_certificate() {
@@ -289,10 +318,13 @@ mod tests {
                 })
                 .collect::<std::collections::BTreeMap<_, _>>()
         };
-        let inbound = attrs(http_access_log(Reporter::Destination));
+        let inbound = attrs(http_access_log(
+            Reporter::Destination,
+            &MetricsPlan::default(),
+        ));
         assert_eq!(inbound[attr::PEER_SAN], "%DOWNSTREAM_PEER_URI_SAN%");
         assert_eq!(inbound[attr::REPORTER], "destination");
-        let outbound = attrs(tcp_access_log(Reporter::Source));
+        let outbound = attrs(tcp_access_log(Reporter::Source, &MetricsPlan::default()));
         assert_eq!(outbound[attr::PEER_SAN], "%UPSTREAM_PEER_URI_SAN%");
         assert_eq!(outbound[attr::LOG_TYPE], "%ACCESS_LOG_TYPE%");
     }

@@ -1,0 +1,476 @@
+//! telemetry.istio.io Telemetry: which access loggers, tracers and metrics a workload's sidecar
+//! uses (istio/api `telemetry/v1/telemetry.proto`). Typed whole, checked as Istio checks it;
+//! a field this control plane does not know is an error naming it, and what it knows but
+//! cannot apply (a custom metric, a CEL value our metrics cannot compute) is refused by name.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::authorization::{Selector, TargetRef};
+use super::values::Percentage;
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TelemetrySpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<Selector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_ref: Option<TargetRef>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_refs: Vec<TargetRef>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tracing: Vec<Tracing>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metrics: Vec<Metrics>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access_logging: Vec<AccessLogging>,
+}
+
+/// A provider by its MeshConfig `extensionProviders` name.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderRef {
+    #[serde(default)]
+    pub name: String,
+}
+
+/// Which side of a call a rule applies to; `CLIENT_AND_SERVER` when unset.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum WorkloadMode {
+    #[default]
+    ClientAndServer,
+    Client,
+    Server,
+}
+
+impl WorkloadMode {
+    /// Whether a rule of this mode applies on the `client` side (outbound) or the server side.
+    pub fn covers(self, client: bool) -> bool {
+        match self {
+            WorkloadMode::ClientAndServer => true,
+            WorkloadMode::Client => client,
+            WorkloadMode::Server => !client,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ModeSelector {
+    #[serde(default)]
+    pub mode: WorkloadMode,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AccessLogging {
+    #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+    pub matches: Option<ModeSelector>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub providers: Vec<ProviderRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<LogFilter>,
+}
+
+/// `filter.expression`: a CEL expression, evaluated by Envoy's CEL access-log filter.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LogFilter {
+    #[serde(default)]
+    pub expression: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Tracing {
+    #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+    pub matches: Option<ModeSelector>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub providers: Vec<ProviderRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub random_sampling_percentage: Option<Percentage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_span_reporting: Option<bool>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub custom_tags: BTreeMap<String, CustomTag>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_request_id_for_trace_sampling: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_istio_tags: Option<bool>,
+}
+
+/// A span tag: exactly one of a literal, an environment variable of the proxy, a request header.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CustomTag {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub literal: Option<Literal>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<FromName>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<FromName>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Literal {
+    #[serde(default)]
+    pub value: String,
+}
+
+/// An environment variable or a request header, with the value when it is absent.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FromName {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub default_value: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Metrics {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub providers: Vec<ProviderRef>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<MetricsOverride>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reporting_interval: Option<super::values::GoDuration>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MetricsOverride {
+    #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+    pub matches: Option<MetricSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tag_overrides: BTreeMap<String, TagOverride>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MetricSelector {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<IstioMetric>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_metric: Option<String>,
+    #[serde(default)]
+    pub mode: WorkloadMode,
+}
+
+/// Istio's standard metrics by their Telemetry API name.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum IstioMetric {
+    #[default]
+    AllMetrics,
+    RequestCount,
+    RequestDuration,
+    RequestSize,
+    ResponseSize,
+    TcpOpenedConnections,
+    TcpClosedConnections,
+    TcpSentBytes,
+    TcpReceivedBytes,
+    GrpcRequestMessages,
+    GrpcResponseMessages,
+}
+
+impl IstioMetric {
+    /// The metric's Prometheus name without the `istio_` prefix (Istio's stats filter names).
+    pub const STANDARD: [(IstioMetric, &'static str); 10] = [
+        (IstioMetric::RequestCount, "requests_total"),
+        (
+            IstioMetric::RequestDuration,
+            "request_duration_milliseconds",
+        ),
+        (IstioMetric::RequestSize, "request_bytes"),
+        (IstioMetric::ResponseSize, "response_bytes"),
+        (
+            IstioMetric::TcpOpenedConnections,
+            "tcp_connections_opened_total",
+        ),
+        (
+            IstioMetric::TcpClosedConnections,
+            "tcp_connections_closed_total",
+        ),
+        (IstioMetric::TcpSentBytes, "tcp_sent_bytes_total"),
+        (IstioMetric::TcpReceivedBytes, "tcp_received_bytes_total"),
+        (IstioMetric::GrpcRequestMessages, "request_messages_total"),
+        (IstioMetric::GrpcResponseMessages, "response_messages_total"),
+    ];
+
+    /// The Prometheus names (without `istio_`) this selector covers.
+    pub fn names(self) -> Vec<&'static str> {
+        IstioMetric::STANDARD
+            .iter()
+            .filter(|(m, _)| self == IstioMetric::AllMetrics || *m == self)
+            .map(|(_, n)| *n)
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TagOperation {
+    #[default]
+    Upsert,
+    Remove,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TagOverride {
+    #[serde(default)]
+    pub operation: TagOperation,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+}
+
+/// What a tag's CEL `value` reads, among what the standard metrics here can compute: a
+/// request attribute Envoy's access-log format commands give, or a string literal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TagValue {
+    /// An Envoy access-log command (`%REQ(:AUTHORITY)%`), evaluated per request.
+    Command(String),
+    /// A constant.
+    Literal(String),
+}
+
+/// The CEL attributes a tag value may name, and the Envoy command each is. `destination` is
+/// the downstream connection's local side, as in Envoy's attributes (the original destination
+/// on a client sidecar's outbound listener, the pod's own port inbound).
+const ATTRIBUTES: [(&str, &str); 12] = [
+    ("request.host", "%REQ(:AUTHORITY)%"),
+    ("request.method", "%REQ(:METHOD)%"),
+    ("request.path", "%REQ(:PATH)%"),
+    ("request.scheme", "%REQ(:SCHEME)%"),
+    ("request.protocol", "%PROTOCOL%"),
+    ("request.useragent", "%REQ(USER-AGENT)%"),
+    ("request.id", "%REQ(X-REQUEST-ID)%"),
+    ("response.code", "%RESPONSE_CODE%"),
+    ("destination.port", "%DOWNSTREAM_LOCAL_PORT%"),
+    ("source.port", "%DOWNSTREAM_REMOTE_PORT%"),
+    ("source.address", "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"),
+    ("xds.cluster_name", "%UPSTREAM_CLUSTER_RAW%"),
+];
+
+impl TagValue {
+    /// `expr` as a value, or why it cannot be computed here.
+    pub fn parse(expr: &str) -> Result<TagValue, String> {
+        let e = expr.trim();
+        // string(x) is x as text: the access-log commands are text already.
+        let inner = e
+            .strip_prefix("string(")
+            .and_then(|r| r.strip_suffix(')'))
+            .unwrap_or(e)
+            .trim();
+        for quote in ['\'', '"'] {
+            if let Some(text) = inner
+                .strip_prefix(quote)
+                .and_then(|r| r.strip_suffix(quote))
+                .filter(|t| !t.contains(quote) && !t.contains('\\'))
+            {
+                return Ok(TagValue::Literal(text.to_string()));
+            }
+        }
+        if let Some((_, cmd)) = ATTRIBUTES.iter().find(|(a, _)| *a == inner) {
+            return Ok(TagValue::Command((*cmd).to_string()));
+        }
+        if let Some(name) = inner
+            .strip_prefix("request.headers[")
+            .and_then(|r| r.strip_suffix(']'))
+            .map(str::trim)
+            .and_then(|q| {
+                ['\'', '"']
+                    .iter()
+                    .find_map(|c| q.strip_prefix(*c).and_then(|r| r.strip_suffix(*c)))
+            })
+            .filter(|n| is_header_name(n))
+        {
+            return Ok(TagValue::Command(format!("%REQ({name})%")));
+        }
+        let known: Vec<&str> = ATTRIBUTES.iter().map(|(a, _)| *a).collect();
+        Err(format!(
+            "CEL expression {expr:?} is not a value these metrics can compute (a string \
+             literal, request.headers['NAME'], or one of {})",
+            known.join(", ")
+        ))
+    }
+}
+
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// A Prometheus label name.
+fn is_label_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+impl TelemetrySpec {
+    /// Bound by targetRef(s): for gateways and waypoints, never a sidecar.
+    pub fn targeted(&self) -> bool {
+        self.target_ref.is_some() || !self.target_refs.is_empty()
+    }
+}
+
+/// Istio's checks, and ours for what cannot be applied; the error starts with the field.
+pub fn validate_telemetry(spec: &TelemetrySpec) -> Result<(), String> {
+    if spec.selector.is_some() && spec.targeted() {
+        return Err("selector: a Telemetry has a selector or targetRefs, not both".into());
+    }
+    let named = |field: String, providers: &[ProviderRef]| {
+        providers
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.name.is_empty())
+            .map_or(Ok(()), |(i, _)| {
+                Err(format!("{field}.providers[{i}].name: required"))
+            })
+    };
+    for (i, t) in spec.tracing.iter().enumerate() {
+        named(format!("tracing[{i}]"), &t.providers)?;
+        for (name, tag) in &t.custom_tags {
+            let at = format!("tracing[{i}].customTags.{name}");
+            let set = [
+                tag.literal.is_some(),
+                tag.environment.is_some(),
+                tag.header.is_some(),
+            ];
+            if set.iter().filter(|s| **s).count() != 1 {
+                return Err(format!(
+                    "{at}: exactly one of literal, environment, header is required"
+                ));
+            }
+            for (what, from) in [("environment", &tag.environment), ("header", &tag.header)] {
+                if from.as_ref().is_some_and(|f| f.name.is_empty()) {
+                    return Err(format!("{at}.{what}.name: required"));
+                }
+            }
+        }
+    }
+    for (i, m) in spec.metrics.iter().enumerate() {
+        named(format!("metrics[{i}]"), &m.providers)?;
+        for (j, o) in m.overrides.iter().enumerate() {
+            let at = format!("metrics[{i}].overrides[{j}]");
+            if let Some(custom) = o.matches.as_ref().and_then(|s| s.custom_metric.as_ref()) {
+                return Err(format!(
+                    "{at}.match.customMetric: {custom:?}: only Istio's standard metrics are \
+                     produced here, so a custom metric cannot be shaped"
+                ));
+            }
+            for (tag, over) in &o.tag_overrides {
+                if !is_label_name(tag) {
+                    return Err(format!("{at}.tagOverrides.{tag}: not a metric label name"));
+                }
+                if over.operation == TagOperation::Upsert {
+                    if over.value.is_empty() {
+                        return Err(format!(
+                            "{at}.tagOverrides.{tag}.value: required for UPSERT"
+                        ));
+                    }
+                    TagValue::parse(&over.value)
+                        .map_err(|e| format!("{at}.tagOverrides.{tag}.value: {e}"))?;
+                }
+            }
+        }
+    }
+    for (i, a) in spec.access_logging.iter().enumerate() {
+        named(format!("accessLogging[{i}]"), &a.providers)?;
+        if let Some(f) = &a.filter
+            && f.expression.trim().is_empty()
+        {
+            return Err(format!("accessLogging[{i}].filter.expression: required"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config_store::check_spec;
+
+    fn check(yaml: &str) -> Result<(), String> {
+        check_spec(yaml, validate_telemetry)
+    }
+
+    #[test]
+    fn istios_examples_are_accepted() {
+        check("accessLogging: [{providers: [{name: envoy}]}]").unwrap();
+        check(
+            "selector: {matchLabels: {app: reviews}}\ntracing:\n- providers: [{name: zipkin}]\n  \
+             randomSamplingPercentage: 10.00\n  customTags:\n    my_new_foo_tag: {literal: {value: foo}}\n    \
+             env: {environment: {name: HOSTNAME, defaultValue: unknown}}\n    ua: {header: {name: user-agent}}",
+        )
+        .unwrap();
+        check(
+            "metrics:\n- providers: [{name: prometheus}]\n  overrides:\n  - match: {metric: REQUEST_COUNT, mode: CLIENT}\n    \
+             tagOverrides:\n      request_protocol: {operation: REMOVE}\n      request_host: {value: request.host}\n      \
+             destination_port: {value: string(destination.port)}\n  - match: {metric: REQUEST_DURATION}\n    disabled: true",
+        )
+        .unwrap();
+        check("accessLogging: [{filter: {expression: 'response.code >= 400'}}]").unwrap();
+    }
+
+    #[test]
+    fn what_cannot_be_applied_is_refused_by_field() {
+        let e = check("metrics: [{overrides: [{match: {customMetric: my_metric}}]}]").unwrap_err();
+        assert!(
+            e.starts_with("metrics[0].overrides[0].match.customMetric"),
+            "{e}"
+        );
+        let e = check("metrics: [{overrides: [{tagOverrides: {x: {value: 'upstream_peer.labels[\"app\"]'}}}]}]")
+            .unwrap_err();
+        assert!(
+            e.starts_with("metrics[0].overrides[0].tagOverrides.x.value"),
+            "{e}"
+        );
+        let e = check("tracing: [{customTags: {t: {literal: {value: a}, header: {name: b}}}}]")
+            .unwrap_err();
+        assert!(e.starts_with("tracing[0].customTags.t"), "{e}");
+        let e = check("tracing: [{randomSamplingPercentage: 101}]").unwrap_err();
+        assert!(e.contains("between 0 and 100"), "{e}");
+        let e = check("accessLogging: [{providers: [{}]}]").unwrap_err();
+        assert!(e.starts_with("accessLogging[0].providers[0].name"), "{e}");
+        assert!(
+            check("tracing: [{sampling: 3}]")
+                .unwrap_err()
+                .contains("sampling")
+        );
+    }
+
+    #[test]
+    fn tag_values() {
+        use TagValue::*;
+        let v = |e: &str| TagValue::parse(e).unwrap();
+        assert_eq!(v("request.host"), Command("%REQ(:AUTHORITY)%".into()));
+        assert_eq!(
+            v("string(destination.port)"),
+            Command("%DOWNSTREAM_LOCAL_PORT%".into())
+        );
+        assert_eq!(
+            v("request.headers['x-user']"),
+            Command("%REQ(x-user)%".into())
+        );
+        assert_eq!(v("'fixed'"), Literal("fixed".into()));
+        assert_eq!(v("\"fixed\""), Literal("fixed".into()));
+        assert!(TagValue::parse("request.headers['a%b']").is_err());
+        assert!(TagValue::parse("request.host + 'x'").is_err());
+    }
+}

@@ -1,0 +1,234 @@
+//! Telemetry on a proxy's listeners, as Istio puts it there: standard metrics (`metrics`),
+//! access logs (`access_log`) and tracing (`tracing`), from what `push_context::telemetry`
+//! merged for the proxy (Telemetry resources, MeshConfig defaults and legacy switches). One
+//! pass over finished listeners: every HTTP connection manager and tcp_proxy, plus the
+//! listener's own "no route" log, on the sidecar's inbound (server) and outbound (client)
+//! listeners and a gateway's (client, as in Istio).
+
+pub mod access_log;
+pub mod metrics;
+pub mod tracing;
+
+pub use metrics::{
+    CLUSTER, Reporter, attr, http_access_log, tcp_access_log, tcp_access_log_options,
+};
+
+use envoy_types::pb::envoy::config::accesslog::v3::{
+    AccessLog, AccessLogFilter, ResponseFlagFilter, access_log_filter,
+};
+use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
+use prost::Message;
+
+use crate::config_store::MeshConfigSpec;
+use crate::config_store::providers::{ExtensionProvider, FileAccessLog, without_namespace};
+use crate::push_context::PushContext;
+use crate::push_context::telemetry::Side;
+
+/// A provider as a proxy reaches it: its MeshConfig entry and, for one with a service, that
+/// service's host and outbound cluster (`None` when the service is not in the mesh).
+pub struct Resolved<'a> {
+    pub provider: &'a ExtensionProvider,
+    pub host: Option<String>,
+    pub cluster: Option<String>,
+}
+
+/// Istio's built-in `envoy` provider: a file logger to `/dev/stdout`.
+fn builtin_envoy() -> &'static ExtensionProvider {
+    static ENVOY: std::sync::OnceLock<ExtensionProvider> = std::sync::OnceLock::new();
+    ENVOY.get_or_init(|| ExtensionProvider {
+        name: "envoy".into(),
+        envoy_file_access_log: Some(FileAccessLog {
+            path: "/dev/stdout".into(),
+            log_format: None,
+        }),
+        ..Default::default()
+    })
+}
+
+/// The provider named `name` (case-insensitively, as Istio), with its service resolved.
+pub fn resolve<'a>(push: &'a PushContext, name: &str) -> Option<Resolved<'a>> {
+    let provider = push
+        .mesh
+        .extension_providers
+        .iter()
+        .find(|p| p.name.eq_ignore_ascii_case(name))
+        .or_else(|| name.eq_ignore_ascii_case("envoy").then(builtin_envoy))?;
+    let target = [
+        provider
+            .envoy_otel_als
+            .as_ref()
+            .map(|a| (&a.service, a.port)),
+        provider
+            .envoy_http_als
+            .as_ref()
+            .map(|a| (&a.service, a.port)),
+        provider
+            .envoy_tcp_als
+            .as_ref()
+            .map(|a| (&a.service, a.port)),
+        provider.zipkin.as_ref().map(|z| (&z.service, z.port)),
+        provider
+            .opentelemetry
+            .as_ref()
+            .map(|o| (&o.service, o.port)),
+    ]
+    .into_iter()
+    .flatten()
+    .next();
+    let (host, cluster) = match target {
+        Some((service, port)) => {
+            let host = without_namespace(service);
+            match (push.service(host), u16::try_from(port)) {
+                (Some(_), Ok(port)) => (
+                    Some(host.to_string()),
+                    Some(crate::model::outbound_cluster_name(port, host)),
+                ),
+                _ => (None, None),
+            }
+        }
+        None => (None, None),
+    };
+    Some(Resolved {
+        provider,
+        host,
+        cluster,
+    })
+}
+
+/// What to add to one side's listeners, worked out once per side.
+pub struct Instruments {
+    reporter: Reporter,
+    metrics: Option<crate::push_context::telemetry::MetricsPlan>,
+    http_logs: Vec<AccessLog>,
+    tcp_logs: Vec<AccessLog>,
+    /// The listener's own log (connections no filter chain took): the file loggers only.
+    listener_logs: Vec<AccessLog>,
+    tracing: Option<envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::Tracing>,
+}
+
+impl Instruments {
+    /// One side of a proxy (`client`: outbound listeners and gateways). `router`: a gateway.
+    pub fn new(push: &PushContext, side: &Side, client: bool, router: bool) -> Instruments {
+        let mesh: &MeshConfigSpec = &push.mesh;
+        let mut http_logs = Vec::new();
+        let mut tcp_logs = Vec::new();
+        let mut listener_logs = Vec::new();
+        let plan = side.access_logs.as_ref();
+        let telemetry_logs: Vec<(Resolved<'_>, Option<&str>)> = plan
+            .iter()
+            .flat_map(|p| &p.on)
+            .filter_map(|(name, filter)| resolve(push, name).map(|r| (r, filter.as_deref())))
+            .collect();
+        // Disabled providers count as configured (no fallback), as in Istio.
+        let disabled = plan
+            .iter()
+            .flat_map(|p| &p.disabled)
+            .any(|name| resolve(push, name).is_some());
+        for (provider, filter) in &telemetry_logs {
+            if let Some(l) = access_log::provider_logger(provider, mesh, true) {
+                http_logs.push(access_log::filtered(l, *filter));
+            }
+            if let Some(l) = access_log::provider_logger(provider, mesh, false) {
+                if provider.provider.envoy_file_access_log.is_some() {
+                    listener_logs.push(no_route(access_log::filtered(l.clone(), None)));
+                }
+                tcp_logs.push(access_log::filtered(l, *filter));
+            }
+        }
+        if telemetry_logs.is_empty()
+            && !disabled
+            && let Some(path) = mesh.access_log_file.as_deref().filter(|p| !p.is_empty())
+        {
+            // No Telemetry configures access logging (or every provider it names is
+            // unusable): the mesh config's file, as Istio falls back to it.
+            let l = access_log::mesh_file(path, mesh);
+            http_logs.push(l.clone());
+            tcp_logs.push(l.clone());
+            listener_logs.push(no_route(l));
+        }
+        let provider = side
+            .tracing
+            .as_ref()
+            .and_then(|t| t.provider.as_deref())
+            .and_then(|name| resolve(push, name));
+        let tracing =
+            match tracing::hcm_tracing(side.tracing.as_ref(), provider.as_ref(), mesh, router) {
+                Ok(t) => t,
+                Err(e) => {
+                    ::tracing::debug!(error = %e, "tracing off");
+                    None
+                }
+            };
+        Instruments {
+            reporter: if client {
+                Reporter::Source
+            } else {
+                Reporter::Destination
+            },
+            metrics: side.metrics.clone(),
+            http_logs,
+            tcp_logs,
+            listener_logs,
+            tracing,
+        }
+    }
+
+    /// Adds the loggers and tracing to every HTTP connection manager and tcp_proxy of
+    /// `listener`, and its own no-route log.
+    pub fn apply(&self, listener: &mut Listener) {
+        listener
+            .access_log
+            .extend(self.listener_logs.iter().cloned());
+        for chain in &mut listener.filter_chains {
+            for f in &mut chain.filters {
+                let Some(filter::ConfigType::TypedConfig(any)) = &mut f.config_type else {
+                    continue;
+                };
+                let edited = match f.name.as_str() {
+                    "envoy.filters.network.http_connection_manager" => {
+                        HttpConnectionManager::decode(any.value.as_slice())
+                            .ok()
+                            .map(|mut hcm| {
+                                if let Some(m) = &self.metrics {
+                                    hcm.access_log.push(http_access_log(self.reporter, m));
+                                }
+                                hcm.access_log.extend(self.http_logs.iter().cloned());
+                                if hcm.tracing.is_none() {
+                                    hcm.tracing.clone_from(&self.tracing);
+                                }
+                                hcm.encode_to_vec()
+                            })
+                    }
+                    "envoy.filters.network.tcp_proxy" => {
+                        TcpProxy::decode(any.value.as_slice()).ok().map(|mut tcp| {
+                            if let Some(m) = &self.metrics {
+                                tcp.access_log.push(tcp_access_log(self.reporter, m));
+                                tcp.access_log_options = Some(tcp_access_log_options(m));
+                            }
+                            tcp.access_log.extend(self.tcp_logs.iter().cloned());
+                            tcp.encode_to_vec()
+                        })
+                    }
+                    _ => None,
+                };
+                if let Some(value) = edited {
+                    any.value = value;
+                }
+            }
+        }
+    }
+}
+
+/// `logger` for the listener itself: only connections no filter chain matched (`NR`).
+fn no_route(mut logger: AccessLog) -> AccessLog {
+    logger.filter = Some(AccessLogFilter {
+        filter_specifier: Some(access_log_filter::FilterSpecifier::ResponseFlagFilter(
+            ResponseFlagFilter {
+                flags: vec!["NR".to_string()],
+            },
+        )),
+    });
+    logger
+}

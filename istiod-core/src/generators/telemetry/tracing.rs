@@ -1,0 +1,259 @@
+//! An HTTP connection manager's `tracing` as istiod builds it
+//! (`pilot/pkg/networking/core/tracing.go`): with a Telemetry (or default) provider, the
+//! provider's tracer (Zipkin, OpenTelemetry over gRPC or HTTP) to its service's outbound
+//! cluster; without one, MeshConfig `enableTracing` (on by default) turns on the bootstrap's
+//! tracer (ProxyConfig `tracing.zipkin`). Sampling: Telemetry `randomSamplingPercentage`, else
+//! ProxyConfig `tracing.sampling`, else 1% (PILOT_TRACE_SAMPLING's default).
+//!
+//! Istio's own span tags (`istio.canonical_service`, `istio.namespace`, ...) are literals per
+//! proxy in istiod; here they are environment tags the agent sets for its Envoy (`ENV_*`), so
+//! the connection managers stay the same for every proxy of a namespace and are generated once.
+
+use envoy_types::pb::envoy::config::core::v3::{HttpService, HttpUri, http_uri};
+use envoy_types::pb::envoy::config::trace::v3::{
+    OpenTelemetryConfig, ZipkinConfig, tracing::Http, tracing::http, zipkin_config,
+};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::Tracing;
+use envoy_types::pb::envoy::r#type::tracing::v3::{CustomTag, custom_tag};
+use envoy_types::pb::envoy::r#type::v3::Percent;
+use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
+use envoy_types::util::pack_any;
+
+use crate::config_store::MeshConfigSpec;
+use crate::config_store::telemetry::CustomTag as TagSpec;
+use crate::push_context::telemetry::TracingPlan;
+
+use super::Resolved;
+
+/// The environment variables the agent gives Envoy for Istio's span tags.
+pub const ENV_CANONICAL_SERVICE: &str = "ISTIO_CANONICAL_SERVICE";
+pub const ENV_CANONICAL_REVISION: &str = "ISTIO_CANONICAL_REVISION";
+
+/// Istio's default sampling percentage (PILOT_TRACE_SAMPLING).
+const DEFAULT_SAMPLING: f64 = 1.0;
+
+fn percent(value: f64) -> Percent {
+    Percent { value }
+}
+
+/// ProxyConfig `tracing` of the mesh's `defaultConfig` (a field of it, when set).
+fn proxy_tracing<'a>(mesh: &'a MeshConfigSpec, field: &str) -> Option<&'a serde_json::Value> {
+    mesh.rest
+        .get("defaultConfig")
+        .and_then(|d| d.get("tracing"))
+        .and_then(|t| t.get(field))
+}
+
+/// ProxyConfig's sampling as Istio reads it: unset or 0 → the default; over 100 → 1.0.
+fn proxy_sampling(mesh: &MeshConfigSpec) -> f64 {
+    match proxy_tracing(mesh, "sampling").and_then(serde_json::Value::as_f64) {
+        Some(s) if s > 100.0 => 1.0,
+        Some(s) if s > 0.0 => s,
+        _ => DEFAULT_SAMPLING,
+    }
+}
+
+fn env_tag(tag: &str, name: &str, default: &str) -> CustomTag {
+    CustomTag {
+        tag: tag.to_string(),
+        r#type: Some(custom_tag::Type::Environment(custom_tag::Environment {
+            name: name.to_string(),
+            default_value: default.to_string(),
+        })),
+    }
+}
+
+/// Istio's tags on every span.
+fn istio_tags() -> Vec<CustomTag> {
+    vec![
+        env_tag("istio.canonical_revision", ENV_CANONICAL_REVISION, "latest"),
+        env_tag("istio.canonical_service", ENV_CANONICAL_SERVICE, "unknown"),
+        env_tag("istio.cluster_id", "ISTIO_META_CLUSTER_ID", "unknown"),
+        env_tag("istio.mesh_id", "ISTIO_META_MESH_ID", "unknown"),
+        env_tag("istio.namespace", "POD_NAMESPACE", "default"),
+    ]
+}
+
+fn user_tag(name: &str, spec: &TagSpec) -> Option<CustomTag> {
+    let r#type = if let Some(l) = &spec.literal {
+        custom_tag::Type::Literal(custom_tag::Literal {
+            value: l.value.clone(),
+        })
+    } else if let Some(e) = &spec.environment {
+        custom_tag::Type::Environment(custom_tag::Environment {
+            name: e.name.clone(),
+            default_value: e.default_value.clone(),
+        })
+    } else {
+        let h = spec.header.as_ref()?;
+        custom_tag::Type::RequestHeader(custom_tag::Header {
+            name: h.name.clone(),
+            default_value: h.default_value.clone(),
+        })
+    };
+    Some(CustomTag {
+        tag: name.to_string(),
+        r#type: Some(r#type),
+    })
+}
+
+/// The tags: Istio's, then the user's (a user tag of the same name wins), sorted by name.
+fn tags(user: &std::collections::BTreeMap<String, TagSpec>) -> Vec<CustomTag> {
+    let mut all: std::collections::BTreeMap<String, CustomTag> = istio_tags()
+        .into_iter()
+        .map(|t| (t.tag.clone(), t))
+        .collect();
+    for (name, spec) in user {
+        if let Some(t) = user_tag(name, spec) {
+            all.insert(name.clone(), t);
+        }
+    }
+    all.into_values().collect()
+}
+
+/// Why a Telemetry's tracing provider cannot be used (tracing is then off, as in Istio).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TracingError {
+    #[error(
+        "extension provider {0:?} is no tracing provider this proxy has (zipkin, opentelemetry)"
+    )]
+    NotATracer(String),
+    #[error("extension provider {0:?}: its service is no service of the mesh")]
+    NoService(String),
+}
+
+fn provider_config(provider: &Resolved<'_>) -> Result<Http, TracingError> {
+    let p = provider.provider;
+    let unreachable = || TracingError::NoService(p.name.clone());
+    if let Some(z) = &p.zipkin {
+        let (cluster, host) = (
+            provider.cluster.as_deref().ok_or_else(unreachable)?,
+            provider.host.as_deref().ok_or_else(unreachable)?,
+        );
+        let config = ZipkinConfig {
+            collector_cluster: cluster.to_string(),
+            collector_endpoint: z.path.clone().unwrap_or_else(|| "/api/v2/spans".into()),
+            collector_hostname: host.to_string(),
+            collector_endpoint_version: zipkin_config::CollectorEndpointVersion::HttpJson as i32,
+            trace_id_128bit: !z.enable_64bit_trace_id.unwrap_or(false),
+            shared_span_context: Some(BoolValue { value: false }),
+            ..Default::default()
+        };
+        return Ok(Http {
+            name: "envoy.tracers.zipkin".into(),
+            config_type: Some(http::ConfigType::TypedConfig(pack_any(config))),
+        });
+    }
+    if let Some(o) = &p.opentelemetry {
+        let (cluster, host) = (
+            provider.cluster.as_deref().ok_or_else(unreachable)?,
+            provider.host.as_deref().ok_or_else(unreachable)?,
+        );
+        let mut config = OpenTelemetryConfig::default();
+        if let Some(h) = &o.http {
+            config.http_service = Some(HttpService {
+                http_uri: Some(HttpUri {
+                    uri: format!("{host}/{}", h.path.trim_start_matches('/')),
+                    http_upstream_type: Some(http_uri::HttpUpstreamType::Cluster(
+                        cluster.to_string(),
+                    )),
+                    timeout: Some(
+                        h.timeout
+                            .as_ref()
+                            .map_or(super::super::seconds(5), |t| t.proto()),
+                    ),
+                }),
+                request_headers_to_add: Vec::new(),
+                ..Default::default()
+            });
+        } else {
+            config.grpc_service = Some(envoy_types::pb::envoy::config::core::v3::GrpcService {
+                target_specifier: Some(
+                    envoy_types::pb::envoy::config::core::v3::grpc_service::TargetSpecifier::EnvoyGrpc(
+                        envoy_types::pb::envoy::config::core::v3::grpc_service::EnvoyGrpc {
+                            cluster_name: cluster.to_string(),
+                            authority: host.to_string(),
+                            ..Default::default()
+                        },
+                    ),
+                ),
+                timeout: o.grpc.as_ref().and_then(|g| g.timeout.as_ref()).map(|t| t.proto()),
+                ..Default::default()
+            });
+        }
+        return Ok(Http {
+            name: "envoy.tracers.opentelemetry".into(),
+            config_type: Some(http::ConfigType::TypedConfig(pack_any(config))),
+        });
+    }
+    Err(TracingError::NotATracer(p.name.clone()))
+}
+
+fn max_tag_length(provider: Option<&Resolved<'_>>, mesh: &MeshConfigSpec) -> Option<UInt32Value> {
+    let from_provider = provider.and_then(|p| {
+        p.provider
+            .zipkin
+            .as_ref()
+            .and_then(|z| z.max_tag_length)
+            .or_else(|| {
+                p.provider
+                    .opentelemetry
+                    .as_ref()
+                    .and_then(|o| o.max_tag_length)
+            })
+    });
+    from_provider
+        .filter(|n| *n > 0)
+        .or_else(|| {
+            proxy_tracing(mesh, "maxPathTagLength")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| *n > 0)
+        })
+        .map(|value| UInt32Value { value })
+}
+
+/// The HCM's tracing: `plan` from the Telemetries (`None`: the legacy bootstrap tracer when
+/// `enableTracing`), `provider` its resolved provider, `router` whether a gateway (whose
+/// upstream calls get spans of their own). `Ok(None)`: no tracing.
+pub fn hcm_tracing(
+    plan: Option<&TracingPlan>,
+    provider: Option<&Resolved<'_>>,
+    mesh: &MeshConfigSpec,
+    router: bool,
+) -> Result<Option<Tracing>, TracingError> {
+    let base = |sampling: f64, user: &std::collections::BTreeMap<String, TagSpec>| Tracing {
+        client_sampling: Some(percent(100.0)),
+        random_sampling: Some(percent(sampling)),
+        overall_sampling: Some(percent(100.0)),
+        custom_tags: tags(user),
+        ..Default::default()
+    };
+    let Some(plan) = plan else {
+        if !mesh.enable_tracing.unwrap_or(true) {
+            return Ok(None);
+        }
+        let user: std::collections::BTreeMap<String, TagSpec> = proxy_tracing(mesh, "custom_tags")
+            .or_else(|| proxy_tracing(mesh, "customTags"))
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default();
+        let mut t = base(proxy_sampling(mesh), &user);
+        t.max_path_tag_length = max_tag_length(None, mesh);
+        return Ok(Some(t));
+    };
+    if plan.disable_span_reporting || plan.provider.is_none() {
+        return Ok(None);
+    }
+    let Some(provider) = provider else {
+        return Ok(None);
+    };
+    let http = provider_config(provider)?;
+    let sampling = plan.sampling.map_or_else(|| proxy_sampling(mesh), |p| p.0);
+    let mut t = base(sampling, &plan.custom_tags);
+    t.provider = Some(http);
+    t.max_path_tag_length = max_tag_length(Some(provider), mesh);
+    if router {
+        t.spawn_upstream_span = Some(BoolValue { value: true });
+    }
+    Ok(Some(t))
+}
