@@ -18,11 +18,14 @@
 # listener on 8080, one route and the same TLS cluster. Mode `telemetry`: ours with Istio's
 # standard metrics (the default: every HCM and tcp_proxy has the OpenTelemetry access logger that
 # feeds the agent) and ours with them off (MeshConfig `defaultProviders: {metrics: []}`),
-# alternating in the same run.
+# alternating in the same run. Mode `accesslog`: ours with MeshConfig `accessLogFile` (a file,
+# Istio's default text format) and ours without, alternating. Mode `tracing`: ours with a
+# Telemetry tracing to a Zipkin provider at 1% sampling (the collectors: Jaeger v2 from
+# scripts/install-collectors.sh, one in each namespace) and ours with `enableTracing: false`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS="${1:-10}"; CONNS="${2:-16}"; ROUNDS="${3:-3}"; MODE="${4:-minimal}"
-case "$MODE" in minimal|authz|gateway|telemetry) ;; *) echo "mode: minimal, authz, gateway or telemetry, not $MODE" >&2; exit 2 ;; esac
+case "$MODE" in minimal|authz|gateway|telemetry|accesslog|tracing) ;; *) echo "mode: minimal, authz, gateway, telemetry, accesslog or tracing, not $MODE" >&2; exit 2 ;; esac
 ./scripts/setup.sh >/dev/null
 command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables
@@ -260,8 +263,56 @@ open(sys.argv[1], "w").write(
     "  selector: {matchLabels: {app: app}}\n  rules:\n" + rules)
 PY
 
+# accesslog and tracing modes: the mesh config of the measured side (A) and of the baseline (B).
+case "$MODE" in
+  accesslog)
+    : > "$WORK/access.log"; chown 1337:1337 "$WORK/access.log"
+    printf 'kind: MeshConfig\nmetadata: {name: mesh, namespace: istio-system}\nspec:\n  accessLogFile: %s\n' \
+      "$WORK/access.log" > "$WORK/ab.yaml.on"
+    : > "$WORK/ab.yaml.off" ;;
+  tracing)
+    JAEGER="$(./scripts/install-collectors.sh --print)/bin/jaeger"
+    [ -x "$JAEGER" ] || { echo "tracing mode needs Jaeger: run scripts/install-collectors.sh" >&2; exit 1; }
+    # One collector per side, on its loopback (each sidecar reports its own spans).
+    for ns in "$C" "$S"; do ip netns exec "$ns" taskset -c 1 "$JAEGER" >"$WORK/jaeger-$ns.log" 2>&1 & done
+    cat > "$WORK/ab.yaml.on" <<YAML
+kind: MeshConfig
+metadata: {name: mesh, namespace: istio-system}
+spec:
+  extensionProviders:
+  - name: zipkin
+    zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}
+---
+kind: ServiceEntry
+metadata: {name: zipkin, namespace: istio-system}
+spec:
+  hosts: [zipkin.istio-system.svc.cluster.local]
+  ports: [{number: 9411, name: http, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.1}]
+---
+kind: Telemetry
+metadata: {name: mesh-default, namespace: istio-system}
+spec:
+  tracing:
+  - providers: [{name: zipkin}]
+    randomSamplingPercentage: 1.0
+YAML
+    printf 'kind: MeshConfig\nmetadata: {name: mesh, namespace: istio-system}\nspec:\n  enableTracing: false\n' \
+      > "$WORK/ab.yaml.off" ;;
+esac
+
 declare -a OURS MIN
 for r in $(seq 1 "$ROUNDS"); do
+  if [ "$MODE" = accesslog ] || [ "$MODE" = tracing ]; then
+    cp "$WORK/ab.yaml.on" "$WORK/mesh/ab.yaml"
+    start_ours; wait_ok "$C" "$URL"
+    OURS+=("$(load)"); stop_proxies
+    cp "$WORK/ab.yaml.off" "$WORK/mesh/ab.yaml"
+    start_ours; wait_ok "$C" "$URL"
+    MIN+=("$(load)"); stop_proxies
+    continue
+  fi
   if [ "$MODE" = authz ]; then
     cp "$WORK/authz.yaml.off" "$WORK/mesh/authz.yaml"
     start_ours; wait_ok "$C" "$URL"
@@ -297,6 +348,13 @@ elif [ "$MODE" = gateway ]; then
   A="ours, gateway"; B="hand-minimal gateway"
 elif [ "$MODE" = telemetry ]; then
   A="ours, standard metrics"; B="ours, metrics off"
+elif [ "$MODE" = accesslog ]; then
+  A="ours, access log to a file"; B="ours, no access log"
+  [ -s "$WORK/access.log" ] || { echo "the access log file stayed empty" >&2; exit 1; }
+elif [ "$MODE" = tracing ]; then
+  A="ours, Zipkin tracing at 1%"; B="ours, tracing off"
+  ip netns exec "$C" curl -s "http://127.0.0.1:16686/api/services" | grep -q '"client\.' \
+    || { echo "no spans of the client reached its collector" >&2; exit 1; }
 else
   A="ours"; B="hand-minimal"
 fi

@@ -85,6 +85,11 @@ pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
     .env(
         istiod_core::generators::telemetry::tracing::ENV_CANONICAL_REVISION,
         &own.canonical_revision,
+    )
+    // The peer exchange's announcement of this workload (HTTP metrics' peer labels).
+    .env(
+        istiod_core::generators::telemetry::peer::ENV,
+        own.announcement(&cfg.service_account),
     );
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which is
     // async-signal-safe; it allocates nothing and touches no lock. It runs after the uid change,

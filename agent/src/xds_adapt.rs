@@ -46,12 +46,15 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use istiod_core::generators::telemetry::{
-    Reporter, http_access_log, tcp_access_log, tcp_access_log_options,
+    Reporter, http_access_log, peer, tcp_access_log, tcp_access_log_options,
 };
 use istiod_core::push_context::telemetry::{MetricShape, MetricsPlan};
 use prost::Message;
 use wire::Edit;
 pub use wire::WireError;
+
+/// The HTTP router filter's name, as istiod writes it.
+const ROUTER_FILTER: &str = "envoy.filters.http.router";
 
 pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -474,7 +477,23 @@ impl Pass {
             Ok(match self.judge(field.value, &HTTP_FILTER)? {
                 Decision::Remove => Edit::Drop,
                 Decision::Refuse => Edit::Keep,
-                Decision::Keep => self.rbac_principals(field.value, &HTTP_FILTER)?,
+                Decision::Keep => match self.reporter {
+                    // Istio's metadata exchange is gone with its filters: ours goes before the
+                    // router where the agent's logger replaces `istio.stats`.
+                    Some(reporter)
+                        if wire::string_field(field.value, 1)? == ROUTER_FILTER
+                            && self.removed_stats_since(removed_before) =>
+                    {
+                        let client = reporter == Reporter::Source;
+                        let mut filters: Vec<Vec<u8>> = peer::filters(client)
+                            .iter()
+                            .map(Message::encode_to_vec)
+                            .collect();
+                        filters.push(field.value.to_vec());
+                        Edit::ReplaceMany(filters)
+                    }
+                    _ => self.rbac_principals(field.value, &HTTP_FILTER)?,
+                },
             })
         })?;
         let lost_stats = self.removed_stats_since(removed_before);

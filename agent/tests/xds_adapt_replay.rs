@@ -566,7 +566,8 @@ fn listeners_keep_routes_rbac_and_get_the_agents_metrics() {
             decode(&r.resources.iter().find(|(n, _)| n == name).unwrap().1)
         };
 
-        // The outbound HTTP listener keeps its route and Envoy's filters, in order.
+        // The outbound HTTP listener keeps its route and Envoy's filters, in order; the peer
+        // exchange takes the place of Istio's metadata exchange, before the router.
         let outbound = listener(&after, "0.0.0.0_9080");
         let hcm: HttpConnectionManager =
             decode(typed(&outbound.filter_chains[0].filters[0]).unwrap());
@@ -577,6 +578,8 @@ fn listeners_keep_routes_rbac_and_get_the_agents_metrics() {
                 "envoy.filters.http.grpc_stats",
                 "envoy.filters.http.fault",
                 "envoy.filters.http.cors",
+                "istio.peer.learn",
+                "istio.peer.announce",
                 "envoy.filters.http.router"
             ]
         );

@@ -223,6 +223,20 @@ fn warnings(
             warnings.push(format!("{} {}/{}: {w}", r.kind(), m.namespace(), m.name));
         }
     }
+    let telemetries = by_name(config, |r| match r {
+        Resource::Telemetry(m, s) => Some((m, s)),
+        _ => None,
+    });
+    let is_service = |host: &str| {
+        services
+            .binary_search_by(|s| s.hostname.as_str().cmp(host))
+            .is_ok()
+    };
+    for (m, s) in &telemetries {
+        for w in telemetry::not_applied(m, s, &telemetries, mesh, &is_service) {
+            warnings.push(format!("Telemetry {}/{}: {w}", m.namespace(), m.name));
+        }
+    }
     warnings
 }
 

@@ -376,12 +376,19 @@ fn istios_telemetry_examples_with_a_real_collector() {
     // REQUEST_SIZE off; the other metrics as Istio labels them.
     for (pod, reporter) in [(client, "source"), (server, "destination")] {
         let mut text = String::new();
-        let want = format!("reporter=\"{reporter}\"",);
+        // The peer exchange: each side knows the other's workload (HTTP).
+        let want = format!("reporter=\"{reporter}\",source_workload=\"sleep\"");
+        let peer = if reporter == "source" {
+            "destination_workload=\"httpbin-v1\""
+        } else {
+            "source_app=\"sleep\""
+        };
         let ok = wait_until(Duration::from_secs(20), || {
             text = scrape(pod);
             text.lines().any(|l| {
                 l.starts_with("istio_requests_total{")
                     && l.contains(&want)
+                    && l.contains(peer)
                     && l.contains(&format!("request_host=\"{HOST}:8000\""))
                     && l.contains("destination_port=\"8000\"")
                     && !l.contains("grpc_response_status")

@@ -191,7 +191,6 @@ fn standard_metrics_carry_both_identities_over_mtls() {
         label("reporter", "destination"),
         label("source_principal", CLIENT_ID),
         label("source_workload_namespace", NS),
-        label("source_workload", "unknown"),
         label("destination_principal", SERVER_ID),
         label("destination_workload", "httpbin-v1"),
         label("destination_workload_namespace", NS),
@@ -201,7 +200,13 @@ fn standard_metrics_carry_both_identities_over_mtls() {
         label("connection_security_policy", "mutual_tls"),
     ];
     let mut http = destination.to_vec();
+    // HTTP: the client's sidecar announced its workload (the peer exchange), and its
+    // certificate vouches for the announcement's namespace and service account.
     http.extend([
+        label("source_workload", "sleep"),
+        label("source_app", "sleep"),
+        label("source_canonical_service", "sleep"),
+        label("source_cluster", "Kubernetes"),
         label("destination_service", HTTP_HOST),
         label("destination_service_name", "httpbin"),
         label("request_protocol", "http"),
@@ -217,7 +222,11 @@ fn standard_metrics_carry_both_identities_over_mtls() {
     );
     expect(&net, server, "istio_response_bytes_sum", &http, 1.0);
     let mut tcp = destination.to_vec();
-    tcp.push(label("request_protocol", "tcp"));
+    // TCP has no exchange: the peer's workload stays unknown.
+    tcp.extend([
+        label("request_protocol", "tcp"),
+        label("source_workload", "unknown"),
+    ]);
     expect(
         &net,
         server,
@@ -248,9 +257,14 @@ fn standard_metrics_carry_both_identities_over_mtls() {
         label("connection_security_policy", "unknown"),
     ];
     let mut http = source.to_vec();
+    // HTTP: the server's sidecar announced its workload on the response.
     http.extend([
         label("destination_service", HTTP_HOST),
         label("destination_service_name", "httpbin"),
+        label("destination_workload", "httpbin-v1"),
+        label("destination_app", "httpbin"),
+        label("destination_version", "v1"),
+        label("destination_canonical_service", "httpbin"),
         label("response_code", "200"),
     ]);
     expect(&net, client, "istio_requests_total", &http, 3.0);

@@ -159,6 +159,72 @@ impl Workload {
         };
         (w.name != UNKNOWN).then_some(w)
     }
+
+    /// This workload's announcement in the peer exchange
+    /// (`istiod_core::generators::telemetry::peer`): `key=value` pairs joined by `,`; a value
+    /// that could not be read back (holding `,` or `=`) is left out.
+    pub fn announcement(&self, service_account: &str) -> String {
+        [
+            ("n", self.name.as_str()),
+            ("ns", &self.namespace),
+            ("sa", service_account),
+            ("app", &self.app),
+            ("ver", &self.version),
+            ("cs", &self.canonical_service),
+            ("cr", &self.canonical_revision),
+            ("cl", &self.cluster),
+        ]
+        .iter()
+        .filter(|(_, v)| !v.is_empty() && !v.contains([',', '=']))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+    }
+
+    /// A peer's announcement, believed only when its namespace and service account are those of
+    /// the peer's certificate on that connection (`peer_san`); `None` otherwise.
+    fn from_announcement(value: &str, peer_san: Option<&str>) -> Option<Workload> {
+        let (ns, sa) = spiffe_namespace_and_account(peer_san?)?;
+        let get = |key: &str| {
+            value
+                .split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v)
+                .filter(|v| !v.is_empty())
+        };
+        if get("ns") != Some(ns) || get("sa") != Some(sa) {
+            return None;
+        }
+        let or = |key: &str, default: &str| bounded(get(key).unwrap_or(default)).into_string();
+        Some(Workload {
+            name: or("n", UNKNOWN),
+            namespace: ns.to_string(),
+            canonical_service: or("cs", UNKNOWN),
+            canonical_revision: or("cr", LATEST),
+            app: or("app", UNKNOWN),
+            version: or("ver", UNKNOWN),
+            cluster: or("cl", UNKNOWN),
+        })
+    }
+}
+
+/// The namespace and service account of a SPIFFE id `spiffe://TD/ns/NS/sa/SA`.
+fn spiffe_namespace_and_account(id: &str) -> Option<(&str, &str)> {
+    let rest = id.strip_prefix("spiffe://")?;
+    let mut parts = rest.split('/').skip(1);
+    match (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) {
+        (Some("ns"), Some(ns), Some("sa"), Some(sa), None) if !ns.is_empty() && !sa.is_empty() => {
+            Some((ns, sa))
+        }
+        _ => None,
+    }
 }
 
 /// One access-log record's attributes, by name.
@@ -306,15 +372,21 @@ fn labels(own: &Workload, r: &Record<'_>, http: bool) -> Key {
     let unknown = || UNKNOWN.to_string();
     let (source, destination_workload, source_principal, destination_principal) = if destination {
         (
-            Workload::unknown(peer_ns),
+            r.get(attr::PEER)
+                .and_then(|a| Workload::from_announcement(a, peer_san))
+                .unwrap_or_else(|| Workload::unknown(peer_ns)),
             own.clone(),
             peer_san.map_or_else(unknown, str::to_string),
             local_san.map_or_else(unknown, str::to_string),
         )
     } else {
         let peer = r
-            .get(attr::ENDPOINT)
-            .and_then(|e| Workload::from_endpoint(e, peer_ns))
+            .get(attr::PEER)
+            .and_then(|a| Workload::from_announcement(a, peer_san))
+            .or_else(|| {
+                r.get(attr::ENDPOINT)
+                    .and_then(|e| Workload::from_endpoint(e, peer_ns))
+            })
             .unwrap_or_else(|| Workload::unknown(peer_ns));
         (
             own.clone(),
@@ -1188,6 +1260,44 @@ mod tests {
             out.lines()
                 .any(|l| l.starts_with("istio_response_bytes_sum") && l.ends_with(" 4000")),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn a_peers_announcement_counts_only_when_its_certificate_vouches_for_it() {
+        let client = Workload {
+            name: "a-v1".into(),
+            namespace: "ns-a".into(),
+            canonical_service: "a".into(),
+            canonical_revision: "v1".into(),
+            app: "a".into(),
+            version: "v1".into(),
+            cluster: "c1".into(),
+        };
+        let said = client.announcement("a");
+        assert_eq!(said, "n=a-v1,ns=ns-a,sa=a,app=a,ver=v1,cs=a,cr=v1,cl=c1");
+        assert_eq!(
+            Workload::from_announcement(&said, Some(A)),
+            Some(client.clone())
+        );
+        // Another namespace's or service account's certificate, or none: not believed.
+        assert_eq!(Workload::from_announcement(&said, Some(B)), None);
+        let other_sa = "spiffe://cluster.local/ns/ns-a/sa/other";
+        assert_eq!(Workload::from_announcement(&said, Some(other_sa)), None);
+        assert_eq!(Workload::from_announcement(&said, None), None);
+        // In a record: the inbound source labels come from it.
+        let m = StandardMetrics::new(own());
+        let mut r = inbound_http("200");
+        r.push((attr::PEER, said));
+        run(&m, &[r]);
+        let t = text(&m);
+        assert!(
+            t.contains("source_workload=\"a-v1\",source_canonical_service=\"a\""),
+            "{t}"
+        );
+        assert!(
+            t.contains("source_app=\"a\",source_version=\"v1\",source_cluster=\"c1\""),
+            "{t}"
         );
     }
 

@@ -144,9 +144,13 @@ fn istio_inbound_listener() -> Listener {
     }
 }
 
-/// A connection manager with these filters and the agent's inbound access logger (what an
-/// HCM whose `istio.stats` was removed becomes).
-fn logged_hcm(filters: Vec<HttpFilter>) -> Filter {
+/// A connection manager with these filters and the agent's inbound access logger and peer
+/// exchange before its router (what an HCM whose `istio.stats` was removed becomes).
+fn logged_hcm(mut filters: Vec<HttpFilter>) -> Filter {
+    let at = filters.len() - 1;
+    for (i, f) in peer::filters(false).into_iter().enumerate() {
+        filters.insert(at + i, f);
+    }
     let mut f = hcm(filters);
     if let Some(filter::ConfigType::TypedConfig(a)) = &mut f.config_type {
         let mut m = HttpConnectionManager::decode(a.value.as_slice()).unwrap();

@@ -146,6 +146,8 @@ pub enum Edit {
     Replace(Vec<u8>),
     /// In its place, length-delimited field `number` with this payload (a oneof's other case).
     Renumber(u32, Vec<u8>),
+    /// In its place, several fields of its number (entries of a repeated field), in order.
+    ReplaceMany(Vec<Vec<u8>>),
 }
 
 /// Rewrites `msg` field by field; `None` when every field was kept (the caller keeps `msg`).
@@ -166,6 +168,11 @@ pub fn rewrite(
         match change {
             Edit::Replace(payload) => put_len(out, field.number, &payload),
             Edit::Renumber(number, payload) => put_len(out, number, &payload),
+            Edit::ReplaceMany(payloads) => {
+                for p in payloads {
+                    put_len(out, field.number, &p);
+                }
+            }
             Edit::Keep | Edit::Drop => {}
         }
         copied = field.end;

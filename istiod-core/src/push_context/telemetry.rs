@@ -361,6 +361,125 @@ fn enum_name(m: IstioMetric) -> &'static str {
     }
 }
 
+/// What a Telemetry asks for that is not acted on, each naming the field: providers that do not
+/// exist or are of the wrong kind for their section, providers whose service is not in the
+/// mesh, a second selector-less Telemetry in a namespace (Istio applies only the oldest; here
+/// the first by name), and switches not applied.
+pub fn not_applied(
+    meta: &Metadata,
+    spec: &TelemetrySpec,
+    all: &[(Metadata, TelemetrySpec)],
+    mesh: &crate::config_store::MeshConfigSpec,
+    is_service: &dyn Fn(&str) -> bool,
+) -> Vec<String> {
+    use crate::config_store::providers::without_namespace;
+    let mut out = Vec::new();
+    if spec.selector.is_none()
+        && !spec.targeted()
+        && let Some((first, _)) = all.iter().find(|(m, s)| {
+            m.namespace() == meta.namespace() && s.selector.is_none() && !s.targeted()
+        })
+        && first.name != meta.name
+    {
+        out.push(format!(
+            "spec: {}/{} is the namespace's Telemetry without a selector; only one applies, so this one is ignored",
+            first.namespace(),
+            first.name
+        ));
+    }
+    let find = |name: &str| {
+        mesh.extension_providers
+            .iter()
+            .find(|p| p.name.eq_ignore_ascii_case(name))
+    };
+    let builtin = |name: &str, kinds: &[&str]| kinds.iter().any(|k| k.eq_ignore_ascii_case(name));
+    let service_of = |p: &crate::config_store::providers::ExtensionProvider| {
+        [
+            p.envoy_otel_als.as_ref().map(|a| &a.service),
+            p.envoy_http_als.as_ref().map(|a| &a.service),
+            p.envoy_tcp_als.as_ref().map(|a| &a.service),
+            p.zipkin.as_ref().map(|z| &z.service),
+            p.opentelemetry.as_ref().map(|o| &o.service),
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+        .map(|s| without_namespace(s).to_string())
+    };
+    type Fits<'f> = &'f dyn Fn(&crate::config_store::providers::ExtensionProvider) -> bool;
+    let check = |at: String, name: &str, section: &str, fits: Fits<'_>, builtins: &[&str]| {
+        match find(name) {
+            None if builtin(name, builtins) => None,
+            None => Some(format!(
+                "{at}: no extensionProviders entry is named {name:?}; it is skipped (as in Istio)"
+            )),
+            Some(p) if !fits(p) => Some(format!(
+                "{at}: extension provider {name:?} is a {} provider, not one for {section} here; it is skipped",
+                p.kind_name()
+            )),
+            Some(p) => service_of(p).filter(|h| !is_service(h)).map(|host| {
+                format!(
+                    "{at}: extension provider {name:?}: {host:?} is no service of the mesh; it is skipped"
+                )
+            }),
+        }
+    };
+    for (i, l) in spec.access_logging.iter().enumerate() {
+        for (j, p) in l.providers.iter().enumerate() {
+            out.extend(check(
+                format!("spec.accessLogging[{i}].providers[{j}]"),
+                &p.name,
+                "access logging",
+                &|p| {
+                    p.envoy_file_access_log.is_some()
+                        || p.envoy_otel_als.is_some()
+                        || p.envoy_http_als.is_some()
+                        || p.envoy_tcp_als.is_some()
+                },
+                &["envoy"],
+            ));
+        }
+    }
+    for (i, t) in spec.tracing.iter().enumerate() {
+        for (j, p) in t.providers.iter().enumerate() {
+            out.extend(check(
+                format!("spec.tracing[{i}].providers[{j}]"),
+                &p.name,
+                "tracing (zipkin, opentelemetry)",
+                &|p| p.zipkin.is_some() || p.opentelemetry.is_some(),
+                &[],
+            ));
+            if j > 0 {
+                out.push(format!(
+                    "spec.tracing[{i}].providers[{j}]: only the first tracing provider is used (as in Istio)"
+                ));
+            }
+        }
+        if t.use_request_id_for_trace_sampling == Some(false) {
+            out.push(format!(
+                "spec.tracing[{i}].useRequestIdForTraceSampling: false is not applied (Envoy samples by request id)"
+            ));
+        }
+        if t.enable_istio_tags == Some(false) {
+            out.push(format!(
+                "spec.tracing[{i}].enableIstioTags: false is not applied (Istio's tags stay on every span)"
+            ));
+        }
+    }
+    for (i, m) in spec.metrics.iter().enumerate() {
+        for (j, p) in m.providers.iter().enumerate() {
+            out.extend(check(
+                format!("spec.metrics[{i}].providers[{j}]"),
+                &p.name,
+                "metrics (prometheus)",
+                &|p| p.prometheus.is_some(),
+                &[PROMETHEUS],
+            ));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,6 +492,44 @@ mod tests {
         let specs: Vec<TelemetrySpec> = yamls.iter().map(|y| spec(y)).collect();
         let refs: Vec<&TelemetrySpec> = specs.iter().collect();
         merge(&refs, None)
+    }
+
+    #[test]
+    fn what_is_not_applied_is_named() {
+        let mesh: crate::config_store::MeshConfigSpec = serde_yaml_ng::from_str(
+            "extensionProviders:\n- {name: zipkin, zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}}\n- {name: otel, envoyOtelAls: {service: gone.example, port: 4317}}",
+        )
+        .unwrap();
+        let meta = |ns: &str, name: &str| Metadata {
+            name: name.into(),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        };
+        let a = spec(
+            "accessLogging: [{providers: [{name: envoy}, {name: zipkin}, {name: otel}, {name: nope}]}]\ntracing: [{providers: [{name: envoy}]}]\nmetrics: [{providers: [{name: prometheus}]}]",
+        );
+        let all = vec![
+            (meta("ns", "a"), a.clone()),
+            (meta("ns", "b"), TelemetrySpec::default()),
+        ];
+        let is_service = |h: &str| h == "zipkin.istio-system.svc.cluster.local";
+        let w = not_applied(&all[0].0, &a, &all, &mesh, &is_service);
+        let joined = w.join("\n");
+        assert!(joined.contains("spec.accessLogging[0].providers[1]: extension provider \"zipkin\" is a zipkin provider"), "{joined}");
+        assert!(joined.contains("spec.accessLogging[0].providers[2]: extension provider \"otel\": \"gone.example\" is no service"), "{joined}");
+        assert!(
+            joined.contains(
+                "spec.accessLogging[0].providers[3]: no extensionProviders entry is named \"nope\""
+            ),
+            "{joined}"
+        );
+        assert!(joined.contains("spec.tracing[0].providers[0]"), "{joined}");
+        assert_eq!(w.len(), 4, "{joined}");
+        let w = not_applied(&all[1].0, &all[1].1, &all, &mesh, &is_service);
+        assert!(
+            w[0].contains("ns/a is the namespace's Telemetry without a selector"),
+            "{w:?}"
+        );
     }
 
     #[test]

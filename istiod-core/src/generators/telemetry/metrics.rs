@@ -53,6 +53,8 @@ pub mod attr {
     /// Istio's cluster metadata `istio.services` (a JSON list of `{host, name, namespace}`),
     /// where a control plane sets it: the service of an inbound cluster.
     pub const SERVICES: &str = "services";
+    /// The peer's announcement of its workload (`super::peer`), HTTP only.
+    pub const PEER: &str = "peer";
     pub const AUTHORITY: &str = "authority";
     pub const CONTENT_TYPE: &str = "content_type";
     pub const RESPONSE_CODE: &str = "response_code";
@@ -251,6 +253,7 @@ pub fn http_access_log(reporter: Reporter, plan: &MetricsPlan) -> AccessLog {
             "http",
             &[
                 (attr::AUTHORITY, "%REQ(:AUTHORITY)%"),
+                (attr::PEER, super::peer::COMMAND),
                 (attr::CONTENT_TYPE, "%REQ(CONTENT-TYPE)%"),
                 (attr::RESPONSE_CODE, "%RESPONSE_CODE%"),
                 (attr::GRPC_STATUS, "%GRPC_STATUS_NUMBER%"),

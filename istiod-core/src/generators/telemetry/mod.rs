@@ -7,6 +7,7 @@
 
 pub mod access_log;
 pub mod metrics;
+pub mod peer;
 pub mod tracing;
 
 pub use metrics::{
@@ -193,6 +194,7 @@ impl Instruments {
                             .map(|mut hcm| {
                                 if let Some(m) = &self.metrics {
                                     hcm.access_log.push(http_access_log(self.reporter, m));
+                                    with_peer_exchange(&mut hcm, self.reporter == Reporter::Source);
                                 }
                                 hcm.access_log.extend(self.http_logs.iter().cloned());
                                 if hcm.tracing.is_none() {
@@ -218,6 +220,22 @@ impl Instruments {
                 }
             }
         }
+    }
+}
+
+/// The peer exchange's filters (`peer`) before the connection manager's last filter (its
+/// router), once.
+fn with_peer_exchange(hcm: &mut HttpConnectionManager, client: bool) {
+    if hcm
+        .http_filters
+        .iter()
+        .any(|f| peer::is_peer_filter(&f.name))
+    {
+        return;
+    }
+    let at = hcm.http_filters.len().saturating_sub(1);
+    for (i, f) in peer::filters(client).into_iter().enumerate() {
+        hcm.http_filters.insert(at + i, f);
     }
 }
 
