@@ -86,6 +86,15 @@ pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
         istiod_core::generators::telemetry::tracing::ENV_CANONICAL_REVISION,
         &own.canonical_revision,
     )
+    // The OpenTelemetry tracer's service name: the node's service cluster (`app.namespace`), as
+    // istiod writes it; the pod's own resource attributes, when it has some, come first.
+    .env(
+        istiod_core::generators::telemetry::tracing::ENV_OTEL_RESOURCE,
+        otel_resource(
+            cfg.otel_resource_attributes.as_deref(),
+            &cfg.service_cluster,
+        ),
+    )
     // The peer exchange's announcement of this workload (HTTP metrics' peer labels).
     .env(
         istiod_core::generators::telemetry::peer::ENV,
@@ -106,6 +115,24 @@ pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
         binary: cfg.binary_path.display().to_string(),
         source,
     })
+}
+
+/// `OTEL_RESOURCE_ATTRIBUTES` for Envoy: the pod's, with `service.name=service_cluster` added
+/// unless it names a service already.
+fn otel_resource(pod: Option<&str>, service_cluster: &str) -> String {
+    let inherited = pod.unwrap_or_default().to_string();
+    if inherited
+        .split(',')
+        .any(|kv| kv.trim_start().starts_with("service.name="))
+    {
+        return inherited;
+    }
+    let own = format!("service.name={service_cluster}");
+    if inherited.trim().is_empty() {
+        own
+    } else {
+        format!("{inherited},{own}")
+    }
 }
 
 /// How the agent waits for connections to drain on a graceful stop.

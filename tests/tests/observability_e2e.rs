@@ -222,12 +222,15 @@ fn scrape(pod: &Pod) -> String {
         .unwrap_or_default()
 }
 
-/// The client span and the server span of one call: the trace of `client` (a Jaeger service)
-/// with a span of `server` whose parent is the client's span.
-fn joined(collector: &Pod, client: &str, server: &str) -> Option<(Span, Span)> {
+/// The client span and the server span of one call to `path`: the trace of `client` (a Jaeger
+/// service) with a span of `server` whose parent is the client's span.
+fn joined(collector: &Pod, client: &str, server: &str, path: &str) -> Option<(Span, Span)> {
     for trace in collector::traces(collector, client).ok()? {
         let spans = collector::spans(&trace);
-        for c in spans.iter().filter(|s| s.service == client) {
+        for c in spans
+            .iter()
+            .filter(|s| s.service == client && s.tag("http.url").is_some_and(|u| u.ends_with(path)))
+        {
             if let Some(s) = spans
                 .iter()
                 .find(|s| s.service == server && s.parent.as_deref() == Some(&c.span_id))
@@ -315,7 +318,7 @@ fn istios_telemetry_examples_with_a_real_collector() {
     };
     let mut pair = None;
     let found = wait_until(Duration::from_secs(30), || {
-        pair = joined(jaeger, "sleep.demo", "httpbin.demo");
+        pair = joined(jaeger, "sleep.demo", "httpbin.demo", "/hello");
         pair.is_some()
     });
     assert!(
@@ -485,11 +488,63 @@ spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}
 
     // The bootstrap's Zipkin tracer: both sidecars report, at the mesh's 100%.
     let found = wait_until(Duration::from_secs(30), || {
-        joined(jaeger, "sleep.demo", "httpbin.demo").is_some()
+        joined(jaeger, "sleep.demo", "httpbin.demo", "/hello").is_some()
     });
     assert!(
         found,
         "no joined trace from the bootstrap tracers\n{}",
         net.logs()
     );
+
+    // Then a Telemetry naming an `opentelemetry` provider (OTLP over gRPC, Jaeger's receiver):
+    // the sidecars follow the config change, `traceparent` joins the two spans, and each span's
+    // service is its sidecar's (`app.namespace`, from Envoy's environment).
+    let otel = format!(
+        r#"kind: MeshConfig
+metadata: {{name: mesh-otel, namespace: istio-system}}
+spec:
+  extensionProviders:
+  - name: otel-tracing
+    opentelemetry:
+      port: 4317
+      service: opentelemetry-collector.observability.svc.cluster.local
+---
+kind: ServiceEntry
+metadata: {{name: opentelemetry-collector, namespace: observability}}
+spec:
+  hosts: [opentelemetry-collector.observability.svc.cluster.local]
+  ports: [{{number: 4317, name: grpc-otlp, protocol: GRPC}}]
+  resolution: STATIC
+  endpoints: [{{address: {collector_ip}}}]
+---
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata:
+  name: mesh-default
+  namespace: istio-system
+spec:
+  tracing:
+  - providers:
+    - name: otel-tracing
+    randomSamplingPercentage: 100
+"#
+    );
+    std::fs::write(mesh.join("otel.yaml"), otel).unwrap();
+    let mut pair = None;
+    let found = wait_until(Duration::from_secs(45), || {
+        let _ = curl(&net, "/otel");
+        pair = joined(jaeger, "sleep.demo", "httpbin.demo", "/otel");
+        pair.is_some()
+    });
+    let services = jaeger
+        .http_get(0, "http://127.0.0.1:16686/api/services")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    assert!(
+        found,
+        "no joined OpenTelemetry trace for /otel; Jaeger's services: {services}\n{}",
+        net.logs()
+    );
+    let (c, _) = pair.unwrap();
+    assert_eq!(c.tag("istio.canonical_service"), Some("sleep"), "{c:?}");
 }

@@ -6,6 +6,8 @@ pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
 pub const WORKLOAD_NAME: &str = "ISTIO_META_WORKLOAD_NAME";
 pub const INSTANCE_IP: &str = "INSTANCE_IP";
 pub const SERVICE_ACCOUNT: &str = "SERVICE_ACCOUNT";
+/// The pod's own OpenTelemetry resource attributes (kept in Envoy's, before its service name).
+pub const OTEL_RESOURCE_ATTRIBUTES: &str = "OTEL_RESOURCE_ATTRIBUTES";
 pub const PROXY_CONFIG: &str = "PROXY_CONFIG";
 pub const ENVOY_USER: &str = "ENVOY_USER";
 pub const ISTIO_META_PREFIX: &str = "ISTIO_META_";

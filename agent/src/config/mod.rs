@@ -65,6 +65,9 @@ pub struct Config {
     pub dns_domain: String,
     pub service_cluster: String,
     pub service_account: String,
+    /// OTEL_RESOURCE_ATTRIBUTES of the pod, if any (Envoy's OpenTelemetry tracer adds its
+    /// `service.name` to them).
+    pub otel_resource_attributes: Option<String>,
     pub config_path: PathBuf,
     pub binary_path: PathBuf,
     pub drain_duration: Duration,
@@ -350,6 +353,8 @@ impl Config {
             instance_ips,
             service_cluster,
             service_account,
+            otel_resource_attributes: lookup(env::OTEL_RESOURCE_ATTRIBUTES)
+                .filter(|v| !v.is_empty()),
             config_path: PathBuf::from(
                 pc.config_path
                     .clone()

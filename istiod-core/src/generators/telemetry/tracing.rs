@@ -29,6 +29,9 @@ use super::Resolved;
 pub const ENV_CANONICAL_SERVICE: &str = "ISTIO_CANONICAL_SERVICE";
 pub const ENV_CANONICAL_REVISION: &str = "ISTIO_CANONICAL_REVISION";
 
+/// The OpenTelemetry resource attributes of Envoy's environment (its `service.name`).
+pub const ENV_OTEL_RESOURCE: &str = "OTEL_RESOURCE_ATTRIBUTES";
+
 /// Istio's default sampling percentage (PILOT_TRACE_SAMPLING).
 const DEFAULT_SAMPLING: f64 = 1.0;
 
@@ -149,7 +152,18 @@ fn provider_config(provider: &Resolved<'_>) -> Result<Http, TracingError> {
             provider.cluster.as_deref().ok_or_else(unreachable)?,
             provider.host.as_deref().ok_or_else(unreachable)?,
         );
-        let mut config = OpenTelemetryConfig::default();
+        // The service name from the environment (`OTEL_RESOURCE_ATTRIBUTES`, which the agent
+        // sets to the node's service cluster, `app.namespace`, as istiod writes `service_name`),
+        // so the tracer is the same for every proxy.
+        let mut config = OpenTelemetryConfig {
+            resource_detectors: vec![envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig {
+                name: "envoy.tracers.opentelemetry.resource_detectors.environment".into(),
+                typed_config: Some(pack_any(
+                    envoy_types::pb::envoy::extensions::tracers::opentelemetry::resource_detectors::v3::EnvironmentResourceDetectorConfig {},
+                )),
+            }],
+            ..OpenTelemetryConfig::default()
+        };
         if let Some(h) = &o.http {
             config.http_service = Some(HttpService {
                 http_uri: Some(HttpUri {
