@@ -278,6 +278,19 @@ impl MeshConfigSpec {
 
 /// Parses a mesh config file (plain MeshConfig YAML, as istiod's `--meshConfig`).
 pub fn parse_mesh_config(path: &Path, contents: &str) -> Result<MeshConfigSpec, ConfigError> {
+    let (spec, warnings) = parse_mesh_config_warned(path, contents)?;
+    for w in warnings {
+        tracing::warn!(file = %path.display(), "mesh config: {w}");
+    }
+    Ok(spec)
+}
+
+/// [`parse_mesh_config`], with the fields it does not know (inside typed parts such as an
+/// extension provider's) named rather than logged.
+fn parse_mesh_config_warned(
+    path: &Path,
+    contents: &str,
+) -> Result<(MeshConfigSpec, Vec<String>), ConfigError> {
     let invalid = |reason: String| ConfigError::Invalid {
         file: path.to_path_buf(),
         doc: 1,
@@ -289,10 +302,14 @@ pub fn parse_mesh_config(path: &Path, contents: &str) -> Result<MeshConfigSpec, 
         serde_yaml_ng::from_str(contents).map_err(|e| invalid(e.to_string()))?
     };
     let spec: MeshConfigSpec =
-        serde_json::from_value(value).map_err(|e| invalid(format!("MeshConfig: {e}")))?;
+        serde_json::from_value(value.clone()).map_err(|e| invalid(format!("MeshConfig: {e}")))?;
     spec.validate()
         .map_err(|e| invalid(format!("MeshConfig: {e}")))?;
-    Ok(spec)
+    let mut warnings = Vec::new();
+    if let Ok(back) = serde_json::to_value(&spec) {
+        unknown_fields(&value, &back, "mesh", &mut warnings);
+    }
+    Ok((spec, warnings))
 }
 
 /// core/v1 Service.
@@ -745,7 +762,7 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
         // Istio's mesh config lives in the `mesh` key of the `istio` (or `istio-<revision>`)
         // ConfigMap; other ConfigMaps are not config of ours.
         "ConfigMap" if meta.name == "istio" || meta.name.starts_with("istio-") => {
-            match config_map_mesh(data.as_ref(), &meta)? {
+            match config_map_mesh(data.as_ref(), &mut meta)? {
                 Some(spec) => Resource::MeshConfig(meta, spec),
                 None => return Ok(None),
             }
@@ -796,17 +813,19 @@ fn endpoint_slice(
 /// The mesh config in the `mesh` key of Istio's ConfigMap; `None` when it has no such key.
 fn config_map_mesh(
     data: Option<&BTreeMap<String, String>>,
-    meta: &Metadata,
+    meta: &mut Metadata,
 ) -> Result<Option<MeshConfigSpec>, String> {
     let Some(text) = data.and_then(|d| d.get("mesh")) else {
         return Ok(None);
     };
-    let spec = parse_mesh_config(Path::new(""), text).map_err(|e| match e {
+    let (spec, warnings) = parse_mesh_config_warned(Path::new(""), text).map_err(|e| match e {
         ConfigError::Invalid { reason, .. } => {
             format!("ConfigMap {}: data.mesh: {reason}", meta.name)
         }
         other => other.to_string(),
     })?;
+    meta.warnings
+        .extend(warnings.into_iter().map(|w| format!("data.{w}")));
     Ok(Some(spec))
 }
 
@@ -1437,6 +1456,17 @@ data: {mesh: "whatever: 1"}
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A tracer's or logger's field this control plane does not apply is named, not fatal.
+    #[test]
+    fn unknown_provider_fields_are_warnings() {
+        let cm = "kind: ConfigMap\nmetadata: {name: istio, namespace: istio-system}\ndata:\n  mesh: |-\n    extensionProviders:\n    - name: zipkin\n      zipkin: {service: z.istio-system.svc.cluster.local, port: 9411, timeout: 5s}\n";
+        let r = parse_file(Path::new("cm.yaml"), cm).unwrap();
+        assert_eq!(
+            r[0].metadata().warnings,
+            ["data.mesh.extensionProviders[0].zipkin.timeout: unknown field, ignored"]
+        );
     }
 
     /// Istio's mesh config: the `mesh` key of the `istio` ConfigMap, a MeshConfig document, or

@@ -351,6 +351,33 @@ fn the_seed_gateway_redirects_serves_https_from_files_and_egress_goes_through_it
         line.starts_with("200 ") && line.contains("instance=v1 path=/reviews"),
         "{line}"
     );
+    // The gateway reports Istio's standard metrics too, as a client (`reporter="source"`, Istio's
+    // CLIENT mode for gateways), for the requests it routed.
+    let mut scraped = String::new();
+    let reported = wait_until(Duration::from_secs(20), || {
+        scraped = m.net.pods[gw]
+            .http_get(0, "http://127.0.0.1:15020/stats/prometheus")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        let ok: f64 = scraped
+            .lines()
+            .filter(|l| {
+                l.starts_with("istio_requests_total{reporter=\"source\"")
+                    && l.contains("response_code=\"200\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        ok >= 21.0
+    });
+    assert!(
+        reported,
+        "the gateway's 15020 has no istio_requests_total for its 21 routed requests:\n{}",
+        scraped
+            .lines()
+            .filter(|l| l.starts_with("istio_requests_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     // An AuthorizationPolicy selecting the gateway pod guards its routes.
     let denied = tls_get(&m, gw, 443, "bookinfo.com", "/admin/users", &ca_path, &[]);
     assert!(denied.starts_with("403 "), "{denied}");

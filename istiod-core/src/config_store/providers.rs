@@ -213,7 +213,7 @@ pub fn without_namespace(service: &str) -> &str {
 
 /// Istio's EnvoyFileAccessLogProvider: a file (`/dev/stdout`) and its format.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct FileAccessLog {
     #[serde(default)]
     pub path: String,
@@ -224,7 +224,7 @@ pub struct FileAccessLog {
 /// An access-log format: a text line of Envoy command operators, or JSON labels (each a
 /// command operator); Istio's default text line when neither is set.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct LogFormat {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
@@ -243,7 +243,7 @@ impl LogFormat {
 
 /// Istio's OpenTelemetryLogProvider (`envoyOtelAls`): OTLP logs over gRPC to a mesh service.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct OtelAls {
     #[serde(default)]
     pub service: String,
@@ -258,7 +258,7 @@ pub struct OtelAls {
 /// Istio's EnvoyHttpGrpcV3LogProvider / EnvoyTcpGrpcV3LogProvider: Envoy's gRPC access-log
 /// service (ALS) to a mesh service.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct GrpcAls {
     #[serde(default)]
     pub service: String,
@@ -278,7 +278,7 @@ pub struct GrpcAls {
 
 /// Istio's ZipkinTracingProvider.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Zipkin {
     #[serde(default)]
     pub service: String,
@@ -294,7 +294,7 @@ pub struct Zipkin {
 
 /// Istio's OpenTelemetryTracingProvider: OTLP spans over gRPC (the default) or HTTP.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct OpenTelemetry {
     #[serde(default)]
     pub service: String,
@@ -309,18 +309,29 @@ pub struct OpenTelemetry {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct OtelHttp {
     #[serde(default)]
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<GoDuration>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<HttpHeader>,
+}
+
+/// A header the HTTP exporter adds: a literal value (`envoyHeader`, a value of the request,
+/// is not applied and is a warning).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpHeader {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct OtelGrpc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<GoDuration>,
@@ -337,7 +348,7 @@ pub enum LogEncoding {
 
 /// MeshConfig `defaultProviders`: the providers used where no Telemetry names one.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct DefaultProviders {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracing: Option<Vec<String>>,

@@ -252,17 +252,14 @@ pub fn provider_logger(
             })
             .collect();
         attrs.sort_by(|a, b| a.key.cmp(&b.key));
-        #[allow(deprecated)]
+        // The logger's own `grpc_service` and `log_name` (its `common_config` is deprecated in
+        // upstream Envoy; Istio's peer filter states, which it would name, do not exist here).
         let config = OpenTelemetryAccessLogConfig {
-            common_config: Some(CommonGrpcAccessLogConfig {
-                log_name: o
-                    .log_name
-                    .clone()
-                    .unwrap_or_else(|| "otel_envoy_accesslog".into()),
-                grpc_service: Some(grpc_target(cluster, host)),
-                transport_api_version: ApiVersion::V3 as i32,
-                ..Default::default()
-            }),
+            grpc_service: Some(grpc_target(cluster, host)),
+            log_name: o
+                .log_name
+                .clone()
+                .unwrap_or_else(|| "otel_envoy_accesslog".into()),
             disable_builtin_labels: true,
             body: Some(AnyValue {
                 value: Some(any_value::Value::StringValue(
@@ -352,6 +349,94 @@ mod tests {
             panic!("no format")
         };
         s
+    }
+
+    fn provider(yaml: &str) -> ExtensionProvider {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    fn resolved(p: &ExtensionProvider) -> Resolved<'_> {
+        Resolved {
+            provider: p,
+            host: Some("als.obs.svc.cluster.local".into()),
+            cluster: Some("outbound|9000||als.obs.svc.cluster.local".into()),
+        }
+    }
+
+    #[test]
+    fn grpc_loggers_reach_their_service_as_istio_names_them() {
+        let mesh = MeshConfigSpec::default();
+        let http = provider(
+            "name: h\nenvoyHttpAls: {service: als.obs.svc.cluster.local, port: 9000, additionalRequestHeadersToLog: [x-a]}",
+        );
+        let log = provider_logger(&resolved(&http), &mesh, true).unwrap();
+        assert_eq!(log.name, HTTP_GRPC);
+        let Some(access_log::ConfigType::TypedConfig(any)) = &log.config_type else {
+            panic!()
+        };
+        let c = HttpGrpcAccessLogConfig::decode(any.value.as_slice()).unwrap();
+        let common = c.common_config.unwrap();
+        assert_eq!(common.log_name, "http_envoy_accesslog");
+        assert_eq!(
+            common.filter_state_objects_to_log,
+            ["upstream_peer", "downstream_peer"]
+        );
+        let Some(grpc_service::TargetSpecifier::EnvoyGrpc(g)) =
+            common.grpc_service.unwrap().target_specifier
+        else {
+            panic!()
+        };
+        assert_eq!(g.cluster_name, "outbound|9000||als.obs.svc.cluster.local");
+        assert_eq!(g.authority, "als.obs.svc.cluster.local");
+        assert_eq!(c.additional_request_headers_to_log, ["x-a"]);
+        // An HTTP ALS on a tcp_proxy, a TCP ALS on a connection manager: none.
+        assert!(provider_logger(&resolved(&http), &mesh, false).is_none());
+        let tcp =
+            provider("name: t\nenvoyTcpAls: {service: als.obs.svc.cluster.local, port: 9000}");
+        assert!(provider_logger(&resolved(&tcp), &mesh, true).is_none());
+        assert_eq!(
+            provider_logger(&resolved(&tcp), &mesh, false).unwrap().name,
+            TCP_GRPC
+        );
+        // OTLP: Istio's text line as the body, labels as sorted attributes.
+        let otel = provider(
+            "name: o\nenvoyOtelAls: {service: als.obs.svc.cluster.local, port: 9000, logFormat: {labels: {b: '%RESPONSE_CODE%', a: '%REQ(:PATH)%'}}}",
+        );
+        let log = provider_logger(&resolved(&otel), &mesh, true).unwrap();
+        let Some(access_log::ConfigType::TypedConfig(any)) = &log.config_type else {
+            panic!()
+        };
+        let c = OpenTelemetryAccessLogConfig::decode(any.value.as_slice()).unwrap();
+        assert_eq!(c.log_name, "otel_envoy_accesslog");
+        let keys: Vec<String> = c
+            .attributes
+            .unwrap()
+            .values
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect();
+        assert_eq!(keys, ["a", "b"]);
+        // Unreachable (no cluster): no logger.
+        let gone = Resolved {
+            provider: &otel,
+            host: None,
+            cluster: None,
+        };
+        assert!(provider_logger(&gone, &mesh, true).is_none());
+    }
+
+    #[test]
+    fn a_filter_is_envoys_cel_filter() {
+        let log = filtered(
+            mesh_file("/dev/stdout", &MeshConfigSpec::default()),
+            Some("response.code >= 400"),
+        );
+        let Some(access_log_filter::FilterSpecifier::ExtensionFilter(f)) =
+            log.filter.unwrap().filter_specifier
+        else {
+            panic!()
+        };
+        assert_eq!(f.name, CEL);
     }
 
     #[test]

@@ -177,7 +177,21 @@ fn provider_config(provider: &Resolved<'_>) -> Result<Http, TracingError> {
                             .map_or(super::super::seconds(5), |t| t.proto()),
                     ),
                 }),
-                request_headers_to_add: Vec::new(),
+                request_headers_to_add: h
+                    .headers
+                    .iter()
+                    .filter_map(|h| Some((&h.name, h.value.as_ref()?)))
+                    .map(
+                        |(k, v)| envoy_types::pb::envoy::config::core::v3::HeaderValueOption {
+                            header: Some(envoy_types::pb::envoy::config::core::v3::HeaderValue {
+                                key: k.clone(),
+                                value: v.clone(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                    )
+                    .collect(),
                 ..Default::default()
             });
         } else {
@@ -270,4 +284,116 @@ pub fn hcm_tracing(
         t.spawn_upstream_span = Some(BoolValue { value: true });
     }
     Ok(Some(t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config_store::providers::ExtensionProvider;
+    use envoy_types::pb::envoy::config::trace::v3::tracing::http::ConfigType;
+    use prost::Message;
+
+    fn provider(yaml: &str) -> ExtensionProvider {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    fn resolved(p: &ExtensionProvider) -> Resolved<'_> {
+        Resolved {
+            provider: p,
+            host: Some("otel.obs.svc.cluster.local".into()),
+            cluster: Some("outbound|4318||otel.obs.svc.cluster.local".into()),
+        }
+    }
+
+    fn plan(yaml: &str) -> TracingPlan {
+        let t: crate::config_store::telemetry::Tracing = serde_yaml_ng::from_str(yaml).unwrap();
+        TracingPlan {
+            provider: t.providers.first().map(|p| p.name.clone()),
+            sampling: t.random_sampling_percentage,
+            custom_tags: t.custom_tags,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn opentelemetry_over_http_and_sampling() {
+        let mesh = MeshConfigSpec::default();
+        let p = provider(
+            "name: otel\nopentelemetry: {service: otel.obs.svc.cluster.local, port: 4318, http: {path: /v1/traces}}",
+        );
+        let t = hcm_tracing(
+            Some(&plan(
+                "providers: [{name: otel}]\nrandomSamplingPercentage: 10",
+            )),
+            Some(&resolved(&p)),
+            &mesh,
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(t.random_sampling.unwrap().value, 10.0);
+        let http = t.provider.unwrap();
+        assert_eq!(http.name, "envoy.tracers.opentelemetry");
+        let Some(ConfigType::TypedConfig(any)) = http.config_type else {
+            panic!()
+        };
+        let c = OpenTelemetryConfig::decode(any.value.as_slice()).unwrap();
+        let uri = c.http_service.unwrap().http_uri.unwrap();
+        // Istio's URI has no scheme.
+        assert_eq!(uri.uri, "otel.obs.svc.cluster.local/v1/traces");
+        assert!(c.grpc_service.is_none());
+        assert_eq!(c.resource_detectors.len(), 1);
+        // The sampling default: 1%, or the mesh's defaultConfig.tracing.sampling.
+        let t = hcm_tracing(
+            Some(&plan("providers: [{name: otel}]")),
+            Some(&resolved(&p)),
+            &mesh,
+            true,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(t.random_sampling.unwrap().value, 1.0);
+        assert_eq!(t.spawn_upstream_span.map(|b| b.value), Some(true));
+        let mesh: MeshConfigSpec =
+            serde_yaml_ng::from_str("defaultConfig: {tracing: {sampling: 25}}").unwrap();
+        let t = hcm_tracing(None, None, &mesh, false).unwrap().unwrap();
+        assert_eq!(t.random_sampling.unwrap().value, 25.0);
+        assert!(t.provider.is_none());
+        // enableTracing: false and no Telemetry: no tracing.
+        let off: MeshConfigSpec = serde_yaml_ng::from_str("enableTracing: false").unwrap();
+        assert!(hcm_tracing(None, None, &off, false).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_provider_that_is_no_tracer_is_an_error() {
+        let p = provider("name: envoy\nenvoyFileAccessLog: {path: /dev/stdout}");
+        let e = hcm_tracing(
+            Some(&plan("providers: [{name: envoy}]")),
+            Some(&resolved(&p)),
+            &MeshConfigSpec::default(),
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(e, TracingError::NotATracer("envoy".into()));
+    }
+
+    #[test]
+    fn custom_tags_follow_istios_and_win_by_name() {
+        let t = tags(&plan("customTags: {istio.namespace: {literal: {value: mine}}, env: {environment: {name: X, defaultValue: d}}, h: {header: {name: x-h}}}").custom_tags);
+        let names: Vec<&str> = t.iter().map(|t| t.tag.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "env",
+                "h",
+                "istio.canonical_revision",
+                "istio.canonical_service",
+                "istio.cluster_id",
+                "istio.mesh_id",
+                "istio.namespace"
+            ]
+        );
+        let ns = t.iter().find(|t| t.tag == "istio.namespace").unwrap();
+        assert!(matches!(&ns.r#type, Some(custom_tag::Type::Literal(l)) if l.value == "mine"));
+    }
 }
