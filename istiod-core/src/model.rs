@@ -192,6 +192,9 @@ pub struct Proxy {
     /// client certificate of that namespace): only then does a router get its namespace's
     /// Secrets (`credentialName`).
     pub reads_secrets: bool,
+    /// The proxy's own ProxyConfig `tracing.sampling` (node metadata `PROXY_CONFIG`), over the
+    /// mesh's `defaultConfig` for its connection managers.
+    pub tracing_sampling: Option<crate::config_store::values::Percentage>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -224,6 +227,7 @@ impl Proxy {
             labels: BTreeMap::new(),
             auto_register_group: None,
             reads_secrets: false,
+            tracing_sampling: None,
         })
     }
 

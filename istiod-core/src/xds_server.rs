@@ -643,6 +643,7 @@ fn identify(
             Proxy::from_node_id(&node.id).map_err(|e| Status::invalid_argument(e.to_string()))?;
         p.labels = node_labels(node);
         p.auto_register_group = node_string(node, "AUTO_REGISTER_GROUP");
+        p.tracing_sampling = node_tracing_sampling(node);
         // Istio's checkConnectionIdentity: a client certificate speaks for its namespace only,
         // so a workload of namespace A cannot ask for B's config (and B's Secrets) by naming B
         // in its node id.
@@ -680,6 +681,32 @@ fn node_field<'a>(
         .as_ref()
         .and_then(|m| m.fields.get(key))
         .and_then(|v| v.kind.as_ref())
+}
+
+/// ProxyConfig `tracing.sampling` of the node metadata's `PROXY_CONFIG`, when set (0 or unset:
+/// the mesh's, as Istio reads it).
+fn node_tracing_sampling(
+    node: &envoy_types::pb::envoy::config::core::v3::Node,
+) -> Option<crate::config_store::values::Percentage> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let Some(Kind::StructValue(pc)) = node_field(node, "PROXY_CONFIG") else {
+        return None;
+    };
+    let Some(Kind::StructValue(tracing)) = pc.fields.get("tracing").and_then(|v| v.kind.as_ref())
+    else {
+        return None;
+    };
+    match tracing.fields.get("sampling").and_then(|v| v.kind.as_ref()) {
+        // Over 100 is 1%, as Istio reads it.
+        Some(Kind::NumberValue(n)) if n.is_finite() && *n > 0.0 => {
+            Some(crate::config_store::values::Percentage(if *n > 100.0 {
+                1.0
+            } else {
+                *n
+            }))
+        }
+        _ => None,
+    }
 }
 
 /// A string field of the node metadata.

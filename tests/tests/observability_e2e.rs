@@ -422,7 +422,7 @@ fn istios_telemetry_examples_with_a_real_collector() {
 
 /// Without any Telemetry: MeshConfig `accessLogFile` with `accessLogEncoding: JSON` and a format
 /// of the user's, and ProxyConfig `tracing.zipkin.address` (the bootstrap's tracer, Istio's
-/// legacy path) with `defaultConfig.tracing.sampling` from the mesh config.
+/// legacy path) at the proxy's own ProxyConfig `tracing.sampling` (over the mesh's 0.01%).
 #[test]
 fn mesh_config_access_log_and_the_bootstrap_tracer() {
     let test = "mesh_config_access_log_and_the_bootstrap_tracer";
@@ -440,7 +440,7 @@ spec:
   accessLogFormat: '{{"code": "%RESPONSE_CODE%", "path": "%REQ(:PATH)%", "peer": "%DOWNSTREAM_PEER_URI_SAN%"}}'
   defaultConfig:
     tracing:
-      sampling: 100
+      sampling: 0.01 # the proxies' own ProxyConfig says 100
 ---
 kind: ServiceEntry
 metadata: {{name: httpbin, namespace: {NS}}}
@@ -457,7 +457,7 @@ spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}
     );
     std::fs::write(mesh.join("mesh.yaml"), yaml).unwrap();
     let proxy_config = format!(
-        "{{\"terminationDrainDuration\": \"1s\", \"tracing\": {{\"zipkin\": {{\"address\": \"{collector_ip}:9411\"}}}}}}"
+        "{{\"terminationDrainDuration\": \"1s\", \"tracing\": {{\"sampling\": 100, \"zipkin\": {{\"address\": \"{collector_ip}:9411\"}}}}}}"
     );
     start_agents(&mut net, &mesh, &proxy_config);
     assert_eq!(curl(&net, "/hello"), "200", "{}", net.logs());
@@ -486,7 +486,7 @@ spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}
     );
     assert_eq!(line.as_object().unwrap().len(), 3, "{line}");
 
-    // The bootstrap's Zipkin tracer: both sidecars report, at the mesh's 100%.
+    // The bootstrap's Zipkin tracer: both sidecars report, at the proxies' own 100%.
     let found = wait_until(Duration::from_secs(30), || {
         joined(jaeger, "sleep.demo", "httpbin.demo", "/hello").is_some()
     });

@@ -685,9 +685,11 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     // Telemetry of the proxy's own namespace could apply to it.
     let labels = proxy.workload_labels(&push.services);
     let own = push.telemetry(&proxy.namespace, &labels);
-    let client = super::telemetry::Instruments::new(push, &own.client, true, false);
-    let server = super::telemetry::Instruments::new(push, &own.server, false, false);
-    let telemetry_shared = !push.telemetry_varies_in(&proxy.namespace);
+    let client = super::telemetry::Instruments::new(push, proxy, &own.client, true);
+    let server = super::telemetry::Instruments::new(push, proxy, &own.server, false);
+    // (A proxy's own tracing sampling makes its connection managers its own too.)
+    let telemetry_shared =
+        !push.telemetry_varies_in(&proxy.namespace) && proxy.tracing_sampling.is_none();
     let named = |mut l: Listener| {
         if l.name == VIRTUAL_INBOUND {
             server.apply(&mut l);

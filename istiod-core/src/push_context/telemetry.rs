@@ -533,6 +533,37 @@ mod tests {
     }
 
     #[test]
+    fn default_providers_apply_where_no_telemetry_names_one() {
+        let defaults: DefaultProviders =
+            serde_yaml_ng::from_str("{accessLogging: [envoy], tracing: [zipkin], metrics: []}")
+                .unwrap();
+        let t = merge(&[], Some(&defaults));
+        let logs = t.client.access_logs.unwrap();
+        assert_eq!(logs.on, vec![("envoy".to_string(), None)]);
+        assert_eq!(
+            t.server.tracing.unwrap().provider.as_deref(),
+            Some("zipkin")
+        );
+        // `metrics: []` turns Istio's standard metrics off.
+        assert_eq!(t.client.metrics, None);
+        // A Telemetry entry without providers acts on the default ones.
+        let s = spec(
+            "accessLogging: [{match: {mode: CLIENT}, disabled: true}]\ntracing: [{randomSamplingPercentage: 5}]",
+        );
+        let t = merge(&[&s], Some(&defaults));
+        assert_eq!(
+            t.client.access_logs.unwrap().disabled,
+            vec!["envoy".to_string()]
+        );
+        // Istio's mergeLogs: no entry of the server's mode, so nothing on for the server (the
+        // mesh's accessLogFile then applies), though the default provider was on before.
+        assert!(t.server.access_logs.unwrap().on.is_empty());
+        let plan = t.client.tracing.unwrap();
+        assert_eq!(plan.provider.as_deref(), Some("zipkin"));
+        assert_eq!(plan.sampling, Some(Percentage(5.0)));
+    }
+
+    #[test]
     fn nothing_configured_leaves_the_legacy_switches_and_prometheus() {
         let t = merged(&[]);
         assert_eq!(t.client.access_logs, None);

@@ -24,6 +24,7 @@ use prost::Message;
 
 use crate::config_store::MeshConfigSpec;
 use crate::config_store::providers::{ExtensionProvider, FileAccessLog, without_namespace};
+use crate::model::Proxy;
 use crate::push_context::PushContext;
 use crate::push_context::telemetry::Side;
 
@@ -110,8 +111,9 @@ pub struct Instruments {
 }
 
 impl Instruments {
-    /// One side of a proxy (`client`: outbound listeners and gateways). `router`: a gateway.
-    pub fn new(push: &PushContext, side: &Side, client: bool, router: bool) -> Instruments {
+    /// One side of `proxy` (`client`: outbound listeners and gateways; a router is a gateway).
+    pub fn new(push: &PushContext, proxy: &Proxy, side: &Side, client: bool) -> Instruments {
+        let router = super::gateway::is_router(proxy);
         let mesh: &MeshConfigSpec = &push.mesh;
         let mut http_logs = Vec::new();
         let mut tcp_logs = Vec::new();
@@ -154,14 +156,19 @@ impl Instruments {
             .as_ref()
             .and_then(|t| t.provider.as_deref())
             .and_then(|name| resolve(push, name));
-        let tracing =
-            match tracing::hcm_tracing(side.tracing.as_ref(), provider.as_ref(), mesh, router) {
-                Ok(t) => t,
-                Err(e) => {
-                    ::tracing::debug!(error = %e, "tracing off");
-                    None
-                }
-            };
+        let tracing = match tracing::hcm_tracing(
+            side.tracing.as_ref(),
+            provider.as_ref(),
+            mesh,
+            proxy.tracing_sampling.map(|p| p.0),
+            router,
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                ::tracing::debug!(error = %e, "tracing off");
+                None
+            }
+        };
         Instruments {
             reporter: if client {
                 Reporter::Source

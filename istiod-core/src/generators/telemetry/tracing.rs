@@ -47,9 +47,10 @@ fn proxy_tracing<'a>(mesh: &'a MeshConfigSpec, field: &str) -> Option<&'a serde_
         .and_then(|t| t.get(field))
 }
 
-/// ProxyConfig's sampling as Istio reads it: unset or 0 → the default; over 100 → 1.0.
-fn proxy_sampling(mesh: &MeshConfigSpec) -> f64 {
-    match proxy_tracing(mesh, "sampling").and_then(serde_json::Value::as_f64) {
+/// ProxyConfig's sampling as Istio reads it (the proxy's own, else the mesh's `defaultConfig`):
+/// unset or 0 → the default; over 100 → 1.0.
+fn proxy_sampling(mesh: &MeshConfigSpec, own: Option<f64>) -> f64 {
+    match own.or_else(|| proxy_tracing(mesh, "sampling").and_then(serde_json::Value::as_f64)) {
         Some(s) if s > 100.0 => 1.0,
         Some(s) if s > 0.0 => s,
         _ => DEFAULT_SAMPLING,
@@ -248,6 +249,7 @@ pub fn hcm_tracing(
     plan: Option<&TracingPlan>,
     provider: Option<&Resolved<'_>>,
     mesh: &MeshConfigSpec,
+    own_sampling: Option<f64>,
     router: bool,
 ) -> Result<Option<Tracing>, TracingError> {
     let base = |sampling: f64, user: &std::collections::BTreeMap<String, TagSpec>| Tracing {
@@ -265,7 +267,7 @@ pub fn hcm_tracing(
             .or_else(|| proxy_tracing(mesh, "customTags"))
             .and_then(|v| serde_json::from_value(v.clone()).ok())
             .unwrap_or_default();
-        let mut t = base(proxy_sampling(mesh), &user);
+        let mut t = base(proxy_sampling(mesh, own_sampling), &user);
         t.max_path_tag_length = max_tag_length(None, mesh);
         return Ok(Some(t));
     };
@@ -276,7 +278,9 @@ pub fn hcm_tracing(
         return Ok(None);
     };
     let http = provider_config(provider)?;
-    let sampling = plan.sampling.map_or_else(|| proxy_sampling(mesh), |p| p.0);
+    let sampling = plan
+        .sampling
+        .map_or_else(|| proxy_sampling(mesh, own_sampling), |p| p.0);
     let mut t = base(sampling, &plan.custom_tags);
     t.provider = Some(http);
     t.max_path_tag_length = max_tag_length(Some(provider), mesh);
@@ -327,10 +331,12 @@ mod tests {
             )),
             Some(&resolved(&p)),
             &mesh,
+            Some(50.0),
             false,
         )
         .unwrap()
         .unwrap();
+        // The Telemetry's rate over the proxy's own.
         assert_eq!(t.random_sampling.unwrap().value, 10.0);
         let http = t.provider.unwrap();
         assert_eq!(http.name, "envoy.tracers.opentelemetry");
@@ -348,6 +354,7 @@ mod tests {
             Some(&plan("providers: [{name: otel}]")),
             Some(&resolved(&p)),
             &mesh,
+            None,
             true,
         )
         .unwrap()
@@ -356,12 +363,18 @@ mod tests {
         assert_eq!(t.spawn_upstream_span.map(|b| b.value), Some(true));
         let mesh: MeshConfigSpec =
             serde_yaml_ng::from_str("defaultConfig: {tracing: {sampling: 25}}").unwrap();
-        let t = hcm_tracing(None, None, &mesh, false).unwrap().unwrap();
+        let t = hcm_tracing(None, None, &mesh, None, false)
+            .unwrap()
+            .unwrap();
         assert_eq!(t.random_sampling.unwrap().value, 25.0);
         assert!(t.provider.is_none());
         // enableTracing: false and no Telemetry: no tracing.
         let off: MeshConfigSpec = serde_yaml_ng::from_str("enableTracing: false").unwrap();
-        assert!(hcm_tracing(None, None, &off, false).unwrap().is_none());
+        assert!(
+            hcm_tracing(None, None, &off, None, false)
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]
@@ -371,6 +384,7 @@ mod tests {
             Some(&plan("providers: [{name: envoy}]")),
             Some(&resolved(&p)),
             &MeshConfigSpec::default(),
+            None,
             false,
         )
         .unwrap_err();
