@@ -9,6 +9,8 @@
 # The app is a third Envoy answering 200 with a 1 KiB body. Proxies and app are pinned to core 0,
 # the load generator (wrk, closed loop: C connections on 1 thread) to core 1.
 # Usage: ./scripts/bench-datapath.sh [seconds] [connections] [rounds] [mode] (default 10 16 3 minimal).
+# BENCH_CPU=1 adds where the CPU of each measured load went: microseconds of CPU per request for each
+# process of each side (Envoy, pilot-agent, the app), from /proc (medians over rounds).
 # Root. mode `authz`: instead of the hand-minimal config, ours is measured with and without an
 # AuthorizationPolicy of 100 ALLOW rules on the server (the request matches only the last, so Envoy
 # evaluates them all), alternating in the same run. Mode `gateway`: the client side is an ingress
@@ -240,11 +242,39 @@ start_minimal() {
     "$ENVOY" -c "$WORK/min-server.yaml" --concurrency 1 --disable-hot-restart --base-id 9 -l error \
     >"$WORK/min-server.log" 2>&1 &
 }
+# CPU time (clock ticks) of every process in the pods' namespaces: "ns comm pid ticks" lines.
+cpu_ticks() {
+  for ns in "$C" "$S"; do
+    for pid in $(ip netns pids "$ns"); do
+      [ -r "/proc/$pid/stat" ] || continue
+      echo "$ns $(cat "/proc/$pid/comm" 2>/dev/null) $pid $(awk '{print $14+$15}' "/proc/$pid/stat" 2>/dev/null)"
+    done
+  done
+}
+# Where the CPU of the measured load went, per side and process (microseconds per request);
+# appended to $WORK/cpu-<label>.txt, printed at the end (BENCH_CPU=1).
+cpu_split() { # label before-file after-file rps
+  local hz; hz="$(getconf CLK_TCK)"
+  awk -v hz="$hz" -v n="$(awk -v r="$4" -v s="$SECS" 'BEGIN {print r*s}')" -v c="$C" '
+    NR==FNR {before[$3]=$4; next}
+    ($3 in before) {
+      side = ($1 == c) ? "client" : "server"; d = ($4 - before[$3]) * 1e6 / hz / n
+      key = side " " $2; cpu[key] += d
+    }
+    END {for (k in cpu) printf "%s %.1f\n", k, cpu[k]}' "$2" "$3" | sort >> "$WORK/cpu-$1.txt"
+}
+
 load() { # -> "p50 p90 p99 rps" (ms, ms, ms, requests/s)
   ip netns exec "$C" taskset -c 1 setpriv --reuid 1000 --regid 1000 --clear-groups -- \
     wrk -t1 -c"$CONNS" -d2s -H "Host: $HOSTHDR" "$URL" >/dev/null
+  [ -n "${BENCH_CPU:-}" ] && cpu_ticks > "$WORK/ticks-before.txt"
   ip netns exec "$C" taskset -c 1 setpriv --reuid 1000 --regid 1000 --clear-groups -- \
     wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -H "Host: $HOSTHDR" "$URL" > "$WORK/wrk.txt"
+  if [ -n "${BENCH_CPU:-}" ]; then
+    cpu_ticks > "$WORK/ticks-after.txt"
+    cpu_split "${LOAD_LABEL:-run}" "$WORK/ticks-before.txt" "$WORK/ticks-after.txt" \
+      "$(awk '/Requests\/sec/ {print $2}' "$WORK/wrk.txt")"
+  fi
   grep -q "Non-2xx\|Socket errors" "$WORK/wrk.txt" && { cat "$WORK/wrk.txt" >&2; echo "errors in the run" >&2; return 1; }
   ms() { awk -v k="$1" '$1==k {v=$2; if (v ~ /us$/) {sub(/us/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1000}; printf "%.3f", v}' "$WORK/wrk.txt"; }
   echo "$(ms 50%) $(ms 90%) $(ms 99%) $(awk '/Requests\/sec/ {print $2}' "$WORK/wrk.txt")"
@@ -307,10 +337,10 @@ for r in $(seq 1 "$ROUNDS"); do
   if [ "$MODE" = accesslog ] || [ "$MODE" = tracing ]; then
     cp "$WORK/ab.yaml.on" "$WORK/mesh/ab.yaml"
     start_ours; wait_ok "$C" "$URL"
-    OURS+=("$(load)"); stop_proxies
+    LOAD_LABEL=on; OURS+=("$(load)"); stop_proxies
     cp "$WORK/ab.yaml.off" "$WORK/mesh/ab.yaml"
     start_ours; wait_ok "$C" "$URL"
-    MIN+=("$(load)"); stop_proxies
+    LOAD_LABEL=off; MIN+=("$(load)"); stop_proxies
     continue
   fi
   if [ "$MODE" = authz ]; then
@@ -325,7 +355,7 @@ for r in $(seq 1 "$ROUNDS"); do
   if [ "$MODE" = telemetry ]; then
     rm -f "$WORK/mesh/no-metrics.yaml"
     start_ours; wait_ok "$C" "$URL"
-    OURS+=("$(load)")
+    LOAD_LABEL=metrics; OURS+=("$(load)")
     # The records reached the agent: its 15020 counts the requests.
     ip netns exec "$S" curl -s -o "$WORK/scrape.txt" "http://127.0.0.1:15020/stats/prometheus"
     grep -q '^istio_requests_total{reporter="destination"' "$WORK/scrape.txt" \
@@ -334,13 +364,13 @@ for r in $(seq 1 "$ROUNDS"); do
     printf 'kind: ConfigMap\nmetadata: {name: istio, namespace: istio-system}\ndata:\n  mesh: |-\n    defaultProviders: {metrics: []}\n' \
       > "$WORK/mesh/no-metrics.yaml"
     start_ours; wait_ok "$C" "$URL"
-    MIN+=("$(load)"); stop_proxies
+    LOAD_LABEL=off; MIN+=("$(load)"); stop_proxies
     continue
   fi
   start_ours; wait_ok "$C" "$URL"
-  OURS+=("$(load)"); stop_proxies
+  LOAD_LABEL=ours; OURS+=("$(load)"); stop_proxies
   start_minimal; wait_ok "$C" "$URL"
-  MIN+=("$(load)"); stop_proxies
+  LOAD_LABEL=minimal; MIN+=("$(load)"); stop_proxies
 done
 if [ "$MODE" = authz ]; then
   A="ours, 100 ALLOW rules"; B="ours, no policy"
@@ -368,6 +398,15 @@ done
 echo
 echo "rounds, $A: ${OURS[*]}"
 echo "rounds, $B: ${MIN[*]}"
+if [ -n "${BENCH_CPU:-}" ]; then
+  # Median over the rounds of each process's CPU per request.
+  for f in "$WORK"/cpu-*.txt; do
+    echo "CPU per request (us), $(basename "$f" .txt | sed 's/^cpu-//'), median of rounds:"
+    awk '{k=$1" "$2; v[k]=v[k]" "$3} END {for (k in v) print k, v[k]}' "$f" | while read -r side comm vals; do
+      echo "  $side $comm $(echo "$vals" | tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}')"
+    done | sort
+  done
+fi
 if [ "$MODE" = tracing ]; then
   # The sampled requests' spans reached the collectors (both sides report).
   for ns in "$C" "$S"; do
