@@ -235,7 +235,8 @@ pub fn listeners(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     let filters = RouteFilters::of(push);
     // A gateway reports and logs as a client (Istio's CLIENT mode for gateways).
     let telemetry = push.telemetry(&proxy.namespace, &labels);
-    let instruments = super::telemetry::Instruments::new(push, proxy, &telemetry.client, true);
+    let instruments =
+        super::telemetry::Instruments::new(push, proxy, &telemetry.client, true, true);
     let mut out = Vec::new();
     for ((bind, port), on_port) in by_listener(&servers) {
         let Some(kind) = port_kind(on_port[0].server) else {

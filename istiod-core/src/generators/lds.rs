@@ -685,8 +685,8 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     // Telemetry of the proxy's own namespace could apply to it.
     let labels = proxy.workload_labels(&push.services);
     let own = push.telemetry(&proxy.namespace, &labels);
-    let client = super::telemetry::Instruments::new(push, proxy, &own.client, true);
-    let server = super::telemetry::Instruments::new(push, proxy, &own.server, false);
+    let client = super::telemetry::Instruments::new(push, proxy, &own.client, true, false);
+    let server = super::telemetry::Instruments::new(push, proxy, &own.server, false, false);
     // (A proxy's own tracing sampling makes its connection managers its own too.)
     let telemetry_shared =
         !push.telemetry_varies_in(&proxy.namespace) && proxy.tracing_sampling.is_none();

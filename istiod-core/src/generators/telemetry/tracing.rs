@@ -23,7 +23,7 @@ use crate::config_store::MeshConfigSpec;
 use crate::config_store::telemetry::CustomTag as TagSpec;
 use crate::push_context::telemetry::TracingPlan;
 
-use super::Resolved;
+use super::provider::Resolved;
 
 /// The environment variables the agent gives Envoy for Istio's span tags.
 pub const ENV_CANONICAL_SERVICE: &str = "ISTIO_CANONICAL_SERVICE";
