@@ -427,6 +427,33 @@ impl Pod {
         )
     }
 
+    /// The embedded agent as Istio's injector starts it for `workload`: its name in the node
+    /// metadata, the pod's labels in the downward-API file, its namespace, service account,
+    /// cluster and ProxyConfig in the environment.
+    pub fn spawn_workload_agent(
+        &mut self,
+        mesh: &Path,
+        workload: &Workload<'_>,
+    ) -> Result<&mut Proc> {
+        let pod_info = self.dir.join("etc/istio/pod");
+        fs::create_dir_all(&pod_info)?;
+        fs::write(pod_info.join("labels"), workload.labels)?;
+        let ip = self.ip.to_string();
+        let pod_name = format!("{}-0", workload.name);
+        self.spawn_embedded_agent(
+            mesh,
+            &[
+                ("POD_NAME", &pod_name),
+                ("POD_NAMESPACE", workload.namespace),
+                ("INSTANCE_IP", &ip),
+                ("SERVICE_ACCOUNT", workload.service_account),
+                ("ISTIO_META_WORKLOAD_NAME", workload.name),
+                ("ISTIO_META_CLUSTER_ID", workload.cluster),
+                ("PROXY_CONFIG", workload.proxy_config),
+            ],
+        )
+    }
+
     /// A dnsmasq answering on this pod's address, with `--address=` rules such as
     /// `/example.test/10.0.0.1`; `false` (and a failure unless SKIP_E2E=1) without dnsmasq.
     pub fn spawn_dnsmasq(&mut self, rules: &[&str]) -> bool {
@@ -582,6 +609,46 @@ impl Pod {
             .and_then(|(_, v)| v.trim().parse().ok())
             .unwrap_or(0))
     }
+}
+
+/// The tests' usual HTTP service: a ServiceEntry `httpbin` in `namespace` for `host` on `vip`,
+/// HTTP on `port`, selecting `app: httpbin`, and its one WorkloadEntry (service account
+/// `httpbin`) at `server_ip`; YAML documents for a config directory.
+pub fn httpbin_entries(
+    namespace: &str,
+    host: &str,
+    vip: &str,
+    port: u16,
+    server_ip: &str,
+) -> String {
+    format!(
+        r#"kind: ServiceEntry
+metadata: {{name: httpbin, namespace: {namespace}}}
+spec:
+  hosts: [{host}]
+  addresses: [{vip}]
+  ports: [{{number: {port}, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: httpbin}}}}
+---
+kind: WorkloadEntry
+metadata: {{name: httpbin-1, namespace: {namespace}}}
+spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}}
+"#
+    )
+}
+
+/// A workload as the injector describes it to its agent (`Pod::spawn_workload_agent`).
+pub struct Workload<'a> {
+    pub namespace: &'a str,
+    pub service_account: &'a str,
+    /// The workload's name (`ISTIO_META_WORKLOAD_NAME`; the pod is `NAME-0`).
+    pub name: &'a str,
+    /// The pod's labels in the downward-API format (`app="x"`, one per line).
+    pub labels: &'a str,
+    /// `ISTIO_META_CLUSTER_ID`.
+    pub cluster: &'a str,
+    /// `PROXY_CONFIG` (JSON).
+    pub proxy_config: &'a str,
 }
 
 /// Envoy's uid in a pod (Istio's proxy user).

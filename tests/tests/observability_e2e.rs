@@ -21,7 +21,30 @@ const NS: &str = "demo";
 const VIP: &str = "10.234.0.30";
 const HOST: &str = "httpbin.demo.svc.cluster.local";
 
+/// The httpbin service (a VIP on port 8000) and its one endpoint, the server pod.
+fn write_httpbin(dir: &std::path::Path, server_ip: &str) {
+    let yaml = harness::httpbin_entries(NS, HOST, VIP, 8000, server_ip);
+    std::fs::write(dir.join("httpbin.yaml"), yaml).unwrap();
+}
+
+/// The OTLP collector's service (gRPC on 4317, the collector pod), a YAML document.
+fn otel_collector(collector_ip: &str) -> String {
+    format!(
+        r#"---
+kind: ServiceEntry
+metadata: {{name: opentelemetry-collector, namespace: observability}}
+spec:
+  hosts: [opentelemetry-collector.observability.svc.cluster.local]
+  ports: [{{number: 4317, name: grpc-otlp, protocol: GRPC}}]
+  resolution: STATIC
+  endpoints: [{{address: {collector_ip}}}]
+"#
+    )
+}
+
 fn mesh_config(dir: &std::path::Path, server_ip: &str, collector_ip: &str) {
+    write_httpbin(dir, server_ip);
+    let collector = otel_collector(collector_ip);
     let yaml = format!(
         r#"kind: MeshConfig
 metadata: {{name: mesh, namespace: istio-system}}
@@ -46,27 +69,7 @@ spec:
   ports: [{{number: 9411, name: http-query, protocol: HTTP}}]
   resolution: STATIC
   endpoints: [{{address: {collector_ip}}}]
----
-kind: ServiceEntry
-metadata: {{name: opentelemetry-collector, namespace: observability}}
-spec:
-  hosts: [opentelemetry-collector.observability.svc.cluster.local]
-  ports: [{{number: 4317, name: grpc-otlp, protocol: GRPC}}]
-  resolution: STATIC
-  endpoints: [{{address: {collector_ip}}}]
----
-kind: ServiceEntry
-metadata: {{name: httpbin, namespace: {NS}}}
-spec:
-  hosts: [{HOST}]
-  addresses: [{VIP}]
-  ports: [{{number: 8000, name: http, protocol: HTTP}}]
-  workloadSelector: {{labels: {{app: httpbin}}}}
----
-kind: WorkloadEntry
-metadata: {{name: httpbin-1, namespace: {NS}}}
-spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}}
----
+{collector}---
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
 metadata: {{name: deny-forbidden, namespace: {NS}}}
@@ -172,23 +175,15 @@ fn start_agent(
     mesh: &std::path::Path,
     proxy_config: &str,
 ) {
-    let pod_info = pod.dir.join("etc/istio/pod");
-    std::fs::create_dir_all(&pod_info).unwrap();
-    std::fs::write(pod_info.join("labels"), labels).unwrap();
-    let ip = pod.ip.to_string();
-    pod.spawn_embedded_agent(
-        mesh,
-        &[
-            ("POD_NAME", &format!("{workload}-0")),
-            ("POD_NAMESPACE", NS),
-            ("INSTANCE_IP", &ip),
-            ("SERVICE_ACCOUNT", sa),
-            ("ISTIO_META_WORKLOAD_NAME", workload),
-            ("ISTIO_META_CLUSTER_ID", "cluster-a"),
-            ("PROXY_CONFIG", proxy_config),
-        ],
-    )
-    .unwrap();
+    let workload = harness::Workload {
+        namespace: NS,
+        service_account: sa,
+        name: workload,
+        labels,
+        cluster: "cluster-a",
+        proxy_config,
+    };
+    pod.spawn_workload_agent(mesh, &workload).unwrap();
 }
 
 fn curl(net: &Network, path: &str) -> String {
@@ -431,31 +426,18 @@ fn mesh_config_access_log_and_the_bootstrap_tracer() {
     }
     let (mut net, mesh) = pods();
     let (server_ip, collector_ip) = (net.pods[1].ip.to_string(), net.pods[2].ip.to_string());
-    let yaml = format!(
-        r#"kind: MeshConfig
-metadata: {{name: mesh, namespace: istio-system}}
+    let yaml = r#"kind: MeshConfig
+metadata: {name: mesh, namespace: istio-system}
 spec:
   accessLogFile: /dev/stdout
   accessLogEncoding: JSON
-  accessLogFormat: '{{"code": "%RESPONSE_CODE%", "path": "%REQ(:PATH)%", "peer": "%DOWNSTREAM_PEER_URI_SAN%"}}'
+  accessLogFormat: '{"code": "%RESPONSE_CODE%", "path": "%REQ(:PATH)%", "peer": "%DOWNSTREAM_PEER_URI_SAN%"}'
   defaultConfig:
     tracing:
       sampling: 0.01 # the proxies' own ProxyConfig says 100
----
-kind: ServiceEntry
-metadata: {{name: httpbin, namespace: {NS}}}
-spec:
-  hosts: [{HOST}]
-  addresses: [{VIP}]
-  ports: [{{number: 8000, name: http, protocol: HTTP}}]
-  workloadSelector: {{labels: {{app: httpbin}}}}
----
-kind: WorkloadEntry
-metadata: {{name: httpbin-1, namespace: {NS}}}
-spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}}
-"#
-    );
+"#;
     std::fs::write(mesh.join("mesh.yaml"), yaml).unwrap();
+    write_httpbin(&mesh, &server_ip);
     let proxy_config = format!(
         "{{\"terminationDrainDuration\": \"1s\", \"tracing\": {{\"sampling\": 100, \"zipkin\": {{\"address\": \"{collector_ip}:9411\"}}}}}}"
     );
@@ -499,6 +481,7 @@ spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}
     // Then a Telemetry naming an `opentelemetry` provider (OTLP over gRPC, Jaeger's receiver):
     // the sidecars follow the config change, `traceparent` joins the two spans, and each span's
     // service is its sidecar's (`app.namespace`, from Envoy's environment).
+    let collector = otel_collector(&collector_ip);
     let otel = format!(
         r#"kind: MeshConfig
 metadata: {{name: mesh-otel, namespace: istio-system}}
@@ -508,15 +491,7 @@ spec:
     opentelemetry:
       port: 4317
       service: opentelemetry-collector.observability.svc.cluster.local
----
-kind: ServiceEntry
-metadata: {{name: opentelemetry-collector, namespace: observability}}
-spec:
-  hosts: [opentelemetry-collector.observability.svc.cluster.local]
-  ports: [{{number: 4317, name: grpc-otlp, protocol: GRPC}}]
-  resolution: STATIC
-  endpoints: [{{address: {collector_ip}}}]
----
+{collector}---
 apiVersion: telemetry.istio.io/v1
 kind: Telemetry
 metadata:

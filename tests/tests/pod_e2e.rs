@@ -33,20 +33,7 @@ fn can_run(test: &str) -> bool {
 
 fn mesh_config(dir: &Path, server_ip: &str) {
     std::fs::create_dir_all(dir).unwrap();
-    let yaml = format!(
-        r#"kind: ServiceEntry
-metadata: {{name: httpbin, namespace: {NS}}}
-spec:
-  hosts: [{SERVICE}]
-  addresses: [{VIP}]
-  ports: [{{number: 8000, name: http, protocol: HTTP}}]
-  workloadSelector: {{labels: {{app: httpbin}}}}
----
-kind: WorkloadEntry
-metadata: {{name: httpbin-1, namespace: {NS}}}
-spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}}
-"#
-    );
+    let yaml = harness::httpbin_entries(NS, SERVICE, VIP, 8000, server_ip);
     std::fs::write(dir.join("mesh.yaml"), yaml).unwrap();
 }
 

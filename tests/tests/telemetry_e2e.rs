@@ -19,15 +19,8 @@ const CLIENT_ID: &str = "spiffe://cluster.local/ns/demo/sa/sleep";
 const SERVER_ID: &str = "spiffe://cluster.local/ns/demo/sa/httpbin";
 
 fn mesh_config(dir: &std::path::Path, server_ip: &str) {
-    let yaml = format!(
-        r#"kind: ServiceEntry
-metadata: {{name: httpbin, namespace: {NS}}}
-spec:
-  hosts: [{HTTP_HOST}]
-  addresses: [{HTTP_VIP}]
-  ports: [{{number: 8000, name: http, protocol: HTTP}}]
-  workloadSelector: {{labels: {{app: httpbin}}}}
----
+    let echo = format!(
+        r#"---
 kind: ServiceEntry
 metadata: {{name: echo, namespace: {NS}}}
 spec:
@@ -35,35 +28,24 @@ spec:
   addresses: [{TCP_VIP}]
   ports: [{{number: 9000, name: tcp, protocol: TCP}}]
   workloadSelector: {{labels: {{app: httpbin}}}}
----
-kind: WorkloadEntry
-metadata: {{name: httpbin-1, namespace: {NS}}}
-spec: {{address: {server_ip}, labels: {{app: httpbin}}, serviceAccount: httpbin}}
 "#
     );
+    let yaml = harness::httpbin_entries(NS, HTTP_HOST, HTTP_VIP, 8000, server_ip) + &echo;
     std::fs::write(dir.join("mesh.yaml"), yaml).unwrap();
 }
 
 /// The agent as the injector starts it: workload name in the node metadata, pod labels in the
 /// downward-API file.
 fn start_agent(pod: &mut Pod, sa: &str, workload: &str, labels: &str, mesh: &std::path::Path) {
-    let pod_info = pod.dir.join("etc/istio/pod");
-    std::fs::create_dir_all(&pod_info).unwrap();
-    std::fs::write(pod_info.join("labels"), labels).unwrap();
-    let ip = pod.ip.to_string();
-    pod.spawn_embedded_agent(
-        mesh,
-        &[
-            ("POD_NAME", &format!("{workload}-0")),
-            ("POD_NAMESPACE", NS),
-            ("INSTANCE_IP", &ip),
-            ("SERVICE_ACCOUNT", sa),
-            ("ISTIO_META_WORKLOAD_NAME", workload),
-            ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
-            ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
-        ],
-    )
-    .unwrap();
+    let workload = harness::Workload {
+        namespace: NS,
+        service_account: sa,
+        name: workload,
+        labels,
+        cluster: "Kubernetes",
+        proxy_config: "{\"terminationDrainDuration\": \"1s\"}",
+    };
+    pod.spawn_workload_agent(mesh, &workload).unwrap();
 }
 
 /// The value of the first series of `name` whose line has every one of `labels`.

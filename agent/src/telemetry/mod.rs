@@ -184,7 +184,8 @@ impl Workload {
     /// A peer's announcement, believed only when its namespace and service account are those of
     /// the peer's certificate on that connection (`peer_san`); `None` otherwise.
     fn from_announcement(value: &str, peer_san: Option<&str>) -> Option<Workload> {
-        let (ns, sa) = spiffe_namespace_and_account(peer_san?)?;
+        let id = istiod_core::ca::Identity::parse(peer_san?).ok()?;
+        let (ns, sa) = (id.namespace.as_str(), id.service_account.as_str());
         let get = |key: &str| {
             value
                 .split(',')
@@ -206,24 +207,6 @@ impl Workload {
             version: or("ver", UNKNOWN),
             cluster: or("cl", UNKNOWN),
         })
-    }
-}
-
-/// The namespace and service account of a SPIFFE id `spiffe://TD/ns/NS/sa/SA`.
-fn spiffe_namespace_and_account(id: &str) -> Option<(&str, &str)> {
-    let rest = id.strip_prefix("spiffe://")?;
-    let mut parts = rest.split('/').skip(1);
-    match (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) {
-        (Some("ns"), Some(ns), Some("sa"), Some(sa), None) if !ns.is_empty() && !sa.is_empty() => {
-            Some((ns, sa))
-        }
-        _ => None,
     }
 }
 

@@ -54,6 +54,15 @@ impl Shapes {
     }
 }
 
+/// A dimension's key in a series: its tag and where its value comes from (metrics may give one
+/// tag different values).
+fn dim_key(tag: &str, d: &Dimension) -> String {
+    match d {
+        Dimension::Literal(l) => format!("{tag}\u{0}={l}"),
+        Dimension::Attribute(a) => format!("{tag}\u{0}@{a}"),
+    }
+}
+
 /// The dimensions a record carries under `shape`: every label any metric sets, by name, with
 /// its value (a literal, the record's attribute, or `unknown` when Envoy had none).
 pub fn dimensions<'r>(
@@ -63,15 +72,11 @@ pub fn dimensions<'r>(
     let mut out: BTreeMap<String, String> = BTreeMap::new();
     for m in &shape.metrics {
         for (tag, d) in &m.set {
-            // Per metric values may differ for one tag name: keyed by tag and source.
-            let (key, value) = match d {
-                Dimension::Literal(l) => (format!("{tag}\u{0}={l}"), l.clone()),
-                Dimension::Attribute(a) => (
-                    format!("{tag}\u{0}@{a}"),
-                    get(a).unwrap_or("unknown").to_string(),
-                ),
+            let value = match d {
+                Dimension::Literal(l) => l.clone(),
+                Dimension::Attribute(a) => get(a).unwrap_or("unknown").to_string(),
             };
-            out.insert(key, value);
+            out.insert(dim_key(tag, d), value);
         }
     }
     out.into_iter().collect()
@@ -99,10 +104,7 @@ pub fn project(
     }
     labels.retain(|(n, _)| !m.remove.contains(n));
     for (tag, d) in &m.set {
-        let key = match d {
-            Dimension::Literal(l) => format!("{tag}\u{0}={l}"),
-            Dimension::Attribute(a) => format!("{tag}\u{0}@{a}"),
-        };
+        let key = dim_key(tag, d);
         let value = dims
             .iter()
             .find(|(k, _)| **k == *key)

@@ -112,29 +112,8 @@ impl ExtensionProvider {
         if let Some(g) = &self.envoy_ext_authz_grpc {
             service("envoyExtAuthzGrpc", &g.service, g.port, &g.status_on_error)?;
         }
-        let reached = [
-            (
-                "envoyOtelAls",
-                self.envoy_otel_als.as_ref().map(|a| (&a.service, a.port)),
-            ),
-            (
-                "envoyHttpAls",
-                self.envoy_http_als.as_ref().map(|a| (&a.service, a.port)),
-            ),
-            (
-                "envoyTcpAls",
-                self.envoy_tcp_als.as_ref().map(|a| (&a.service, a.port)),
-            ),
-            ("zipkin", self.zipkin.as_ref().map(|z| (&z.service, z.port))),
-            (
-                "opentelemetry",
-                self.opentelemetry.as_ref().map(|o| (&o.service, o.port)),
-            ),
-        ];
-        for (kind, at) in reached {
-            if let Some((host, port)) = at {
-                service(kind, host, port, &None)?;
-            }
+        if let Some((host, port)) = self.telemetry_service() {
+            service(self.kind_name(), host, port, &None)?;
         }
         if let Some(f) = &self.envoy_file_access_log {
             if f.path.is_empty() {
@@ -194,6 +173,22 @@ impl ExtensionProvider {
             .unwrap_or("none")
     }
 
+    /// The mesh service (as written: `NAMESPACE/HOST` or `HOST`) and port a logger or tracer
+    /// sends to (`envoyOtelAls`, `envoyHttpAls`, `envoyTcpAls`, `zipkin`, `opentelemetry`).
+    pub fn telemetry_service(&self) -> Option<(&str, u32)> {
+        [
+            self.envoy_otel_als.as_ref().map(|a| (&a.service, a.port)),
+            self.envoy_http_als.as_ref().map(|a| (&a.service, a.port)),
+            self.envoy_tcp_als.as_ref().map(|a| (&a.service, a.port)),
+            self.zipkin.as_ref().map(|z| (&z.service, z.port)),
+            self.opentelemetry.as_ref().map(|o| (&o.service, o.port)),
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+        .map(|(service, port)| (service.as_str(), port))
+    }
+
     /// The service host (without the `NAMESPACE/` prefix Istio allows) and port of an
     /// ext_authz provider, and whether it speaks gRPC.
     pub fn ext_authz(&self) -> Option<(&str, u16, bool)> {
@@ -204,6 +199,12 @@ impl ExtensionProvider {
         let g = self.envoy_ext_authz_grpc.as_ref()?;
         Some((without_namespace(&g.service), port(g.port)?, true))
     }
+}
+
+/// The entry of `providers` named `name`, compared as Istio's Telemetry lookup compares them
+/// (ignoring case).
+pub fn find<'a>(providers: &'a [ExtensionProvider], name: &str) -> Option<&'a ExtensionProvider> {
+    providers.iter().find(|p| p.name.eq_ignore_ascii_case(name))
 }
 
 /// `NAMESPACE/HOST` as `HOST` (a plain host as it is).

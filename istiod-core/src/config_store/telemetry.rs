@@ -184,37 +184,49 @@ pub enum IstioMetric {
 }
 
 impl IstioMetric {
-    /// The metric's Prometheus name without the `istio_` prefix (Istio's stats filter names).
-    pub const STANDARD: [(IstioMetric, &'static str); 10] = [
-        (IstioMetric::RequestCount, "requests_total"),
+    /// Each standard metric with its name in the Telemetry API (Istio orders a proxy's metric
+    /// overrides by it) and its Prometheus name without the `istio_` prefix (Istio's stats
+    /// filter's names).
+    pub const STANDARD: [(IstioMetric, &'static str, &'static str); 10] = [
+        (IstioMetric::RequestCount, "REQUEST_COUNT", "requests_total"),
         (
             IstioMetric::RequestDuration,
+            "REQUEST_DURATION",
             "request_duration_milliseconds",
         ),
-        (IstioMetric::RequestSize, "request_bytes"),
-        (IstioMetric::ResponseSize, "response_bytes"),
+        (IstioMetric::RequestSize, "REQUEST_SIZE", "request_bytes"),
+        (IstioMetric::ResponseSize, "RESPONSE_SIZE", "response_bytes"),
         (
             IstioMetric::TcpOpenedConnections,
+            "TCP_OPENED_CONNECTIONS",
             "tcp_connections_opened_total",
         ),
         (
             IstioMetric::TcpClosedConnections,
+            "TCP_CLOSED_CONNECTIONS",
             "tcp_connections_closed_total",
         ),
-        (IstioMetric::TcpSentBytes, "tcp_sent_bytes_total"),
-        (IstioMetric::TcpReceivedBytes, "tcp_received_bytes_total"),
-        (IstioMetric::GrpcRequestMessages, "request_messages_total"),
-        (IstioMetric::GrpcResponseMessages, "response_messages_total"),
+        (
+            IstioMetric::TcpSentBytes,
+            "TCP_SENT_BYTES",
+            "tcp_sent_bytes_total",
+        ),
+        (
+            IstioMetric::TcpReceivedBytes,
+            "TCP_RECEIVED_BYTES",
+            "tcp_received_bytes_total",
+        ),
+        (
+            IstioMetric::GrpcRequestMessages,
+            "GRPC_REQUEST_MESSAGES",
+            "request_messages_total",
+        ),
+        (
+            IstioMetric::GrpcResponseMessages,
+            "GRPC_RESPONSE_MESSAGES",
+            "response_messages_total",
+        ),
     ];
-
-    /// The Prometheus names (without `istio_`) this selector covers.
-    pub fn names(self) -> Vec<&'static str> {
-        IstioMetric::STANDARD
-            .iter()
-            .filter(|(m, _)| self == IstioMetric::AllMetrics || *m == self)
-            .map(|(_, n)| *n)
-            .collect()
-    }
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -453,6 +465,13 @@ mod tests {
                 .unwrap_err()
                 .contains("sampling")
         );
+    }
+
+    #[test]
+    fn standard_metrics_carry_their_api_names() {
+        for (m, api_name, _) in IstioMetric::STANDARD {
+            assert_eq!(serde_json::to_value(m).unwrap(), api_name);
+        }
     }
 
     #[test]

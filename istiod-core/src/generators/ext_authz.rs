@@ -2,9 +2,7 @@
 //! (`envoyExtAuthzHttp` / `envoyExtAuthzGrpc`) asked through its service's outbound cluster,
 //! only for requests a CUSTOM rule matched (`authz::ext_authz_enabled`), as Istio builds it.
 
-use envoy_types::pb::envoy::config::core::v3::{
-    ApiVersion, GrpcService, HttpUri, grpc_service, http_uri,
-};
+use envoy_types::pb::envoy::config::core::v3::{ApiVersion, GrpcService, HttpUri, http_uri};
 use envoy_types::pb::envoy::config::listener::v3::{Filter, filter};
 use envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::{
     AuthorizationResponse, ExtAuthz, HttpService, ext_authz,
@@ -46,24 +44,16 @@ fn status(s: &Option<String>) -> Option<HttpStatus> {
         .map(|code| HttpStatus { code })
 }
 
-/// The gRPC target: `cluster`, with the service's host name as `:authority` (Envoy's default
-/// would be the cluster name, whose `|` an HTTP/2 server refuses in an authority: every check
-/// would fail).
+/// The gRPC target: `cluster`, with the service's host name as `:authority`, and the check's
+/// timeout.
 fn grpc_target(
     cluster: &str,
     host: &str,
     timeout: Option<&crate::config_store::values::GoDuration>,
 ) -> GrpcService {
     GrpcService {
-        target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
-            grpc_service::EnvoyGrpc {
-                cluster_name: cluster.to_string(),
-                authority: host.to_string(),
-                ..Default::default()
-            },
-        )),
         timeout: Some(timeout.map_or(super::seconds(DEFAULT_TIMEOUT_SECS), |t| t.proto())),
-        ..Default::default()
+        ..super::envoy_grpc(cluster, host)
     }
 }
 

@@ -552,11 +552,15 @@ fn inbound_hcm(port: u16, cluster: &str, mtls: bool, authz: &InboundFilters) -> 
     )
 }
 
-fn virtual_inbound(push: &PushContext, proxy: &Proxy) -> Listener {
+/// The inbound listener of `proxy`, whose workload carries `labels`.
+fn virtual_inbound(
+    push: &PushContext,
+    proxy: &Proxy,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Listener {
     let ports = push.inbound_ports(proxy);
-    let labels = proxy.workload_labels(&push.services);
-    let mtls = push.inbound_mtls(&proxy.namespace, &labels);
-    let authz = super::authz::inbound(push, proxy, &labels);
+    let mtls = push.inbound_mtls(&proxy.namespace, labels);
+    let authz = super::authz::inbound(push, proxy, labels);
     let mut chains: Vec<FilterChain> = Vec::new();
     let mut sniffed = Vec::new();
     for (port, (protocol, _)) in ports {
@@ -731,7 +735,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
             own
         }
     };
-    out.push(named(virtual_inbound(push, proxy)));
+    out.push(named(virtual_inbound(push, proxy, &labels)));
     out
 }
 

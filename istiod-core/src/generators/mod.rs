@@ -115,6 +115,26 @@ pub(crate) fn socket_address(
     }
 }
 
+/// A gRPC service reached through Envoy's own client on `cluster`, with `authority` as the
+/// `:authority` (a mesh service's host name: Envoy's default would be the cluster name, whose `|`
+/// an HTTP/2 server refuses in an authority; empty keeps that default).
+pub(crate) fn envoy_grpc(
+    cluster: &str,
+    authority: &str,
+) -> envoy_types::pb::envoy::config::core::v3::GrpcService {
+    use envoy_types::pb::envoy::config::core::v3::{GrpcService, grpc_service};
+    GrpcService {
+        target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+            grpc_service::EnvoyGrpc {
+                cluster_name: cluster.to_string(),
+                authority: authority.to_string(),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}
+
 pub(crate) fn seconds(s: i64) -> Duration {
     Duration {
         seconds: s,

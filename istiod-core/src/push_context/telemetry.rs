@@ -264,7 +264,8 @@ fn metrics_plan(metrics: &[&Metrics], defaults: &[String], client: bool) -> Opti
     }
     let mut all_disabled = false;
     let mut interval = None;
-    let mut shapes: BTreeMap<&'static str, Shape> = BTreeMap::new();
+    // By the metric's Telemetry API name (Istio's order), with its Prometheus name.
+    let mut shapes: BTreeMap<&'static str, (&'static str, Shape)> = BTreeMap::new();
     let mut parent: Vec<String> = defaults.to_vec();
     for m in metrics {
         let mut providers = names(&m.providers);
@@ -289,14 +290,18 @@ fn metrics_plan(metrics: &[&Metrics], defaults: &[String], client: bool) -> Opti
                 continue;
             }
             all_disabled = false;
-            // Istio's order: by the enum's name.
-            for (m, _) in IstioMetric::STANDARD
+            for (_, api_name, name) in IstioMetric::STANDARD
                 .iter()
-                .filter(|(m, _)| metric == IstioMetric::AllMetrics || *m == metric)
+                .filter(|(m, _, _)| metric == IstioMetric::AllMetrics || *m == metric)
             {
-                let shape = shapes.entry(enum_name(*m)).or_insert_with(|| Shape {
-                    disabled: None,
-                    tags: BTreeMap::new(),
+                let (_, shape) = shapes.entry(api_name).or_insert_with(|| {
+                    (
+                        name,
+                        Shape {
+                            disabled: None,
+                            tags: BTreeMap::new(),
+                        },
+                    )
                 });
                 if o.disabled.is_some() {
                     shape.disabled = o.disabled;
@@ -315,50 +320,27 @@ fn metrics_plan(metrics: &[&Metrics], defaults: &[String], client: bool) -> Opti
         return None;
     }
     let metrics = shapes
-        .into_iter()
-        .map(|(enum_name, shape)| {
-            let name = IstioMetric::STANDARD
+        .into_values()
+        .map(|(name, shape)| MetricShape {
+            name: name.to_string(),
+            drop: shape.disabled == Some(true),
+            tags_to_remove: shape
+                .tags
                 .iter()
-                .find(|(m, _)| self::enum_name(*m) == enum_name)
-                .map_or("", |(_, n)| *n);
-            MetricShape {
-                name: name.to_string(),
-                drop: shape.disabled == Some(true),
-                tags_to_remove: shape
-                    .tags
-                    .iter()
-                    .filter(|(_, v)| v.is_none())
-                    .map(|(k, _)| k.clone())
-                    .collect(),
-                dimensions: shape
-                    .tags
-                    .into_iter()
-                    .filter_map(|(k, v)| v.map(|v| (k, v)))
-                    .collect(),
-            }
+                .filter(|(_, v)| v.is_none())
+                .map(|(k, _)| k.clone())
+                .collect(),
+            dimensions: shape
+                .tags
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| (k, v)))
+                .collect(),
         })
         .collect();
     Some(MetricsPlan {
         metrics,
         reporting_interval: interval,
     })
-}
-
-/// The enum's name, as Istio sorts overrides by it.
-fn enum_name(m: IstioMetric) -> &'static str {
-    match m {
-        IstioMetric::AllMetrics => "ALL_METRICS",
-        IstioMetric::RequestCount => "REQUEST_COUNT",
-        IstioMetric::RequestDuration => "REQUEST_DURATION",
-        IstioMetric::RequestSize => "REQUEST_SIZE",
-        IstioMetric::ResponseSize => "RESPONSE_SIZE",
-        IstioMetric::TcpOpenedConnections => "TCP_OPENED_CONNECTIONS",
-        IstioMetric::TcpClosedConnections => "TCP_CLOSED_CONNECTIONS",
-        IstioMetric::TcpSentBytes => "TCP_SENT_BYTES",
-        IstioMetric::TcpReceivedBytes => "TCP_RECEIVED_BYTES",
-        IstioMetric::GrpcRequestMessages => "GRPC_REQUEST_MESSAGES",
-        IstioMetric::GrpcResponseMessages => "GRPC_RESPONSE_MESSAGES",
-    }
 }
 
 /// What a Telemetry asks for that is not acted on, each naming the field: providers that do not
@@ -372,7 +354,7 @@ pub fn not_applied(
     mesh: &crate::config_store::MeshConfigSpec,
     is_service: &dyn Fn(&str) -> bool,
 ) -> Vec<String> {
-    use crate::config_store::providers::without_namespace;
+    use crate::config_store::providers::{self, without_namespace};
     let mut out = Vec::new();
     if spec.selector.is_none()
         && !spec.targeted()
@@ -387,26 +369,13 @@ pub fn not_applied(
             first.name
         ));
     }
-    let find = |name: &str| {
-        mesh.extension_providers
-            .iter()
-            .find(|p| p.name.eq_ignore_ascii_case(name))
-    };
+    let find = |name: &str| providers::find(&mesh.extension_providers, name);
     let builtin = |name: &str, kinds: &[&str]| kinds.iter().any(|k| k.eq_ignore_ascii_case(name));
-    let service_of = |p: &crate::config_store::providers::ExtensionProvider| {
-        [
-            p.envoy_otel_als.as_ref().map(|a| &a.service),
-            p.envoy_http_als.as_ref().map(|a| &a.service),
-            p.envoy_tcp_als.as_ref().map(|a| &a.service),
-            p.zipkin.as_ref().map(|z| &z.service),
-            p.opentelemetry.as_ref().map(|o| &o.service),
-        ]
-        .into_iter()
-        .flatten()
-        .next()
-        .map(|s| without_namespace(s).to_string())
+    let service_of = |p: &providers::ExtensionProvider| {
+        p.telemetry_service()
+            .map(|(service, _)| without_namespace(service).to_string())
     };
-    type Fits<'f> = &'f dyn Fn(&crate::config_store::providers::ExtensionProvider) -> bool;
+    type Fits<'f> = &'f dyn Fn(&providers::ExtensionProvider) -> bool;
     let check = |at: String, name: &str, section: &str, fits: Fits<'_>, builtins: &[&str]| {
         match find(name) {
             None if builtin(name, builtins) => None,

@@ -7,8 +7,7 @@ use envoy_types::pb::envoy::config::accesslog::v3::{
     AccessLog, AccessLogFilter, ExtensionFilter, access_log, access_log_filter,
 };
 use envoy_types::pb::envoy::config::core::v3::{
-    ApiVersion, DataSource, GrpcService, SubstitutionFormatString, data_source, grpc_service,
-    substitution_format_string,
+    ApiVersion, DataSource, SubstitutionFormatString, data_source, substitution_format_string,
 };
 use envoy_types::pb::envoy::extensions::access_loggers::file::v3::{
     FileAccessLog, file_access_log,
@@ -174,19 +173,6 @@ pub fn mesh_file(path: &str, mesh: &MeshConfigSpec) -> AccessLog {
     file_logger(path, format)
 }
 
-fn grpc_target(cluster: &str, host: &str) -> GrpcService {
-    GrpcService {
-        target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
-            grpc_service::EnvoyGrpc {
-                cluster_name: cluster.to_string(),
-                authority: host.to_string(),
-                ..Default::default()
-            },
-        )),
-        ..Default::default()
-    }
-}
-
 /// Istio's peer filter-state objects (logged by the gRPC loggers; absent here, so empty).
 fn filter_state(configured: &[String]) -> Vec<String> {
     if configured.is_empty() {
@@ -255,7 +241,7 @@ pub fn provider_logger(
         // The logger's own `grpc_service` and `log_name` (its `common_config` is deprecated in
         // upstream Envoy; Istio's peer filter states, which it would name, do not exist here).
         let config = OpenTelemetryAccessLogConfig {
-            grpc_service: Some(grpc_target(cluster, host)),
+            grpc_service: Some(crate::generators::envoy_grpc(cluster, host)),
             log_name: o
                 .log_name
                 .clone()
@@ -277,7 +263,7 @@ pub fn provider_logger(
                 .log_name
                 .clone()
                 .unwrap_or_else(|| default_name.to_string()),
-            grpc_service: Some(grpc_target(cluster, host)),
+            grpc_service: Some(crate::generators::envoy_grpc(cluster, host)),
             transport_api_version: ApiVersion::V3 as i32,
             filter_state_objects_to_log: filter_state(&a.filter_state_objects_to_log),
             ..Default::default()
@@ -338,6 +324,7 @@ pub fn filtered(mut logger: AccessLog, expression: Option<&str>) -> AccessLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use envoy_types::pb::envoy::config::core::v3::grpc_service;
     use prost::Message;
 
     fn format_of(log: &AccessLog) -> SubstitutionFormatString {

@@ -13,7 +13,6 @@
 //! (`%UPSTREAM_PEER_URI_SAN%`), so each side reports both identities as Istio's filter does.
 
 use envoy_types::pb::envoy::config::accesslog::v3::{AccessLog, access_log};
-use envoy_types::pb::envoy::config::core::v3::{GrpcService, grpc_service};
 use envoy_types::pb::envoy::extensions::access_loggers::open_telemetry::v3::OpenTelemetryAccessLogConfig;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy;
 use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
@@ -215,15 +214,7 @@ fn logger(reporter: Reporter, mut attributes: KeyValueList, plan: &MetricsPlan) 
         }],
     });
     let config = OpenTelemetryAccessLogConfig {
-        grpc_service: Some(GrpcService {
-            target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
-                grpc_service::EnvoyGrpc {
-                    cluster_name: CLUSTER.to_string(),
-                    ..Default::default()
-                },
-            )),
-            ..Default::default()
-        }),
+        grpc_service: Some(crate::generators::envoy_grpc(CLUSTER, "")),
         log_name: match reporter {
             Reporter::Source => "outbound",
             Reporter::Destination => "inbound",

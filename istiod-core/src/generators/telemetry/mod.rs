@@ -70,7 +70,7 @@ impl Instruments {
             }
             if let Some(l) = access_log::provider_logger(provider, mesh, false) {
                 if provider.provider.envoy_file_access_log.is_some() {
-                    listener_logs.push(no_route(access_log::filtered(l.clone(), None)));
+                    listener_logs.push(no_route(l.clone()));
                 }
                 tcp_logs.push(access_log::filtered(l, *filter));
             }

@@ -1,7 +1,7 @@
 //! The extension provider a Telemetry names, as a proxy reaches it: its MeshConfig entry (or
 //! Istio's built-in `envoy`), and for one with a service, that service's outbound cluster.
 
-use crate::config_store::providers::{ExtensionProvider, FileAccessLog, without_namespace};
+use crate::config_store::providers::{self, ExtensionProvider, FileAccessLog, without_namespace};
 use crate::push_context::PushContext;
 
 /// A provider as a proxy reaches it: its MeshConfig entry and, for one with a service, that
@@ -27,34 +27,9 @@ fn builtin_envoy() -> &'static ExtensionProvider {
 
 /// The provider named `name` (case-insensitively, as Istio), with its service resolved.
 pub fn resolve<'a>(push: &'a PushContext, name: &str) -> Option<Resolved<'a>> {
-    let provider = push
-        .mesh
-        .extension_providers
-        .iter()
-        .find(|p| p.name.eq_ignore_ascii_case(name))
+    let provider = providers::find(&push.mesh.extension_providers, name)
         .or_else(|| name.eq_ignore_ascii_case("envoy").then(builtin_envoy))?;
-    let target = [
-        provider
-            .envoy_otel_als
-            .as_ref()
-            .map(|a| (&a.service, a.port)),
-        provider
-            .envoy_http_als
-            .as_ref()
-            .map(|a| (&a.service, a.port)),
-        provider
-            .envoy_tcp_als
-            .as_ref()
-            .map(|a| (&a.service, a.port)),
-        provider.zipkin.as_ref().map(|z| (&z.service, z.port)),
-        provider
-            .opentelemetry
-            .as_ref()
-            .map(|o| (&o.service, o.port)),
-    ]
-    .into_iter()
-    .flatten()
-    .next();
+    let target = provider.telemetry_service();
     let (host, cluster) = match target {
         Some((service, port)) => {
             let host = without_namespace(service);

@@ -197,17 +197,12 @@ fn provider_config(provider: &Resolved<'_>) -> Result<Http, TracingError> {
             });
         } else {
             config.grpc_service = Some(envoy_types::pb::envoy::config::core::v3::GrpcService {
-                target_specifier: Some(
-                    envoy_types::pb::envoy::config::core::v3::grpc_service::TargetSpecifier::EnvoyGrpc(
-                        envoy_types::pb::envoy::config::core::v3::grpc_service::EnvoyGrpc {
-                            cluster_name: cluster.to_string(),
-                            authority: host.to_string(),
-                            ..Default::default()
-                        },
-                    ),
-                ),
-                timeout: o.grpc.as_ref().and_then(|g| g.timeout.as_ref()).map(|t| t.proto()),
-                ..Default::default()
+                timeout: o
+                    .grpc
+                    .as_ref()
+                    .and_then(|g| g.timeout.as_ref())
+                    .map(|t| t.proto()),
+                ..crate::generators::envoy_grpc(cluster, host)
             });
         }
         return Ok(Http {
