@@ -6,21 +6,30 @@
 #     vs a bare Envoy started with the same config as static resources -> LIVE (the floor);
 #   - agent memory: the agent's RSS (Envoy excluded) with the 1000-service mesh proxied, vs with
 #     a 1-service mesh.
-#   - Envoy's stats (PARTS=stats): our sidecar with Istio's stats inclusion list, with every stat
-#     kept (`proxyStatsMatcher: {inclusionRegexps: [".*"]}`, what ours did before it had the list),
-#     and Istio's own pilot-agent (scripts/install-istio.sh) with the same Envoy and the same
-#     istiod-core: series and bytes on 15090, Envoy's RSS, start to ready.
+#   - side by side with Istio's agent (PARTS=stats): our sidecar with Istio's stats inclusion
+#     list, with every stat kept (`proxyStatsMatcher: {inclusionRegexps: [".*"]}`, what ours did
+#     before it had the list), and Istio's own pilot-agent (scripts/install-istio.sh) with the
+#     same Envoy and the same istiod-core, interleaved within each run: start to ready, series and
+#     bytes on 15090, the agent's RSS (Envoy excluded), Envoy's RSS; min / median / max.
 # Usage: ./scripts/bench-agent.sh [runs] (default 5). Root required. Prints Markdown.
-# PARTS="ready stats" (the default) picks the parts to run.
+#   PARTS="ready stats" (the default) picks the parts to run.
+#   BIN=DIR takes pilot-agent and istiod-core from DIR instead of building them (no cargo build).
 set -euo pipefail
+[ -n "${BIN:-}" ] && BIN="$(realpath "$BIN")"
 cd "$(dirname "$0")/.."
 RUNS="${1:-5}"
 SERVICES="${SERVICES:-1000}"
 PARTS="${PARTS:-ready stats}"
 part() { [[ " $PARTS " == *" $1 "* ]]; }
-./scripts/setup.sh $(part stats && echo --tests) >/dev/null
-cargo build --release --quiet -p pilot-agent -p istiod-core
-BIN="$PWD/target/release"
+./scripts/setup.sh >/dev/null
+if part stats; then ./scripts/install-istio.sh >/dev/null; fi
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --quiet -p pilot-agent -p istiod-core
+  BIN="$PWD/target/release"
+fi
+for b in pilot-agent istiod-core; do
+  [ -x "$BIN/$b" ] || { echo "bench-agent: no $b in $BIN" >&2; exit 1; }
+done
 WORK="$(mktemp -d /tmp/istbench-agent.XXXXXX)"; chmod 0755 "$WORK"
 NS="istbench-agent-$$"
 cleanup() {
@@ -100,8 +109,10 @@ start_agent() { # [extra PROXY_CONFIG fields, e.g. ', "proxyStatsMatcher": {...}
     PROXY_CONFIG="{\"discoveryAddress\": \"127.0.0.1:15010\", \"terminationDrainDuration\": \"0s\", \"controlPlaneAuthPolicy\": \"NONE\"$extra}" \
     ip netns exec "$NS" "$agent" proxy sidecar >"$WORK/agent.log" 2>&1 &)
 }
-agent_pid() { for p in $(ip netns pids "$NS"); do [ "$(cat /proc/$p/comm)" = pilot-agent ] && echo "$p"; done; }
+agent_pid() { for p in $(ip netns pids "$NS"); do [ "$(cat "/proc/$p/comm")" = pilot-agent ] && echo "$p"; done; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+# The certificates are minted once, before any timing (start_agent would mint them in its first run).
+mint_certs "$WORK/pod/var/run/secrets/workload-spiffe-credentials"
 
 : > "$WORK/agent_ready"; : > "$WORK/direct_ready"; : > "$WORK/static_ready"; : > "$WORK/rss_big"; : > "$WORK/rss_small"
 if part ready; then
@@ -189,7 +200,7 @@ agent=$(median_ms < "$WORK/agent_ready"); direct=$(median_ms < "$WORK/direct_rea
 static=$(median_ms < "$WORK/static_ready")
 big=$(sort -n "$WORK/rss_big" | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1024}')
 small=$(sort -n "$WORK/rss_small" | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1024}')
-echo "pilot-agent with Envoy $(/usr/local/bin/envoy --version | awk '{print $3}' | cut -d/ -f2), $SERVICES services (2 ports, 2 endpoints each), Delta xDS, median of $RUNS runs"
+echo "pilot-agent with Envoy $(/usr/local/bin/envoy --version | awk 'NF {print $3}' | cut -d/ -f2), $SERVICES services (2 ports, 2 endpoints each), Delta xDS, median of $RUNS runs"
 echo
 echo "| measure | agent | baseline | ratio |"
 echo "|---|---|---|---|"
@@ -201,8 +212,9 @@ fi
 
 if part stats; then
 ISTIO_HOME="$(./scripts/install-istio.sh --print)"
-envoy_pid() { for p in $(ip netns pids "$NS"); do [ "$(cat /proc/$p/comm)" = envoy ] && echo "$p"; done; }
-# One sidecar at a time: start to ready, then (after a settle) 15090's series and bytes, Envoy's RSS.
+envoy_pid() { for p in $(ip netns pids "$NS"); do [ "$(cat "/proc/$p/comm")" = envoy ] && echo "$p"; done; }
+# One sidecar at a time: start to ready, then (after a settle) 15090's series and bytes, the
+# agent's RSS (its own process, Envoy excluded) and Envoy's RSS.
 measure() { # label, then start_agent's arguments
   local label="$1"; shift
   start_istiod "$WORK/mesh-big"
@@ -213,26 +225,43 @@ measure() { # label, then start_agent's arguments
   grep -vc '^#' "$WORK/scrape" >> "$WORK/stats_series_$label"
   wc -c < "$WORK/scrape" >> "$WORK/stats_bytes_$label"
   rss_kib "$(envoy_pid)" >> "$WORK/stats_rss_$label"
+  rss_kib "$(agent_pid)" >> "$WORK/stats_agentrss_$label"
+  # The agent's resident memory by kind: anonymous (heap, stacks) and file pages (its binary's
+  # text and data, shared libraries).
+  awk '/^Anonymous:/ {print $2}' "/proc/$(agent_pid)/smaps_rollup" >> "$WORK/stats_agentanon_$label"
+  awk '/^Rss:/ {r=$2} /^Anonymous:/ {a=$2} END {print r - a}' "/proc/$(agent_pid)/smaps_rollup" \
+    >> "$WORK/stats_agentfile_$label"
   stop_all
 }
-for label in istio ours all; do for f in ready series bytes rss; do : > "$WORK/stats_${f}_$label"; done; done
+KINDS="ready series bytes rss agentrss agentanon agentfile"
+for label in istio ours all; do for f in $KINDS; do : > "$WORK/stats_${f}_$label"; done; done
 for _ in $(seq 1 "$RUNS"); do
   measure ours
   measure all ', "proxyStatsMatcher": {"inclusionRegexps": [".*"]}'
   measure istio '' "$ISTIO_HOME/bin/pilot-agent" CLOUD_PLATFORM=none \
     ISTIO_BOOTSTRAP="$ISTIO_HOME/envoy_bootstrap_tmpl.json"
 done
-med() { sort -n "$1" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-echo "Envoy's stats, $SERVICES services, median of $RUNS runs: ours with Istio's inclusion list, ours keeping every stat, Istio's pilot-agent ($(basename "$ISTIO_HOME")), same Envoy and istiod-core"
-echo
-echo "| measure | ours (Istio's list) | ours, every stat | Istio's pilot-agent | ours / Istio's |"
-echo "|---|---|---|---|---|"
-row() { # name, file kind, scale divisor, format
-  local o a i; o=$(med "$WORK/stats_$2_ours"); a=$(med "$WORK/stats_$2_all"); i=$(med "$WORK/stats_$2_istio")
-  printf "| %s | $4 | $4 | $4 | %.2f |\n" "$1" "$(echo "$o / $3" | bc -l)" "$(echo "$a / $3" | bc -l)" "$(echo "$i / $3" | bc -l)" "$(echo "$o / $i" | bc -l)"
+# min / median / max of a file, scaled and formatted
+mmm() { # file, divisor, printf format
+  sort -n "$1" | awk -v d="$2" -v f="$3" '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2
+    printf f " / " f " / " f, a[1]/d, m/d, a[NR]/d}'
 }
-row "15090 series" series 1 "%.0f"
-row "15090 bytes per scrape (KB)" bytes 1000 "%.1f"
-row "Envoy RSS (MiB)" rss 1024 "%.1f"
+med() { sort -n "$1" | awk '{a[NR]=$1} END {print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
+echo "Side by side with Istio's pilot-agent ($(basename "$ISTIO_HOME")): $SERVICES services, $RUNS runs (min / median / max), the three sidecars alternating within each run; same Envoy $(/usr/local/bin/envoy --version | awk 'NF {print $3}' | cut -d/ -f2), same istiod-core"
+echo
+echo "| measure | ours (Istio's list) | ours, every stat | Istio's pilot-agent | ours / Istio's (medians) | per-run ratio min–max |"
+echo "|---|---|---|---|---|---|"
+row() { # name, file kind, scale divisor, format
+  local o="$WORK/stats_$2_ours" a="$WORK/stats_$2_all" i="$WORK/stats_$2_istio" ratios
+  ratios=$(paste "$o" "$i" | awk '{print $1 / $2}' | sort -n | awk '{a[NR]=$1} END {printf "%.2f–%.2f", a[1], a[NR]}')
+  printf "| %s | %s | %s | %s | %.2f | %s |\n" "$1" "$(mmm "$o" "$3" "$4")" "$(mmm "$a" "$3" "$4")" \
+    "$(mmm "$i" "$3" "$4")" "$(echo "$(med "$o") / $(med "$i")" | bc -l)" "$ratios"
+}
 row "start to ready (ms)" ready 1000000 "%.0f"
+row "agent RSS (MiB), Envoy excluded" agentrss 1024 "%.1f"
+row "of which anonymous (MiB)" agentanon 1024 "%.1f"
+row "of which file pages (MiB)" agentfile 1024 "%.1f"
+row "Envoy RSS (MiB)" rss 1024 "%.1f"
+row "15090 series per scrape" series 1 "%.0f"
+row "15090 bytes per scrape (KB)" bytes 1000 "%.1f"
 fi

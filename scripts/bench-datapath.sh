@@ -30,8 +30,9 @@ SECS="${1:-10}"; CONNS="${2:-16}"; ROUNDS="${3:-3}"; MODE="${4:-minimal}"
 case "$MODE" in minimal|authz|gateway|telemetry|accesslog|tracing) ;; *) echo "mode: minimal, authz, gateway, telemetry, accesslog or tracing, not $MODE" >&2; exit 2 ;; esac
 ./scripts/setup.sh >/dev/null
 command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
-cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables
-BIN="$PWD/target/release"
+# BIN=DIR: prebuilt release binaries (pilot-agent, istio-iptables) instead of a build.
+[ -n "${BIN:-}" ] || cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables
+BIN="${BIN:-$PWD/target/release}"
 ENVOY=/usr/local/bin/envoy
 WORK="$(mktemp -d /tmp/istbench-datapath.XXXXXX)"; chmod 0755 "$WORK"
 C="istbench-dp-c-$$"; S="istbench-dp-s-$$"

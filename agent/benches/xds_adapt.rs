@@ -4,8 +4,9 @@
 //!   cargo bench -p pilot-agent --bench xds_adapt
 //! Prints the median µs per response of each case (and ratios to the decode baseline).
 
-use std::time::{Duration, Instant};
+mod common;
 
+use common::median_us;
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster, Filter as ClusterFilter, cluster::TransportSocketMatch,
 };
@@ -213,19 +214,6 @@ fn decode_clusters(msg: &[u8]) -> usize {
         .iter()
         .map(|a| Cluster::decode(a.value.as_slice()).unwrap().filters.len())
         .sum()
-}
-
-/// Median µs of `f` over enough runs to fill about a second.
-fn median_us(mut f: impl FnMut() -> usize) -> f64 {
-    let start = Instant::now();
-    let mut times = Vec::new();
-    while start.elapsed() < Duration::from_secs(1) || times.len() < 11 {
-        let t = Instant::now();
-        std::hint::black_box(f());
-        times.push(t.elapsed());
-    }
-    times.sort();
-    times[times.len() / 2].as_secs_f64() * 1e6
 }
 
 fn main() {

@@ -13,6 +13,7 @@
 //! ([`MAX_LABEL_SETS`]): records beyond it only count in an overflow counter, so a peer choosing
 //! hosts or identities cannot grow the agent's memory without bound.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -210,14 +211,17 @@ impl Workload {
     }
 }
 
-/// One access-log record's attributes, by name.
-struct Record<'a>(HashMap<&'a str, String>);
+/// One access-log record's attributes, in the order Envoy sent them, then its batch's (the
+/// logger's reporter and kind), borrowed from the request (a record has about twenty: a scan
+/// is cheaper than a map).
+struct Record<'a>(Vec<(&'a str, Cow<'a, str>)>);
 
 impl<'a> Record<'a> {
-    fn of(attributes: &'a [KeyValue]) -> Record<'a> {
+    fn of(attributes: &'a [KeyValue], batch: &'a [KeyValue]) -> Record<'a> {
         Record(
             attributes
                 .iter()
+                .chain(batch.iter().filter(|kv| kv.key != attr::SHAPE))
                 .filter_map(|kv| Some((kv.key.as_str(), text(kv.value.as_ref()?)?)))
                 .collect(),
         )
@@ -226,23 +230,47 @@ impl<'a> Record<'a> {
     /// The attribute, `None` when Envoy had no value (`-`) or sent none.
     fn get(&self, key: &str) -> Option<&str> {
         self.0
-            .get(key)
-            .map(String::as_str)
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_ref())
             .filter(|v| !v.is_empty() && *v != "-")
     }
 
     fn number(&self, key: &str) -> u64 {
         self.get(key).and_then(|v| v.parse().ok()).unwrap_or(0)
     }
+
+    /// Writes into `out` every attribute a series' labels can depend on (all but a record's
+    /// own counts and times), so two records with the same bytes here have the same labels.
+    fn label_inputs(&self, out: &mut Vec<u8>) {
+        for (k, v) in &self.0 {
+            if PER_RECORD.contains(k) {
+                continue;
+            }
+            out.extend_from_slice(k.as_bytes());
+            out.push(0);
+            out.extend_from_slice(v.as_bytes());
+            out.push(0);
+        }
+    }
 }
 
+/// The attributes that differ from one record to the next without changing its labels.
+const PER_RECORD: [&str; 5] = [
+    attr::DURATION_MS,
+    attr::RECEIVED_BYTES,
+    attr::SENT_BYTES,
+    attr::CONNECTION,
+    attr::LOG_TYPE,
+];
+
 /// An attribute's value as text (Envoy sends a command's number as a number or as text).
-fn text(v: &AnyValue) -> Option<String> {
+fn text(v: &AnyValue) -> Option<Cow<'_, str>> {
     Some(match v.value.as_ref()? {
-        any_value::Value::StringValue(s) => s.clone(),
-        any_value::Value::IntValue(i) => i.to_string(),
-        any_value::Value::DoubleValue(d) => format!("{d}"),
-        any_value::Value::BoolValue(b) => b.to_string(),
+        any_value::Value::StringValue(s) => Cow::Borrowed(s.as_str()),
+        any_value::Value::IntValue(i) => Cow::Owned(i.to_string()),
+        any_value::Value::DoubleValue(d) => Cow::Owned(format!("{d}")),
+        any_value::Value::BoolValue(b) => Cow::Owned(b.to_string()),
     })
 }
 
@@ -496,12 +524,23 @@ struct OpenConnection {
     received: u64,
 }
 
+/// A memo entry: the shape a key was worked out under, and the key.
+type Memo = (Option<Arc<Shape>>, Arc<Key>);
+
 #[derive(Default)]
 struct State {
     http: HashMap<Arc<Key>, HttpSeries>,
     tcp: HashMap<Arc<Key>, TcpSeries>,
     open: HashMap<(bool, u64), OpenConnection>,
     overflow: u64,
+    /// The labels of HTTP records already seen, by their label inputs
+    /// ([`Record::label_inputs`]) and shape: most records repeat a recent one, and working
+    /// out a label set (parsing identities, announcements and service metadata) costs more
+    /// than the rest of a record. Emptied when it holds [`MAX_LABEL_SETS`] entries.
+    /// Each entry holds its shape, so that no other shape can take the address it is keyed by.
+    memo: HashMap<Box<[u8]>, Memo>,
+    /// The buffer a record's label inputs are written to, reused.
+    scratch: Vec<u8>,
 }
 
 impl State {
@@ -509,24 +548,33 @@ impl State {
         self.http.len() + self.tcp.len() >= MAX_LABEL_SETS
     }
 
-    fn http_series(&mut self, key: Key) -> Option<&mut HttpSeries> {
-        if !self.http.contains_key(&key) && self.full() {
-            self.overflow += 1;
-            return None;
-        }
-        Some(self.http.entry(Arc::new(key)).or_default())
+    fn http_series(&mut self, key: &Arc<Key>) -> Option<&mut HttpSeries> {
+        let full = self.full();
+        series(&mut self.http, key, full, &mut self.overflow)
     }
 
     fn tcp_series(&mut self, key: &Arc<Key>) -> Option<&mut TcpSeries> {
-        if !self.tcp.contains_key(key) {
-            if self.full() {
-                self.overflow += 1;
-                return None;
-            }
-            self.tcp.insert(key.clone(), TcpSeries::default());
-        }
-        self.tcp.get_mut(key)
+        let full = self.full();
+        series(&mut self.tcp, key, full, &mut self.overflow)
     }
+}
+
+/// The series of `key` in `map`, added unless the label sets are at their cap (`full`: then
+/// the record only counts in `overflow`).
+fn series<'m, S: Default>(
+    map: &'m mut HashMap<Arc<Key>, S>,
+    key: &Arc<Key>,
+    full: bool,
+    overflow: &mut u64,
+) -> Option<&'m mut S> {
+    if !map.contains_key(key) {
+        if full {
+            *overflow += 1;
+            return None;
+        }
+        map.insert(key.clone(), S::default());
+    }
+    map.get_mut(key)
 }
 
 /// The aggregated standard metrics of this sidecar.
@@ -562,7 +610,7 @@ impl StandardMetrics {
                 .map_or(&[][..], |r| &r.attributes[..]);
             let shape = self.shapes.of(resource);
             for record in batch.scope_logs.iter().flat_map(|s| &s.log_records) {
-                let r = Record::of(&record.attributes);
+                let r = Record::of(&record.attributes, resource);
                 match r.get(attr::KIND) {
                     Some("http") => self.http(&mut state, &r, shape.as_ref()),
                     Some("tcp") => self.tcp(&mut state, &r, shape.as_ref()),
@@ -587,14 +635,41 @@ impl StandardMetrics {
     }
 
     fn http(&self, state: &mut State, r: &Record<'_>, shape: Option<&Arc<Shape>>) {
-        let key = self.key(r, true, shape);
-        if let Some(s) = state.http_series(key) {
+        let key = self.http_key(state, r, shape);
+        if let Some(s) = state.http_series(&key) {
             s.shape = shape.cloned();
             s.requests += 1;
             s.duration.record(r.number(attr::DURATION_MS));
             s.request_bytes.record(r.number(attr::RECEIVED_BYTES));
             s.response_bytes.record(r.number(attr::SENT_BYTES));
         }
+    }
+
+    /// An HTTP record's key, from the memo when a record with the same label inputs and shape
+    /// came before.
+    fn http_key(&self, state: &mut State, r: &Record<'_>, shape: Option<&Arc<Shape>>) -> Arc<Key> {
+        let mut inputs = std::mem::take(&mut state.scratch);
+        inputs.clear();
+        // The shape by its address: the same logger's batches come with the same `Arc`
+        // (`shape::Shapes`), and the memo keeps it alive.
+        let shape_id = shape.map_or(0, |s| Arc::as_ptr(s) as usize);
+        inputs.extend_from_slice(&shape_id.to_le_bytes());
+        r.label_inputs(&mut inputs);
+        let key = match state.memo.get(inputs.as_slice()) {
+            Some((_, key)) => key.clone(),
+            None => {
+                let key = Arc::new(self.key(r, true, shape));
+                if state.memo.len() >= MAX_LABEL_SETS {
+                    state.memo.clear();
+                }
+                state
+                    .memo
+                    .insert(inputs.as_slice().into(), (shape.cloned(), key.clone()));
+                key
+            }
+        };
+        state.scratch = inputs;
+        key
     }
 
     /// A TCP connection counts as opened at its first record (Envoy logs every 15 s and at the
@@ -1156,6 +1231,53 @@ mod tests {
         let mut out = String::new();
         m.encode(&mut out);
         out
+    }
+
+    #[test]
+    fn records_alike_but_for_their_counts_share_a_series_and_any_label_input_splits_one() {
+        let m = StandardMetrics::new(own());
+        let mut slower = inbound_http("200");
+        slower.retain(|(k, _)| *k != "duration_ms");
+        slower.push(("duration_ms", "900".into()));
+        let mut other_flags = inbound_http("200");
+        other_flags.retain(|(k, _)| *k != "response_flags");
+        other_flags.push(("response_flags", "UF".into()));
+        run(
+            &m,
+            &[
+                inbound_http("200"),
+                slower,
+                inbound_http("503"),
+                other_flags,
+            ],
+        );
+        run(&m, &[inbound_http("200")]);
+        assert_eq!(m.label_sets(), 3, "{}", text(&m));
+        let out = text(&m);
+        let requests = |code: &str, flags: &str| {
+            out.lines()
+                .find(|l| {
+                    l.starts_with("istio_requests_total{")
+                        && l.contains(&format!("response_code=\"{code}\""))
+                        && l.contains(&format!("response_flags=\"{flags}\""))
+                })
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_string)
+        };
+        assert_eq!(requests("200", "-").as_deref(), Some("3"), "{out}");
+        assert_eq!(requests("503", "-").as_deref(), Some("1"), "{out}");
+        assert_eq!(requests("200", "UF").as_deref(), Some("1"), "{out}");
+        // The slow request is in the 1000 ms bucket of the shared series, not a series of its own.
+        assert!(
+            out.lines().any(
+                |l| l.starts_with("istio_request_duration_milliseconds_bucket{")
+                    && l.contains("response_code=\"200\"")
+                    && l.contains("response_flags=\"-\"")
+                    && l.contains("le=\"500\"}")
+                    && l.ends_with(" 2")
+            ),
+            "{out}"
+        );
     }
 
     #[test]

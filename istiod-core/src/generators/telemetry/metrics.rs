@@ -36,7 +36,8 @@ const TCP_REPORT_SECONDS: i64 = 15;
 
 /// The attribute names of each log record, shared with the agent that reads them.
 pub mod attr {
-    /// `source` (an outbound listener) or `destination` (inbound): Istio's `reporter`.
+    /// `source` (an outbound listener) or `destination` (inbound): Istio's `reporter`. This
+    /// and [`KIND`] are batch (resource) attributes, the rest record attributes.
     pub const REPORTER: &str = "reporter";
     /// `http` or `tcp`.
     pub const KIND: &str = "kind";
@@ -66,7 +67,7 @@ pub mod attr {
     pub const LOG_TYPE: &str = "log_type";
     /// TCP: Envoy's downstream connection id, to relate a connection's records.
     pub const CONNECTION: &str = "connection";
-    /// The resource attribute with the metrics' shape (Telemetry `metrics` overrides, Istio's
+    /// The batch attribute with the metrics' shape (Telemetry `metrics` overrides, Istio's
     /// `istio.stats` MetricConfigs): JSON, see [`super::Shape`].
     pub const SHAPE: &str = "istio.metrics";
     /// The record attributes of the shape's per-request dimension values: `dim.0`, `dim.1`, ...
@@ -163,29 +164,34 @@ fn string(value: &str) -> AnyValue {
     }
 }
 
-fn attributes(reporter: Reporter, kind: &str, extra: &[(&str, &str)]) -> KeyValueList {
+/// The attributes of each record. What is the same for every record of a logger (the
+/// reporter, the kind) goes once per batch instead ([`batch_attributes`]): every attribute is
+/// formatted and encoded per request, on the request's core.
+fn attributes(reporter: Reporter, extra: &[(&str, &str)]) -> KeyValueList {
     // The TLS peer is the downstream client on inbound, the upstream server on outbound.
     let (peer, local) = match reporter {
         Reporter::Destination => ("%DOWNSTREAM_PEER_URI_SAN%", "%DOWNSTREAM_LOCAL_URI_SAN%"),
         Reporter::Source => ("%UPSTREAM_PEER_URI_SAN%", "%UPSTREAM_LOCAL_URI_SAN%"),
     };
     let common = [
-        (attr::REPORTER, reporter.label()),
-        (attr::KIND, kind),
         (attr::PEER_SAN, peer),
         (attr::LOCAL_SAN, local),
         // The cluster's name: `%UPSTREAM_CLUSTER%` is its `alt_stat_name`, which istiod sets to
         // the name plus `;` (its stats delimiter).
         (attr::CLUSTER, "%UPSTREAM_CLUSTER_RAW%"),
-        (attr::ENDPOINT, "%UPSTREAM_METADATA(istio:workload)%"),
         (attr::SERVICES, "%CLUSTER_METADATA(istio:services)%"),
         (attr::RESPONSE_FLAGS, "%RESPONSE_FLAGS%"),
         (attr::RECEIVED_BYTES, "%DOWNSTREAM_WIRE_BYTES_RECEIVED%"),
         (attr::SENT_BYTES, "%DOWNSTREAM_WIRE_BYTES_SENT%"),
     ];
+    // The server's endpoint metadata names the server's workload: outbound only (an inbound
+    // cluster's endpoint is the app, which has none).
+    let endpoint = (reporter == Reporter::Source)
+        .then_some((attr::ENDPOINT, "%UPSTREAM_METADATA(istio:workload)%"));
     KeyValueList {
         values: common
             .iter()
+            .chain(endpoint.iter())
             .chain(extra)
             .map(|(k, v)| KeyValue {
                 key: k.to_string(),
@@ -196,7 +202,30 @@ fn attributes(reporter: Reporter, kind: &str, extra: &[(&str, &str)]) -> KeyValu
     }
 }
 
-fn logger(reporter: Reporter, mut attributes: KeyValueList, plan: &MetricsPlan) -> AccessLog {
+/// The attributes of a logger's batches (OpenTelemetry resource attributes): its reporter and
+/// kind, then the metrics' shape where overrides apply.
+fn batch_attributes(reporter: Reporter, kind: &str, shape: &Shape) -> KeyValueList {
+    let kv = |k: &str, v: &str| KeyValue {
+        key: k.to_string(),
+        value: Some(string(v)),
+        ..Default::default()
+    };
+    let mut values = vec![kv(attr::REPORTER, reporter.label()), kv(attr::KIND, kind)];
+    if !shape.metrics.is_empty() {
+        values.push(kv(
+            attr::SHAPE,
+            &serde_json::to_string(shape).unwrap_or_default(),
+        ));
+    }
+    KeyValueList { values }
+}
+
+fn logger(
+    reporter: Reporter,
+    kind: &str,
+    mut attributes: KeyValueList,
+    plan: &MetricsPlan,
+) -> AccessLog {
     let (shape, commands) = shape(plan);
     attributes
         .values
@@ -205,14 +234,7 @@ fn logger(reporter: Reporter, mut attributes: KeyValueList, plan: &MetricsPlan) 
             value: Some(string(v)),
             ..Default::default()
         }));
-    // The shape once per batch (a resource attribute), not once per record.
-    let resource_attributes = (!shape.metrics.is_empty()).then(|| KeyValueList {
-        values: vec![KeyValue {
-            key: attr::SHAPE.to_string(),
-            value: Some(string(&serde_json::to_string(&shape).unwrap_or_default())),
-            ..Default::default()
-        }],
-    });
+    let resource_attributes = Some(batch_attributes(reporter, kind, &shape));
     let config = OpenTelemetryAccessLogConfig {
         grpc_service: Some(crate::generators::envoy_grpc(CLUSTER, "")),
         log_name: match reporter {
@@ -239,9 +261,9 @@ fn logger(reporter: Reporter, mut attributes: KeyValueList, plan: &MetricsPlan) 
 pub fn http_access_log(reporter: Reporter, plan: &MetricsPlan) -> AccessLog {
     logger(
         reporter,
+        "http",
         attributes(
             reporter,
-            "http",
             &[
                 (attr::AUTHORITY, "%REQ(:AUTHORITY)%"),
                 (attr::PEER, super::peer::COMMAND),
@@ -260,9 +282,9 @@ pub fn http_access_log(reporter: Reporter, plan: &MetricsPlan) -> AccessLog {
 pub fn tcp_access_log(reporter: Reporter, plan: &MetricsPlan) -> AccessLog {
     logger(
         reporter,
+        "tcp",
         attributes(
             reporter,
-            "tcp",
             &[
                 (attr::LOG_TYPE, "%ACCESS_LOG_TYPE%"),
                 (attr::CONNECTION, "%CONNECTION_ID%"),
@@ -295,31 +317,54 @@ mod tests {
     use super::*;
     use prost::Message;
 
+    fn config(log: AccessLog) -> OpenTelemetryAccessLogConfig {
+        let Some(access_log::ConfigType::TypedConfig(any)) = log.config_type else {
+            panic!("untyped");
+        };
+        OpenTelemetryAccessLogConfig::decode(any.value.as_slice()).unwrap()
+    }
+
+    fn strings(list: Option<KeyValueList>) -> std::collections::BTreeMap<String, String> {
+        list.unwrap()
+            .values
+            .into_iter()
+            .map(|kv| match kv.value.and_then(|v| v.value) {
+                Some(any_value::Value::StringValue(s)) => (kv.key, s),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
     #[test]
     fn each_side_reports_the_other_sides_certificate() {
-        let attrs = |log: AccessLog| {
-            let Some(access_log::ConfigType::TypedConfig(any)) = log.config_type else {
-                panic!("untyped");
-            };
-            let cfg = OpenTelemetryAccessLogConfig::decode(any.value.as_slice()).unwrap();
-            cfg.attributes
-                .unwrap()
-                .values
-                .into_iter()
-                .map(|kv| match kv.value.and_then(|v| v.value) {
-                    Some(any_value::Value::StringValue(s)) => (kv.key, s),
-                    other => panic!("{other:?}"),
-                })
-                .collect::<std::collections::BTreeMap<_, _>>()
-        };
-        let inbound = attrs(http_access_log(
+        let inbound = config(http_access_log(
             Reporter::Destination,
             &MetricsPlan::default(),
         ));
-        assert_eq!(inbound[attr::PEER_SAN], "%DOWNSTREAM_PEER_URI_SAN%");
-        assert_eq!(inbound[attr::REPORTER], "destination");
-        let outbound = attrs(tcp_access_log(Reporter::Source, &MetricsPlan::default()));
-        assert_eq!(outbound[attr::PEER_SAN], "%UPSTREAM_PEER_URI_SAN%");
-        assert_eq!(outbound[attr::LOG_TYPE], "%ACCESS_LOG_TYPE%");
+        let records = strings(inbound.attributes);
+        assert_eq!(records[attr::PEER_SAN], "%DOWNSTREAM_PEER_URI_SAN%");
+        // An inbound cluster's endpoint is the app: no workload metadata to read per request.
+        assert!(!records.contains_key(attr::ENDPOINT), "{records:?}");
+        let batches = strings(inbound.resource_attributes);
+        assert_eq!(batches[attr::REPORTER], "destination");
+        assert_eq!(batches[attr::KIND], "http");
+        let outbound = config(tcp_access_log(Reporter::Source, &MetricsPlan::default()));
+        let records = strings(outbound.attributes);
+        assert_eq!(records[attr::PEER_SAN], "%UPSTREAM_PEER_URI_SAN%");
+        assert_eq!(records[attr::LOG_TYPE], "%ACCESS_LOG_TYPE%");
+        assert_eq!(
+            records[attr::ENDPOINT],
+            "%UPSTREAM_METADATA(istio:workload)%"
+        );
+        // What every record of a logger shares is sent once a batch, not once a request.
+        assert!(!records.contains_key(attr::REPORTER) && !records.contains_key(attr::KIND));
+        let batches = strings(outbound.resource_attributes);
+        assert_eq!(
+            (
+                batches[attr::REPORTER].as_str(),
+                batches[attr::KIND].as_str()
+            ),
+            ("source", "tcp")
+        );
     }
 }
