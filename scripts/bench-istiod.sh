@@ -13,8 +13,9 @@ ROUNDS="${1:-10}"
 CLIENTS="${CLIENTS:-500}"
 PARTS="${PARTS:-generation convergence memory}"
 part() { [[ " $PARTS " == *" $1 "* ]]; }
-cargo build --release --quiet -p istiod-core --bin istiod-core --example bench-generation --example xds-load
-BIN="$PWD/target/release"
+# BIN=DIR: prebuilt release binaries (istiod-core, examples/bench-generation, examples/xds-load).
+[ -n "${BIN:-}" ] || cargo build --release --quiet -p istiod-core --bin istiod-core --example bench-generation --example xds-load
+BIN="${BIN:-$PWD/target/release}"
 WORK="$(mktemp -d /tmp/istbench-istiod.XXXXXX)"
 SERVER=""
 cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"; }
@@ -26,28 +27,7 @@ if part generation; then
   taskset -c 0 "$BIN/examples/bench-generation"
 fi
 
-gen_mesh() { # file services endpoints
-  python3 - "$1" "$2" "$3" <<'PY'
-import sys
-path, n, e = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-with open(path, "w") as f:
-    k = 0
-    for i in range(n):
-        eps = []
-        for _ in range(e):
-            eps.append(f"{{address: 10.{200 + k // 65536}.{(k // 256) % 256}.{k % 256}}}")
-            k += 1
-        f.write(f"""---
-kind: ServiceEntry
-metadata: {{name: svc{i}, namespace: load}}
-spec:
-  hosts: [svc{i}.load.svc.cluster.local]
-  addresses: [10.{100 + i // 65536}.{(i // 256) % 256}.{i % 256}]
-  ports: [{{number: 8080, name: http, protocol: HTTP}}, {{number: 9090, name: tcp, protocol: TCP}}]
-  endpoints: [{", ".join(eps)}]
-""")
-PY
-}
+gen_mesh() { python3 scripts/gen-mesh.py "$@"; } # file services endpoints
 
 run() { # services endpoints-per-service rounds
   mkdir -p "$WORK/mesh"; rm -f "$WORK/mesh/"*

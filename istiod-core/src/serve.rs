@@ -236,7 +236,9 @@ pub async fn serve(
             xds_server::bearer_check(token),
         ))
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            // TCP_NODELAY, as Go (istiod) sets on every connection: without it a response's
+            // last small write waits for the proxy's delayed ACK (40 ms on Linux).
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             stop.clone(),
         );
     Ok(Bound {

@@ -241,10 +241,30 @@ fn generate(
 }
 
 impl Connection {
-    fn response(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing> {
+    fn response(
+        &mut self,
+        push: &PushContext,
+        type_url: &str,
+        only: Option<&Names>,
+    ) -> Option<Outgoing> {
         let proxy = self.proxy.as_ref()?;
         let watch = self.watches.get_mut(type_url)?;
-        let resources = generate(push, proxy, type_url, &watch.sub.names)?;
+        let resources = match only {
+            // Envoy keeps the endpoints of the clusters a state-of-the-world EDS response
+            // leaves out (EDS is not a full-state type), so the fast path sends the changed
+            // ones alone, as istiod's incremental EDS does.
+            Some(only) => {
+                let names: Vec<Arc<str>> = watch
+                    .sub
+                    .names
+                    .iter()
+                    .filter(|n| only.contains(&***n))
+                    .cloned()
+                    .collect();
+                generate(push, proxy, type_url, &names)?
+            }
+            None => generate(push, proxy, type_url, &watch.sub.names)?,
+        };
         self.next_nonce += 1;
         let nonce = format!("{}-{}", push.version, self.next_nonce);
         let out = Outgoing::sotw(
@@ -349,7 +369,14 @@ trait StreamState: Send + 'static {
         stats: &XdsStats,
     ) -> Result<Vec<Outgoing>, Status>;
     /// What to send for `type_url` after a new snapshot, if anything.
-    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing>;
+    /// The response of `type_url` for `push`; with `only`, of those resources alone (the EDS
+    /// fast path's changed clusters).
+    fn on_push(
+        &mut self,
+        push: &PushContext,
+        type_url: &str,
+        only: Option<&Names>,
+    ) -> Option<Outgoing>;
     fn proxy(&self) -> Option<&Proxy>;
     /// Whether the proxy holds or asked for any of `names` of `type_url`.
     fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool;
@@ -368,8 +395,13 @@ impl StreamState for Connection {
             .into_iter()
             .collect())
     }
-    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing> {
-        self.response(push, type_url)
+    fn on_push(
+        &mut self,
+        push: &PushContext,
+        type_url: &str,
+        only: Option<&Names>,
+    ) -> Option<Outgoing> {
+        self.response(push, type_url, only)
     }
     fn proxy(&self) -> Option<&Proxy> {
         self.proxy.as_ref()
@@ -394,7 +426,13 @@ impl StreamState for DeltaConnection {
     ) -> Result<Vec<Outgoing>, Status> {
         self.handle(push, req, stats)
     }
-    fn on_push(&mut self, push: &PushContext, type_url: &str) -> Option<Outgoing> {
+    /// Delta sends only what changed anyway: `only` adds nothing.
+    fn on_push(
+        &mut self,
+        push: &PushContext,
+        type_url: &str,
+        _only: Option<&Names>,
+    ) -> Option<Outgoing> {
         self.response(push, type_url, false)
     }
     fn proxy(&self) -> Option<&Proxy> {
@@ -416,21 +454,21 @@ impl StreamState for DeltaConnection {
 /// The types to push to one proxy for the step from `last` to `push`. Full pushes send every
 /// subscribed type in `PUSH_ORDER`. On the EDS fast path (only endpoints changed, and this
 /// stream saw the previous snapshot) a proxy gets only EDS, and only if it watches a changed
-/// cluster; a proxy whose own workload is among the changed endpoints gets a full push (its
+/// cluster, and then (state of the world) only the changed clusters' endpoints; a proxy whose own workload is among the changed endpoints gets a full push (its
 /// inbound listeners and clusters follow its endpoints).
 fn push_types<C: StreamState>(
     conn: &C,
     last: &PushContext,
     push: &PushContext,
-) -> Vec<&'static str> {
+) -> (Vec<&'static str>, Option<Names>) {
     let Change::Endpoints(hosts) = &push.change else {
-        return PUSH_ORDER.to_vec();
+        return (PUSH_ORDER.to_vec(), None);
     };
     if push.generation != last.generation + 1 {
-        return PUSH_ORDER.to_vec();
+        return (PUSH_ORDER.to_vec(), None);
     }
     let Some(proxy) = conn.proxy() else {
-        return Vec::new();
+        return (Vec::new(), None);
     };
     let owns_changed = [last, push].iter().any(|snapshot| {
         snapshot
@@ -441,9 +479,9 @@ fn push_types<C: StreamState>(
             .any(|e| proxy.owns(e))
     });
     if owns_changed {
-        return PUSH_ORDER.to_vec();
+        return (PUSH_ORDER.to_vec(), None);
     }
-    let clusters: std::collections::BTreeSet<String> = push
+    let clusters: Names = push
         .services
         .iter()
         .filter(|s| hosts.contains(&s.hostname))
@@ -459,11 +497,14 @@ fn push_types<C: StreamState>(
         })
         .collect();
     if conn.watches_any(ENDPOINT_TYPE, &clusters) {
-        vec![ENDPOINT_TYPE]
+        (vec![ENDPOINT_TYPE], Some(clusters))
     } else {
-        Vec::new()
+        (Vec::new(), None)
     }
 }
+
+/// Resource names (the changed clusters of the EDS fast path).
+type Names = std::collections::BTreeSet<String>;
 
 /// One stream's task: answers requests and, on every new snapshot, pushes what changed for this
 /// proxy (`push_types`). A stream that falls behind sees only the latest snapshot: pending
@@ -500,7 +541,7 @@ where
         let mut last = push_rx.borrow_and_update().clone();
         enum Step<R> {
             Request(R),
-            Push(Arc<PushContext>, Vec<&'static str>),
+            Push(Arc<PushContext>, Vec<&'static str>, Option<Names>),
         }
         loop {
             let step = tokio::select! {
@@ -517,9 +558,9 @@ where
                         break;
                     }
                     let push = push_rx.borrow_and_update().clone();
-                    let types = push_types(&conn, &last, &push);
+                    let (types, only) = push_types(&conn, &last, &push);
                     last = push.clone();
-                    Step::Push(push, types)
+                    Step::Push(push, types, only)
                 }
             };
             // Istio's push throttle: at most this many streams generate at once. The permit
@@ -555,8 +596,12 @@ where
                         }
                     }
                 }
-                Step::Push(push, types) => {
-                    out.extend(types.iter().filter_map(|t| conn.on_push(&push, t)));
+                Step::Push(push, types, only) => {
+                    out.extend(
+                        types
+                            .iter()
+                            .filter_map(|t| conn.on_push(&push, t, only.as_ref())),
+                    );
                 }
             }
             if let (Some(sync), Ok(mut syncs)) = (conn.sync(), shared.syncs.lock()) {
@@ -749,7 +794,7 @@ fn handle_request(
     let (SotwStep::Ignore(answer) | SotwStep::Respond(answer)) = &step;
     watch.sync.record(answer, &req.type_url, stats);
     match step {
-        SotwStep::Respond(_) => Ok(conn.response(push, &req.type_url)),
+        SotwStep::Respond(_) => Ok(conn.response(push, &req.type_url, None)),
         SotwStep::Ignore(_) => Ok(None),
     }
 }
