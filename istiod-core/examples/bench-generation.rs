@@ -11,13 +11,60 @@
 //! match to a weighted subset split, default) and a DestinationRule (two subsets, connection
 //! pool, outlier detection) per service; `1000`: 1000 ServiceEntries, HTTP 8080 + TCP 9090,
 //! two endpoints each; EDS grid endpoints/services 1/100, 10/10, 100/10, 1000/1.
+//!
+//! An argument `NAME=FILE` adds a case NAME whose config is the documents of FILE, generated for
+//! Istio's benchmark proxy (1.1.1.1, `v0.default`, label `istio.io/benchmark: "true"`):
+//! `scripts/bench-generation-istio.sh` renders Istio's own inputs
+//! (`pilot/pkg/xds/testdata/benchmarks/*.yaml`) that way. Each row also gives the mean time of
+//! the timed runs (Go's ns/op is a mean) and what one run allocates (Go's B/op and allocs/op),
+//! counted in a run of its own after the timed ones.
 
+use std::alloc::{GlobalAlloc, Layout};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-// The allocator `istiod-core serve` runs with, so the figures are the server's.
+/// The allocator `istiod-core serve` runs with (mimalloc), so the figures are the server's;
+/// while `COUNTING` is set it also counts allocations and their bytes (a reallocation counts
+/// as an allocation of its new size). Timed runs leave it unset: they pay one relaxed load.
+struct Counting;
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+fn count(size: usize) {
+    if COUNTING.load(Relaxed) {
+        ALLOCS.fetch_add(1, Relaxed);
+        BYTES.fetch_add(size as u64, Relaxed);
+    }
+}
+
+// Only forwards to mimalloc (the bench's one unsafe code: GlobalAlloc is an unsafe trait).
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: the caller's contract for `alloc`, passed on unchanged.
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: as `alloc`.
+        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator (mimalloc) with `layout`.
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size);
+        // SAFETY: `ptr` came from this allocator (mimalloc) with `layout`.
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+    }
+}
+
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Counting = Counting;
 
 use istiod_core::config_store::{ConfigSet, parse_file};
 use istiod_core::generators::{Named, cds, eds, lds, route};
@@ -144,21 +191,42 @@ fn services_yaml(n: usize, ports: &str, endpoints: usize) -> String {
     yaml
 }
 
-/// Median time of `f` over at least 0.5 s and 15 runs.
-fn time<T>(mut f: impl FnMut() -> T) -> (Duration, T) {
+/// What a run of `f` took and allocated: the median and the mean of the timed runs, and the
+/// allocations (count, bytes) of one further run.
+struct Timing {
+    median: Duration,
+    mean: Duration,
+    allocs: u64,
+    bytes: u64,
+}
+
+/// Times `f` over at least 0.5 s and 15 runs, then counts one more run's allocations.
+fn time<T>(mut f: impl FnMut() -> T) -> (Timing, T) {
     let mut samples = Vec::new();
     let start = Instant::now();
-    let mut last;
     loop {
         let t = Instant::now();
-        last = f();
+        let out = f();
         samples.push(t.elapsed());
+        drop(out);
         if samples.len() >= 15 && start.elapsed() > Duration::from_millis(500) {
             break;
         }
     }
+    let mean = samples.iter().sum::<Duration>() / samples.len() as u32;
     samples.sort();
-    (samples[samples.len() / 2], last)
+    ALLOCS.store(0, Relaxed);
+    BYTES.store(0, Relaxed);
+    COUNTING.store(true, Relaxed);
+    let last = f();
+    COUNTING.store(false, Relaxed);
+    let timing = Timing {
+        median: samples[samples.len() / 2],
+        mean,
+        allocs: ALLOCS.load(Relaxed),
+        bytes: BYTES.load(Relaxed),
+    };
+    (timing, last)
 }
 
 fn size(named: &[Named]) -> (f64, usize) {
@@ -174,24 +242,43 @@ fn fmt(d: Duration) -> String {
     }
 }
 
-fn row(case: &str, what: &str, d: Duration, named: Option<&[Named]>, istio: &str) {
+fn row(case: &str, what: &str, t: &Timing, named: Option<&[Named]>, istio: &str) {
     let (kb, n) = named.map(size).unwrap_or((0.0, 0));
     let sz = if named.is_some() {
         format!("{kb:.1} | {n}")
     } else {
         "- | -".to_string()
     };
-    println!("| {case} | {what} | {} | {sz} | {istio} |", fmt(d));
+    println!(
+        "| {case} | {what} | {} | {sz} | {istio} | {} | {} | {} |",
+        fmt(t.median),
+        fmt(t.mean),
+        t.bytes,
+        t.allocs
+    );
+}
+
+/// A case read from a file (`NAME=FILE`), as Istio's benchmark reads its rendered input.
+fn file_case(arg: &str) -> Option<(String, ConfigSet)> {
+    let (name, file) = arg.split_once('=')?;
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let resources = parse_file(Path::new(file), &text).unwrap_or_else(|e| panic!("{e}"));
+    Some((name.to_string(), ConfigSet { resources }))
 }
 
 fn main() {
     let proxy = Proxy::from_node_id("sidecar~1.1.1.1~v0.default~default.svc.cluster.local")
         .expect("node id");
+    // Istio's benchmark proxy also carries this label (its inputs select on it).
+    let mut labelled = proxy.clone();
+    labelled
+        .labels
+        .insert("istio.io/benchmark".into(), "true".into());
     println!(
-        "| case | generator | time/op (median) | kB/msg | resources/msg | Istio's published time/op |"
+        "| case | generator | time/op (median) | kB/msg | resources/msg | Istio's published time/op | time/op (mean) | B/op | allocs/op |"
     );
-    println!("|---|---|---|---|---|---|");
-    let cases = [
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let builtin = [
         (
             "http",
             with_proxy_service(100, "[{number: 80, name: http, protocol: HTTP}]"),
@@ -222,44 +309,55 @@ fn main() {
             "-",
         ),
     ];
-    // Optional arguments pick cases by name (`eds` for the EDS grid), for profiling one case.
-    let only: Vec<String> = std::env::args().skip(1).collect();
-    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
-    for (name, config, istio_route, istio_init) in cases {
-        if !wanted(name) {
-            continue;
-        }
+    // Optional arguments pick cases by name (`eds` for the EDS grid), for profiling one case;
+    // `NAME=FILE` arguments add cases read from files.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let files: Vec<(String, ConfigSet)> = args.iter().filter_map(|a| file_case(a)).collect();
+    let only: Vec<&String> = args.iter().filter(|a| !a.contains('=')).collect();
+    let all = only.is_empty() && files.is_empty();
+    let wanted = |name: &str| all || only.iter().any(|o| o.as_str() == name);
+    let cases = builtin
+        .into_iter()
+        .filter(|(name, ..)| wanted(name))
+        .map(|(name, config, route, init)| (name.to_string(), config, route, init, &proxy))
+        .chain(
+            files
+                .into_iter()
+                .map(|(name, config)| (name, config, "-", "-", &labelled)),
+        );
+    for (name, config, istio_route, istio_init, proxy) in cases {
+        let name = name.as_str();
         let config = std::sync::Arc::new(config);
         let (d, mut push) = time(|| {
             PushContext::build(config.clone(), "cluster.local", "1".into()).expect("build")
         });
-        row(name, "PushContext build", d, None, istio_init);
+        row(name, "PushContext build", &d, None, istio_init);
         let (d, c) = time(|| {
             push.cache = GenCache::default();
-            cds::generate(&push, &proxy)
+            cds::generate(&push, proxy)
         });
-        row(name, "CDS", d, Some(&c), "-");
-        let (d, c) = time(|| cds::generate(&push, &proxy));
-        row(name, "CDS, cached (every further proxy)", d, Some(&c), "-");
+        row(name, "CDS", &d, Some(&c), "-");
+        let (d, c) = time(|| cds::generate(&push, proxy));
+        row(name, "CDS, cached (every further proxy)", &d, Some(&c), "-");
         let (d, l) = time(|| {
             push.cache = GenCache::default();
-            lds::generate(&push, &proxy)
+            lds::generate(&push, proxy)
         });
-        row(name, "LDS", d, Some(&l), "-");
+        row(name, "LDS", &d, Some(&l), "-");
         let routes = push.route_names();
         if !routes.is_empty() {
             let (d, r) = time(|| {
                 push.cache = GenCache::default();
-                route::generate(&push, &proxy, &routes)
+                route::generate(&push, proxy, &routes)
             });
-            row(name, "RDS", d, Some(&r), istio_route);
+            row(name, "RDS", &d, Some(&r), istio_route);
         }
         let clusters: Vec<String> = push.clusters.keys().cloned().collect();
         let (d, e) = time(|| {
             push.cache = GenCache::default();
             eds::generate(&push, &clusters)
         });
-        row(name, "EDS (all clusters)", d, Some(&e), "-");
+        row(name, "EDS (all clusters)", &d, Some(&e), "-");
     }
     if !wanted("eds") {
         return;
@@ -278,6 +376,6 @@ fn main() {
             push.cache = GenCache::default();
             eds::generate(&push, &clusters)
         });
-        row(&format!("EDS {eps}/{svcs}"), "EDS", d, Some(&e), istio);
+        row(&format!("EDS {eps}/{svcs}"), "EDS", &d, Some(&e), istio);
     }
 }
