@@ -1227,6 +1227,12 @@ mod tests {
         m.record(&export(&slices));
     }
 
+    /// `record` with `key` set to `value` (replacing its earlier value).
+    fn set(record: &mut Vec<(&'static str, String)>, key: &'static str, value: impl Into<String>) {
+        record.retain(|(k, _)| *k != key);
+        record.push((key, value.into()));
+    }
+
     fn text(m: &StandardMetrics) -> String {
         let mut out = String::new();
         m.encode(&mut out);
@@ -1237,11 +1243,9 @@ mod tests {
     fn records_alike_but_for_their_counts_share_a_series_and_any_label_input_splits_one() {
         let m = StandardMetrics::new(own());
         let mut slower = inbound_http("200");
-        slower.retain(|(k, _)| *k != "duration_ms");
-        slower.push(("duration_ms", "900".into()));
+        set(&mut slower, "duration_ms", "900");
         let mut other_flags = inbound_http("200");
-        other_flags.retain(|(k, _)| *k != "response_flags");
-        other_flags.push(("response_flags", "UF".into()));
+        set(&mut other_flags, "response_flags", "UF");
         run(
             &m,
             &[
@@ -1286,8 +1290,7 @@ mod tests {
         // service, which wins over the request's Host (a short name here).
         let m = StandardMetrics::new(own());
         let mut r = inbound_http("200");
-        r.retain(|(k, _)| *k != "authority");
-        r.push(("authority", "b:8080".into()));
+        set(&mut r, "authority", "b:8080");
         r.push((
             "services",
             r#"[{"host":"b.ns-b.svc.cluster.local","name":"b-svc","namespace":"ns-b"}]"#.into(),
@@ -1305,8 +1308,7 @@ mod tests {
         // Without the metadata, the Host header's name, as before.
         let m = StandardMetrics::new(own());
         let mut r = inbound_http("200");
-        r.retain(|(k, _)| *k != "authority");
-        r.push(("authority", "b:8080".into()));
+        set(&mut r, "authority", "b:8080");
         r.push(("services", "-".into()));
         run(&m, &[r]);
         assert!(
@@ -1524,8 +1526,7 @@ mod tests {
         let m = StandardMetrics::new(own());
         for i in 0..MAX_LABEL_SETS + 5 {
             let mut r = inbound_http("200");
-            r.retain(|(k, _)| *k != "authority");
-            r.push(("authority", format!("host-{i}")));
+            set(&mut r, "authority", format!("host-{i}"));
             run(&m, &[r]);
         }
         assert_eq!(m.label_sets(), MAX_LABEL_SETS);
@@ -1541,8 +1542,7 @@ mod tests {
         let m = StandardMetrics::new(own());
         for i in 0..200 {
             let mut r = inbound_http("200");
-            r.retain(|(k, _)| *k != "authority");
-            r.push(("authority", format!("host-{i}")));
+            set(&mut r, "authority", format!("host-{i}"));
             run(&m, &[r, tcp("TcpConnectionEnd", &i.to_string(), "1", "1")]);
         }
         let chunks: Vec<String> = m.exposition().collect();
@@ -1562,8 +1562,11 @@ mod tests {
     fn hostile_values_are_cut_and_escaped() {
         let m = StandardMetrics::new(own());
         let mut r = inbound_http("200");
-        r.retain(|(k, _)| *k != "authority");
-        r.push(("authority", format!("a\"b\\c\n{}", "x".repeat(1000))));
+        set(
+            &mut r,
+            "authority",
+            format!("a\"b\\c\n{}", "x".repeat(1000)),
+        );
         run(&m, &[r]);
         let out = text(&m);
         let line = out

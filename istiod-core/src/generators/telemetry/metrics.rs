@@ -158,9 +158,14 @@ impl Reporter {
     }
 }
 
-fn string(value: &str) -> AnyValue {
-    AnyValue {
-        value: Some(any_value::Value::StringValue(value.to_string())),
+/// A string attribute (a record's or a batch's): a literal or an Envoy command.
+fn attribute(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.to_string(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.to_string())),
+        }),
+        ..Default::default()
     }
 }
 
@@ -193,11 +198,7 @@ fn attributes(reporter: Reporter, extra: &[(&str, &str)]) -> KeyValueList {
             .iter()
             .chain(endpoint.iter())
             .chain(extra)
-            .map(|(k, v)| KeyValue {
-                key: k.to_string(),
-                value: Some(string(v)),
-                ..Default::default()
-            })
+            .map(|(k, v)| attribute(k, v))
             .collect(),
     }
 }
@@ -205,14 +206,12 @@ fn attributes(reporter: Reporter, extra: &[(&str, &str)]) -> KeyValueList {
 /// The attributes of a logger's batches (OpenTelemetry resource attributes): its reporter and
 /// kind, then the metrics' shape where overrides apply.
 fn batch_attributes(reporter: Reporter, kind: &str, shape: &Shape) -> KeyValueList {
-    let kv = |k: &str, v: &str| KeyValue {
-        key: k.to_string(),
-        value: Some(string(v)),
-        ..Default::default()
-    };
-    let mut values = vec![kv(attr::REPORTER, reporter.label()), kv(attr::KIND, kind)];
+    let mut values = vec![
+        attribute(attr::REPORTER, reporter.label()),
+        attribute(attr::KIND, kind),
+    ];
     if !shape.metrics.is_empty() {
-        values.push(kv(
+        values.push(attribute(
             attr::SHAPE,
             &serde_json::to_string(shape).unwrap_or_default(),
         ));
@@ -229,11 +228,7 @@ fn logger(
     let (shape, commands) = shape(plan);
     attributes
         .values
-        .extend(commands.iter().map(|(k, v)| KeyValue {
-            key: k.clone(),
-            value: Some(string(v)),
-            ..Default::default()
-        }));
+        .extend(commands.iter().map(|(k, v)| attribute(k, v)));
     let resource_attributes = Some(batch_attributes(reporter, kind, &shape));
     let config = OpenTelemetryAccessLogConfig {
         grpc_service: Some(crate::generators::envoy_grpc(CLUSTER, "")),
