@@ -154,7 +154,8 @@ enum Decision {
 pub struct Limits {
     /// Queries forwarded upstream at once, UDP and TCP together; more get SERVFAIL at once.
     pub max_forwards: usize,
-    /// TCP connections served at once; more are closed as they come.
+    /// TCP connections held at once; a new one takes the place of the oldest that is not
+    /// waiting for an answer, and is closed only when all are (see `mesh_common::conn_slots`).
     pub max_tcp_connections: usize,
     /// A TCP connection that sends no complete query for this long is closed.
     pub tcp_idle_timeout: Duration,
@@ -440,6 +441,7 @@ pub async fn serve(
 /// past the limit, or sends a packet that is not a query.
 async fn serve_tcp(
     mut stream: tokio::net::TcpStream,
+    slot: &mesh_common::conn_slots::Slot,
     table: TableWatch,
     up: Upstreams,
     forwards: Arc<tokio::sync::Semaphore>,
@@ -456,6 +458,7 @@ async fn serve_tcp(
         let Ok(Ok(query)) = tokio::time::timeout(limits.tcp_idle_timeout, read).await else {
             return;
         };
+        slot.busy();
         metrics.dns_requests.inc();
         let Some(resp) = answer(&query, &table, &up, &forwards, usize::from(u16::MAX)).await else {
             tracing::debug!("dropped a DNS packet that is not a query; closing its connection");
@@ -474,6 +477,7 @@ async fn serve_tcp(
         ) {
             return;
         }
+        slot.unfinished();
     }
 }
 
@@ -490,10 +494,18 @@ pub async fn serve_on(
     let forwards = Arc::new(tokio::sync::Semaphore::new(limits.max_forwards));
     let (t2, u2, m2, f2) = (table.clone(), up.clone(), metrics.clone(), forwards.clone());
     tokio::spawn(async move {
-        let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_tcp_connections));
+        let n = limits.max_tcp_connections;
+        let connections = mesh_common::conn_slots::Slots::new(
+            "DNS proxy (TCP)",
+            mesh_common::conn_slots::SlotLimits {
+                total: n,
+                per_peer: n,
+                loopback: n,
+            },
+        );
         loop {
-            let stream = match tcp.accept().await {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match tcp.accept().await {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of descriptors, typically: back off rather than spin.
                     tracing::warn!(error = %e, "DNS proxy: TCP accept failed");
@@ -501,17 +513,16 @@ pub async fn serve_on(
                     continue;
                 }
             };
-            let Ok(slot) = connections.clone().try_acquire_owned() else {
-                tracing::debug!(
-                    max = limits.max_tcp_connections,
-                    "DNS proxy: too many TCP connections; closed"
-                );
+            // Every connection waiting for an answer: this one is closed (dropped).
+            let Some(slot) = connections.admit(peer.ip()) else {
                 continue;
             };
             let (table, up, metrics, forwards) = (t2.clone(), u2.clone(), m2.clone(), f2.clone());
             tokio::spawn(async move {
-                serve_tcp(stream, table, up, forwards, limits, metrics).await;
-                drop(slot);
+                tokio::select! {
+                    () = serve_tcp(stream, &slot, table, up, forwards, limits, metrics) => {}
+                    () = slot.evicted() => {}
+                }
             });
         }
     });
@@ -859,9 +870,12 @@ mod tests {
             assert_eq!(first_a(&r).1, ResponseCode::NoError);
             held.push(s);
         }
+        // A third connection takes the place of the oldest idle one.
         let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let _ = third.write_all(&[0, 1]).await;
-        closed(&mut third).await;
+        let r = tcp_ask(&mut third, &query_id(6, "httpbin.")).await;
+        assert_eq!(first_a(&r).1, ResponseCode::NoError);
+        closed(&mut held[0]).await;
+        drop(third);
         // Garbage closes its connection, freeing its slot; nothing reaches the upstream.
         let mut garbage = held.pop().unwrap();
         garbage.write_u16(4).await.unwrap();

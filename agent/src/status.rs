@@ -272,12 +272,14 @@ pub async fn bind(port: u16) -> std::io::Result<TcpListener> {
     }
 }
 
-/// Serves until the drain completes, within the side-port limits (request head in 10 s, at most
-/// 64 KiB of it, a body of at most 64 KiB, 256 connections at once).
+/// Serves until the drain completes, within the side-port limits (request head in 3 s, at most
+/// 64 KiB of it, a body of at most 64 KiB; 32 connections a peer, 256 in all, 64 more from
+/// loopback, the oldest unfinished one giving way to a new one).
 pub async fn serve(listener: TcpListener, state: State) {
     let drain = state.drain.clone();
     let state = Arc::new(state);
     mesh_common::side_port::serve(
+        "status port",
         listener,
         mesh_common::side_port::Limits::default(),
         move |peer, req| handle(state.clone(), peer, req),

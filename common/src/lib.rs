@@ -1,8 +1,11 @@
 //! Primitives the three programs share, so each exists once: the Go-duration parser that every
 //! flag, env var, ProxyConfig field and traffic resource goes through, the supervisor of the
-//! long-running programs' background tasks, the file watcher, the side-port HTTP server with
+//! long-running programs' background tasks, the admission of peers' connections (slots per peer
+//! and in total, the oldest unfinished connection giving way), the file watcher, the side-port HTTP server with
 //! limits, the gRPC method paths and message framing, and the xDS ACK/NACK rules.
 
+#[cfg(feature = "tasks")]
+pub mod conn_slots;
 pub mod duration;
 #[cfg(feature = "grpc")]
 pub mod grpc;

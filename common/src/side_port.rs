@@ -2,8 +2,10 @@
 //! limits a port reachable from the pod network needs: a deadline for the request head (a client
 //! that sends headers slowly, or never, is cut off, and so is an idle keep-alive connection), a cap
 //! on the head's size (431 beyond it), a cap on a request's body (413 beyond it; a body of unknown
-//! length, chunked, gets 411: no side-port endpoint takes a streamed upload), and a cap on
-//! concurrent connections (beyond it a connection is closed at once). Accept errors (out of file
+//! length, chunked, gets 411: no side-port endpoint takes a streamed upload), and connection
+//! slots per peer and in total, with loopback kept apart ([`crate::conn_slots`]): a new
+//! connection takes the place of the oldest one that has not sent a whole request, so probes are
+//! answered however many half-open connections a peer holds. Accept errors (out of file
 //! descriptors) back off instead of spinning. Serves until `shutdown` resolves.
 
 use std::convert::Infallible;
@@ -19,6 +21,8 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
+use crate::conn_slots::{SlotLimits, Slots};
+
 /// Limits of a side-port server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -28,17 +32,21 @@ pub struct Limits {
     pub max_head_bytes: usize,
     /// Largest request body, in bytes, as its Content-Length declares it.
     pub max_body_bytes: u64,
-    /// Connections served at once; more are closed as they come.
-    pub max_connections: usize,
+    /// Connections held at once, per peer and in total (see [`crate::conn_slots`]).
+    pub connections: SlotLimits,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            header_read_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(3),
             max_head_bytes: 64 * 1024,
             max_body_bytes: 64 * 1024,
-            max_connections: 256,
+            connections: SlotLimits {
+                total: 256,
+                per_peer: 32,
+                loopback: 64,
+            },
         }
     }
 }
@@ -66,8 +74,10 @@ fn refuse_body(req: &Request<Incoming>, max: u64) -> Option<Response<Full<Bytes>
     Some(resp)
 }
 
-/// Serves `handler` (peer address, request → response) on `listener` within `limits`.
+/// Serves `handler` (peer address, request → response) on `listener` within `limits`; `what`
+/// names the port in log lines.
 pub async fn serve<H, F, B>(
+    what: &'static str,
     listener: TcpListener,
     limits: Limits,
     handler: H,
@@ -78,34 +88,37 @@ pub async fn serve<H, F, B>(
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let slots = Slots::new(what, limits.connections);
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::warn!(error = %e, "side port: accept failed");
+                    tracing::warn!(error = %e, port = what, "side port: accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
             _ = &mut shutdown => return,
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, max = limits.max_connections, "side port: too many connections; closed");
-            drop(stream);
+        // Refused (every connection busy): the stream is dropped, closing it.
+        let Some(slot) = slots.admit(peer.ip()) else {
             continue;
         };
+        let slot = Arc::new(slot);
         let handler = handler.clone();
         tokio::spawn(async move {
+            let in_service = slot.clone();
             let svc = hyper::service::service_fn(move |req| {
-                let handler = handler.clone();
+                let (handler, slot) = (handler.clone(), in_service.clone());
+                slot.busy();
                 async move {
                     let resp = match refuse_body(&req, limits.max_body_bytes) {
                         Some(refused) => refused.map(Either::Right),
                         None => handler(peer, req).await.map(Either::Left),
                     };
+                    slot.unfinished();
                     Ok::<_, Infallible>(resp)
                 }
             });
@@ -115,10 +128,12 @@ pub async fn serve<H, F, B>(
                 .max_header_size(limits.max_head_bytes)
                 .max_buf_size(limits.max_head_bytes.max(8192))
                 .serve_connection(TokioIo::new(stream), svc);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, %peer, "side port connection ended");
+            tokio::select! {
+                ended = conn => if let Err(e) = ended {
+                    tracing::debug!(error = %e, %peer, "side port connection ended");
+                },
+                () = slot.evicted() => tracing::debug!(%peer, "side port connection closed for a newer one"),
             }
-            drop(slot);
         });
     }
 }
@@ -132,6 +147,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(serve(
+            "test",
             listener,
             limits,
             |_, _| async { Response::new(http_body_util::Full::new(bytes::Bytes::from("ok"))) },
@@ -169,24 +185,49 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn connections_beyond_the_cap_are_closed() {
-        let addr = server(Limits {
-            max_connections: 2,
-            ..Limits::default()
-        })
-        .await;
-        let _a = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let _b = tokio::net::TcpStream::connect(addr).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let _ = c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
-        let mut buf = [0u8; 64];
-        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+    /// Reads until the server closes; `None` if it keeps the connection open past 5 s.
+    async fn closed(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
             .await
-            .expect("closed, not left hanging")
-            .unwrap_or(0);
-        assert_eq!(n, 0, "the third connection was served: {:?}", &buf[..n]);
+            .ok()
+            .map(|_| buf)
+    }
+
+    #[tokio::test]
+    async fn a_new_connection_takes_the_place_of_the_oldest_half_open_one() {
+        let limits = Limits {
+            connections: SlotLimits {
+                total: 2,
+                per_peer: 2,
+                loopback: 2,
+            },
+            ..Limits::default()
+        };
+        let addr = server(limits).await;
+        let mut oldest = tokio::net::TcpStream::connect(addr).await.unwrap();
+        oldest.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let text = exchange(
+            addr,
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(
+            text.starts_with("HTTP/1.1 200"),
+            "the probe was not served: {text}"
+        );
+        assert_eq!(
+            closed(&mut oldest).await.as_deref(),
+            Some(&b""[..]),
+            "the oldest half-open connection was kept"
+        );
+        // The second one is still open: the probe needed one place only.
+        let mut buf = [0u8; 1];
+        let still = tokio::time::timeout(Duration::from_millis(200), second.read(&mut buf)).await;
+        assert!(still.is_err(), "the second connection was closed too");
     }
 
     /// Sends `request` on a new connection and reads the answer until the server closes.

@@ -74,6 +74,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     mesh_common::side_port::serve(
+        "debug port",
         listener,
         mesh_common::side_port::Limits::default(),
         move |_, req| {

@@ -160,3 +160,147 @@ fn app_probes_run_with_kubelet_semantics_from_127_0_0_6() {
         net.logs()
     );
 }
+
+/// Holds the status port with half-open connections from ten source addresses (more than the
+/// 256 connections the port holds for remote peers, far more than one peer's 32), opening about
+/// 200 a second, each sending half a request head and nothing more.
+const ATTACKER: &str = r#"
+import socket, sys, time
+target, sources, until = (sys.argv[1], 15020), sys.argv[2].split(","), time.time() + float(sys.argv[3])
+held, opened = [], 0
+while time.time() < until:
+    for src in sources:
+        s = socket.socket()
+        s.settimeout(1)
+        try:
+            s.bind((src, 0))
+            s.connect(target)
+            s.send(b"GET /healthz/ready HTTP/1.1\r\n")
+            opened += 1
+        except OSError:
+            s.close()
+            continue
+        held.append(s)
+    while len(held) > 800:
+        held.pop(0).close()
+    time.sleep(0.05)
+print("opened", opened, flush=True)
+"#;
+
+/// The attack of issue #29: a peer off the pod keeping the status port full of half-open
+/// connections must not stop the kubelet's probes, neither the rewritten /app-health probes on
+/// 15020 nor readiness on 15021 (Envoy, which asks 15020 over loopback), and the refusals are not
+/// a flood of log lines.
+#[test]
+fn probes_are_answered_while_a_peer_holds_the_status_port_half_open() {
+    let test = "probes_are_answered_while_a_peer_holds_the_status_port_half_open";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    net.add_pod("pod", 2).unwrap();
+    net.add_pod("kubelet", 3).unwrap();
+    net.add_pod("attacker", 4).unwrap();
+    let sources: Vec<String> = (101..111).map(|n| format!("10.233.0.{n}")).collect();
+    for src in &sources {
+        net.pods[2]
+            .exec(&["ip", "addr", "add", &format!("{src}/24"), "dev", "eth0"])
+            .unwrap();
+    }
+    let mesh = net.dir().join("mesh");
+    std::fs::create_dir_all(&mesh).unwrap();
+    harness::istio_iptables(&net.pods[0], &[]).unwrap();
+    net.pods[0]
+        .spawn(
+            "app",
+            1000,
+            1000,
+            &[],
+            &["/usr/bin/python3", "-m", "http.server", "8080"],
+        )
+        .unwrap();
+    net.pods[0]
+        .spawn_embedded_agent(
+            &mesh,
+            &[
+                ("POD_NAME", "web"),
+                ("POD_NAMESPACE", "demo"),
+                ("INSTANCE_IP", "10.233.0.2"),
+                ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
+                (
+                    "ISTIO_KUBE_APP_PROBERS",
+                    r#"{"/app-health/app/livez": {"tcpSocket": {"port": 8080}, "timeoutSeconds": 5}}"#,
+                ),
+            ],
+        )
+        .unwrap();
+    let live = "http://10.233.0.2:15020/app-health/app/livez";
+    let ready = "http://10.233.0.2:15021/healthz/ready";
+    for url in [live, ready] {
+        net.pods[1]
+            .wait_http_ok(url, Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{e}\n{}", net.logs()));
+    }
+    let seconds = 15;
+    net.pods[2]
+        .spawn(
+            "attack",
+            0,
+            0,
+            &[],
+            &[
+                "/usr/bin/python3",
+                "-c",
+                ATTACKER,
+                "10.233.0.2",
+                &sources.join(","),
+                &seconds.to_string(),
+            ],
+        )
+        .unwrap();
+    // Let the attack fill the port first.
+    std::thread::sleep(Duration::from_secs(3));
+    let kubelet = &net.pods[1];
+    let mut failed = Vec::new();
+    let until = std::time::Instant::now() + Duration::from_secs(seconds - 5);
+    let mut probes = 0;
+    while std::time::Instant::now() < until {
+        for url in [live, ready] {
+            probes += 1;
+            let (code, body) = kubelet.http_get(0, url).unwrap();
+            if code != 200 {
+                failed.push(format!("{url}: {code} {body}"));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        harness::wait_until(Duration::from_secs(15), || net.pods[2]
+            .logs_of("attack")
+            .contains("opened")),
+        "{}",
+        net.logs()
+    );
+    let opened: u64 = net.pods[2]
+        .logs_of("attack")
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        opened > 1000,
+        "the attack opened only {opened} connections: it did not fill the port"
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {probes} probes failed under the attack: {failed:?}\n{}",
+        failed.len(),
+        harness::tail(&net.logs(), 60)
+    );
+    let agent_log = net.pods[0].logs_of("pilot-agent");
+    let warnings = agent_log.matches("connections over the limit").count();
+    assert!(
+        (1..=3).contains(&warnings),
+        "{warnings} warnings about the attack in {seconds} s (one per 10 s expected)"
+    );
+}
