@@ -514,7 +514,7 @@ pub async fn serve_on(
                 }
             };
             // Every connection waiting for an answer: this one is closed (dropped).
-            let Some(slot) = connections.admit(peer.ip()) else {
+            let Some(slot) = connections.admit(peer) else {
                 continue;
             };
             let (table, up, metrics, forwards) = (t2.clone(), u2.clone(), m2.clone(), f2.clone());

@@ -11,7 +11,7 @@
 //! refused. Refusals and evictions are logged at most once per [`LOG_EVERY`], with their counts.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,8 @@ struct Inner {
 
 #[derive(Debug)]
 struct Entry {
+    /// The peer's address (IPv4 peers of an IPv6 socket as IPv4) and port.
+    addr: SocketAddr,
     peer: IpAddr,
     /// When the connection became unfinished; `None` while it is busy.
     unfinished_since: Option<Instant>,
@@ -81,10 +83,11 @@ impl Slots {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Admits a connection from `peer`, unfinished, closing the oldest unfinished connection
+    /// Admits a connection from `addr`, unfinished, closing the oldest unfinished connection
     /// of its peer or pool if one is full; `None` when every connection there is busy.
-    pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
-        let peer = canonical(peer);
+    pub fn admit(self: &Arc<Self>, addr: SocketAddr) -> Option<Slot> {
+        let addr = SocketAddr::new(canonical(addr.ip()), addr.port());
+        let peer = addr.ip();
         let loopback = peer.is_loopback();
         let mut inner = self.lock();
         let same_pool = |e: &Entry| e.peer.is_loopback() == loopback;
@@ -113,6 +116,7 @@ impl Slots {
         inner.conns.insert(
             id,
             Entry {
+                addr,
                 peer,
                 unfinished_since: Some(Instant::now()),
                 evict: evict.clone(),
@@ -148,6 +152,36 @@ impl Slots {
         inner.last_warned = Some(now);
         inner.refused = 0;
         inner.evicted = 0;
+    }
+
+    /// The connection from `addr` (as its requests name their peer) is busy: see [`Slot::busy`].
+    pub fn busy(&self, addr: SocketAddr) {
+        self.with(addr, |e| e.unfinished_since = None);
+    }
+
+    /// Closes the connection from `addr`, as an eviction does; false if there is none.
+    pub fn close(&self, addr: SocketAddr) -> bool {
+        let addr = SocketAddr::new(canonical(addr.ip()), addr.port());
+        let mut inner = self.lock();
+        let id = inner
+            .conns
+            .iter()
+            .find(|(_, e)| e.addr == addr)
+            .map(|(id, _)| *id);
+        match id.and_then(|id| inner.conns.remove(&id)) {
+            Some(e) => {
+                e.evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn with(&self, addr: SocketAddr, f: impl FnOnce(&mut Entry)) {
+        let addr = SocketAddr::new(canonical(addr.ip()), addr.port());
+        if let Some(e) = self.lock().conns.values_mut().find(|e| e.addr == addr) {
+            f(e);
+        }
     }
 
     /// Connections held now: (loopback, others).
@@ -209,9 +243,25 @@ impl Slot {
         self.set(true);
     }
 
-    /// Resolves when a newer connection took this one's place; the connection is to be closed.
+    /// Whether the connection is busy (and still held).
+    pub fn is_busy(&self) -> bool {
+        self.slots
+            .lock()
+            .conns
+            .get(&self.id)
+            .is_some_and(|e| e.unfinished_since.is_none())
+    }
+
+    /// Resolves when a newer connection took this one's place (or it was closed by
+    /// [`Slots::close`]); the connection is to be closed.
     pub async fn evicted(&self) {
         self.evict.notified().await;
+    }
+
+    /// [`Slot::evicted`] as a future that owns what it waits on.
+    pub fn evicted_owned(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let evict = self.evict.clone();
+        async move { evict.notified().await }
     }
 }
 
@@ -225,8 +275,8 @@ impl Drop for Slot {
 mod tests {
     use super::*;
 
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
+    fn ip(s: &str) -> SocketAddr {
+        SocketAddr::new(s.parse().unwrap(), 40000)
     }
 
     fn slots(total: usize, per_peer: usize, loopback: usize) -> Arc<Slots> {
@@ -302,5 +352,20 @@ mod tests {
         let _a = s.admit(ip("10.0.0.1")).unwrap();
         _a.busy();
         assert!(s.admit(ip("::ffff:10.0.0.1")).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_found_by_its_address_to_mark_busy_or_close() {
+        let s = slots(1, 1, 1);
+        let addr: SocketAddr = "10.0.0.1:5000".parse().unwrap();
+        let a = s.admit(addr).unwrap();
+        // Seen through an IPv6 socket, a request names the same connection.
+        s.busy("[::ffff:10.0.0.1]:5000".parse().unwrap());
+        assert!(a.is_busy());
+        assert!(s.admit("10.0.0.2:1".parse().unwrap()).is_none());
+        assert!(!s.close("10.0.0.1:5001".parse().unwrap()));
+        assert!(s.close(addr));
+        assert!(was_evicted(&a).await);
+        assert!(s.admit("10.0.0.2:1".parse().unwrap()).is_some());
     }
 }

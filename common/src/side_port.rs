@@ -103,7 +103,7 @@ pub async fn serve<H, F, B>(
             _ = &mut shutdown => return,
         };
         // Refused (every connection busy): the stream is dropped, closing it.
-        let Some(slot) = slots.admit(peer.ip()) else {
+        let Some(slot) = slots.admit(peer) else {
             continue;
         };
         let slot = Arc::new(slot);

@@ -168,6 +168,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for AdsHttp {
         Box::pin(async move {
             let path = req.uri().path().to_string();
             let caller = caller(&req);
+            let remote = crate::transport::remote_addr(&req);
             let body = req.into_body();
             let requests = match path.as_str() {
                 ADS_SOTW_PATH => Requests::Sotw(Box::pin(requests::<DiscoveryRequest>(body))),
@@ -176,7 +177,9 @@ impl tower::Service<http::Request<tonic::body::Body>> for AdsHttp {
                 }
                 _ => return Ok(Status::unimplemented(format!("no method {path}")).into_http()),
             };
-            Ok(grpc_response(self::body(server.open(requests, caller))))
+            Ok(grpc_response(self::body(
+                server.open_from(requests, caller, remote),
+            )))
         })
     }
 }

@@ -206,6 +206,31 @@ pub struct ServeArgs {
     /// Refuse ADS streams beyond this many at once (RESOURCE_EXHAUSTED).
     #[arg(long = "max-streams", default_value_t = crate::xds_server::DEFAULT_MAX_STREAMS)]
     pub max_streams: usize,
+    /// Connections to --grpc-addr held at once from non-loopback peers; loopback has 1024 more
+    /// of its own. Lowered to fit the open-file limit (raised to its hard limit at start) less
+    /// 256 descriptors kept for the config reload. Beyond it, a new connection takes the place
+    /// of the oldest one that has not sent a request yet, or is closed if every one has.
+    #[arg(long = "max-connections", default_value_t = 20_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_connections: usize,
+    /// Connections to --grpc-addr from one peer address, as --max-connections.
+    #[arg(long = "max-connections-per-peer", default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_connections_per_peer: usize,
+    /// Time a new connection has to finish its TLS handshake and HTTP/2 preface and send its
+    /// first request, a Go duration; then it is closed.
+    #[arg(long = "handshake-timeout", default_value = "10s", value_parser = positive_duration)]
+    pub handshake_timeout: Duration,
+    /// HTTP/2 keepalive: a PING after this long without frames from the peer (istiod's
+    /// --keepaliveInterval), a Go duration.
+    #[arg(long = "keepalive-interval", alias = "keepaliveInterval", default_value = "30s", value_parser = positive_duration)]
+    pub keepalive_interval: Duration,
+    /// HTTP/2 keepalive: the connection is closed when a PING is not answered within this
+    /// (istiod's --keepaliveTimeout), a Go duration.
+    #[arg(long = "keepalive-timeout", alias = "keepaliveTimeout", default_value = "10s", value_parser = positive_duration)]
+    pub keepalive_timeout: Duration,
+    /// How long an xDS response may wait for its proxy to take it before the stream and its
+    /// connection are closed (istiod's PILOT_XDS_SEND_TIMEOUT), a Go duration.
+    #[arg(long = "send-timeout", default_value = "30s", value_parser = positive_duration)]
+    pub send_timeout: Duration,
     /// After SIGTERM, how long the proxies' open streams may keep the server up before they are
     /// closed (Istio's --shutdownDuration), a Go duration.
     #[arg(
@@ -220,6 +245,14 @@ pub struct ServeArgs {
 /// A flag's Go duration (`10s`, `1m30s`), checked.
 fn go_duration(raw: &str) -> Result<Duration, String> {
     mesh_common::duration::parse_go_duration(raw).map_err(|e| e.to_string())
+}
+
+/// A flag's Go duration that must be more than zero.
+fn positive_duration(raw: &str) -> Result<Duration, String> {
+    match go_duration(raw)? {
+        d if d.is_zero() => Err(format!("{raw:?}: must be more than 0s")),
+        d => Ok(d),
+    }
 }
 
 /// Everything `serve::serve` needs: the flags and the environment, parsed.

@@ -18,6 +18,7 @@ pub mod push_context;
 pub mod registry;
 pub mod serve;
 pub mod store;
+pub mod transport;
 pub mod wire;
 pub mod xds_server;
 

@@ -183,7 +183,21 @@ pub async fn serve(
     let mut tasks = Supervisor::new();
     tasks.spawn_forever("config-watch", cp.clone().watch(env.debounce));
     cp.auto_registration().set_grace(env.workload_entry_grace);
-    let xds = cp.xds_with_limits(args.max_streams, env.push_throttle);
+    let transport = crate::transport::within_fds(
+        crate::transport::TransportLimits {
+            slots: mesh_common::conn_slots::SlotLimits {
+                total: args.max_connections,
+                per_peer: args.max_connections_per_peer,
+                loopback: 1024,
+            },
+            handshake_timeout: args.handshake_timeout,
+        },
+        crate::transport::fds_for_connections(),
+    );
+    let connections = mesh_common::conn_slots::Slots::new("xDS port", transport.slots);
+    let xds = cp
+        .xds_with_limits(args.max_streams, env.push_throttle)
+        .with_send_timeout(args.send_timeout, Some(connections.clone()));
     let stop = shutdown.boxed().shared();
     let debug = match args.debug_addr {
         Some(addr) => {
@@ -200,7 +214,9 @@ pub async fn serve(
     };
     let listener = listen("--grpc-addr", args.grpc_addr).await?;
     let grpc = local_addr("--grpc-addr", args.grpc_addr, &listener)?;
-    let mut server = tonic::transport::Server::builder();
+    let mut server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(args.keepalive_interval))
+        .http2_keepalive_timeout(Some(args.keepalive_timeout));
     let tls = tls_identity(&args, ca.as_deref())?;
     let serving_tls = tls.is_some();
     if let Some(identity) = tls {
@@ -230,15 +246,14 @@ pub async fn serve(
     }
     tracing::info!(addr = %grpc, tls = serving_tls, token = token.is_some(), "serving xDS");
     let serving = server
+        .layer(crate::transport::MarkBusy(connections.clone()))
         .add_optional_service(ca_service)
         .add_service(tonic::service::interceptor::InterceptedService::new(
             ads_http::AdsHttp { server: xds },
             xds_server::bearer_check(token),
         ))
         .serve_with_incoming_shutdown(
-            // TCP_NODELAY, as Go (istiod) sets on every connection: without it a response's
-            // last small write waits for the proxy's delayed ACK (40 ms on Linux).
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            crate::transport::incoming(listener, connections, transport.handshake_timeout),
             stop.clone(),
         );
     Ok(Bound {

@@ -62,7 +62,16 @@ pub struct XdsServer {
     autoregister: Option<Arc<AutoRegistration>>,
     /// Largest response sent (MAX_RESPONSE_BYTES unless a test lowers it).
     max_response: usize,
+    /// How long a response may wait for its proxy to take it (`--send-timeout`).
+    send_timeout: std::time::Duration,
+    /// The xDS port's connections, to close the one of a stream whose proxy stopped reading.
+    connections: Option<Arc<mesh_common::conn_slots::Slots>>,
 }
+
+/// How long a response may wait for its proxy to take it before the stream and its connection
+/// are closed (istiod's PILOT_XDS_SEND_TIMEOUT; here on by default): a client that opens a
+/// stream and never reads would otherwise hold its responses forever.
+pub const DEFAULT_SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Istio's PILOT_PUSH_THROTTLE when left at 0 (auto): `min(15 + 5 × cores, 100)`.
 pub fn default_push_throttle() -> usize {
@@ -293,6 +302,8 @@ impl XdsServer {
             push,
             autoregister: None,
             max_response: MAX_RESPONSE_BYTES,
+            send_timeout: DEFAULT_SEND_TIMEOUT,
+            connections: None,
             stats: Arc::default(),
             shared: Arc::new(Shared {
                 syncs: Default::default(),
@@ -306,6 +317,18 @@ impl XdsServer {
     /// Lowers the largest response sent (MAX_RESPONSE_BYTES); for tests of the bound.
     pub fn with_max_response_bytes(mut self, max: usize) -> Self {
         self.max_response = max.min(MAX_RESPONSE_BYTES);
+        self
+    }
+
+    /// Bounds the time a response waits for its proxy, closing the stream's connection among
+    /// `connections` (the xDS port's) when it passes.
+    pub fn with_send_timeout(
+        mut self,
+        timeout: std::time::Duration,
+        connections: Option<Arc<mesh_common::conn_slots::Slots>>,
+    ) -> Self {
+        self.send_timeout = timeout;
+        self.connections = connections;
         self
     }
 
@@ -333,6 +356,16 @@ impl XdsServer {
 
     /// Serves one ADS stream from `caller`: reads `requests`, returns the responses.
     pub fn open(&self, requests: Requests, caller: Caller) -> WireStream {
+        self.open_from(requests, caller, None)
+    }
+
+    /// [`XdsServer::open`] for a stream on the connection from `remote`.
+    pub fn open_from(
+        &self,
+        requests: Requests,
+        caller: Caller,
+        remote: Option<std::net::SocketAddr>,
+    ) -> WireStream {
         let scope = CallerScope::of(&caller);
         match requests {
             Requests::Sotw(requests) => {
@@ -343,7 +376,7 @@ impl XdsServer {
                     next_nonce: 0,
                 };
                 let requests = requests.map(|r| r.map(SotwRequest::from));
-                serve_stream(self, caller, conn, requests)
+                serve_stream(self, caller, remote, conn, requests)
             }
             Requests::Delta(requests) => {
                 let conn = DeltaConnection {
@@ -351,7 +384,7 @@ impl XdsServer {
                     ..Default::default()
                 };
                 let requests = requests.map(|r| r.map(DeltaRequest::from));
-                serve_stream(self, caller, conn, requests)
+                serve_stream(self, caller, remote, conn, requests)
             }
         }
     }
@@ -512,6 +545,7 @@ type Names = std::collections::BTreeSet<String>;
 fn serve_stream<C, S>(
     server: &XdsServer,
     caller: Caller,
+    remote: Option<std::net::SocketAddr>,
     mut conn: C,
     requests: S,
 ) -> ReceiverStream<Result<Outgoing, Status>>
@@ -524,6 +558,7 @@ where
     let shared = server.shared.clone();
     let autoregister = server.autoregister.clone();
     let max_response = server.max_response;
+    let (send_timeout, connections) = (server.send_timeout, server.connections.clone());
     let (tx, rx) = mpsc::channel(1);
     let Ok(permit) = shared.streams.clone().try_acquire_owned() else {
         tracing::warn!("ADS stream refused: stream limit reached");
@@ -607,8 +642,21 @@ where
             if let (Some(sync), Ok(mut syncs)) = (conn.sync(), shared.syncs.lock()) {
                 syncs.insert(id, sync);
             }
-            if !send_all(&tx, out, throttle, &stats, max_response).await {
-                break;
+            match send_all(&tx, out, throttle, &stats, max_response, send_timeout).await {
+                Sent::All => {}
+                Sent::Gone => break,
+                Sent::Stalled => {
+                    tracing::warn!(
+                        proxy = conn.proxy().map(|p| p.id.as_str()),
+                        peer = ?remote,
+                        timeout = ?send_timeout,
+                        "proxy took no xDS response within the send timeout; closing its stream and connection"
+                    );
+                    if let (Some(slots), Some(addr)) = (&connections, remote) {
+                        slots.close(addr);
+                    }
+                    break;
+                }
             }
         }
         if let Ok(mut syncs) = shared.syncs.lock() {
@@ -618,16 +666,26 @@ where
     ReceiverStream::new(rx)
 }
 
-/// Hands `out` to the proxy's connection; false when the stream is gone. The throttle permit
-/// is kept meanwhile, so the memory of pushes in flight stays bounded by the throttle; but only
-/// for THROTTLE_HOLD: a proxy that stops reading then loses it and blocks only itself.
+/// How [`send_all`] ended.
+enum Sent {
+    All,
+    /// The stream is gone (or ended here, over the response limit).
+    Gone,
+    /// A response waited longer than the send timeout.
+    Stalled,
+}
+
+/// Hands `out` to the proxy's connection. The throttle permit is kept meanwhile, so the memory
+/// of pushes in flight stays bounded by the throttle; but only for THROTTLE_HOLD: a proxy that
+/// stops reading then loses it and blocks only itself, until `send_timeout`.
 async fn send_all(
     tx: &mpsc::Sender<Result<Outgoing, Status>>,
     out: Vec<Outgoing>,
     throttle: tokio::sync::SemaphorePermit<'_>,
     stats: &XdsStats,
     max_response: usize,
-) -> bool {
+    send_timeout: std::time::Duration,
+) -> Sent {
     let mut throttle = Some(throttle);
     let hold_until = tokio::time::Instant::now() + THROTTLE_HOLD;
     for resp in out {
@@ -640,23 +698,26 @@ async fn send_all(
             tracing::error!("{why}; closing the stream");
             drop(throttle);
             let _ = tx.send(Err(Status::resource_exhausted(why))).await;
-            return false;
+            return Sent::Gone;
         }
         stats.pushes.fetch_add(1, Ordering::Relaxed);
+        let started = tokio::time::Instant::now();
         let send = tx.send(Ok(resp));
         tokio::pin!(send);
         if throttle.is_some() {
             match tokio::time::timeout_at(hold_until, &mut send).await {
                 Ok(Ok(())) => continue,
-                Ok(Err(_)) => return false,
+                Ok(Err(_)) => return Sent::Gone,
                 Err(_) => throttle = None,
             }
         }
-        if send.await.is_err() {
-            return false;
+        match tokio::time::timeout_at(started + send_timeout, send).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Sent::Gone,
+            Err(_) => return Sent::Stalled,
         }
     }
-    true
+    Sent::All
 }
 
 /// A stream's sync state for /debug/syncz, once the proxy is known.
