@@ -372,10 +372,10 @@ enum Landed {
     Inbound,
     /// The destination's own listener: capture did not apply.
     Direct,
-    /// Nowhere: the kernel refused to send it.
-    Refused,
+    /// No listener accepted it: the kernel refused to send it, or it left and got no answer.
+    Nowhere,
 }
-use Landed::{Direct, Envoy, Inbound, Refused};
+use Landed::{Direct, Envoy, Inbound, Nowhere};
 
 /// What a probe is sent to, in pod a with `-x <pod c> -o 9001 -c exc0` on top of the injector's args.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -443,7 +443,7 @@ const BYPASS_ORACLE: [(Dest, [Option<Landed>; 4]); 10] = [
 /// (`route_localnet` off), so 127.0.0.6 cannot even try to leave; `::6` can, and is captured.
 const IPV4_DIFFERS: [(Dest, [Option<Landed>; 4]); 1] = [(
     Dest::PassthroughSourceToRemote,
-    [Some(Refused), Some(Refused), None, None],
+    [Some(Nowhere), Some(Nowhere), None, None],
 )];
 
 /// The addresses of one family in the bypass matrix's pods.
@@ -550,7 +550,7 @@ fn probe(net: &Network, np: &str, (uid, gid): (u32, u32), dest: Dest, f: &Addrs)
         .collect();
     if !out.status.success() {
         return if new.is_empty() {
-            "Refused".into()
+            "Nowhere".into()
         } else {
             format!(
                 "connect failed ({}), new accepts {new:?}",
