@@ -3,6 +3,7 @@
 //! Mirrors Istio's `pilot/cmd/pilot-agent` and `pkg/istio-agent`.
 
 pub mod admin;
+pub mod app_uid;
 pub mod bootstrap;
 pub mod config;
 pub mod dns;
@@ -357,6 +358,18 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     let bootstrap = serde_json::to_vec_pretty(&bootstrap::render(&cfg)).unwrap_or_default();
     write_file(&bootstrap_path, &bootstrap, 0o644)?;
     let mut child = envoy::spawn(&cfg, &bootstrap_path)?;
+    // Envoy runs as the configured proxy uid when the agent is root, else as the agent's own.
+    let proxy_uid = if nix::unistd::geteuid().is_root() {
+        cfg.envoy_uid
+    } else {
+        nix::unistd::geteuid().as_raw()
+    };
+    let pod_ports = cfg
+        .metadata
+        .iter()
+        .find(|(k, _)| k == app_uid::POD_PORTS)
+        .map(|(_, v)| v.clone());
+    tokio::spawn(app_uid::watch(pod_ports, proxy_uid));
     let result = supervise(&cfg, &mut child, &drain, &mut tasks).await;
     drain.trigger(drain::Shutdown::Immediate);
     drain.finish();

@@ -27,6 +27,15 @@ pub enum ApplyError {
          rerun with --reconcile to replace them, or --cleanup-only to remove them"
     )]
     Conflict { family: Family, detail: String },
+    #[error(
+        "{failed}; putting back tables {tables} as they were also failed ({rollback}): \
+         check `iptables-save` and run --cleanup-only"
+    )]
+    RollbackFailed {
+        failed: Box<ApplyError>,
+        tables: String,
+        rollback: Box<ApplyError>,
+    },
 }
 
 /// The iptables binaries of one family and backend.
@@ -173,6 +182,11 @@ pub struct Installed {
     pub chains: Vec<(Table, String, usize)>,
     /// (table, saved line) for each rule in a builtin chain that jumps to one of our chains.
     pub jumps: Vec<(Table, String)>,
+    /// (table, saved line) for each interface exclusion in nat or mangle: `-A PREROUTING -i X -j
+    /// RETURN` or `-A OUTPUT -o X -j RETURN`, the shape `-c` and `-k` give. A config that
+    /// excluded an interface leaves no other trace, so cleanup and reconcile take every rule of
+    /// this exact shape for ours (a foreign one removed would capture more, never less).
+    pub interface_returns: Vec<(Table, String)>,
 }
 
 impl Installed {
@@ -183,6 +197,16 @@ impl Installed {
 
 fn is_ours(chain: &str) -> bool {
     OUR_CHAINS.contains(&chain)
+}
+
+/// `PREROUTING -i X -j RETURN` or `OUTPUT -o X -j RETURN` in nat or mangle.
+fn is_interface_return(table: Table, rule: &str) -> bool {
+    let words: Vec<&str> = rule.split_whitespace().collect();
+    matches!(table, Table::Nat | Table::Mangle)
+        && matches!(
+            words[..],
+            ["PREROUTING", "-i", _, "-j", "RETURN"] | ["OUTPUT", "-o", _, "-j", "RETURN"]
+        )
 }
 
 /// Parses `iptables-save` output.
@@ -218,6 +242,8 @@ pub fn parse_saved(saved: &str) -> Installed {
                 .any(|w| w[0] == "-j" && is_ours(w[1]))
             {
                 installed.jumps.push((table, line.to_string()));
+            } else if is_interface_return(table, rule) {
+                installed.interface_returns.push((table, line.to_string()));
             }
         }
     }
@@ -274,44 +300,171 @@ fn rule_exists(backend: &Backend, rule: &Rule) -> Result<bool, ApplyError> {
     }
 }
 
-/// Applies `payload` with one `iptables-restore --noflush`: the kernel takes all of it or none.
+/// Applies `payload` with one `iptables-restore --noflush`. The kernel takes each table whole or
+/// not at all, but commits table by table (legacy and nft alike): see `restore_all_or_nothing`.
 pub fn restore(backend: &Backend, payload: &str) -> Result<(), ApplyError> {
     let mut args = vec!["--noflush"];
     args.extend(wait_args(backend));
     run(&backend.restore_cmd(), &args, Some(payload)).map(|_| ())
 }
 
-/// The payload that removes everything of ours: jumps into our chains, the plan's own rules in
-/// builtin chains (e.g. interface exclusions), then our chains. Foreign rules are untouched.
+/// The tables a restore payload names, in its order.
+fn payload_tables(payload: &str) -> Vec<&str> {
+    payload
+        .lines()
+        .filter_map(|l| l.strip_prefix('*'))
+        .map(str::trim)
+        .collect()
+}
+
+/// One table's block of `iptables-save -c` output (`*table` through `COMMIT`), if it is there.
+fn saved_table<'a>(saved: &'a str, table: &str) -> Option<Vec<&'a str>> {
+    let mut lines = saved
+        .lines()
+        .skip_while(|l| l.strip_prefix('*') != Some(table));
+    let first = lines.next()?;
+    let mut block = vec![first];
+    for line in lines {
+        if !line.starts_with('#') {
+            block.push(line);
+        }
+        if line == "COMMIT" {
+            break;
+        }
+    }
+    Some(block)
+}
+
+/// A saved line without its packet counters, for comparing two saves.
+fn without_counters(line: &str) -> &str {
+    if line.starts_with('[') {
+        return line.split_once("] ").map_or(line, |(_, rest)| rest);
+    }
+    match line.find(" [") {
+        Some(i) if line.starts_with(':') => &line[..i],
+        _ => line,
+    }
+}
+
+/// The payload that puts back every table of `tables` whose rules differ between the saves
+/// `before` and `after`, as it was in `before` (a table that did not exist is emptied), and
+/// the names of those tables.
+pub fn rollback_payload(before: &str, after: &str, tables: &[&str]) -> (String, Vec<String>) {
+    let rules = |block: Option<Vec<&str>>| -> Vec<String> {
+        block
+            .unwrap_or_default()
+            .into_iter()
+            .map(|l| without_counters(l).to_string())
+            .filter(|l| l.starts_with("-A") || (l.starts_with(':') && !is_builtin_decl(l)))
+            .collect()
+    };
+    let mut payload = String::new();
+    let mut changed = Vec::new();
+    for table in tables {
+        if rules(saved_table(before, table)) == rules(saved_table(after, table)) {
+            continue;
+        }
+        changed.push(table.to_string());
+        match saved_table(before, table) {
+            Some(block) => {
+                for line in block {
+                    payload.push_str(line);
+                    payload.push('\n');
+                }
+            }
+            None => payload.push_str(&format!("*{table}\nCOMMIT\n")),
+        }
+    }
+    (payload, changed)
+}
+
+/// A builtin chain's declaration (its policy is not ours to change, and never is).
+fn is_builtin_decl(line: &str) -> bool {
+    ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"]
+        .iter()
+        .any(|b| line.strip_prefix(':').is_some_and(|d| d.starts_with(b)))
+}
+
+/// `restore`, made all or nothing across tables. `iptables-restore` commits each table as it
+/// reaches its `COMMIT`, so when a later table is refused (a kernel without the TPROXY or CT
+/// module, a chain that exists), the earlier ones stay committed. For a payload of more than
+/// one table the family's rules are saved first, and on failure every table this payload
+/// changed is put back as it was, in one `iptables-restore` of those tables. A one-table
+/// payload (the injector's default) costs nothing more.
+pub fn restore_all_or_nothing(backend: &Backend, payload: &str) -> Result<(), ApplyError> {
+    let tables = payload_tables(payload);
+    if tables.len() < 2 {
+        return restore(backend, payload);
+    }
+    let before = run(&backend.save_cmd(), &["-c"], None)?;
+    let failed = match restore(backend, payload) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    match put_back(backend, &before, &tables) {
+        Ok(()) => Err(failed),
+        Err((rollback, changed)) => Err(ApplyError::RollbackFailed {
+            failed: Box::new(failed),
+            tables: changed.join(","),
+            rollback: Box::new(rollback),
+        }),
+    }
+}
+
+/// Puts back the tables of `tables` that differ from the save `before`; on failure, the error
+/// and the tables it was putting back.
+fn put_back(
+    backend: &Backend,
+    before: &str,
+    tables: &[&str],
+) -> Result<(), (ApplyError, Vec<String>)> {
+    let after = run(&backend.save_cmd(), &["-c"], None).map_err(|e| (e, Vec::new()))?;
+    let (undo, changed) = rollback_payload(before, &after, tables);
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let mut args = vec!["-c"];
+    args.extend(wait_args(backend));
+    run(&backend.restore_cmd(), &args, Some(&undo))
+        .map(|_| ())
+        .map_err(|e| (e, changed))
+}
+
+/// The payload that removes everything of ours: jumps into our chains, interface exclusions,
+/// the rules `plans` put in builtin chains (e.g. TPROXY's marks) where present, then our chains.
+/// Foreign rules are untouched.
 pub fn cleanup_payload(
     backend: &Backend,
     installed: &Installed,
-    plan: Option<&Plan>,
+    plans: &[&Plan],
 ) -> Result<String, ApplyError> {
     let mut by_table: std::collections::BTreeMap<Table, Vec<String>> = Default::default();
-    for (table, line) in &installed.jumps {
+    let mut delete = |table: Table, rest: &str| {
+        let line = format!("-D {rest}");
+        let lines = by_table.entry(table).or_default();
+        // A rule present once must be deleted once, however many plans name it.
+        if !lines.contains(&line) {
+            lines.push(line);
+        }
+    };
+    for (table, line) in installed.jumps.iter().chain(&installed.interface_returns) {
         // iptables-save output is valid restore syntax; turn the append into a delete.
         if let Some(rest) = line.strip_prefix("-A ") {
-            by_table
-                .entry(*table)
-                .or_default()
-                .push(format!("-D {rest}"));
+            delete(*table, rest);
         }
     }
-    if let Some(plan) = plan {
-        for rule in plan.rules.iter().filter(|r| !is_ours(r.chain)) {
-            let jumps_to_ours = rule.jump_target().is_some_and(is_ours);
-            if !jumps_to_ours && rule_exists(backend, rule)? {
-                let as_append = Rule {
-                    position: Position::Append,
-                    ..rule.clone()
-                };
-                let line = rule_line(&as_append);
-                by_table
-                    .entry(rule.table)
-                    .or_default()
-                    .push(format!("-D {}", &line[3..]));
-            }
+    for rule in plans
+        .iter()
+        .flat_map(|p| &p.rules)
+        .filter(|r| !is_ours(r.chain))
+    {
+        let jumps_to_ours = rule.jump_target().is_some_and(is_ours);
+        if !jumps_to_ours && rule_exists(backend, rule)? {
+            let as_append = Rule {
+                position: Position::Append,
+                ..rule.clone()
+            };
+            delete(rule.table, &rule_line(&as_append)[3..]);
         }
     }
     for (table, chain, _) in &installed.chains {
@@ -351,9 +504,13 @@ pub enum Outcome {
 /// different config are replaced by ours in the same `iptables-restore` as the apply: the table
 /// switches in one commit, so no connection ever sees it without capture (Istio installs DROP
 /// guardrails for this window; one transaction has no window).
+///
+/// `others` are plans of other configs whose rules in builtin chains a reconcile removes where
+/// present (the caller's TPROXY variant: its marks are no jump to our chains).
 pub fn apply_plan(
     backend: &Backend,
     plan: &Plan,
+    others: &[&Plan],
     force: bool,
     reconcile: bool,
 ) -> Result<Outcome, ApplyError> {
@@ -363,7 +520,7 @@ pub fn apply_plan(
     let first = if force {
         None
     } else {
-        match restore(backend, &restore_payload(plan)) {
+        match restore_all_or_nothing(backend, &restore_payload(plan)) {
             Ok(()) => return Ok(Outcome::Applied),
             Err(e) => Some(e),
         }
@@ -373,7 +530,9 @@ pub fn apply_plan(
         return match first {
             // Nothing of ours is there, so the kernel refused the rules themselves.
             Some(e) => Err(e),
-            None => restore(backend, &restore_payload(plan)).map(|()| Outcome::Applied),
+            None => {
+                restore_all_or_nothing(backend, &restore_payload(plan)).map(|()| Outcome::Applied)
+            }
         };
     }
     let same = matches_plan(backend, &installed, plan)?;
@@ -416,7 +575,9 @@ pub fn apply_plan(
         })
         .map(|l| format!("{l}\n"))
         .collect();
-    let cleanup = cleanup_payload(backend, &installed, Some(plan))?;
+    let mut plans = vec![plan];
+    plans.extend(others);
+    let cleanup = cleanup_payload(backend, &installed, &plans)?;
     let cleanup: String = {
         let mut table = None;
         cleanup
@@ -433,7 +594,7 @@ pub fn apply_plan(
             .collect()
     };
     let payload = merge_payloads(&cleanup, &apply);
-    restore(backend, &payload)?;
+    restore_all_or_nothing(backend, &payload)?;
     Ok(Outcome::Reconciled)
 }
 
@@ -466,14 +627,15 @@ pub fn merge_payloads(first: &str, second: &str) -> String {
     out
 }
 
-/// Removes everything of ours for one family. Returns whether anything was removed.
-pub fn cleanup(backend: &Backend, plan: Option<&Plan>) -> Result<bool, ApplyError> {
+/// Removes everything of ours for one family (`plans` as in `cleanup_payload`). Returns whether
+/// anything was removed.
+pub fn cleanup(backend: &Backend, plans: &[&Plan]) -> Result<bool, ApplyError> {
     let installed = read_installed(backend)?;
-    let payload = cleanup_payload(backend, &installed, plan)?;
+    let payload = cleanup_payload(backend, &installed, plans)?;
     if payload.is_empty() {
         return Ok(false);
     }
-    restore(backend, &payload)?;
+    restore_all_or_nothing(backend, &payload)?;
     Ok(true)
 }
 
@@ -534,6 +696,54 @@ pub fn configure_routes(family: Family, tproxy: Option<(u32, u32)>) -> Result<()
     Ok(())
 }
 
+/// Removes what `configure_routes` added for TPROXY mode: the `fwmark MARK lookup TABLE` rule
+/// and the local default route of TABLE, if present; nothing else of the table or the rules.
+/// Returns whether anything was removed.
+pub fn cleanup_routes(family: Family, mark: u32, table: u32) -> Result<bool, ApplyError> {
+    let fam = match family {
+        Family::V4 => "-4",
+        Family::V6 => "-6",
+    };
+    let (mark, table) = (mark.to_string(), table.to_string());
+    let wanted = format!("fwmark {} lookup {table}", format_mark(&mark));
+    let mut removed = false;
+    // `ip rule add` does not refuse a duplicate; remove every copy (bounded, in case `del`
+    // succeeds without removing).
+    for _ in 0..16 {
+        let rules = run("ip", &[fam, "rule", "show"], None)?;
+        if !rules.lines().any(|l| l.contains(&wanted)) {
+            break;
+        }
+        run(
+            "ip",
+            &[fam, "rule", "del", "fwmark", &mark, "lookup", &table],
+            None,
+        )?;
+        removed = true;
+    }
+    // A table that was never created is an error to `ip route show`: nothing to remove.
+    let routes = run("ip", &[fam, "route", "show", "table", &table], None).unwrap_or_default();
+    if routes
+        .lines()
+        .any(|l| l.starts_with("local default dev lo"))
+    {
+        let default = if family == Family::V4 {
+            "0.0.0.0/0"
+        } else {
+            "::/0"
+        };
+        run(
+            "ip",
+            &[
+                fam, "route", "del", "local", default, "dev", "lo", "table", &table,
+            ],
+            None,
+        )?;
+        removed = true;
+    }
+    Ok(removed)
+}
+
 /// `ip rule show` prints marks in hex.
 fn format_mark(mark: &str) -> String {
     mark.parse::<u32>()
@@ -555,6 +765,66 @@ mod tests {
         );
     }
 
+    const BEFORE: &str = "\
+# Generated by iptables-nft-save
+*mangle
+:PREROUTING ACCEPT [10:600]
+:OUTPUT ACCEPT [3:180]
+[5:300] -A PREROUTING -p udp --dport 9999 -j RETURN
+COMMIT
+*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+COMMIT
+";
+
+    #[test]
+    fn rollback_puts_back_only_the_tables_that_changed() {
+        // The mangle table was committed (and saw traffic); nat was refused; raw did not exist.
+        let after = "\
+*mangle
+:PREROUTING ACCEPT [90:5400]
+:OUTPUT ACCEPT [7:420]
+:ISTIO_DIVERT - [0:0]
+[6:360] -A PREROUTING -p udp --dport 9999 -j RETURN
+[0:0] -A ISTIO_DIVERT -j ACCEPT
+COMMIT
+*nat
+:PREROUTING ACCEPT [4:240]
+:OUTPUT ACCEPT [0:0]
+COMMIT
+*raw
+:OUTPUT ACCEPT [0:0]
+:ISTIO_OUTPUT_DNS - [0:0]
+[0:0] -A OUTPUT -j ISTIO_OUTPUT_DNS
+COMMIT
+";
+        let (payload, changed) = rollback_payload(BEFORE, after, &["mangle", "nat", "raw"]);
+        assert_eq!(changed, ["mangle", "raw"]);
+        assert_eq!(
+            payload,
+            "*mangle\n:PREROUTING ACCEPT [10:600]\n:OUTPUT ACCEPT [3:180]\n\
+             [5:300] -A PREROUTING -p udp --dport 9999 -j RETURN\nCOMMIT\n*raw\nCOMMIT\n"
+        );
+    }
+
+    #[test]
+    fn counters_alone_are_no_change() {
+        let after = BEFORE
+            .replace("[5:300]", "[7:420]")
+            .replace("[10:600]", "[11:660]");
+        let (payload, changed) = rollback_payload(BEFORE, &after, &["mangle", "nat"]);
+        assert!(changed.is_empty() && payload.is_empty(), "{payload}");
+    }
+
+    #[test]
+    fn counts_the_tables_of_a_payload() {
+        assert_eq!(
+            payload_tables("* mangle\n-N X\nCOMMIT\n* nat\n-N Y\nCOMMIT\n"),
+            ["mangle", "nat"]
+        );
+    }
+
     #[test]
     fn parses_saved_state() {
         let saved = "\
@@ -573,7 +843,15 @@ mod tests {
 -A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN
 COMMIT
 ";
-        let i = parse_saved(saved);
+        let i = parse_saved(&format!(
+            "{saved}*mangle\n-A OUTPUT -o eth9 -j RETURN\n-A OUTPUT -o eth9 -p tcp -j RETURN\n\
+             -A INPUT -i eth9 -j RETURN\nCOMMIT\n"
+        ));
+        assert_eq!(
+            i.interface_returns,
+            vec![(Table::Mangle, "-A OUTPUT -o eth9 -j RETURN".to_string())],
+            "only the exact shape of an interface exclusion is ours"
+        );
         assert_eq!(
             i.chains,
             vec![

@@ -171,6 +171,16 @@ pub fn run(cfg: &Config) -> Result<Report, Error> {
         .iter()
         .map(|f| plan::plan(cfg, *f, &facts))
         .collect();
+    // What TPROXY mode puts in builtin chains (marks, no jump to our chains): cleanup and
+    // reconcile remove it where present, whichever mode this run has.
+    let tproxy_cfg = Config {
+        mode: InterceptionMode::Tproxy,
+        ..cfg.clone()
+    };
+    let tproxy_plans: Vec<Plan> = families
+        .iter()
+        .map(|f| plan::plan(&tproxy_cfg, *f, &facts))
+        .collect();
     let payloads = plans
         .iter()
         .map(|p| (p.family, render::restore_payload(p)))
@@ -190,12 +200,14 @@ pub fn run(cfg: &Config) -> Result<Report, Error> {
             .map(|p| apply::detect(p.family, cfg.force_binary))
             .collect::<Result<_, _>>()?;
         if cfg.cleanup_only {
-            for (backend, plan) in backends.iter().zip(&plans) {
-                report.cleaned |= apply::cleanup(backend, Some(plan))?;
+            for ((backend, plan), tproxy) in backends.iter().zip(&plans).zip(&tproxy_plans) {
+                report.cleaned |= apply::cleanup(backend, &[plan, tproxy])?;
+                report.cleaned |=
+                    apply::cleanup_routes(plan.family, cfg.tproxy_mark, cfg.tproxy_route_table)?;
             }
             return Ok(report);
         }
-        apply_all(cfg, &backends, &plans, &mut report)?;
+        apply_all(cfg, &backends, &plans, &tproxy_plans, &mut report)?;
     }
     if cfg.run_validation {
         let ports = [cfg.proxy_port, cfg.inbound_capture_port];
@@ -218,12 +230,12 @@ fn apply_family(
     cfg: &Config,
     backend: &apply::Backend,
     plan: &Plan,
+    tproxy: &Plan,
 ) -> Result<Outcome, ApplyError> {
-    let outcome = match apply::apply_plan(backend, plan, cfg.force_apply, cfg.reconcile) {
+    let apply = |b| apply::apply_plan(b, plan, &[tproxy], cfg.force_apply, cfg.reconcile);
+    let outcome = match apply(backend) {
         Err(e @ ApplyError::Failed { .. }) => match apply::fallback(backend) {
-            Some(legacy) => {
-                apply::apply_plan(&legacy, plan, cfg.force_apply, cfg.reconcile).map_err(|_| e)?
-            }
+            Some(legacy) => apply(&legacy).map_err(|_| e)?,
             None => return Err(e),
         },
         other => other?,
@@ -231,7 +243,20 @@ fn apply_family(
     let tproxy =
         (cfg.mode == InterceptionMode::Tproxy).then_some((cfg.tproxy_mark, cfg.tproxy_route_table));
     apply::configure_routes(plan.family, tproxy)?;
+    if outcome == Outcome::Reconciled && tproxy.is_none() {
+        // Reconciled away from TPROXY: its routing goes too, so the pod ends as a fresh apply.
+        apply::cleanup_routes(plan.family, cfg.tproxy_mark, cfg.tproxy_route_table)?;
+    }
     Ok(outcome)
+}
+
+/// Removes one family's rules of this run, and its TPROXY routing if this run added it.
+fn undo(cfg: &Config, backend: &apply::Backend, plan: &Plan) -> Result<(), ApplyError> {
+    apply::cleanup(backend, &[plan])?;
+    if cfg.mode == InterceptionMode::Tproxy {
+        apply::cleanup_routes(plan.family, cfg.tproxy_mark, cfg.tproxy_route_table)?;
+    }
+    Ok(())
 }
 
 /// Applies all families at once (each is independent and atomic on its own); if IPv6 fails
@@ -240,13 +265,17 @@ fn apply_all(
     cfg: &Config,
     backends: &[apply::Backend],
     plans: &[Plan],
+    tproxy_plans: &[Plan],
     report: &mut Report,
 ) -> Result<(), Error> {
     let results: Vec<Result<Outcome, ApplyError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = backends
             .iter()
             .zip(plans)
-            .map(|(backend, plan)| scope.spawn(move || apply_family(cfg, backend, plan)))
+            .zip(tproxy_plans)
+            .map(|((backend, plan), tproxy)| {
+                scope.spawn(move || apply_family(cfg, backend, plan, tproxy))
+            })
             .collect();
         handles
             .into_iter()
@@ -275,19 +304,17 @@ fn apply_all(
         if let (Some((Family::V6, Outcome::Applied)), Some(b), Some(p)) =
             (report.outcomes.first(), backends.get(1), plans.get(1))
         {
-            let _ = apply::cleanup(b, Some(p));
+            let _ = undo(cfg, b, p);
         }
         return Err(e.into());
     }
     if let Some(v6) = v6_error {
         // Never leave v4 captured and v6 open: undo what this run applied.
         let rollback = match (&report.outcomes[..], backends.first(), plans.first()) {
-            ([(Family::V4, Outcome::Applied)], Some(b), Some(p)) => {
-                match apply::cleanup(b, Some(p)) {
-                    Ok(_) => Rollback::Removed,
-                    Err(re) => Rollback::Failed(re),
-                }
-            }
+            ([(Family::V4, Outcome::Applied)], Some(b), Some(p)) => match undo(cfg, b, p) {
+                Ok(()) => Rollback::Removed,
+                Err(re) => Rollback::Failed(re),
+            },
             ([(Family::V4, Outcome::Reconciled)], ..) => Rollback::ReconciledStays,
             _ => Rollback::NothingApplied,
         };

@@ -17,11 +17,17 @@ fn netprobe() -> String {
 }
 
 fn init(pod: &Pod, extra: &[&str]) {
-    let bin = binary("istio-iptables");
-    let mut args = vec![bin.to_str().unwrap()];
-    args.extend(DEFAULT_ARGS);
+    let mut args = DEFAULT_ARGS.to_vec();
     args.extend(extra);
-    let out = pod.exec(&args).unwrap();
+    init_with(pod, &args);
+}
+
+/// Runs istio-iptables with exactly `args`, and fails unless it succeeds.
+fn init_with(pod: &Pod, args: &[&str]) {
+    let bin = binary("istio-iptables");
+    let mut full = vec![bin.to_str().unwrap()];
+    full.extend(args);
+    let out = pod.exec(&full).unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -354,4 +360,295 @@ fn tproxy_rules_and_routes_apply() {
     assert!(String::from_utf8_lossy(&routes.stdout).contains("local default dev lo"));
     let mangle = pod.exec(&["iptables-save", "-t", "mangle"]).unwrap();
     assert!(String::from_utf8_lossy(&mangle.stdout).contains("-j TPROXY"));
+}
+
+/// Where one probe of the bypass matrix ended up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Landed {
+    /// Envoy's outbound port 15001, with the true original destination.
+    Envoy,
+    /// Envoy's inbound port 15006, with the true original destination (the proxy calling its own
+    /// pod over lo is inbound traffic).
+    Inbound,
+    /// The destination's own listener: capture did not apply.
+    Direct,
+    /// No listener accepted it: the kernel refused to send it, or it left and got no answer.
+    Nowhere,
+}
+use Landed::{Direct, Envoy, Inbound, Nowhere};
+
+/// What a probe is sent to, in pod a with `-x <pod c> -o 9001 -c exc0` on top of the injector's args.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dest {
+    /// Pod b, TCP 9000: nothing excluded.
+    Remote,
+    /// Pod b, TCP 9001: an `-o` excluded outbound port.
+    ExcludedPort,
+    /// Pod c, TCP 9000: inside the `-x` excluded CIDR.
+    ExcludedCidr,
+    /// Pod b over `exc0`, TCP 9000: an `-c` excluded interface.
+    ExcludedInterface,
+    /// 127.0.0.1 / ::1, TCP 9000 in pod a.
+    Loopback,
+    /// Pod a's own address, TCP 9000 (over lo).
+    OwnAddress,
+    /// Pod a's own address from source 127.0.0.6 / ::6 (Envoy's inbound passthrough source).
+    PassthroughSourceToOwnAddress,
+    /// Pod b, TCP 9000, from source 127.0.0.6 / ::6: the source exempts only on lo.
+    PassthroughSourceToRemote,
+    /// Pod b, UDP 9000.
+    Udp,
+    /// Pod b, UDP 53 (DNS capture is off).
+    UdpDns,
+}
+
+/// Who sends: (name, uid, gid), in the column order of `BYPASS_ORACLE`.
+const SENDERS: [(&str, u32, u32); 4] = [
+    ("root", 0, 0),
+    ("app", APP, APP),
+    ("proxy uid", PROXY, PROXY),
+    ("proxy gid only", APP, PROXY),
+];
+
+/// The documented bypass set, as a table: for each destination, where a probe from each of
+/// `SENDERS` must land, for IPv4 and IPv6 alike (but for `IPV4_DIFFERS`). `None`: not probed (a
+/// passthrough source off lo has no way back from pod b, so only captured senders can complete
+/// it). Only the proxy's uid and gid, excluded ports, CIDRs and interfaces, loopback, the
+/// passthrough source on lo and non-TCP escape Envoy.
+const BYPASS_ORACLE: [(Dest, [Option<Landed>; 4]); 10] = [
+    (
+        Dest::Remote,
+        [Some(Envoy), Some(Envoy), Some(Direct), Some(Direct)],
+    ),
+    (Dest::ExcludedPort, [Some(Direct); 4]),
+    (Dest::ExcludedCidr, [Some(Direct); 4]),
+    (Dest::ExcludedInterface, [Some(Direct); 4]),
+    (Dest::Loopback, [Some(Direct); 4]),
+    // The app calling its own pod directly stays local; the proxy doing so is inbound traffic.
+    // A proxy-gid sender with another uid meets the uid rule's "lo and not the proxy uid" first.
+    (
+        Dest::OwnAddress,
+        [Some(Direct), Some(Direct), Some(Inbound), Some(Direct)],
+    ),
+    (Dest::PassthroughSourceToOwnAddress, [Some(Direct); 4]),
+    (
+        Dest::PassthroughSourceToRemote,
+        [Some(Envoy), Some(Envoy), None, None],
+    ),
+    (Dest::Udp, [Some(Direct); 4]),
+    (Dest::UdpDns, [Some(Direct); 4]),
+];
+
+/// Where IPv4 differs: the kernel refuses a 127/8 source on any route but lo
+/// (`route_localnet` off), so 127.0.0.6 cannot even try to leave; `::6` can, and is captured.
+const IPV4_DIFFERS: [(Dest, [Option<Landed>; 4]); 1] = [(
+    Dest::PassthroughSourceToRemote,
+    [Some(Nowhere), Some(Nowhere), None, None],
+)];
+
+/// The addresses of one family in the bypass matrix's pods.
+struct Addrs {
+    a: &'static str,
+    b: &'static str,
+    c: &'static str,
+    b_excluded_interface: &'static str,
+    loopback: &'static str,
+    passthrough: &'static str,
+}
+
+const V4: Addrs = Addrs {
+    a: "10.233.0.2",
+    b: "10.233.0.3",
+    c: "10.233.0.4",
+    b_excluded_interface: "10.235.0.3",
+    loopback: "127.0.0.1",
+    passthrough: "127.0.0.6",
+};
+
+const V6: Addrs = Addrs {
+    a: "fd00:233::2",
+    b: "fd00:233::3",
+    c: "fd00:233::4",
+    b_excluded_interface: "fd00:235::3",
+    loopback: "::1",
+    passthrough: "::6",
+};
+
+fn sockaddr(ip: &str, port: u16) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
+impl Dest {
+    /// (destination, source to bind or None).
+    fn target(self, f: &Addrs) -> (String, Option<&'static str>) {
+        match self {
+            Dest::Remote | Dest::Udp => (sockaddr(f.b, 9000), None),
+            Dest::ExcludedPort => (sockaddr(f.b, 9001), None),
+            Dest::ExcludedCidr => (sockaddr(f.c, 9000), None),
+            Dest::ExcludedInterface => (sockaddr(f.b_excluded_interface, 9000), None),
+            Dest::Loopback => (sockaddr(f.loopback, 9000), None),
+            Dest::OwnAddress => (sockaddr(f.a, 9000), None),
+            Dest::PassthroughSourceToOwnAddress => (sockaddr(f.a, 9000), Some(f.passthrough)),
+            Dest::PassthroughSourceToRemote => (sockaddr(f.b, 9000), Some(f.passthrough)),
+            Dest::UdpDns => (sockaddr(f.b, 53), None),
+        }
+    }
+
+    fn udp(self) -> bool {
+        matches!(self, Dest::Udp | Dest::UdpDns)
+    }
+}
+
+/// The `accept` lines of every TCP listener of the matrix: (pod index, process name).
+const TCP_LISTENERS: [(usize, &str); 4] =
+    [(0, "recorder"), (0, "local"), (1, "server"), (2, "server")];
+
+fn accepts(net: &Network) -> Vec<Vec<String>> {
+    TCP_LISTENERS
+        .iter()
+        .map(|(pod, name)| {
+            net.pods[*pod]
+                .logs_of(name)
+                .lines()
+                .filter(|l| l.starts_with("accept "))
+                .map(str::to_string)
+                .collect()
+        })
+        .collect()
+}
+
+/// Sends one probe and says where it landed, from the listeners' new `accept` lines (a TCP
+/// server prints its line before it answers, so a completed connect has been logged).
+fn probe(net: &Network, np: &str, (uid, gid): (u32, u32), dest: Dest, f: &Addrs) -> String {
+    let a = &net.pods[0];
+    let (dst, src) = dest.target(f);
+    if dest.udp() {
+        let out = a.exec_as(uid, gid, &[np, "udp", &dst]).unwrap();
+        return match String::from_utf8_lossy(&out.stdout).trim() {
+            "echo 15001" => "Envoy".into(),
+            answer if answer == format!("echo {}", &dst[dst.rfind(':').unwrap() + 1..]) => {
+                "Direct".into()
+            }
+            other => format!("no answer ({other:?})"),
+        };
+    }
+    let before = accepts(net);
+    let out = match src {
+        None => a.exec_as(uid, gid, &[np, "connect", &dst]),
+        Some(src) => a.exec_as(uid, gid, &[np, "connect-from", src, &dst]),
+    }
+    .unwrap();
+    let after = accepts(net);
+    let new: Vec<(usize, &String)> = after
+        .iter()
+        .enumerate()
+        .flat_map(|(i, lines)| lines[before[i].len()..].iter().map(move |l| (i, l)))
+        .collect();
+    if !out.status.success() {
+        return if new.is_empty() {
+            "Nowhere".into()
+        } else {
+            format!(
+                "connect failed ({}), new accepts {new:?}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        };
+    }
+    // A listener in pod a reads its own conntrack entry, so a direct connection there shows
+    // orig = the address it was sent to; in pod b and c it shows none.
+    match new[..] {
+        [(0, line)] if line.contains(&format!("port=15001 orig={dst} ")) => "Envoy".into(),
+        [(0, line)] if line.contains(&format!("port=15006 orig={dst} ")) => "Inbound".into(),
+        [(1, line)] if line.contains(&format!("orig={dst} local={dst} ")) => "Direct".into(),
+        [(2 | 3, line)] if line.contains(&format!("orig=none local={dst} ")) => "Direct".into(),
+        _ => format!("unexpected accepts {new:?}"),
+    }
+}
+
+#[test]
+fn bypass_set_is_exactly_the_documented_one_v4_and_v6() {
+    if !require_root("bypass_set_is_exactly_the_documented_one_v4_and_v6") {
+        return;
+    }
+    let mut net = two_pods();
+    net.add_pod("c", 4).unwrap();
+    // A second link between a and b, the one `-c` excludes.
+    let (a_ns, b_ns) = (net.pods[0].ns.clone(), net.pods[1].ns.clone());
+    harness::run(
+        "ip",
+        &[
+            "link", "add", "exc0", "netns", &a_ns, "type", "veth", "peer", "name", "exc0", "netns",
+            &b_ns,
+        ],
+    )
+    .unwrap();
+    for (ns, n) in [(&a_ns, 2), (&b_ns, 3)] {
+        let (v4, v6) = (format!("10.235.0.{n}/24"), format!("fd00:235::{n}/64"));
+        harness::run("ip", &["-n", ns, "addr", "add", &v4, "dev", "exc0"]).unwrap();
+        harness::run(
+            "ip",
+            &["-n", ns, "-6", "addr", "add", &v6, "dev", "exc0", "nodad"],
+        )
+        .unwrap();
+        harness::run("ip", &["-n", ns, "link", "set", "exc0", "up"]).unwrap();
+    }
+    let mut args = DEFAULT_ARGS.to_vec();
+    assert_eq!(args[10], "-x");
+    args[11] = "10.233.0.4/32,fd00:233::4/128";
+    args.extend(["-o", "9001", "-c", "exc0"]);
+    init_with(&net.pods[0], &args);
+
+    let np = netprobe();
+    let spawn = |net: &mut Network, pod: usize, name: &str, uid: u32, args: &[&str]| {
+        let mut full = vec![np.as_str()];
+        full.extend(args);
+        net.pods[pod].spawn(name, uid, uid, &[], &full).unwrap();
+        assert!(
+            net.pods[pod].wait_log(name, "listening", WAIT),
+            "{}",
+            net.logs()
+        );
+    };
+    spawn(&mut net, 0, "recorder", PROXY, &["listen", "15001,15006"]);
+    spawn(&mut net, 0, "recorder-udp", PROXY, &["udp-echo", "15001"]);
+    spawn(&mut net, 0, "local", 0, &["listen", "9000"]);
+    spawn(&mut net, 1, "server", 0, &["listen", "9000,9001"]);
+    spawn(&mut net, 1, "udp", 0, &["udp-echo", "9000"]);
+    spawn(&mut net, 1, "dns", 0, &["udp-echo", "53"]);
+    spawn(&mut net, 2, "server", 0, &["listen", "9000"]);
+
+    let mut wrong = Vec::new();
+    let mut probes = 0;
+    for (family, addrs) in [("IPv4", &V4), ("IPv6", &V6)] {
+        for (dest, mut expected) in BYPASS_ORACLE {
+            if let (true, Some((_, v4))) = (
+                family == "IPv4",
+                IPV4_DIFFERS.iter().find(|(d, _)| *d == dest),
+            ) {
+                expected = *v4;
+            }
+            for ((who, uid, gid), expected) in SENDERS.into_iter().zip(expected) {
+                let Some(expected) = expected else { continue };
+                let landed = probe(&net, &np, (uid, gid), dest, addrs);
+                probes += 1;
+                if landed != format!("{expected:?}") {
+                    wrong.push(format!(
+                        "{family} {dest:?} from {who} ({uid}:{gid}) to {}: expected {expected:?}, got {landed}",
+                        dest.target(addrs).0
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {probes} probes landed elsewhere than the oracle says:\n{}\n{}",
+        wrong.len(),
+        wrong.join("\n"),
+        net.logs()
+    );
 }

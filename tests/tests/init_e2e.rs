@@ -291,3 +291,335 @@ fn dry_run_prints_payload_and_touches_nothing() {
     );
     assert_eq!(state(pod), before);
 }
+
+/// What TPROXY mode routes by: the policy rules of both families and every route table, less
+/// the `::6` passthrough address IPv6 capture puts on lo (it stays, as in Istio: a loopback
+/// address nothing outside the pod can reach).
+fn routing(pod: &Pod) -> String {
+    let mut out = String::new();
+    for args in [
+        ["ip", "-4", "rule", "show", ""],
+        ["ip", "-6", "rule", "show", ""],
+        ["ip", "-4", "route", "show", "table"],
+        ["ip", "-6", "route", "show", "table"],
+    ] {
+        let mut args: Vec<&str> = args.into_iter().filter(|a| !a.is_empty()).collect();
+        if args.last() == Some(&"table") {
+            args.push("all");
+        }
+        let text = pod.exec(&args).unwrap();
+        for line in String::from_utf8_lossy(&text.stdout).lines() {
+            if !line.contains("::6 ") {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// The TPROXY policy rule and route table of a pod (which, unlike `routing`, names no pod address).
+fn tproxy_routing(pod: &Pod) -> String {
+    let mut out = String::new();
+    for fam in ["-4", "-6"] {
+        let rules = pod.exec(&["ip", fam, "rule", "show"]).unwrap();
+        let routes = pod
+            .exec(&["ip", fam, "route", "show", "table", "133"])
+            .unwrap();
+        out.push_str(&String::from_utf8_lossy(&rules.stdout));
+        out.push_str(&String::from_utf8_lossy(&routes.stdout));
+    }
+    out
+}
+
+/// `state` with each table's chain declarations sorted: the kernel lists chains in creation
+/// order, which says nothing about what the rules do.
+fn state_unordered_chains(pod: &Pod) -> String {
+    let mut out = Vec::new();
+    let mut decls = Vec::new();
+    for line in state(pod).lines() {
+        if line.starts_with(':') {
+            decls.push(line.to_string());
+            continue;
+        }
+        decls.sort();
+        out.append(&mut decls);
+        out.push(line.to_string());
+    }
+    out.join("\n")
+}
+
+/// Foreign rules in every table capture uses, both families, and a foreign policy rule and
+/// route table: what must survive any failure or cleanup of ours.
+fn seed_foreign_state(pod: &Pod) {
+    for cmd in ["iptables", "ip6tables"] {
+        for (table, chain) in [
+            ("nat", "OUTPUT"),
+            ("nat", "PREROUTING"),
+            ("mangle", "PREROUTING"),
+            ("mangle", "OUTPUT"),
+            ("raw", "OUTPUT"),
+            ("raw", "PREROUTING"),
+        ] {
+            let args = [
+                cmd, "-t", table, "-A", chain, "-p", "udp", "--dport", "9999", "-j", "RETURN",
+            ];
+            assert!(pod.exec(&args).unwrap().status.success(), "{args:?}");
+        }
+        let new = [cmd, "-t", "mangle", "-N", "FOREIGN"];
+        assert!(pod.exec(&new).unwrap().status.success());
+        let jump = [
+            cmd, "-t", "mangle", "-A", "OUTPUT", "-p", "tcp", "--dport", "9998", "-j", "FOREIGN",
+        ];
+        assert!(pod.exec(&jump).unwrap().status.success());
+    }
+    for args in [
+        ["ip", "-4", "rule", "add", "fwmark", "7", "lookup", "77"],
+        ["ip", "-6", "rule", "add", "fwmark", "7", "lookup", "77"],
+    ] {
+        assert!(pod.exec(&args).unwrap().status.success(), "{args:?}");
+    }
+    let route = [
+        "ip",
+        "route",
+        "add",
+        "local",
+        "10.77.0.0/16",
+        "dev",
+        "lo",
+        "table",
+        "77",
+    ];
+    assert!(pod.exec(&route).unwrap().status.success());
+}
+
+fn with(base: &[&'static str], extra: &[&'static str]) -> Vec<&'static str> {
+    let mut args = base.to_vec();
+    args.extend(extra);
+    args
+}
+
+/// TPROXY mode as the injector configures it (`sidecar.istio.io/interceptionMode: TPROXY`).
+fn tproxy_args() -> Vec<&'static str> {
+    let mut args = DEFAULT_ARGS.to_vec();
+    assert_eq!(args[7], "REDIRECT");
+    args[7] = "TPROXY";
+    args
+}
+
+/// Multi-table configs: DNS capture (nat + raw), TPROXY (mangle + nat), both (three tables).
+fn multi_table_configs() -> Vec<(&'static str, Vec<&'static str>)> {
+    vec![
+        ("dns capture", with(&DEFAULT_ARGS, &["--redirect-dns"])),
+        ("tproxy", tproxy_args()),
+        (
+            "tproxy + dns capture",
+            with(&tproxy_args(), &["--redirect-dns"]),
+        ),
+    ]
+}
+
+fn find_in_path(name: &str) -> std::path::PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} is not in PATH"))
+}
+
+#[test]
+fn failure_in_a_later_table_leaves_the_kernel_as_it_was() {
+    if !require_root("failure_in_a_later_table_leaves_the_kernel_as_it_was") {
+        return;
+    }
+    let net = one_pod();
+    let pod = &net.pods[0];
+    pod.set_resolv_conf("nameserver 10.233.0.53\nnameserver fd00:233::53\n")
+        .unwrap();
+    seed_foreign_state(pod);
+    let before = (state(pod), routing(pod));
+    // iptables-restore commits table by table: a kernel that refuses the last table of the
+    // payload (no xt_CT for raw's zones, no xt_TPROXY) leaves the earlier ones committed. The
+    // stubs model that kernel for IPv4: the real binary gets every table but the last of an
+    // apply (`--noflush`), then the stub fails; anything else (a putting back) passes through.
+    let stub = net.dir().join("stub-bin");
+    std::fs::create_dir_all(&stub).unwrap();
+    for name in [
+        "iptables-restore",
+        "iptables-nft-restore",
+        "iptables-legacy-restore",
+    ] {
+        let real = find_in_path(name);
+        let script = format!(
+            r#"#!/bin/sh
+payload=$(cat)
+case " $* " in *" --noflush "*) ;; *) printf '%s\n' "$payload" | exec {real} "$@" ;; esac
+tables=$(printf '%s\n' "$payload" | grep -c '^\*')
+if [ "$tables" -lt 2 ]; then printf '%s\n' "$payload" | exec {real} "$@"; fi
+printf '%s\n' "$payload" | awk -v n="$tables" '/^\*/ {{ t++ }} t < n {{ print }}' | {real} "$@" || exit $?
+echo "stub: the kernel refused table $tables of $tables" >&2
+exit 1
+"#,
+            real = real.display()
+        );
+        let p = stub.join(name);
+        std::fs::write(&p, script).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        stub.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for (name, args) in multi_table_configs() {
+        let (code, err) = init(pod, &args, &[("PATH", &path)]);
+        assert_ne!(
+            code, 0,
+            "{name}: the stub refused a table, yet exit 0: {err}"
+        );
+        assert!(err.contains("stub: the kernel refused"), "{name}: {err}");
+        assert_eq!(
+            (state(pod), routing(pod)),
+            before,
+            "{name}: tables committed before the refused one were left behind ({err})"
+        );
+    }
+    // Without the stub each of them applies, so it was the refused table that failed them.
+    for (name, args) in multi_table_configs() {
+        let (code, err) = init(pod, &args, &[]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let (code, err) = init(pod, &with(&args, &["--cleanup-only"]), &[]);
+        assert_eq!(code, 0, "{name}: {err}");
+        assert_eq!((state(pod), routing(pod)), before, "{name}");
+    }
+}
+
+#[test]
+fn conflicting_multi_table_config_is_refused_without_change() {
+    if !require_root("conflicting_multi_table_config_is_refused_without_change") {
+        return;
+    }
+    let net = one_pod();
+    let pod = &net.pods[0];
+    pod.set_resolv_conf("nameserver 10.233.0.53\n").unwrap();
+    // DNS capture holds nat and raw; TPROXY's payload is mangle then nat. The kernel takes its
+    // mangle table, then refuses nat (ISTIO_INBOUND exists): mangle must not stay.
+    let (code, err) = init(pod, &with(&DEFAULT_ARGS, &["--redirect-dns"]), &[]);
+    assert_eq!(code, 0, "{err}");
+    let before = state(pod);
+    let (code, err) = init(pod, &tproxy_args(), &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--reconcile"), "{err}");
+    assert_eq!(state(pod), before, "a refused config left rules behind");
+}
+
+#[test]
+fn reconcile_ends_as_a_fresh_apply() {
+    if !require_root("reconcile_ends_as_a_fresh_apply") {
+        return;
+    }
+    let dns_and_excludes = with(
+        &DEFAULT_ARGS,
+        &[
+            "--redirect-dns",
+            "-o",
+            "9001",
+            "-c",
+            "eth9",
+            "--drop-invalid",
+        ],
+    );
+    let mut fewer_ports = DEFAULT_ARGS.to_vec();
+    fewer_ports[15] = "15090";
+    fewer_ports[11] = "10.9.0.0/16,fd00:9::/32";
+    let pairs: Vec<(&str, Vec<&str>, Vec<&str>)> = vec![
+        (
+            "default -> dns, excludes",
+            DEFAULT_ARGS.to_vec(),
+            dns_and_excludes.clone(),
+        ),
+        (
+            "dns, excludes -> other excludes",
+            dns_and_excludes,
+            fewer_ports,
+        ),
+        (
+            "default -> tproxy + dns",
+            DEFAULT_ARGS.to_vec(),
+            with(&tproxy_args(), &["--redirect-dns"]),
+        ),
+        (
+            "tproxy + dns -> default",
+            with(&tproxy_args(), &["--redirect-dns"]),
+            DEFAULT_ARGS.to_vec(),
+        ),
+    ];
+    let mut net = Network::new().unwrap();
+    for (i, _) in pairs.iter().enumerate() {
+        let n = 2 + 2 * i as u8;
+        net.add_pod(&format!("reconciled{i}"), n).unwrap();
+        net.add_pod(&format!("fresh{i}"), n + 1).unwrap();
+    }
+    for pod in &net.pods {
+        pod.set_resolv_conf("nameserver 10.233.0.53\nnameserver fd00:233::53\n")
+            .unwrap();
+    }
+    for (i, (name, from, to)) in pairs.iter().enumerate() {
+        let (reconciled, fresh) = (&net.pods[2 * i], &net.pods[2 * i + 1]);
+        let (code, err) = init(reconciled, from, &[]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let (code, err) = init(reconciled, &with(to, &["--reconcile"]), &[]);
+        assert_eq!(code, 0, "{name}: {err}");
+        assert!(err.contains("Reconciled"), "{name}: {err}");
+        let (code, err) = init(fresh, to, &[]);
+        assert_eq!(code, 0, "{name}: {err}");
+        assert_eq!(
+            state_unordered_chains(reconciled),
+            state_unordered_chains(fresh),
+            "{name}: the reconciled rules differ from a fresh apply"
+        );
+        assert_eq!(
+            tproxy_routing(reconciled),
+            tproxy_routing(fresh),
+            "{name}: the reconciled TPROXY routing differs from a fresh apply"
+        );
+    }
+}
+
+#[test]
+fn cleanup_after_tproxy_and_dns_capture_restores_the_pod() {
+    if !require_root("cleanup_after_tproxy_and_dns_capture_restores_the_pod") {
+        return;
+    }
+    let net = one_pod();
+    let pod = &net.pods[0];
+    pod.set_resolv_conf("nameserver 10.233.0.53\nnameserver fd00:233::53\n")
+        .unwrap();
+    seed_foreign_state(pod);
+    let before = (state(pod), routing(pod));
+    for (name, args) in multi_table_configs() {
+        let (code, err) = init(pod, &args, &[]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let installed = (state(pod), routing(pod));
+        assert_ne!(installed.0, before.0, "{name}: nothing installed");
+        if name.contains("tproxy") {
+            assert!(
+                installed.1.contains("fwmark 0x539 lookup 133"),
+                "{name}: {}",
+                installed.1
+            );
+        }
+        if name.contains("dns") {
+            assert!(
+                installed.0.contains("-A OUTPUT -j ISTIO_OUTPUT_DNS"),
+                "{name}"
+            );
+        }
+        let (code, err) = init(pod, &with(&args, &["--cleanup-only"]), &[]);
+        assert_eq!(code, 0, "{name}: {err}");
+        assert_eq!(
+            (state(pod), routing(pod)),
+            before,
+            "{name}: cleanup left something behind"
+        );
+    }
+}

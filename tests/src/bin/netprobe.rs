@@ -3,6 +3,8 @@
 //!                                   per connection (orig from SO_ORIGINAL_DST) and answers "hi\n"
 //!   netprobe udp-echo PORT          UDP on 0.0.0.0 and [::]; answers "echo PORT"
 //!   netprobe connect ADDR [COUNT]   TCP connects; exit 0 if every one is accepted and answered
+//!   netprobe connect-from SRC ADDR  one TCP connect from local address SRC (e.g. 127.0.0.6);
+//!                                   exit 0 if it is accepted and answered
 //!   netprobe udp ADDR               one datagram; prints the answer, exit 0 if one came
 //!   netprobe http-echo PORT         HTTP on 0.0.0.0; answers each request with its headers
 //!   netprobe line-echo PORT         TCP on 0.0.0.0, client speaks first: answers each line L
@@ -111,16 +113,33 @@ fn udp_echo(port: &str) -> std::io::Result<()> {
     Ok(())
 }
 
+/// One connection to `addr` (from `src` if given) that the server answers with "hi\n".
+fn answered(addr: SocketAddr, src: Option<SocketAddr>) -> std::io::Result<()> {
+    let mut s: TcpStream = match src {
+        None => TcpStream::connect_timeout(&addr, Duration::from_secs(2))?,
+        Some(src) => {
+            let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+            sock.bind(&src.into())?;
+            sock.connect_timeout(&addr.into(), Duration::from_secs(2))?;
+            sock.into()
+        }
+    };
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut buf = [0u8; 3];
+    s.read_exact(&mut buf)
+}
+
+fn connect_from(src: &str, addr: &str) -> std::io::Result<()> {
+    let addr: SocketAddr = addr.parse().map_err(std::io::Error::other)?;
+    let src = SocketAddr::new(src.parse().map_err(std::io::Error::other)?, 0);
+    answered(addr, Some(src))
+}
+
 fn connect(addr: &str, count: usize) -> std::io::Result<()> {
     let addr: SocketAddr = addr.parse().map_err(std::io::Error::other)?;
     let mut failures = 0;
     for _ in 0..count {
-        let ok = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).and_then(|mut s| {
-            s.set_read_timeout(Some(Duration::from_secs(2)))?;
-            let mut buf = [0u8; 3];
-            s.read_exact(&mut buf)
-        });
-        if ok.is_err() {
+        if answered(addr, None).is_err() {
             failures += 1;
         }
     }
@@ -237,6 +256,7 @@ fn main() {
         "listen" => listen(arg(1)),
         "udp-echo" => udp_echo(arg(1)),
         "connect" => connect(arg(1), arg(2).parse().unwrap_or(1)),
+        "connect-from" => connect_from(arg(1), arg(2)),
         "udp" => udp(arg(1)),
         "http-echo" => http_echo(arg(1)),
         "line-echo" => line_echo(arg(1)),
