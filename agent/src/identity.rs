@@ -4,7 +4,9 @@
 //!
 //! The current certificate is published on a `watch` channel; the SDS server, readiness, the
 //! metrics and OUTPUT_CERTS all read it from there. A failed renewal keeps the valid certificate
-//! and retries with capped backoff; a response that fails the checks never replaces it.
+//! and retries with capped backoff; a response that fails the checks never replaces it. Trust
+//! bundles keep their usable roots and are never served empty; a change of the mesh root file
+//! asks for a certificate at once (Istio's secretcache rotates ROOTCA when the root changes).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
