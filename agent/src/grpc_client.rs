@@ -4,6 +4,7 @@
 //! retry backoff. Mirrors the dial options of Istio's `pkg/istio-agent/xds_proxy.go` and
 //! `security/pkg/nodeagent/caclient`.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use tonic::Status;
@@ -42,7 +43,11 @@ pub async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Statu
     // What the server's certificate is checked against, for the error when it does not pass.
     let mut verified_by = None;
     if cfg.tls {
-        let mut tls = tonic::transport::ClientTlsConfig::new().domain_name(cfg.server_name.clone());
+        // The handshake is bounded too: `connect_timeout` covers only the TCP connect, and a
+        // server that accepts and then drops every packet would hold the dial forever.
+        let mut tls = tonic::transport::ClientTlsConfig::new()
+            .domain_name(cfg.server_name.clone())
+            .timeout(cfg.connect_timeout);
         tls = match &cfg.root_ca {
             RootCa::System => {
                 verified_by = Some(format!(
@@ -65,7 +70,28 @@ pub async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Statu
                     file.display(),
                     cfg.server_name
                 ));
-                tls.ca_certificate(tonic::transport::Certificate::from_pem(pem))
+                // Only the bundle's usable roots: one garbage or expired entry must not make
+                // the good ones unusable, and a file with none is an error that names it.
+                let bundle = istiod_core::ca::TrustBundle::parse(
+                    &String::from_utf8_lossy(&pem),
+                    SystemTime::now(),
+                );
+                if bundle.roots.is_empty() {
+                    return Err(Status::unavailable(format!(
+                        "root bundle {}: no usable certificate ({})",
+                        file.display(),
+                        bundle.dropped.join("; ")
+                    )));
+                }
+                for why in &bundle.dropped {
+                    tracing::warn!(file = %file.display(), entry = %why, "root bundle entry left out");
+                }
+                tls.ca_certificates(
+                    bundle
+                        .roots
+                        .iter()
+                        .map(tonic::transport::Certificate::from_pem),
+                )
             }
         };
         endpoint = endpoint
@@ -73,9 +99,17 @@ pub async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Statu
             .map_err(|e| Status::internal(format!("TLS to {address}: {e}")))?;
     }
     let mut metadata = Vec::new();
-    if let Ok(token) = std::fs::read_to_string(&cfg.token_path)
-        && let Ok(v) = format!("Bearer {}", token.trim()).parse()
+    if let Some(token) =
+        read_token(&cfg.token_path).map_err(|e| Status::unauthenticated(e.to_string()))?
     {
+        let v = format!("Bearer {token}").parse().map_err(|_| {
+            Status::unauthenticated(
+                TokenError::NotAHeader {
+                    path: cfg.token_path.clone(),
+                }
+                .to_string(),
+            )
+        })?;
         metadata.push((MetadataKey::from_static("authorization"), v));
     }
     for (k, v) in &cfg.headers {
@@ -93,6 +127,53 @@ pub async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Statu
         channel,
         CallMetadata(metadata),
     ))
+}
+
+/// The largest token file read: a Kubernetes service-account token is a few KiB (its claims and
+/// one signature); anything far larger is not a token and would be sent in every dial's headers.
+pub const MAX_TOKEN_BYTES: u64 = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("token file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("token file {} is over {MAX_TOKEN_BYTES} bytes: not a service-account token", path.display())]
+    TooLarge { path: PathBuf },
+    #[error("token file {} is not usable as an HTTP header (non-ASCII or control characters)", path.display())]
+    NotAHeader { path: PathBuf },
+}
+
+/// The bearer token in `path`, read afresh (kubelet rotates it in place or by swapping the
+/// volume's `..data` symlink) and at most `MAX_TOKEN_BYTES`; `None` when there is no file or it
+/// is empty (no `authorization` header, as Istio's agent without a token).
+pub fn read_token(path: &Path) -> Result<Option<String>, TokenError> {
+    use std::io::Read;
+    let read_err = |source| TokenError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(read_err(e)),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_TOKEN_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 > MAX_TOKEN_BYTES {
+        return Err(TokenError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
+    let text = String::from_utf8(bytes).map_err(|_| TokenError::NotAHeader {
+        path: path.to_path_buf(),
+    })?;
+    let token = text.trim();
+    Ok((!token.is_empty()).then(|| token.to_string()))
 }
 
 /// `e` and its sources, outermost first: tonic's own message ("transport error") says nothing of
@@ -162,6 +243,51 @@ pub fn unit_random() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn client(token_path: PathBuf) -> XdsClientConfig {
+        XdsClientConfig {
+            tls: false,
+            root_ca: RootCa::Files(vec![]),
+            server_name: "istiod.istio-system.svc".into(),
+            token_path,
+            headers: vec![],
+            connect_timeout: Duration::from_secs(1),
+            max_response_bytes: 1 << 20,
+        }
+    }
+
+    /// A 10 MB token file is refused before any dial, by name and with the limit; before, it
+    /// was read whole on every dial and sent as a header, and no error named it.
+    #[tokio::test]
+    async fn a_token_file_is_read_bounded_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("istio-token");
+        std::fs::write(&path, vec![b'a'; 10 << 20]).unwrap();
+        let e = dial("127.0.0.1:9", &client(path.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        assert!(e.message().contains(&path.display().to_string()), "{e:?}");
+        assert!(e.message().contains("65536 bytes"), "{e:?}");
+        // At the limit it is still a token; a trailing newline is not part of it.
+        std::fs::write(&path, vec![b'a'; 64 * 1024]).unwrap();
+        assert_eq!(read_token(&path).unwrap().map(|t| t.len()), Some(64 * 1024));
+        std::fs::write(&path, "header.claims.signature\n").unwrap();
+        assert_eq!(
+            read_token(&path).unwrap().as_deref(),
+            Some("header.claims.signature")
+        );
+        // Not a header value: named too, never silently dropped.
+        std::fs::write(&path, "a\u{7f}b").unwrap();
+        let e = dial("127.0.0.1:9", &client(path.clone()))
+            .await
+            .unwrap_err();
+        assert!(e.message().contains(&path.display().to_string()), "{e:?}");
+        // No file (or an empty one): no token, as before.
+        assert!(read_token(&dir.path().join("absent")).unwrap().is_none());
+        std::fs::write(&path, "\n").unwrap();
+        assert!(read_token(&path).unwrap().is_none());
+    }
 
     #[test]
     fn backoff_grows_caps_and_jitters() {

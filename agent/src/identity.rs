@@ -4,20 +4,22 @@
 //!
 //! The current certificate is published on a `watch` channel; the SDS server, readiness, the
 //! metrics and OUTPUT_CERTS all read it from there. A failed renewal keeps the valid certificate
-//! and retries with capped backoff; a response that fails the checks never replaces it.
+//! and retries with capped backoff; a response that fails the checks never replaces it. Trust
+//! bundles keep their usable roots and are never served empty; a change of the mesh root file
+//! asks for a certificate at once (Istio's secretcache rotates ROOTCA when the root changes).
 
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use istiod_core::ca::{Ca, Identity, split_pem};
+use istiod_core::ca::{Ca, Identity, TrustBundle, split_pem};
 use mesh_common::watch::{FileWatch, Watched};
 use rcgen::{CertificateParams, KeyPair, SanType};
 use tokio::sync::watch;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::config::{IdentityConfig, KeyAlgorithm, MountedFiles, XdsClientConfig};
+use crate::config::{IdentityConfig, KeyAlgorithm, MountedFiles, RootCa, XdsClientConfig};
 use crate::grpc_client::{Backoff, dial, unit_random};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +45,14 @@ pub trait Signer: Send + Sync + 'static {
         csr_pem: String,
         ttl: Duration,
     ) -> impl Future<Output = Result<Vec<String>, String>> + Send;
+
+    /// The mesh's root bundle files this signer's CA is trusted by (Istio's order, the first
+    /// present one counts): when the roots in them change, a new certificate is asked for at
+    /// once, so that a root rotation reaches the workload certificate and ROOTCA without
+    /// waiting for the next renewal.
+    fn trust_files(&self) -> Vec<PathBuf> {
+        Vec::new()
+    }
 }
 
 /// The embedded CA: the agent's identity is its own configuration (one machine, one operator).
@@ -59,6 +69,11 @@ impl Signer for EmbeddedSigner {
             .map_err(|e| e.to_string())
     }
 }
+
+/// How long the CA has to answer a CSR once connected (the dial has its own bound,
+/// `connect_timeout`, for the TCP connect and again for the TLS handshake). A CA that drops
+/// packets instead of refusing costs at most both, then the request is retried with backoff.
+pub const CA_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A remote `IstioCertificateService`: TLS (unless :15010), `authorization: Bearer` with the
 /// token re-read for every request, ClusterID and CA_HEADER_* metadata.
@@ -80,12 +95,23 @@ impl Signer for RemoteSigner {
             validity_duration: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
             metadata: None,
         };
-        let response =
-            tokio::time::timeout(Duration::from_secs(10), client.create_certificate(request))
-                .await
-                .map_err(|_| format!("CA {}: no answer within 10s", self.address))?
-                .map_err(|s| format!("CA {}: {:?}: {}", self.address, s.code(), s.message()))?;
+        let response = tokio::time::timeout(CA_REQUEST_TIMEOUT, client.create_certificate(request))
+            .await
+            .map_err(|_| {
+                format!(
+                    "CA {}: no answer within {CA_REQUEST_TIMEOUT:?}",
+                    self.address
+                )
+            })?
+            .map_err(|s| format!("CA {}: {:?}: {}", self.address, s.code(), s.message()))?;
         Ok(response.into_inner().cert_chain)
+    }
+
+    fn trust_files(&self) -> Vec<PathBuf> {
+        match &self.client.root_ca {
+            RootCa::Files(files) => files.clone(),
+            RootCa::System => Vec::new(),
+        }
     }
 }
 
@@ -139,6 +165,17 @@ fn parse_pem_chain(chain: &[String]) -> Result<Vec<Vec<u8>>, String> {
         .collect()
 }
 
+fn parse_ders<'a>(what: &str, ders: &'a [Vec<u8>]) -> Result<Vec<X509Certificate<'a>>, String> {
+    ders.iter()
+        .enumerate()
+        .map(|(i, der)| {
+            X509Certificate::from_der(der)
+                .map(|(_, c)| c)
+                .map_err(|e| format!("{what} {i} does not parse: {e}"))
+        })
+        .collect()
+}
+
 fn to_system_time(t: x509_parser::time::ASN1Time) -> SystemTime {
     let secs = t.timestamp();
     if secs >= 0 {
@@ -148,9 +185,11 @@ fn to_system_time(t: x509_parser::time::ASN1Time) -> SystemTime {
     }
 }
 
-/// Checks a chain (leaf first, root last) before it may replace what Envoy has:
-/// every link is signed by the next, the last is a self-signed root, the leaf is in date, is not
-/// a CA, carries the key we hold and (when `identity` is given) exactly our SPIFFE identity.
+/// Checks a chain (leaf first, then intermediates, then the trust bundle) before it may replace
+/// what Envoy has: every link is signed by the next, the last by a self-signed root of the
+/// bundle, the leaf is in date, is not a CA, carries the key we hold and (when `identity` is
+/// given) exactly our SPIFFE identity. The bundle (Istio's CA sends its whole root-cert.pem, two
+/// roots during a rotation) is kept to its usable roots; expired or unparsable ones are dropped.
 pub fn verify_chain(
     chain: &[String],
     key_pem: &str,
@@ -162,26 +201,39 @@ pub fn verify_chain(
             chain.len()
         ));
     }
-    let ders = parse_pem_chain(chain)?;
-    let certs = ders
-        .iter()
-        .enumerate()
-        .map(|(i, der)| {
-            X509Certificate::from_der(der)
-                .map(|(_, c)| c)
-                .map_err(|e| format!("certificate {i} of the chain does not parse: {e}"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let last = chain.len() - 1;
+    let bundle = TrustBundle::parse(&chain[last], SystemTime::now());
+    if bundle.roots.is_empty() {
+        return Err(format!(
+            "the root bundle holds no usable certificate: {}",
+            bundle.dropped.join("; ")
+        ));
+    }
+    let ders = parse_pem_chain(&chain[..last])?;
+    let root_ders = parse_pem_chain(&bundle.roots)?;
+    let certs = parse_ders("certificate", &ders)?;
+    let roots = parse_ders("root", &root_ders)?;
     for (i, pair) in certs.windows(2).enumerate() {
         pair[0]
             .verify_signature(Some(pair[1].public_key()))
             .map_err(|_| format!("certificate {i} is not signed by certificate {}", i + 1))?;
     }
-    let root = &certs[certs.len() - 1];
-    root.verify_signature(None)
-        .map_err(|_| "the last certificate of the chain is not a self-signed root".to_string())?;
-    if !root.is_ca() {
-        return Err("the root of the chain is not a CA certificate".into());
+    let top = &certs[certs.len() - 1];
+    let anchored = roots.iter().any(|root| {
+        root.is_ca()
+            && root.verify_signature(None).is_ok()
+            && top.verify_signature(Some(root.public_key())).is_ok()
+    });
+    if !anchored {
+        let dropped = if bundle.dropped.is_empty() {
+            String::new()
+        } else {
+            format!(" (left out of the bundle: {})", bundle.dropped.join("; "))
+        };
+        return Err(format!(
+            "certificate {} is not signed by a self-signed CA root of the bundle{dropped}",
+            certs.len() - 1
+        ));
     }
     let leaf = &certs[0];
     if leaf.is_ca() {
@@ -206,11 +258,10 @@ pub fn verify_chain(
             ));
         }
     }
-    let last = chain.len() - 1;
     Ok(WorkloadCert {
         chain_pem: chain[..last].concat(),
         key_pem: key_pem.to_string(),
-        root_pem: chain[last].clone(),
+        root_pem: bundle.roots.concat(),
         not_before,
         not_after,
         serial: leaf.raw_serial_as_string(),
@@ -288,6 +339,7 @@ pub async fn run_rotation<S: Signer>(
     tx: watch::Sender<Option<Arc<WorkloadCert>>>,
 ) {
     let mut failures = 0u32;
+    let mut trust = TrustWatch::new(signer.trust_files());
     loop {
         let delay = match issue(&cfg, &signer).await {
             Ok(cert) => {
@@ -327,7 +379,77 @@ pub async fn run_rotation<S: Signer>(
                 delay
             }
         };
-        tokio::time::sleep(delay).await;
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            file = trust.changed() => {
+                tracing::info!(
+                    file = %file.display(),
+                    "the mesh root bundle changed; asking for a certificate from the new root"
+                );
+                failures = 0;
+            }
+        }
+    }
+}
+
+/// How often the mesh root bundle file is looked at.
+const TRUST_POLL: Duration = Duration::from_secs(1);
+
+/// The mesh root bundle file (the first present of a signer's `trust_files`) and the usable
+/// roots last seen in it.
+struct TrustWatch {
+    files: Vec<PathBuf>,
+    watch: FileWatch,
+    roots: Option<Vec<String>>,
+}
+
+impl TrustWatch {
+    fn new(files: Vec<PathBuf>) -> TrustWatch {
+        let watch = FileWatch::new(files.iter().cloned().map(Watched::File).collect());
+        let mut trust = TrustWatch {
+            files,
+            watch,
+            roots: None,
+        };
+        trust.roots = trust.current().and_then(|(_, roots)| roots.ok());
+        trust
+    }
+
+    /// The first present file and its usable roots, or why there are none.
+    fn current(&self) -> Option<(PathBuf, Result<Vec<String>, String>)> {
+        self.files
+            .iter()
+            .find_map(|f| match std::fs::read_to_string(f) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => Some((f.clone(), Err(format!("cannot read {}: {e}", f.display())))),
+                Ok(text) => Some((f.clone(), usable_roots(&text, f))),
+            })
+    }
+
+    /// Resolves with the file when its usable roots differ from the last seen. A file with no
+    /// usable root (garbage, every root expired) is logged and changes nothing: the current
+    /// certificate and ROOTCA stay.
+    async fn changed(&mut self) -> PathBuf {
+        if self.files.is_empty() {
+            return std::future::pending().await;
+        }
+        loop {
+            let seen = self.watch.next_change(TRUST_POLL).await;
+            self.watch.mark_seen(seen);
+            match self.current() {
+                Some((file, Ok(roots))) if self.roots.as_ref() != Some(&roots) => {
+                    self.roots = Some(roots);
+                    return file;
+                }
+                Some((file, Err(e))) => tracing::error!(
+                    file = %file.display(),
+                    error = %e,
+                    "mesh root bundle not usable; keeping the current certificate and roots"
+                ),
+                _ => {}
+            }
+            tokio::time::sleep(TRUST_POLL).await;
+        }
     }
 }
 
@@ -373,30 +495,52 @@ pub fn write_output(dir: &Path, cert: &WorkloadCert) -> std::io::Result<()> {
 }
 
 /// Reads mounted certificate files into a checked certificate (any identity: the files are the
-/// operator's choice).
+/// operator's choice). The root file is the trust bundle Envoy gets as ROOTCA: its expired or
+/// unparsable entries are left out (and logged, naming the file); with none usable the files
+/// are refused, so the bundle served is never empty.
 pub fn read_mounted(files: &MountedFiles) -> Result<WorkloadCert, String> {
     let read = |p: &Path| {
         std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
     };
     let chain_text = read(&files.cert_chain)?;
     let key = read(&files.key)?;
-    let root = read(&files.root)?;
+    let bundle = usable_roots(&read(&files.root)?, &files.root)?;
     let mut chain: Vec<String> = split_pem(&chain_text);
     if chain.is_empty() {
         return Err(format!("{}: no certificate", files.cert_chain.display()));
     }
-    let roots = split_pem(&root);
-    let Some(first_root) = roots.first() else {
-        return Err(format!("{}: no certificate", files.root.display()));
-    };
-    if chain.last().map(|c| c.trim()) != Some(first_root.trim()) {
-        chain.push(first_root.clone());
+    // A chain file that ends with its root: the root is the bundle's to give.
+    if chain.len() > 1
+        && let Some(top) = chain.last()
+        && bundle.iter().any(|r| r.trim() == top.trim())
+    {
+        chain.pop();
     }
-    let mut cert = verify_chain(&chain, &key, None)
-        .map_err(|e| format!("{}: {e}", files.cert_chain.display()))?;
-    // The whole bundle file is the trust bundle (it may hold several roots).
-    cert.root_pem = root;
-    Ok(cert)
+    chain.push(bundle.concat());
+    verify_chain(&chain, &key, None).map_err(|e| {
+        format!(
+            "{} with the roots of {}: {e}",
+            files.cert_chain.display(),
+            files.root.display()
+        )
+    })
+}
+
+/// The usable roots of the bundle `text` read from `path`: each entry left out is logged with
+/// the file's name; none usable is an error naming the file.
+pub fn usable_roots(text: &str, path: &Path) -> Result<Vec<String>, String> {
+    let bundle = TrustBundle::parse(text, SystemTime::now());
+    if bundle.roots.is_empty() {
+        return Err(format!(
+            "root bundle {}: no usable certificate ({})",
+            path.display(),
+            bundle.dropped.join("; ")
+        ));
+    }
+    for why in &bundle.dropped {
+        tracing::error!(file = %path.display(), entry = %why, "root bundle entry left out");
+    }
+    Ok(bundle.roots)
 }
 
 /// How often mounted certificate files are looked at.
@@ -755,6 +899,11 @@ mod tests {
         .unwrap();
         tokio::time::sleep(Duration::from_millis(1200)).await;
         assert_eq!(rx.borrow().as_ref().unwrap().serial, first.serial);
+        write_output(&mounted, &first).unwrap();
+        // Nor a root file that is garbage: ROOTCA stays what it was, never empty.
+        std::fs::write(mounted.join("root-cert.pem"), "not a certificate").unwrap();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert_eq!(rx.borrow().as_ref().unwrap().root_pem, first.root_pem);
 
         let second = issue();
         write_output(&mounted, &second).unwrap();
@@ -763,5 +912,304 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(rx.borrow().as_ref().unwrap().serial, second.serial);
+    }
+
+    /// A PEM block that is not a certificate inside.
+    const GARBAGE_PEM: &str =
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n";
+
+    /// A self-signed CA certificate that expired in 2001.
+    fn expired_root() -> String {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        params.self_signed(&key).unwrap().pem()
+    }
+
+    fn issued_by(ca: &Ca) -> WorkloadCert {
+        let (key, csr) = key_and_csr(KeyAlgorithm::EcdsaP256, &identity()).unwrap();
+        verify_chain(
+            &ca.sign(&csr, &identity(), 3600).unwrap(),
+            &key.serialize_pem(),
+            None,
+        )
+        .unwrap()
+    }
+
+    fn roots_in(pem: &str) -> Vec<String> {
+        split_pem(pem)
+            .iter()
+            .map(|c| c.trim().to_string())
+            .collect()
+    }
+
+    /// ROOTCA from mounted files: a root file that is garbage, holds no certificate or only
+    /// expired ones is refused by name (the last good bundle stays with the caller); a partly
+    /// invalid one is served without its bad entries, never as it is and never empty.
+    #[test]
+    fn a_mounted_root_bundle_is_kept_to_its_usable_roots_and_never_emptied() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(&dir.path().join("ca"));
+        let other = self::ca(&dir.path().join("other"));
+        let mounted = dir.path().join("certs");
+        write_output(&mounted, &issued_by(&ca)).unwrap();
+        let files = MountedFiles::in_dir(&mounted);
+        let root = ca.root_pem().trim().to_string();
+        let set_root = |text: &str| std::fs::write(&files.root, text).unwrap();
+        for bad in ["garbage", "", GARBAGE_PEM, &expired_root()] {
+            set_root(bad);
+            let e = read_mounted(&files).unwrap_err();
+            assert!(
+                e.contains(&files.root.display().to_string()),
+                "{bad:?}: the error does not name the root file: {e}"
+            );
+        }
+        for partly in [
+            format!("{}{root}\n", expired_root()),
+            format!("{root}\n{GARBAGE_PEM}"),
+            format!("{GARBAGE_PEM}{root}\n"),
+        ] {
+            set_root(&partly);
+            let cert = read_mounted(&files).unwrap_or_else(|e| panic!("{partly}: {e}"));
+            assert_eq!(
+                roots_in(&cert.root_pem),
+                std::slice::from_ref(&root),
+                "{partly}"
+            );
+        }
+        // Two good roots (a rotation in progress): both are trusted.
+        set_root(&format!("{}{}", other.root_pem(), ca.root_pem()));
+        let cert = read_mounted(&files).unwrap();
+        assert_eq!(
+            roots_in(&cert.root_pem),
+            [other.root_pem().trim().to_string(), root]
+        );
+    }
+
+    /// The CA's root bundle (Istio's CA sends its whole root-cert.pem, two roots during a
+    /// rotation): the chain may end at any usable root of it; expired and garbage entries are
+    /// left out of ROOTCA; a bundle with nothing usable is refused.
+    #[test]
+    fn the_cas_root_bundle_is_kept_to_its_usable_roots() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(&dir.path().join("ca"));
+        let other = self::ca(&dir.path().join("other"));
+        let (key, csr) = key_and_csr(KeyAlgorithm::EcdsaP256, &identity()).unwrap();
+        let key_pem = key.serialize_pem();
+        let leaf = ca.sign(&csr, &identity(), 3600).unwrap().remove(0);
+        let root = ca.root_pem().trim().to_string();
+        let two = format!("{}{}", other.root_pem(), ca.root_pem());
+        let cert = verify_chain(&[leaf.clone(), two], &key_pem, Some(&identity())).unwrap();
+        assert_eq!(
+            roots_in(&cert.root_pem),
+            [other.root_pem().trim().to_string(), root.clone()]
+        );
+        let partly = format!("{}{GARBAGE_PEM}{}", expired_root(), ca.root_pem());
+        let cert = verify_chain(&[leaf.clone(), partly], &key_pem, Some(&identity())).unwrap();
+        assert_eq!(roots_in(&cert.root_pem), [root]);
+        let e = verify_chain(&[leaf.clone(), expired_root()], &key_pem, None).unwrap_err();
+        assert!(e.contains("expired"), "{e}");
+        let e = verify_chain(&[leaf, GARBAGE_PEM.into()], &key_pem, None).unwrap_err();
+        assert!(e.contains("no usable certificate"), "{e}");
+    }
+
+    /// The real CA whose root can be replaced mid-test, trusted through a mesh root file.
+    struct RotatingCa {
+        ca: Arc<std::sync::Mutex<Arc<Ca>>>,
+        trust: PathBuf,
+    }
+
+    impl Signer for RotatingCa {
+        async fn sign(&self, csr: String, ttl: Duration) -> Result<Vec<String>, String> {
+            let ca = self.ca.lock().unwrap().clone();
+            EmbeddedSigner {
+                ca,
+                identity: identity(),
+            }
+            .sign(csr, ttl)
+            .await
+        }
+
+        fn trust_files(&self) -> Vec<PathBuf> {
+            vec![self.trust.clone()]
+        }
+    }
+
+    /// A root rotation reaches the workload certificate and ROOTCA at once: when the mesh root
+    /// bundle file changes, a certificate is asked for then, not at the next renewal (hours
+    /// later), and it comes from the new root. A bundle file with nothing usable in it changes
+    /// nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_mesh_root_is_taken_at_once_and_a_bad_one_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = ca(&dir.path().join("old"));
+        let new = ca(&dir.path().join("new"));
+        let trust = dir.path().join("root-cert.pem");
+        std::fs::write(&trust, old.root_pem()).unwrap();
+        let current = Arc::new(std::sync::Mutex::new(old.clone()));
+        let (tx, mut rx) = watch::channel(None);
+        tokio::spawn(run_rotation(
+            Arc::new(config(Duration::from_secs(1000))),
+            RotatingCa {
+                ca: current.clone(),
+                trust: trust.clone(),
+            },
+            tx,
+        ));
+        rx.changed().await.unwrap();
+        let first = rx.borrow().clone().unwrap();
+        assert_eq!(roots_in(&first.root_pem), roots_in(old.root_pem()));
+
+        for bad in [GARBAGE_PEM.to_string(), expired_root(), String::new()] {
+            std::fs::write(&trust, &bad).unwrap();
+            let quiet = tokio::time::timeout(Duration::from_secs(30), rx.changed()).await;
+            assert!(
+                quiet.is_err(),
+                "re-issued on an unusable root bundle {bad:?}"
+            );
+        }
+        assert_eq!(rx.borrow().as_ref().unwrap().serial, first.serial);
+
+        // The CA signs from a new root and the mesh bundle names both: well before the
+        // renewal is due (490 s), a certificate from the new root with the new ROOTCA.
+        *current.lock().unwrap() = new.clone();
+        std::fs::write(&trust, format!("{}{}", old.root_pem(), new.root_pem())).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), rx.changed())
+            .await
+            .expect("no certificate from the new root after the root file changed")
+            .unwrap();
+        let second = rx.borrow().clone().unwrap();
+        assert_ne!(second.serial, first.serial);
+        assert_eq!(roots_in(&second.root_pem), roots_in(new.root_pem()));
+    }
+
+    /// The CA as `istiod-core serve` runs it (JWT-authenticated), on loopback.
+    async fn jwt_ca(ca: Arc<Ca>, signer: &KeyPair) -> String {
+        use istiod_core::ca_server::{CaService, JwtAuthenticator};
+        let auth = JwtAuthenticator::from_pem(
+            signer.public_key_pem().as_bytes(),
+            "test",
+            "https://issuer.test",
+            "cluster.local",
+        )
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(CaService::new(ca, Arc::new(auth)))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        addr
+    }
+
+    /// A service-account token for shop/web, expiring `exp_in` seconds from now (negative:
+    /// already expired, past the CA's 30 s leeway).
+    fn sa_token(signer: &KeyPair, exp_in: i64) -> String {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let claims = serde_json::json!({
+            "sub": "system:serviceaccount:shop:web",
+            "aud": istiod_core::ca_server::AUDIENCE,
+            "iss": "https://issuer.test",
+            "exp": now.saturating_add_signed(exp_in),
+        });
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_ec_pem(signer.serialize_pem().as_bytes()).unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn remote(address: String, token_path: PathBuf) -> RemoteSigner {
+        RemoteSigner {
+            address,
+            client: XdsClientConfig {
+                tls: false,
+                root_ca: RootCa::Files(vec![]),
+                server_name: "istiod.istio-system.svc".into(),
+                token_path,
+                headers: vec![],
+                connect_timeout: Duration::from_secs(5),
+                max_response_bytes: 1 << 20,
+            },
+        }
+    }
+
+    /// Istio #26225: the token is read for every CSR. The CA accepts only an unexpired token;
+    /// kubelet replaces it by swapping the projected volume's `..data` symlink, and a plain
+    /// file may be overwritten in place: either way the next CSR carries the new token.
+    #[tokio::test]
+    async fn the_next_csr_carries_the_rotated_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let jwt_key = KeyPair::generate().unwrap();
+        let address = jwt_ca(ca(&dir.path().join("ca")), &jwt_key).await;
+        let cfg = config(Duration::from_secs(3600));
+        // Kubelet's layout: istio-token -> ..data/istio-token, ..data -> ..<timestamp>.
+        let tokens = dir.path().join("tokens");
+        let generation = |name: &str, token: &str| {
+            std::fs::create_dir_all(tokens.join(name)).unwrap();
+            std::fs::write(tokens.join(name).join("istio-token"), token).unwrap();
+        };
+        generation("..2024_01_01_00_00_00.1", &sa_token(&jwt_key, -300));
+        std::os::unix::fs::symlink("..2024_01_01_00_00_00.1", tokens.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/istio-token", tokens.join("istio-token")).unwrap();
+        let signer = remote(address, tokens.join("istio-token"));
+
+        let e = issue(&cfg, &signer).await.unwrap_err();
+        assert!(e.contains("token rejected"), "{e}");
+
+        generation("..2024_01_01_01_00_00.2", &sa_token(&jwt_key, 3600));
+        std::os::unix::fs::symlink("..2024_01_01_01_00_00.2", tokens.join("..data_tmp")).unwrap();
+        std::fs::rename(tokens.join("..data_tmp"), tokens.join("..data")).unwrap();
+        let cert = issue(&cfg, &signer).await.unwrap();
+        assert!(summary(&cert)["uri_sans"][0] == "spiffe://cluster.local/ns/shop/sa/web");
+
+        // Overwritten in place: expired, then fresh again.
+        let file = dir.path().join("plain-token");
+        std::fs::write(&file, sa_token(&jwt_key, -300)).unwrap();
+        let signer = remote(signer.address, file.clone());
+        let e = issue(&cfg, &signer).await.unwrap_err();
+        assert!(e.contains("token rejected"), "{e}");
+        std::fs::write(&file, format!("{}\n", sa_token(&jwt_key, 3600))).unwrap();
+        issue(&cfg, &signer).await.unwrap();
+    }
+
+    /// A CA that accepts the connection and then never answers (packets dropped after the TCP
+    /// handshake): the TLS handshake is bounded by the connect timeout, so the request fails
+    /// in bounded time and is retried, instead of holding the rotation task forever.
+    #[tokio::test]
+    async fn a_ca_that_accepts_and_never_answers_fails_in_bounded_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(&dir.path().join("ca"));
+        let root = dir.path().join("root-cert.pem");
+        std::fs::write(&root, ca.root_pem()).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let mut signer = remote(address, dir.path().join("no-token"));
+        signer.client.tls = true;
+        signer.client.root_ca = RootCa::Files(vec![root]);
+        signer.client.connect_timeout = Duration::from_secs(1);
+        let started = std::time::Instant::now();
+        let result = tokio::time::timeout(
+            Duration::from_secs(20),
+            issue(&config(Duration::from_secs(3600)), &signer),
+        )
+        .await
+        .expect("the CA request hung on a CA that never answers");
+        let e = result.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5), "{e}");
+        assert!(e.contains(&signer.address), "{e}");
     }
 }

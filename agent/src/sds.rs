@@ -455,4 +455,85 @@ mod tests {
         let resp = responses.next().await.unwrap().unwrap();
         assert_eq!(names(&resp), vec!["default".to_string(), inside]);
     }
+
+    fn trusted_ca(resp: &DiscoveryResponse, name: &str) -> Vec<u8> {
+        resp.resources
+            .iter()
+            .map(|a| Secret::decode(a.value.as_slice()).unwrap())
+            .find(|s| s.name == name)
+            .and_then(|s| match s.r#type {
+                Some(secret::Type::ValidationContext(v)) => v.trusted_ca,
+                _ => None,
+            })
+            .and_then(|d| match d.specifier {
+                Some(data_source::Specifier::InlineBytes(b)) => Some(b),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no {name} validation context in {:?}", names(resp)))
+    }
+
+    /// CVE-2020-8664's class: a new root must reach every consumer of ROOTCA, not only the
+    /// first or the one that also asked for `default`. Three streams (two asking for ROOTCA
+    /// alone, as two validation contexts would) all get the new root pushed, unasked.
+    #[tokio::test]
+    async fn a_new_root_is_pushed_to_every_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = Ca::load_or_create(
+            &dir.path().join("old"),
+            "cluster.local",
+            Duration::from_secs(7200),
+        )
+        .unwrap();
+        let new = Ca::load_or_create(
+            &dir.path().join("new"),
+            "cluster.local",
+            Duration::from_secs(7200),
+        )
+        .unwrap();
+        let path = dir.path().join("uds/socket");
+        let listener = bind(&path, None).unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(Some(cert(&old)));
+        let me = nix::unistd::geteuid().as_raw();
+        tokio::spawn(serve(
+            listener,
+            vec![me],
+            rx,
+            vec![],
+            std::future::pending(),
+        ));
+
+        let mut streams = Vec::new();
+        for asked in [&["default", "ROOTCA"][..], &["ROOTCA"], &["ROOTCA"]] {
+            let mut client =
+                SecretDiscoveryServiceClient::new(connect(path.clone()).await.unwrap());
+            let (req_tx, req_rx) = mpsc::channel(8);
+            let mut responses = client
+                .stream_secrets(tokio_stream::wrappers::ReceiverStream::new(req_rx))
+                .await
+                .unwrap()
+                .into_inner();
+            req_tx.send(request(asked, "", false)).await.unwrap();
+            let first = responses.next().await.unwrap().unwrap();
+            assert_eq!(trusted_ca(&first, ROOTCA), old.root_pem().as_bytes());
+            req_tx
+                .send(request(asked, &first.nonce, false))
+                .await
+                .unwrap();
+            streams.push((req_tx, responses));
+        }
+
+        tx.send_replace(Some(cert(&new)));
+        for (i, (_, responses)) in streams.iter_mut().enumerate() {
+            let pushed = tokio::time::timeout(Duration::from_secs(5), responses.next())
+                .await
+                .unwrap_or_else(|_| panic!("stream {i} never got the new root"))
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                trusted_ca(&pushed, ROOTCA),
+                new.root_pem().as_bytes(),
+                "stream {i}"
+            );
+        }
+    }
 }

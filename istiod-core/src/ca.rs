@@ -345,6 +345,46 @@ impl Ca {
     }
 }
 
+/// A trust bundle looked at certificate by certificate: the PEM blocks that are X.509
+/// certificates in date (in their order), and why each other block was left out. A bundle is
+/// kept to its usable part rather than refused whole: during a root rotation it holds the old
+/// root and the new, and one bad or expired entry must not take the good ones with it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustBundle {
+    pub roots: Vec<String>,
+    pub dropped: Vec<String>,
+}
+
+impl TrustBundle {
+    pub fn parse(text: &str, now: std::time::SystemTime) -> TrustBundle {
+        let now = OffsetDateTime::from(now);
+        let mut bundle = TrustBundle::default();
+        for (i, block) in split_pem(text).into_iter().enumerate() {
+            let checked = x509_parser::pem::parse_x509_pem(block.as_bytes())
+                .map_err(|e| format!("not PEM: {e}"))
+                .and_then(|(_, pem)| {
+                    if pem.label != "CERTIFICATE" {
+                        return Err(format!("a {}, not a certificate", pem.label));
+                    }
+                    let cert = pem.parse_x509().map_err(|e| format!("not X.509: {e}"))?;
+                    let not_after = cert.validity().not_after.to_datetime();
+                    if not_after <= now {
+                        return Err(format!("{} expired at {not_after}", cert.subject()));
+                    }
+                    Ok(())
+                });
+            match checked {
+                Ok(()) => bundle.roots.push(block),
+                Err(why) => bundle.dropped.push(format!("block {}: {why}", i + 1)),
+            }
+        }
+        if bundle.roots.is_empty() && bundle.dropped.is_empty() {
+            bundle.dropped.push("no PEM certificate in it".into());
+        }
+        bundle
+    }
+}
+
 /// The URI SANs of a certificate, in order.
 pub fn uri_sans(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> {
     use x509_parser::extensions::GeneralName;

@@ -475,6 +475,103 @@ fn ca_outage_during_rotation_keeps_traffic_and_recovers() {
     assert!(tcp_round_trip(&net.pods[0]), "{}", net.logs());
 }
 
+/// A CA that blackholes instead of refusing: its pod drops every packet to the CA port, so a
+/// dial gets no answer at all (no RST, no ICMP). Each renewal attempt must give up within the
+/// dial's timeouts and be retried with backoff, the valid certificate stays served (mTLS keeps
+/// working on it), and once packets flow again a new certificate arrives before it expires.
+#[test]
+fn a_blackholed_ca_times_out_keeps_the_cert_and_recovers() {
+    let test = "a_blackholed_ca_times_out_keeps_the_cert_and_recovers";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let (mut net, config_dir) = pods();
+    let cp_pod = net.add_pod("cp", 5).unwrap();
+    let ca = TestCa::new(&net.dir().join("ca")).unwrap();
+    ca.give_token(&net.pods[0], NS, CLIENT_SA).unwrap();
+    ca.give_token(&net.pods[1], NS, SERVER_SA).unwrap();
+    // TLS from the CA's own root on 15012, as istiod serves it.
+    ca.spawn_control_plane(&mut net.pods[cp_pod], &config_dir, "0.0.0.0:15012", &[])
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || ca.root_cert().is_file()),
+        "{}",
+        net.logs()
+    );
+    let root = ca.root_cert().display().to_string();
+    let cp = ControlPlane::Remote("10.233.0.5:15012");
+    let env = [
+        ("SECRET_TTL", "60s"),
+        ("CA_ROOT_CA", root.as_str()),
+        ("XDS_ROOT_CA", root.as_str()),
+        ("ISTIOD_SAN", "istiod.istio-system.svc"),
+    ];
+    start_agent(&mut net.pods[0], CLIENT_SA, &cp, &env);
+    start_agent(&mut net.pods[1], SERVER_SA, &cp, &env);
+    wait_ready(&net);
+    let issued = Instant::now();
+    let first = serial(&net.pods[0]);
+
+    let drop_rule = |op: &str| {
+        let out = net.pods[cp_pod]
+            .exec(&[
+                "iptables", op, "INPUT", "-p", "tcp", "--dport", "15012", "-j", "DROP",
+            ])
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    drop_rule("-A");
+    // Renewal falls due at about 30 s. Each try costs at most the 5 s connect timeout, then 1 s,
+    // 2 s... of backoff: two failed tries by about 42 s. Traffic keeps flowing meanwhile.
+    let failed = |net: &Network| {
+        net.pods[0]
+            .logs_of("pilot-agent")
+            .matches("workload certificate request failed")
+            .count()
+    };
+    let (attempts, failures) =
+        traffic_while(&net.pods[0], Duration::from_secs(50), || failed(&net) >= 2);
+    let blackout = issued.elapsed();
+    assert!(
+        failed(&net) >= 2,
+        "fewer than two failed tries in {blackout:?}: a try is stuck on the blackholed CA\n{}",
+        net.logs()
+    );
+    assert!(
+        blackout < Duration::from_secs(47),
+        "two tries took until {blackout:?} after issuance"
+    );
+    assert_eq!(
+        failures,
+        0,
+        "{failures} of {attempts} connections failed while the CA was blackholed\n{}",
+        net.logs()
+    );
+    assert_eq!(
+        serial(&net.pods[0]),
+        first,
+        "the valid certificate was dropped"
+    );
+    let log = net.pods[0].logs_of("pilot-agent");
+    // It timed out: nothing refused the connection.
+    assert!(
+        log.contains("CA 10.233.0.5:15012") && log.contains("deadline has elapsed"),
+        "{}",
+        harness::tail(&log, 20)
+    );
+
+    // Packets flow again: a new certificate before the first expires (60 s), and mTLS on it.
+    drop_rule("-D");
+    assert!(
+        wait_until(Duration::from_secs(15), || serial(&net.pods[0]) != first),
+        "no new certificate after the CA came back ({:?} after issuance)\n{}",
+        issued.elapsed(),
+        net.logs()
+    );
+    assert!(issued.elapsed() < Duration::from_secs(60));
+    assert!(tcp_round_trip(&net.pods[0]), "{}", net.logs());
+}
+
 #[test]
 fn readiness_waits_for_the_workload_certificate() {
     if !require_root("readiness_waits_for_the_workload_certificate")
