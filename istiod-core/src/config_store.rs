@@ -2,8 +2,10 @@
 //! resources. Mirrors istiod's file config source (`pilot/pkg/config/file`), where one directory of
 //! manifests stands in for the Kubernetes API server.
 //!
-//! A file that does not parse, or a document of a kind we know that fails validation, rejects the
-//! whole load with an error naming the file and the document; the caller keeps its last good config.
+//! The watched directory is read document by document (`dir`): a document that is invalid or of
+//! a kind not served here is refused alone, its last good version kept. `parse_file`,
+//! `load_dir` and `validate_dir` are the strict forms (`istiod-core validate`, tests): the first
+//! error fails them, naming the file and the document.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,6 +14,7 @@ use serde::Deserialize;
 
 pub mod authorization;
 pub mod destination_rule;
+pub mod dir;
 pub mod gateway;
 pub mod providers;
 pub mod request_authentication;
@@ -643,6 +646,8 @@ impl Resource {
 
 #[derive(Deserialize)]
 struct Envelope {
+    #[serde(default, rename = "apiVersion")]
+    api_version: Option<String>,
     #[serde(default)]
     kind: Option<String>,
     #[serde(default)]
@@ -678,6 +683,7 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
         return Ok(None);
     }
     let Envelope {
+        api_version,
         kind,
         metadata,
         spec,
@@ -690,6 +696,7 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
         secret_type,
     } = serde_json::from_value(value).map_err(|e| e.to_string())?;
     let kind = kind.ok_or("missing field `kind`")?;
+    check_api_version(&kind, api_version.as_deref())?;
     let raw_meta = metadata.ok_or("missing field `metadata`")?;
     let mut meta = parse_metadata(&raw_meta)?;
     let spec = spec.unwrap_or(serde_json::Value::Null);
@@ -781,9 +788,54 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             let spec = plain_spec(spec, &typed, validate_workload_group)?;
             Resource::WorkloadGroup(meta, spec)
         }
-        other => return Err(format!("unsupported kind {other:?}")),
+        other => {
+            return Err(match api_version {
+                Some(av) => format!("unsupported kind {other:?} ({av})"),
+                None => format!("unsupported kind {other:?}"),
+            });
+        }
     };
     Ok(Some(resource))
+}
+
+/// The API group and versions a kind of ours is served in (Istio's CRDs, Kubernetes' kinds);
+/// `None` for kinds that are not ours, and for `MeshConfig`, which is this project's own.
+fn served_in(kind: &str) -> Option<(&'static str, &'static [&'static str])> {
+    Some(match kind {
+        "ServiceEntry" | "WorkloadEntry" | "WorkloadGroup" | "VirtualService"
+        | "DestinationRule" | "Gateway" | "Sidecar" => {
+            ("networking.istio.io", &["v1", "v1beta1", "v1alpha3"])
+        }
+        "PeerAuthentication" | "AuthorizationPolicy" | "RequestAuthentication" => {
+            ("security.istio.io", &["v1", "v1beta1"])
+        }
+        "Telemetry" => ("telemetry.istio.io", &["v1", "v1alpha1"]),
+        "Service" | "Endpoints" | "Namespace" | "Secret" | "ConfigMap" => ("", &["v1"]),
+        "EndpointSlice" => ("discovery.k8s.io", &["v1"]),
+        _ => return None,
+    })
+}
+
+/// A kind is ours only in its own API group: a `gateway.networking.k8s.io` Gateway is not an
+/// Istio Gateway. A document without `apiVersion` is read as the kind of that name.
+fn check_api_version(kind: &str, api_version: Option<&str>) -> Result<(), String> {
+    let (Some(av), Some((group, versions))) = (api_version, served_in(kind)) else {
+        return Ok(());
+    };
+    let (g, v) = av.rsplit_once('/').unwrap_or(("", av));
+    let named = if group.is_empty() { "core" } else { group };
+    if g != group {
+        return Err(format!(
+            "unsupported kind {kind:?} ({av}): only the {named} {kind} is served here"
+        ));
+    }
+    if !versions.contains(&v) {
+        return Err(format!(
+            "apiVersion {av:?}: {kind} is served in {named} versions {}",
+            versions.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// An EndpointSlice's addresses and ports; it must name its service by label.
@@ -1017,16 +1069,13 @@ pub(crate) fn check_spec<T: serde::de::DeserializeOwned>(
 /// Parses every document in one file's contents (YAML, which includes JSON).
 pub fn parse_file(path: &Path, contents: &str) -> Result<Vec<Resource>, ConfigError> {
     let mut out = Vec::new();
-    for (i, doc) in serde_yaml_ng::Deserializer::from_str(contents).enumerate() {
-        let invalid = |reason: String| ConfigError::Invalid {
+    for (doc, text) in dir::documents(contents) {
+        let resource = dir::parse_document_text(text).map_err(|reason| ConfigError::Invalid {
             file: path.to_path_buf(),
-            doc: i + 1,
+            doc,
             reason,
-        };
-        let value = serde_json::Value::deserialize(doc).map_err(|e| invalid(e.to_string()))?;
-        if let Some(r) = parse_document(value).map_err(invalid)? {
-            out.push(r);
-        }
+        })?;
+        out.extend(resource);
     }
     Ok(out)
 }

@@ -1,7 +1,8 @@
 //! The debug HTTP port of `istiod-core serve` (istiod's 15014 `/debug/*`):
 //! - `/debug/syncz`: per connected proxy and type, the version last sent and last ACKed, and the
 //!   last NACK's error;
-//! - `/debug/configz`: the config resources in force (kind, metadata, spec);
+//! - `/debug/configz`: the config resources in force (kind, metadata, spec), then what the last
+//!   load refused (`{"rejected": {file, document, object, reason, last_good_kept}, "message"}`);
 //! - `/debug/registryz`: the services and endpoints built from them.
 //!
 //! JSON only, read only; bind it to loopback unless the network is trusted.
@@ -31,8 +32,9 @@ fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>
     match path {
         "/debug/syncz" => json(serde_json::to_value(xds.syncz()).unwrap_or_default()),
         // Each resource with the warnings about it: what it asks for and is not acted on.
-        "/debug/configz" => json(serde_json::Value::Array(
-            push.config
+        "/debug/configz" => {
+            let mut all: Vec<serde_json::Value> = push
+                .config
                 .resources
                 .iter()
                 .map(|r| {
@@ -49,8 +51,16 @@ fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>
                     }
                     v
                 })
-                .collect(),
-        )),
+                .collect();
+            // What was refused, after what is in force: file, document, object, reason and
+            // whether its last good version is among the above.
+            all.extend(
+                cp.rejected()
+                    .iter()
+                    .map(|r| serde_json::json!({ "rejected": r, "message": r.to_string() })),
+            );
+            json(serde_json::Value::Array(all))
+        }
         "/debug/registryz" => json(serde_json::json!({
             "version": push.version,
             "services": push.services,

@@ -30,6 +30,7 @@ use mesh_common::watch::{FileWatch, Fingerprint, Watched};
 use tokio::sync::watch;
 
 use config_store::ConfigError;
+use config_store::dir::Rejection;
 use push_context::PushContext;
 use registry::RegistryError;
 
@@ -152,6 +153,8 @@ pub struct ControlPlane {
     tx: watch::Sender<Arc<PushContext>>,
     generation: std::sync::atomic::AtomicU64,
     autoregister: Arc<autoregister::AutoRegistration>,
+    /// What the last load refused (/debug/configz).
+    rejected: std::sync::Mutex<Vec<Rejection>>,
 }
 
 /// What a control plane is made from. The switches are istiod's environment variables
@@ -187,12 +190,20 @@ impl Default for Settings {
     }
 }
 
+/// Resources the registry may refuse one by one in a build before the build fails as a whole.
+const MAX_REFUSED_IN_BUILD: usize = 100;
+
+/// A snapshot of what `store` lists, with what was refused: by the store (each document on its
+/// own) and by the registry, where a resource whose error names it is taken out (its version in
+/// `previous`, if any, put back once) and the build tried again.
 fn build(
     store: &dyn store::ConfigStore,
     settings: &Settings,
     generation: u64,
-) -> Result<PushContext, Error> {
-    let set = store::config_set(store)?;
+    previous: Option<&PushContext>,
+) -> Result<(PushContext, Vec<Rejection>), Error> {
+    let mut set = store::config_set(store)?;
+    let mut rejected = store.rejected();
     let version = format!(
         "{}.{generation}",
         SystemTime::now()
@@ -200,7 +211,42 @@ fn build(
             .map(|d| d.as_secs())
             .unwrap_or_default()
     );
-    let mut push = PushContext::build(Arc::new(set), &settings.domain_suffix, version)?;
+    let mut reverted: Vec<(String, String, String)> = Vec::new();
+    let mut push = loop {
+        let e = match PushContext::build(
+            Arc::new(set.clone()),
+            &settings.domain_suffix,
+            version.clone(),
+        ) {
+            Ok(push) => break push,
+            Err(e) => e,
+        };
+        let named = |r: &config_store::Resource| {
+            r.kind() == e.kind
+                && r.metadata().namespace() == e.namespace
+                && r.metadata().name == e.name
+        };
+        let before = set.resources.len();
+        set.resources.retain(|r| !named(r));
+        if set.resources.len() == before || reverted.len() >= MAX_REFUSED_IN_BUILD {
+            return Err(e.into());
+        }
+        let id = (e.kind.to_string(), e.namespace.clone(), e.name.clone());
+        let fallback = previous
+            .and_then(|p| p.config.resources.iter().find(|r| named(r)))
+            .filter(|_| !reverted.contains(&id));
+        rejected.push(Rejection {
+            file: None,
+            document: None,
+            object: Some(format!("{} {}/{}", e.kind, e.namespace, e.name)),
+            reason: e.reason.clone(),
+            last_good_kept: fallback.is_some(),
+        });
+        if let Some(r) = fallback {
+            set.resources.push(r.clone());
+        }
+        reverted.push(id);
+    };
     if let Some(found) = &push.mesh.trust_domain
         && *found != settings.trust_domain
     {
@@ -214,7 +260,16 @@ fn build(
     if settings.cache_check {
         push.cache = push_context::GenCache::checked();
     }
-    Ok(push)
+    Ok((push, rejected))
+}
+
+/// Logs each rejection not in `old`: a refused resource is said once, when it appears.
+fn log_rejections(rejected: &[Rejection], old: &[Rejection]) {
+    for r in rejected {
+        if !old.contains(r) {
+            tracing::warn!("config {r}");
+        }
+    }
 }
 
 /// Logs each warning of `push` that `old` did not have: what the config asks for and is not
@@ -250,14 +305,15 @@ impl ControlPlane {
         let memory = store::MemoryStore::new();
         let mut sources: Vec<Arc<dyn store::ConfigStore>> = Vec::new();
         if let Some(dir) = &settings.config_dir {
-            sources.push(Arc::new(store::FileStore { dir: dir.clone() }));
+            sources.push(Arc::new(store::FileStore::new(dir.clone())));
         }
         sources.push(memory.clone());
         if let Some(path) = &settings.mesh_file {
             sources.push(Arc::new(store::MeshConfigFile { path: path.clone() }));
         }
         let store = store::AggregateStore { sources };
-        let push = build(&store, &settings, 1)?;
+        let (push, rejected) = build(&store, &settings, 1, None)?;
+        log_rejections(&rejected, &[]);
         if settings.cache_check {
             tracing::warn!(
                 "ISTIOD_CACHE_CHECK: every cached resource is generated again and compared"
@@ -276,7 +332,13 @@ impl ControlPlane {
                 autoregister::DEFAULT_GRACE,
             ),
             memory,
+            rejected: rejected.into(),
         }))
+    }
+
+    /// What the last load refused, each document or resource on its own.
+    pub fn rejected(&self) -> Vec<Rejection> {
+        self.rejected.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
     /// The in-memory source: what is applied here joins the directory's config on the next
@@ -295,17 +357,21 @@ impl ControlPlane {
         // `cp` truncates first): when the files differ before and after the read, read again.
         let watched = self.watched_files();
         let files = || Fingerprint::of(&watched);
+        let old = self.tx.borrow().clone();
         let mut tries = 0;
-        let mut push = loop {
+        let (mut push, rejected) = loop {
             let before = files();
-            let built = build(&self.store, &self.settings, generation);
+            let built = build(&self.store, &self.settings, generation, Some(&old));
             tries += 1;
             if tries == 5 || files() == before {
                 break built?;
             }
             tracing::debug!("config files changed while being read; reading again");
         };
-        let old = self.tx.borrow().clone();
+        if let Ok(mut last) = self.rejected.lock() {
+            log_rejections(&rejected, &last);
+            *last = rejected;
+        }
         log_warnings(&push, Some(&old));
         if !push.same_content(&old) {
             push.generation = old.generation + 1;

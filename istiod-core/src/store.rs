@@ -4,16 +4,23 @@
 //! only through `ConfigStore`, so a source never needs to know about snapshots or pushes.
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
 
-use crate::config_store::{ConfigError, ConfigSet, Resource, load_dir};
+use crate::config_store::dir::{Bounds, LastGood, Rejection, load_dir_each};
+use crate::config_store::{ConfigError, ConfigSet, Resource};
 
 /// A source of config resources.
 pub trait ConfigStore: Send + Sync {
     /// Every resource, as one consistent view; an error leaves the caller's last good config.
     fn list(&self) -> Result<Vec<Resource>, ConfigError>;
+
+    /// What the last `list` refused (each document on its own), and whether its last good
+    /// version stayed in its place.
+    fn rejected(&self) -> Vec<Rejection> {
+        Vec::new()
+    }
 
     /// The resources of one kind (`ServiceEntry`, `Sidecar`, ...).
     fn list_kind(&self, kind: &str) -> Result<Vec<Resource>, ConfigError> {
@@ -37,14 +44,38 @@ pub trait ConfigStore: Send + Sync {
     }
 }
 
-/// The directory of YAML/JSON files (watched by the control plane).
+/// The directory of YAML/JSON files (watched by the control plane), read document by document:
+/// what is refused keeps its last good version from the previous read (`config_store::dir`).
 pub struct FileStore {
-    pub dir: PathBuf,
+    dir: PathBuf,
+    bounds: Bounds,
+    last: Mutex<(LastGood, Vec<Rejection>)>,
+}
+
+impl FileStore {
+    pub fn new(dir: PathBuf) -> FileStore {
+        Self::with_bounds(dir, Bounds::default())
+    }
+
+    pub fn with_bounds(dir: PathBuf, bounds: Bounds) -> FileStore {
+        FileStore {
+            dir,
+            bounds,
+            last: Mutex::default(),
+        }
+    }
 }
 
 impl ConfigStore for FileStore {
     fn list(&self) -> Result<Vec<Resource>, ConfigError> {
-        Ok(load_dir(&self.dir)?.resources)
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let load = load_dir_each(&self.dir, &last.0, &self.bounds)?;
+        *last = (load.last_good, load.rejected);
+        Ok(load.resources)
+    }
+
+    fn rejected(&self) -> Vec<Rejection> {
+        self.last.lock().map(|l| l.1.clone()).unwrap_or_default()
     }
 }
 
@@ -154,6 +185,10 @@ impl ConfigStore for AggregateStore {
         }
         Ok(out)
     }
+
+    fn rejected(&self) -> Vec<Rejection> {
+        self.sources.iter().flat_map(|s| s.rejected()).collect()
+    }
 }
 
 /// Everything a store lists, as the registry and snapshot take it.
@@ -189,9 +224,7 @@ mod tests {
         let mut changes = mem.subscribe();
         let agg = AggregateStore {
             sources: vec![
-                Arc::new(FileStore {
-                    dir: dir.path().to_path_buf(),
-                }),
+                Arc::new(FileStore::new(dir.path().to_path_buf())),
                 mem.clone(),
             ],
         };
@@ -213,8 +246,14 @@ mod tests {
         assert!(mem.delete("WorkloadEntry", "shop", "w"));
         assert!(!mem.delete("WorkloadEntry", "shop", "w"));
         assert_eq!(agg.list().unwrap().len(), 1);
-        // A broken file fails the whole aggregate listing.
+        // A broken file is refused on its own; the rest is listed.
         std::fs::write(dir.path().join("b.yaml"), "kind: [").unwrap();
+        assert_eq!(agg.list().unwrap().len(), 1);
+        let rejected = agg.rejected();
+        assert_eq!(rejected.len(), 1, "{rejected:?}");
+        assert!(rejected[0].file.as_ref().unwrap().ends_with("b.yaml"));
+        // A directory that cannot be listed fails the listing: the caller keeps its config.
+        std::fs::remove_dir_all(dir.path()).unwrap();
         assert!(agg.list().is_err());
     }
 }

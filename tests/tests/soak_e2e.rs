@@ -6,7 +6,8 @@
 //! over TLS) every minute. No request may fail; the file descriptors and RSS of both agents and
 //! of istiod-core are sampled every 5 s and printed (start, after the first minute, end, max).
 //!
-//! Ignored by default (it runs for minutes): `scripts/soak.sh` runs it with `--ignored`.
+//! The long form is ignored by default (it runs for minutes): `scripts/soak.sh` runs it with
+//! `--ignored`. The suite runs `soak_short_form` (80 s).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -167,18 +168,29 @@ fn kill(pid: i32, sig: nix::sys::signal::Signal) {
 #[test]
 #[ignore = "runs for minutes: scripts/soak.sh [MINUTES]"]
 fn soak_traffic_rotation_edits_and_control_plane_restarts() {
-    let test = "soak_traffic_rotation_edits_and_control_plane_restarts";
-    if !require_root(test) || !require_envoy(test) {
-        return;
-    }
     let minutes: u64 = match std::env::var("SOAK_MINUTES") {
         Ok(v) => v
             .parse()
             .unwrap_or_else(|_| panic!("SOAK_MINUTES={v:?}: expected a whole number of minutes")),
         Err(_) => 10,
     };
-    let run_for = Duration::from_secs(minutes * 60);
+    soak(
+        "soak_traffic_rotation_edits_and_control_plane_restarts",
+        Duration::from_secs(minutes * 60),
+    );
+}
 
+/// The soak's short form, in the suite: 80 s hold four certificate rotations, twenty edits, one
+/// control-plane restart and the leak check after the first minute.
+#[test]
+fn soak_short_form() {
+    soak("soak_short_form", Duration::from_secs(80));
+}
+
+fn soak(test: &str, run_for: Duration) {
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
     let mut net = Network::new().unwrap();
     let client = net.add_pod("client", 2).unwrap();
     let server = net.add_pod("server", 3).unwrap();
@@ -371,8 +383,9 @@ fn soak_traffic_rotation_edits_and_control_plane_restarts() {
     let serials = [serial(&net.pods[client]), serial(&net.pods[server])];
 
     println!(
-        "\n== soak: {minutes} min, {edits} config edits, {restarts} control-plane restarts \
-         ({killed} of them needed SIGKILL after 20 s of SIGTERM)"
+        "\n== soak: {} s, {edits} config edits, {restarts} control-plane restarts \
+         ({killed} of them needed SIGKILL after 20 s of SIGTERM)",
+        run_for.as_secs()
     );
     for (stat, before) in churn_stats.iter().zip(&churn_before) {
         let now = net.pods[client].envoy_stat(stat).unwrap();
