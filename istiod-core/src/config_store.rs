@@ -1138,10 +1138,13 @@ fn read_config_file(file: &Path) -> Result<String, ConfigError> {
         file: file.to_path_buf(),
         source,
     };
-    let mut text = String::new();
-    std::fs::File::open(file)
-        .map_err(fail)?
-        .take(MAX_CONFIG_FILE_BYTES + 1)
+    let f = std::fs::File::open(file).map_err(fail)?;
+    // Sized once from the file's length (within the limit): growing by doubling would hold
+    // two buffers at the end, twice the file.
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut text =
+        String::with_capacity(usize::try_from(len.min(MAX_CONFIG_FILE_BYTES) + 1).unwrap_or(0));
+    f.take(MAX_CONFIG_FILE_BYTES + 1)
         .read_to_string(&mut text)
         .map_err(fail)?;
     if text.len() as u64 > MAX_CONFIG_FILE_BYTES {

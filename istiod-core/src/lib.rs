@@ -203,7 +203,29 @@ fn build(
     previous: Option<&PushContext>,
 ) -> Result<(PushContext, Vec<Rejection>), Error> {
     let mut set = store::config_set(store)?;
-    let mut rejected = store.rejected();
+    let rejected_by_store = store.rejected();
+    // What a store refused keeps its version in force, if it had one.
+    if let Some(previous) = previous {
+        let keep: std::collections::BTreeSet<&config_store::dir::Key> =
+            rejected_by_store.iter().flat_map(|r| &r.keep).collect();
+        let present: std::collections::BTreeSet<config_store::dir::Key> = set
+            .resources
+            .iter()
+            .map(config_store::dir::Key::of)
+            .collect();
+        set.resources.extend(
+            previous
+                .config
+                .resources
+                .iter()
+                .filter(|r| {
+                    let k = config_store::dir::Key::of(r);
+                    keep.contains(&k) && !present.contains(&k)
+                })
+                .cloned(),
+        );
+    }
+    let mut rejected = rejected_by_store;
     let version = format!(
         "{}.{generation}",
         SystemTime::now()
@@ -212,12 +234,9 @@ fn build(
             .unwrap_or_default()
     );
     let mut reverted: Vec<(String, String, String)> = Vec::new();
+    let mut set = Arc::new(set);
     let mut push = loop {
-        let e = match PushContext::build(
-            Arc::new(set.clone()),
-            &settings.domain_suffix,
-            version.clone(),
-        ) {
+        let e = match PushContext::build(set.clone(), &settings.domain_suffix, version.clone()) {
             Ok(push) => break push,
             Err(e) => e,
         };
@@ -226,9 +245,11 @@ fn build(
                 && r.metadata().namespace() == e.namespace
                 && r.metadata().name == e.name
         };
-        let before = set.resources.len();
-        set.resources.retain(|r| !named(r));
-        if set.resources.len() == before || reverted.len() >= MAX_REFUSED_IN_BUILD {
+        // The failed build dropped its share: no copy is made here.
+        let resources = &mut Arc::make_mut(&mut set).resources;
+        let before = resources.len();
+        resources.retain(|r| !named(r));
+        if resources.len() == before || reverted.len() >= MAX_REFUSED_IN_BUILD {
             return Err(e.into());
         }
         let id = (e.kind.to_string(), e.namespace.clone(), e.name.clone());
@@ -239,11 +260,12 @@ fn build(
             file: None,
             document: None,
             object: Some(format!("{} {}/{}", e.kind, e.namespace, e.name)),
-            reason: e.reason.clone(),
+            reason: e.to_string(),
             last_good_kept: fallback.is_some(),
+            keep: Vec::new(),
         });
         if let Some(r) = fallback {
-            set.resources.push(r.clone());
+            resources.push(r.clone());
         }
         reverted.push(id);
     };
@@ -473,6 +495,11 @@ impl ControlPlane {
         let fingerprint_now =
             |cp: &ControlPlane| (Fingerprint::of(&watched), *cp.memory.subscribe().borrow());
         let mut last = fingerprint_now(&self);
+        // What changed between the load and the watch's start would otherwise wait for the
+        // next change: read once now that the watch is in place.
+        if let Err(e) = self.reload() {
+            tracing::error!(error = %e, "config rejected; keeping the last good config");
+        }
         while rx.recv().await.is_some() {
             if !debounce.settle(&mut rx).await {
                 break;

@@ -153,3 +153,93 @@ async fn the_watch_survives_hostile_files_and_takes_the_next_good_edit() {
         }
     }
 }
+
+/// Issue #29: one refused document must not freeze the directory. A new EnvoyFilter (a kind not
+/// served here), a Gateway API Gateway (a Gateway of another group, once misread as Istio's), an
+/// invalid VirtualService, a WorkloadEntry the registry cannot use and a broken edit of a
+/// served ServiceEntry each stay refused, named with their file; the edit keeps the last good
+/// version in force, and every other change applies meanwhile.
+#[tokio::test]
+async fn a_refused_document_is_refused_alone_and_every_other_edit_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("web.yaml"), service("web")).unwrap();
+    let cp: Arc<ControlPlane> = ControlPlane::load(dir.path(), "cluster.local").unwrap();
+    let mut tasks = Supervisor::new();
+    tasks.spawn_forever(
+        "config-watch",
+        cp.clone().watch(Debounce {
+            after: Duration::from_millis(20),
+            max: Duration::from_millis(200),
+        }),
+    );
+    let endpoints_of = |cp: &ControlPlane, name: &str| -> Option<Vec<String>> {
+        cp.snapshot()
+            .services
+            .iter()
+            .find(|s| s.hostname == format!("{name}.example"))
+            .map(|s| s.endpoints.iter().map(|e| e.address.to_string()).collect())
+    };
+    let refused: &[(&str, String)] = &[
+        (
+            "envoyfilter.yaml",
+            "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: ratelimit, namespace: shop}\nspec: {configPatches: []}\n".into(),
+        ),
+        (
+            "gateway-api.yaml",
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: shop}\nspec: {gatewayClassName: istio, listeners: [{name: http, port: 80, protocol: HTTP}]}\n".into(),
+        ),
+        ("vs.yaml", vs_with("timeout: banana")),
+        (
+            "we.yaml",
+            "kind: WorkloadEntry\nmetadata: {name: vm, namespace: shop}\nspec: {address: not-an-ip, labels: {app: web}}\n---\nkind: ServiceEntry\nmetadata: {name: vms, namespace: shop}\nspec: {hosts: [vms.example], ports: [{number: 80, name: http}], workloadSelector: {labels: {app: web}}}\n".into(),
+        ),
+    ];
+    for (name, text) in refused {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    // A broken edit of web: its last good version (10.1.0.1) stays.
+    std::fs::write(
+        dir.path().join("web.yaml"),
+        service("web").replace("10.1.0.1", "10.1.0.999"),
+    )
+    .unwrap();
+    // And a good new service, which must arrive although all of the above are refused.
+    std::fs::write(dir.path().join("api.yaml"), service("api")).unwrap();
+    tokio::select! {
+        ended = tasks.ended() => panic!("{ended}"),
+        _ = wait_for(&cp, "api", |cp| endpoints_of(cp, "api").is_some()) => {}
+    }
+    assert_eq!(endpoints_of(&cp, "web"), Some(vec!["10.1.0.1".to_string()]));
+    // The ServiceEntry beside the unusable WorkloadEntry applies without it.
+    assert_eq!(endpoints_of(&cp, "vms"), Some(vec![]));
+    let rejected = cp.rejected();
+    let said: Vec<String> = rejected.iter().map(ToString::to_string).collect();
+    let find = |needle: &str| {
+        said.iter()
+            .find(|s| s.contains(needle))
+            .unwrap_or_else(|| panic!("no rejection with {needle:?} in {said:#?}"))
+    };
+    assert!(find("envoyfilter.yaml: document 1: ").contains(
+        "unsupported kind \"EnvoyFilter\" (networking.istio.io/v1alpha3); refused, not applied"
+    ));
+    assert!(find("gateway-api.yaml: document 1: ").contains("(gateway.networking.k8s.io/v1): only the networking.istio.io Gateway is served here; refused, not applied"));
+    assert!(find("vs.yaml: document 1: ").contains("spec.http[0].timeout"));
+    assert!(
+        find("WorkloadEntry shop/vm: ")
+            .contains("\"not-an-ip\" is not an IP address; refused, not applied")
+    );
+    assert!(find("ServiceEntry shop/web: ").ends_with("its last good version stays in force"));
+    assert_eq!(said.len(), 5, "{said:#?}");
+    // Fixed, each applies.
+    std::fs::write(
+        dir.path().join("web.yaml"),
+        service("web").replace("10.1.0.1", "10.1.0.2"),
+    )
+    .unwrap();
+    std::fs::remove_file(dir.path().join("envoyfilter.yaml")).unwrap();
+    tokio::select! {
+        ended = tasks.ended() => panic!("{ended}"),
+        _ = wait_for(&cp, "web's fix", |cp| endpoints_of(cp, "web") == Some(vec!["10.1.0.2".to_string()])) => {}
+    }
+    assert_eq!(cp.rejected().len(), 3, "{:#?}", cp.rejected());
+}

@@ -188,6 +188,9 @@ pub struct Rejection {
     pub reason: String,
     /// Whether an earlier version stays in force in its place.
     pub last_good_kept: bool,
+    /// The objects whose version in force is to stay (the snapshot builder puts them back).
+    #[serde(skip)]
+    pub keep: Vec<Key>,
 }
 
 impl std::fmt::Display for Rejection {
@@ -207,11 +210,11 @@ impl std::fmt::Display for Rejection {
     }
 }
 
-/// The resources of each file at the last load, each with its identity: what a refused document
-/// falls back to.
+/// The objects of each file at the last load: what a refused document falls back to (their
+/// versions in force are the snapshot's, put back by the snapshot builder).
 #[derive(Debug, Clone, Default)]
 pub struct LastGood {
-    by_file: BTreeMap<PathBuf, Vec<(Key, Resource)>>,
+    by_file: BTreeMap<PathBuf, Vec<Key>>,
 }
 
 /// One load of the directory.
@@ -226,27 +229,22 @@ pub struct DirLoad {
 /// when the directory itself cannot be listed.
 pub fn load_dir_each(dir: &Path, last: &LastGood, bounds: &Bounds) -> Result<DirLoad, ConfigError> {
     let files = config_files(dir)?;
-    let previous: BTreeMap<&Key, &Resource> = last
-        .by_file
-        .values()
-        .flatten()
-        .map(|(k, r)| (k, r))
-        .collect();
+    let previous: BTreeSet<&Key> = last.by_file.values().flatten().collect();
     let mut out = DirLoad::default();
     let (mut bytes, mut endpoints) = (0u64, 0usize);
     for file in files {
         let old = last.by_file.get(&file);
         let refuse_file = |reason: String, out: &mut DirLoad| {
+            let keep = old.cloned().unwrap_or_default();
             out.rejected.push(Rejection {
                 file: Some(file.clone()),
                 document: None,
                 object: None,
                 reason,
-                last_good_kept: old.is_some_and(|o| !o.is_empty()),
+                last_good_kept: !keep.is_empty(),
+                keep: keep.clone(),
             });
-            if let Some(old) = old {
-                out.last_good.by_file.insert(file.clone(), old.clone());
-            }
+            out.last_good.by_file.insert(file.clone(), keep);
         };
         let text = match read_config_file(&file) {
             Ok(t) => t,
@@ -266,9 +264,9 @@ pub fn load_dir_each(dir: &Path, last: &LastGood, bounds: &Bounds) -> Result<Dir
             continue;
         }
         bytes += text.len() as u64;
-        let mut kept: Vec<(Key, Resource)> = Vec::new();
-        let mut named: BTreeSet<Key> = BTreeSet::new();
-        let mut unnamed_refused = false;
+        // Every object a document names now, and those of them in force (or kept).
+        let (mut mentioned, mut in_force): (Vec<Key>, Vec<Key>) = (Vec::new(), Vec::new());
+        let mut unnamed_refused = None;
         for (doc, text) in documents(&text) {
             let parsed = parse_document_value(text, bounds).and_then(|(key, r)| match r {
                 Some(r) => {
@@ -291,53 +289,52 @@ pub fn load_dir_each(dir: &Path, last: &LastGood, bounds: &Bounds) -> Result<Dir
             });
             match parsed {
                 Ok(Some(r)) => {
-                    let key = Key::of(&r);
-                    named.insert(key.clone());
-                    kept.push((key, r));
+                    mentioned.push(Key::of(&r));
+                    in_force.push(Key::of(&r));
+                    out.resources.push(r);
                 }
                 Ok(None) => {}
                 Err(reason) => {
-                    // The document's identity, read again cheaply: it is small enough to
-                    // have been parsed, or it is not named at all.
+                    // The document's identity, read again: it is small enough to have been
+                    // parsed, or it is not named at all.
                     let key = (text.len() <= bounds.document_bytes)
                         .then(|| serde_yaml_ng::from_str::<serde_json::Value>(text).ok())
                         .flatten()
                         .and_then(|v| Key::of_value(&v));
-                    let fallback = key.as_ref().and_then(|k| previous.get(k).copied());
+                    let kept = key.as_ref().is_some_and(|k| previous.contains(k));
+                    if key.is_none() {
+                        unnamed_refused = Some(out.rejected.len());
+                    }
                     out.rejected.push(Rejection {
                         file: Some(file.clone()),
                         document: Some(doc),
                         object: key.as_ref().map(ToString::to_string),
                         reason,
-                        last_good_kept: fallback.is_some(),
+                        last_good_kept: kept,
+                        keep: key.iter().filter(|_| kept).cloned().collect(),
                     });
-                    match (key, fallback) {
-                        (Some(k), Some(r)) => {
-                            named.insert(k.clone());
-                            kept.push((k, r.clone()));
-                        }
-                        (Some(k), None) => {
-                            named.insert(k);
-                        }
-                        (None, _) => unnamed_refused = true,
+                    if kept {
+                        in_force.extend(key.clone());
                     }
+                    mentioned.extend(key);
                 }
             }
         }
         // A document refused before it could be named (a YAML error, over the size limit):
-        // the file's earlier resources that no document of it names now stay.
-        if unnamed_refused && let Some(old) = old {
-            for (k, r) in old {
-                if !named.contains(k) {
-                    kept.push((k.clone(), r.clone()));
-                    if let Some(last) = out.rejected.last_mut() {
-                        last.last_good_kept = true;
-                    }
-                }
+        // the file's earlier objects that no document of it names now stay.
+        if let (Some(at), Some(old)) = (unnamed_refused, old) {
+            let keep: Vec<Key> = old
+                .iter()
+                .filter(|k| !mentioned.contains(k))
+                .cloned()
+                .collect();
+            if let Some(r) = out.rejected.get_mut(at) {
+                r.last_good_kept = !keep.is_empty();
+                in_force.extend(keep.iter().cloned());
+                r.keep = keep;
             }
         }
-        out.resources.extend(kept.iter().map(|(_, r)| r.clone()));
-        out.last_good.by_file.insert(file, kept);
+        out.last_good.by_file.insert(file, in_force);
     }
     Ok(out)
 }
@@ -403,23 +400,16 @@ mod tests {
         )
         .unwrap();
         let second = load_dir_each(dir.path(), &first.last_good, &Bounds::default()).unwrap();
-        let names: Vec<String> = second
-            .resources
-            .iter()
-            .map(|r| Key::of(r).to_string())
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "ServiceEntry ns/a",
-                "ServiceEntry ns/b",
-                "ServiceEntry ns/d"
-            ]
-        );
-        assert_eq!(
-            second.resources[1], first.resources[1],
-            "b's last good version"
-        );
+        let names = |load: &DirLoad| -> Vec<String> {
+            load.resources
+                .iter()
+                .map(|r| Key::of(r).to_string())
+                .collect()
+        };
+        assert_eq!(names(&second), ["ServiceEntry ns/a", "ServiceEntry ns/d"]);
+        // b's version in force is to stay (the snapshot builder puts it back); c had none.
+        assert_eq!(second.rejected[0].keep, [Key::of(&first.resources[1])]);
+        assert!(second.rejected[1].keep.is_empty());
         let refused: Vec<(Option<usize>, Option<&str>, bool)> = second
             .rejected
             .iter()
@@ -443,19 +433,13 @@ mod tests {
         // A YAML error names nothing: the file's earlier resources it no longer names stay.
         std::fs::write(&f, format!("{}---\nkind: [\n", se("a", 1))).unwrap();
         let third = load_dir_each(dir.path(), &second.last_good, &Bounds::default()).unwrap();
-        let names: Vec<String> = third
-            .resources
+        assert_eq!(names(&third), ["ServiceEntry ns/a"]);
+        let keep: Vec<String> = third.rejected[0]
+            .keep
             .iter()
-            .map(|r| Key::of(r).to_string())
+            .map(ToString::to_string)
             .collect();
-        assert_eq!(
-            names,
-            [
-                "ServiceEntry ns/a",
-                "ServiceEntry ns/b",
-                "ServiceEntry ns/d"
-            ]
-        );
+        assert_eq!(keep, ["ServiceEntry ns/b", "ServiceEntry ns/d"]);
         assert!(third.rejected[0].last_good_kept);
     }
 
