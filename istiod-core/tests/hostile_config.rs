@@ -107,8 +107,8 @@ async fn wait_for(cp: &ControlPlane, what: &str, done: impl Fn(&ControlPlane) ->
     panic!("timed out waiting for {what}");
 }
 
-#[tokio::test]
-async fn the_watch_survives_hostile_files_and_takes_the_next_good_edit() {
+/// A directory holding the `web` service, its control plane and the running watch.
+fn watched_with_web() -> (tempfile::TempDir, Arc<ControlPlane>, Supervisor) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("web.yaml"), service("web")).unwrap();
     let cp: Arc<ControlPlane> = ControlPlane::load(dir.path(), "cluster.local").unwrap();
@@ -120,6 +120,12 @@ async fn the_watch_survives_hostile_files_and_takes_the_next_good_edit() {
             max: Duration::from_millis(200),
         }),
     );
+    (dir, cp, tasks)
+}
+
+#[tokio::test]
+async fn the_watch_survives_hostile_files_and_takes_the_next_good_edit() {
+    let (dir, cp, mut tasks) = watched_with_web();
     let has = |name: &'static str| {
         move |cp: &ControlPlane| {
             cp.snapshot()
@@ -161,17 +167,7 @@ async fn the_watch_survives_hostile_files_and_takes_the_next_good_edit() {
 /// version in force, and every other change applies meanwhile.
 #[tokio::test]
 async fn a_refused_document_is_refused_alone_and_every_other_edit_applies() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("web.yaml"), service("web")).unwrap();
-    let cp: Arc<ControlPlane> = ControlPlane::load(dir.path(), "cluster.local").unwrap();
-    let mut tasks = Supervisor::new();
-    tasks.spawn_forever(
-        "config-watch",
-        cp.clone().watch(Debounce {
-            after: Duration::from_millis(20),
-            max: Duration::from_millis(200),
-        }),
-    );
+    let (dir, cp, mut tasks) = watched_with_web();
     let endpoints_of = |cp: &ControlPlane, name: &str| -> Option<Vec<String>> {
         cp.snapshot()
             .services
