@@ -337,9 +337,10 @@ pub async fn run_rotation<S: Signer>(
     cfg: Arc<IdentityConfig>,
     signer: S,
     tx: watch::Sender<Option<Arc<WorkloadCert>>>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) {
     let mut failures = 0u32;
-    let mut trust = TrustWatch::new(signer.trust_files());
+    let mut trust = TrustWatch::new(signer.trust_files(), metrics);
     loop {
         let delay = match issue(&cfg, &signer).await {
             Ok(cert) => {
@@ -401,15 +402,18 @@ struct TrustWatch {
     files: Vec<PathBuf>,
     watch: FileWatch,
     roots: Option<Vec<String>>,
+    /// Counts each refused bundle (`root_bundle_errors`).
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl TrustWatch {
-    fn new(files: Vec<PathBuf>) -> TrustWatch {
+    fn new(files: Vec<PathBuf>, metrics: Arc<crate::metrics::Metrics>) -> TrustWatch {
         let watch = FileWatch::new(files.iter().cloned().map(Watched::File).collect());
         let mut trust = TrustWatch {
             files,
             watch,
             roots: None,
+            metrics,
         };
         trust.roots = trust.current().and_then(|(_, roots)| roots.ok());
         trust
@@ -441,11 +445,14 @@ impl TrustWatch {
                     self.roots = Some(roots);
                     return file;
                 }
-                Some((file, Err(e))) => tracing::error!(
-                    file = %file.display(),
-                    error = %e,
-                    "mesh root bundle not usable; keeping the current certificate and roots"
-                ),
+                Some((file, Err(e))) => {
+                    self.metrics.root_bundle_errors.inc();
+                    tracing::error!(
+                        file = %file.display(),
+                        error = %e,
+                        "mesh root bundle not usable; keeping the current certificate and roots"
+                    )
+                }
                 _ => {}
             }
             tokio::time::sleep(TRUST_POLL).await;
@@ -553,9 +560,12 @@ pub async fn run_mounted(
     cfg: Arc<IdentityConfig>,
     files: MountedFiles,
     tx: watch::Sender<Option<Arc<WorkloadCert>>>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) {
     let paths = [&files.cert_chain, &files.key, &files.root].map(|p| Watched::File(p.clone()));
     let mut watch = FileWatch::unseen(paths.to_vec());
+    // The files as last refused: a bad change is retried every poll but counted once.
+    let mut refused = None;
     loop {
         let now = watch.next_change(MOUNTED_POLL).await;
         match read_mounted(&files) {
@@ -565,6 +575,12 @@ pub async fn run_mounted(
                 publish(&cfg, &tx, cert);
             }
             Err(e) => {
+                let root_refused = std::fs::read_to_string(&files.root)
+                    .is_ok_and(|text| usable_roots(&text, &files.root).is_err());
+                if root_refused && refused.as_ref() != Some(&now) {
+                    metrics.root_bundle_errors.inc();
+                }
+                refused = Some(now);
                 tracing::warn!(error = %e, "mounted certificate not usable; keeping the last good one")
             }
         }
@@ -745,6 +761,7 @@ mod tests {
             Arc::new(config(Duration::from_secs(1000))),
             signer,
             tx,
+            Arc::new(crate::metrics::Metrics::new()),
         ));
         rx.changed().await.unwrap();
         let first = rx.borrow().clone().unwrap();
@@ -866,6 +883,103 @@ mod tests {
         assert_eq!(back.root_pem, ca.root_pem());
     }
 
+    /// OUTPUT_CERTS unset: a rotation writes the key nowhere (no file under the test's
+    /// directories holds it). Set: across 50 rotations a watcher looking at the directory
+    /// as fast as it can never sees a key-bearing file (key.pem, its temporary file, or any
+    /// file holding a private key) with a mode other than 0600, nor a key.pem that is not a
+    /// whole key (each is replaced by rename, never rewritten in place).
+    #[test]
+    fn key_files_are_written_only_when_asked_and_never_readable_by_others() {
+        use std::io::Read;
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let ca_dir = tempfile::tempdir().unwrap();
+        let ca = ca(ca_dir.path());
+        let (tx, _rx) = watch::channel(None);
+
+        let unset = config(Duration::from_secs(3600));
+        let cert = issued_by(&ca);
+        let key = cert.key_pem.clone();
+        publish(&unset, &tx, cert);
+        let mut written = Vec::new();
+        let mut pending = vec![dir.path().to_path_buf()];
+        while let Some(d) = pending.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    pending.push(path);
+                } else if std::fs::read_to_string(&path).is_ok_and(|t| t.contains(key.trim())) {
+                    written.push(path);
+                }
+            }
+        }
+        assert!(
+            written.is_empty(),
+            "key written without OUTPUT_CERTS: {written:?}"
+        );
+
+        let out = dir.path().join("out");
+        let set = IdentityConfig {
+            output_dir: Some(out.clone()),
+            ..config(Duration::from_secs(3600))
+        };
+        std::fs::create_dir_all(&out).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let (out, stop) = (out.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut looked, mut bad) = (0usize, Vec::new());
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(entries) = std::fs::read_dir(&out) else {
+                        continue;
+                    };
+                    for entry in entries.flatten() {
+                        let name = entry.file_name().to_string_lossy().into_owned();
+                        // Opened, then looked at through the handle: the mode and the
+                        // contents are of the same file, even if it is renamed over meanwhile.
+                        let Ok(mut f) = std::fs::File::open(entry.path()) else {
+                            continue;
+                        };
+                        let mode = f.metadata().unwrap().permissions().mode() & 0o777;
+                        let mut text = String::new();
+                        let _ = f.read_to_string(&mut text);
+                        let key_bearing = name.starts_with("key") || text.contains("PRIVATE KEY");
+                        if key_bearing {
+                            looked += 1;
+                            if mode != 0o600 {
+                                bad.push(format!("{name} mode {mode:o}"));
+                            }
+                        }
+                        if name == "key.pem" && !text.trim_end().ends_with("PRIVATE KEY-----") {
+                            bad.push(format!("key.pem not whole: {} bytes", text.len()));
+                        }
+                    }
+                }
+                (looked, bad)
+            })
+        };
+        let mut last = None;
+        for _ in 0..50 {
+            let cert = issued_by(&ca);
+            last = Some(cert.key_pem.clone());
+            publish(&set, &tx, cert);
+        }
+        stop.store(true, Ordering::SeqCst);
+        let (looked, bad) = watcher.join().unwrap();
+        assert!(bad.is_empty(), "{bad:?}");
+        assert!(looked >= 50, "the watcher saw only {looked} key files");
+        assert_eq!(
+            std::fs::read_to_string(out.join("key.pem")).unwrap(),
+            last.unwrap()
+        );
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+    }
+
     #[tokio::test]
     async fn mounted_files_are_watched_and_a_bad_update_keeps_the_good_one() {
         let dir = tempfile::tempdir().unwrap();
@@ -883,10 +997,12 @@ mod tests {
         let first = issue();
         write_output(&mounted, &first).unwrap();
         let (tx, mut rx) = watch::channel(None);
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         tokio::spawn(run_mounted(
             Arc::new(config(Duration::from_secs(60))),
             MountedFiles::in_dir(&mounted),
             tx,
+            metrics.clone(),
         ));
         rx.changed().await.unwrap();
         assert_eq!(rx.borrow().as_ref().unwrap().serial, first.serial);
@@ -899,11 +1015,25 @@ mod tests {
         .unwrap();
         tokio::time::sleep(Duration::from_millis(1200)).await;
         assert_eq!(rx.borrow().as_ref().unwrap().serial, first.serial);
+        assert_eq!(
+            metrics.root_bundle_errors.get(),
+            0,
+            "a broken chain is not a root bundle error"
+        );
         write_output(&mounted, &first).unwrap();
-        // Nor a root file that is garbage: ROOTCA stays what it was, never empty.
+        // Nor a root file that is garbage: ROOTCA stays what it was, never empty. It is
+        // counted once, though it is looked at again on every poll.
         std::fs::write(mounted.join("root-cert.pem"), "not a certificate").unwrap();
         tokio::time::sleep(Duration::from_millis(1200)).await;
         assert_eq!(rx.borrow().as_ref().unwrap().root_pem, first.root_pem);
+        assert_eq!(metrics.root_bundle_errors.get(), 1);
+        assert!(
+            metrics
+                .encode()
+                .contains("istio_agent_root_bundle_errors_total 1"),
+            "{}",
+            metrics.encode()
+        );
 
         let second = issue();
         write_output(&mounted, &second).unwrap();
@@ -1050,6 +1180,7 @@ mod tests {
         std::fs::write(&trust, old.root_pem()).unwrap();
         let current = Arc::new(std::sync::Mutex::new(old.clone()));
         let (tx, mut rx) = watch::channel(None);
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         tokio::spawn(run_rotation(
             Arc::new(config(Duration::from_secs(1000))),
             RotatingCa {
@@ -1057,6 +1188,7 @@ mod tests {
                 trust: trust.clone(),
             },
             tx,
+            metrics.clone(),
         ));
         rx.changed().await.unwrap();
         let first = rx.borrow().clone().unwrap();
@@ -1071,6 +1203,8 @@ mod tests {
             );
         }
         assert_eq!(rx.borrow().as_ref().unwrap().serial, first.serial);
+        // Each unusable bundle is counted once, however long it stays.
+        assert_eq!(metrics.root_bundle_errors.get(), 3);
 
         // The CA signs from a new root and the mesh bundle names both: well before the
         // renewal is due (490 s), a certificate from the new root with the new ROOTCA.
@@ -1083,6 +1217,11 @@ mod tests {
         let second = rx.borrow().clone().unwrap();
         assert_ne!(second.serial, first.serial);
         assert_eq!(roots_in(&second.root_pem), roots_in(new.root_pem()));
+        assert_eq!(
+            metrics.root_bundle_errors.get(),
+            3,
+            "a good bundle is no error"
+        );
     }
 
     /// The CA as `istiod-core serve` runs it (JWT-authenticated), on loopback.

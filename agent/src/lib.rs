@@ -170,17 +170,26 @@ fn start_identity(
                 ca: Arc::new(ca),
                 identity: id.identity.clone(),
             };
-            tasks.spawn_forever("identity", identity::run_rotation(id, signer, tx));
+            tasks.spawn_forever(
+                "identity",
+                identity::run_rotation(id, signer, tx, metrics.clone()),
+            );
         }
         CertSource::Remote { address, client } => {
             let signer = RemoteSigner {
                 address: address.clone(),
                 client: client.clone(),
             };
-            tasks.spawn_forever("identity", identity::run_rotation(id, signer, tx));
+            tasks.spawn_forever(
+                "identity",
+                identity::run_rotation(id, signer, tx, metrics.clone()),
+            );
         }
         CertSource::Files(files) => {
-            tasks.spawn_forever("identity", identity::run_mounted(id, files.clone(), tx));
+            tasks.spawn_forever(
+                "identity",
+                identity::run_mounted(id, files.clone(), tx, metrics.clone()),
+            );
         }
     }
     tasks.spawn_forever(

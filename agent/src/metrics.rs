@@ -35,6 +35,8 @@ pub struct Metrics {
     xds_adapt_removed: Family<Vec<(String, String)>, Counter>,
     /// xDS responses the adaptation refused (NACKed to the control plane).
     pub xds_adapt_refused: Counter,
+    /// Root bundles refused for holding no usable certificate (the last good roots stay).
+    pub root_bundle_errors: Counter,
     started: std::time::Instant,
     /// Istio's standard metrics, once their collector runs (`telemetry`).
     pub standard: std::sync::OnceLock<std::sync::Arc<crate::telemetry::StandardMetrics>>,
@@ -103,8 +105,15 @@ impl Metrics {
             "xDS responses NACKed by the agent: a security filter of a type upstream Envoy cannot load",
             xds_adapt_refused.clone(),
         );
+        let root_bundle_errors = Counter::default();
+        registry.register(
+            "root_bundle_errors",
+            "Root bundles refused (garbage, no certificate, every root expired): the mesh root file or a mounted root-cert.pem; the last good roots and certificate stay",
+            root_bundle_errors.clone(),
+        );
         Metrics {
             registry,
+            root_bundle_errors,
             xds_adapt_removed,
             xds_adapt_refused,
             cert_expiry_timestamp,

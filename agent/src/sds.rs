@@ -536,4 +536,59 @@ mod tests {
             );
         }
     }
+
+    /// `file-root:`/`file-cert:` names are resolved before the allow-list is checked: a `..`
+    /// that climbs out of the allowed directory, a symlink inside it pointing outside, and a
+    /// symlinked subdirectory leading outside are all refused (PermissionDenied, naming the
+    /// file), while the same file reached without leaving the directory is served.
+    #[test]
+    fn file_names_that_leave_the_allowed_directory_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::load_or_create(
+            &dir.path().join("ca"),
+            "cluster.local",
+            Duration::from_secs(7200),
+        )
+        .unwrap();
+        let allowed = dir.path().join("allowed");
+        std::fs::create_dir_all(allowed.join("sub")).unwrap();
+        std::fs::write(allowed.join("root.pem"), ca.root_pem()).unwrap();
+        let outside = dir.path().join("outside.pem");
+        std::fs::write(&outside, ca.root_pem()).unwrap();
+        std::os::unix::fs::symlink(&outside, allowed.join("link.pem")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), allowed.join("up")).unwrap();
+        let (_tx, certs) = tokio::sync::watch::channel(None);
+        let dirs = vec![allowed.clone()];
+        let a = allowed.display();
+
+        let escapes = [
+            format!("file-root:{a}/../outside.pem"),
+            format!("file-root:{a}/sub/../../outside.pem"),
+            format!("file-root:{a}/link.pem"),
+            format!("file-root:{a}/up/outside.pem"),
+            format!("file-cert:{a}/link.pem~{a}/root.pem"),
+            format!("file-cert:{a}/root.pem~{a}/../outside.pem"),
+        ];
+        for name in &escapes {
+            let (served, refused) = secrets(std::slice::from_ref(name), &certs, &dirs);
+            assert_eq!(served.as_deref().map(<[_]>::len), Some(0), "{name} served");
+            let [(refused_name, status)] = &refused[..] else {
+                panic!("{name}: refused {refused:?}")
+            };
+            assert_eq!(refused_name, name);
+            assert_eq!(status.code(), tonic::Code::PermissionDenied, "{name}");
+            assert!(status.message().contains("outside"), "{status:?}");
+        }
+
+        // The control: inside the directory, even spelled with `.` and `..`, it is served.
+        let inside = [
+            format!("file-root:{a}/root.pem"),
+            format!("file-root:{a}/./sub/../root.pem"),
+        ];
+        for name in &inside {
+            let (served, refused) = secrets(std::slice::from_ref(name), &certs, &dirs);
+            assert!(refused.is_empty(), "{name}: {refused:?}");
+            assert_eq!(served.unwrap().len(), 1, "{name}");
+        }
+    }
 }

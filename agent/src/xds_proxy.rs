@@ -556,6 +556,9 @@ pub async fn serve(
 mod bounds_tests;
 
 #[cfg(test)]
+mod stream_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

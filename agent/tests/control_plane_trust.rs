@@ -1,7 +1,8 @@
 //! The agent's TLS to a remote control plane refuses what it must: a server whose certificate
 //! chains to another root, or carries another name than the expected istiod SAN, gets a TCP
 //! connection (and a handshake) but never an ADS request, and the refusal names the root file
-//! and the server name; a root file replaced on disk is used by the next dial.
+//! and the server name; a plaintext server at the address is never spoken to in plaintext; a root
+//! file replaced on disk is used by the next dial.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -112,6 +113,48 @@ async fn a_server_with_another_name_gets_no_ads_request() {
     );
     assert_eq!(Counts::get(&cp.counts.streams), 0);
     assert_eq!(Counts::get(&cp.counts.requests), 0);
+}
+
+/// A plaintext gRPC server where istiod should be: every dial fails the TLS handshake, however
+/// often Envoy reconnects, and the agent never falls back to plaintext (the server gets no ADS
+/// call, so the proxy never gets config and stays unready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_server_gets_no_ads_request_however_often_envoy_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new("the real mesh", &[ISTIOD_SAN]);
+    let cp = FakeControlPlane::start(None).await;
+    let root = write_root(dir.path(), &pki.root_pem);
+    let socket = support::start_proxy(
+        dir.path(),
+        Upstream::Remote {
+            address: cp.addr.to_string(),
+            client: client_config(Some(&root), ISTIOD_SAN),
+        },
+    );
+    for attempt in 0..3 {
+        let refused = first_response(&socket, "a").await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+        assert!(
+            refused.message().contains(ISTIOD_SAN),
+            "attempt {attempt}: {}",
+            refused.message()
+        );
+    }
+    wait_connected(&cp.counts).await;
+    assert_eq!(Counts::get(&cp.counts.streams), 0, "spoken to in plaintext");
+    assert_eq!(Counts::get(&cp.counts.requests), 0);
+    // The same server is answered by a plaintext client: the refusal above is the TLS check.
+    let plain = dir.path().join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    let socket = support::start_proxy(
+        &plain,
+        Upstream::Remote {
+            address: cp.addr.to_string(),
+            client: client_config(None, ISTIOD_SAN),
+        },
+    );
+    first_response(&socket, "a").await.unwrap();
+    assert!(Counts::get(&cp.counts.streams) > 0);
 }
 
 /// The positive control for the two above, and the rotation: the same proxy, refused while the

@@ -382,6 +382,90 @@ fn rejected_listeners_keep_the_proxy_unready() {
     }
 }
 
+/// A good listener, then an invalid version of it: Envoy NACKs the second
+/// (`listener_manager.lds.update_rejected`), keeps the first, and traffic through it flows.
+#[test]
+fn an_invalid_listener_update_is_rejected_and_the_old_listener_keeps_serving() {
+    let test = "an_invalid_listener_update_is_rejected_and_the_old_listener_keeps_serving";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    let idx = net.add_pod("pod", 2).unwrap();
+    let bad = binary("bad-ads");
+    let agent = binary("pilot-agent");
+    let probe = binary("netprobe");
+    let probe = probe.to_str().unwrap();
+    let pod = &mut net.pods[idx];
+    pod.spawn("app", 0, 0, &[], &[probe, "listen", "8080"])
+        .unwrap();
+    pod.spawn(
+        "bad-ads",
+        0,
+        0,
+        &[],
+        &[bad.to_str().unwrap(), "127.0.0.1:15010", "good-then-bad"],
+    )
+    .unwrap();
+    assert!(pod.wait_log("bad-ads", "serving", Duration::from_secs(10)));
+    pod.spawn(
+        "pilot-agent",
+        0,
+        0,
+        &[
+            ("POD_NAME", "client"),
+            ("POD_NAMESPACE", "demo"),
+            ("INSTANCE_IP", "10.233.0.2"),
+            ("ISTIO_DELTA_XDS", "false"),
+            (
+                "PROXY_CONFIG",
+                "{\"discoveryAddress\": \"127.0.0.1:15010\", \"terminationDrainDuration\": \"1s\"}",
+            ),
+        ],
+        &[agent.to_str().unwrap(), "proxy", "sidecar"],
+    )
+    .unwrap();
+    for step in [
+        "ACK listener 1",
+        "NACK type.googleapis.com/envoy.config.listener.v3.Listener",
+    ] {
+        assert!(
+            pod.wait_log("bad-ads", step, Duration::from_secs(30)),
+            "{step}\n{}",
+            pod.logs()
+        );
+    }
+    assert!(
+        pod.envoy_stat("listener_manager.lds.update_rejected")
+            .unwrap()
+            >= 1
+    );
+    assert!(
+        pod.envoy_stat("listener_manager.lds.update_success")
+            .unwrap()
+            >= 1
+    );
+    let (_, dump) = pod
+        .http_get(
+            0,
+            "http://127.0.0.1:15000/config_dump?resource=dynamic_listeners",
+        )
+        .unwrap();
+    assert!(dump.contains("\"app-in\""), "{dump}");
+    assert!(dump.contains("\"version_info\": \"1\""), "{dump}");
+    assert!(!dump.contains("\"version_info\": \"2\""), "{dump}");
+    // The old listener carries traffic: every connection through it reaches the app.
+    for i in 0..5 {
+        let out = pod.exec(&[probe, "connect", "127.0.0.1:18080"]).unwrap();
+        assert!(
+            out.status.success(),
+            "connection {i}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            pod.logs()
+        );
+    }
+}
+
 /// The resource names of one section (`### CDS`, `### LDS`, ...) of a golden file.
 fn golden_names(golden: &str, section: &str) -> std::collections::BTreeSet<String> {
     golden

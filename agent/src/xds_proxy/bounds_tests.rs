@@ -280,3 +280,69 @@ async fn an_undecodable_name_table_is_nacked() {
     assert_eq!(kept.version, "v1");
     assert!(kept.to_json().get("web.demo.svc.cluster.local.").is_some());
 }
+
+/// A control plane whose response's gRPC length prefix claims 300 MiB; it sends 1 KiB of the
+/// body and then nothing, holding the stream open.
+#[derive(Clone)]
+struct Claims300MiB;
+
+impl tonic::server::NamedService for Claims300MiB {
+    const NAME: &'static str = ADS_SERVICE;
+}
+
+impl<B> tonic::codegen::Service<http::Request<B>> for Claims300MiB
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: http::Request<B>) -> Self::Future {
+        let mut head = vec![0u8];
+        head.extend_from_slice(&(300u32 << 20).to_be_bytes());
+        head.extend_from_slice(&[0; 1024]);
+        let frames = futures::stream::once(async move {
+            Ok::<_, Status>(hyper::body::Frame::data(Bytes::from(head)))
+        })
+        .chain(futures::stream::pending());
+        let response = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .body(tonic::body::Body::new(http_body_util::StreamBody::new(
+                frames,
+            )))
+            .unwrap();
+        Box::pin(async move { Ok(response) })
+    }
+}
+
+/// A response whose length prefix says 300 MiB is refused from the prefix alone, at the
+/// default cap: Envoy's stream ends with the error while the body is still (forever) missing,
+/// so nothing waited for, or buffered, the 300 MiB.
+#[tokio::test]
+async fn a_length_prefix_over_the_cap_is_refused_before_the_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(Claims300MiB)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let cap = crate::config::xds_client::DEFAULT_MAX_RESPONSE_BYTES;
+    assert!(cap < 300 << 20);
+    let mut client = proxy(dir.path(), addr, cap, None).await;
+    let mut responses = stream(&mut client, CLUSTER).await;
+    let outcome = tokio::time::timeout(WAIT, responses.message())
+        .await
+        .expect("the proxy waited for a 300 MiB body");
+    let err = outcome.map(|r| r.map(|r| r.nonce)).unwrap_err();
+    assert!(err.message().contains("too large"), "{err:?}");
+    assert!(err.message().contains("314572800"), "{err:?}");
+}
