@@ -6,6 +6,9 @@
 //! panic a generator).
 //!
 //! Input: a config file. A first line `# proxy: <node id>` (as in the goldens) adds that proxy.
+//!
+//! `istiod-core/tests/fuzz_seeds.rs` replays the seeds through a copy of this body on stable:
+//! keep the two in step.
 #![no_main]
 
 use std::path::Path;

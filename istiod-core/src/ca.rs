@@ -432,17 +432,40 @@ mod tests {
         Identity::new("cluster.local", "shop", "web").unwrap()
     }
 
+    /// (not_before, not_after) of the leaf in `chain`, in Unix seconds.
+    fn validity(chain: &[String]) -> (i64, i64) {
+        let der = ::pem::parse(&chain[0]).unwrap();
+        let (_, cert) = X509Certificate::from_der(der.contents()).unwrap();
+        (
+            cert.validity().not_before.timestamp(),
+            cert.validity().not_after.timestamp(),
+        )
+    }
+
     #[test]
     fn issues_only_the_callers_identity_and_never_a_ca() {
         let dir = tempfile::tempdir().unwrap();
         let ca = ca(dir.path());
-        let (req, _) = csr(
-            vec![
-                "spiffe://cluster.local/ns/kube-system/sa/admin".into(),
-                "evil.example".into(),
-            ],
-            true,
+        // Every SAN kind a CSR can ask for, and a CA's basic constraints and key usages.
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(vec!["evil.example".to_string()]).unwrap();
+        p.subject_alt_names.extend([
+            SanType::URI(
+                "spiffe://cluster.local/ns/kube-system/sa/admin"
+                    .try_into()
+                    .unwrap(),
+            ),
+            SanType::IpAddress(std::net::IpAddr::from([10, 0, 0, 1])),
+            SanType::IpAddress(std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST)),
+            SanType::Rfc822Name("admin@cluster.local".try_into().unwrap()),
+        ]);
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        p.distinguished_name.push(
+            DnType::CommonName,
+            "spiffe://cluster.local/ns/kube-system/sa/admin",
         );
+        let req = p.serialize_request(&key).unwrap().pem().unwrap();
         let chain = ca.sign(&req, &id(), 3600).unwrap();
         assert_eq!(chain.len(), 2);
         assert_eq!(chain[1], ca.root_pem());
@@ -455,6 +478,29 @@ mod tests {
             vec!["URI(spiffe://cluster.local/ns/shop/sa/web)".to_string()]
         );
         assert!(!cert.is_ca());
+        // Basic constraints present and saying "not a CA", no certificate signing, and nothing
+        // of the CSR's subject.
+        let bc = cert.basic_constraints().unwrap().unwrap().value;
+        assert!(!bc.ca);
+        let ku = cert.key_usage().unwrap().unwrap().value;
+        assert!(!ku.key_cert_sign() && !ku.crl_sign(), "{ku:?}");
+        assert!(
+            !cert.subject().to_string().contains("kube-system"),
+            "{}",
+            cert.subject()
+        );
+        assert_eq!(
+            cert.public_key().raw,
+            x509_parser::certification_request::X509CertificationRequest::from_der(
+                ::pem::parse(&req).unwrap().contents()
+            )
+            .unwrap()
+            .1
+            .certification_request_info
+            .subject_pki
+            .raw,
+            "the leaf carries the CSR's key"
+        );
         let lifetime =
             cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp();
         assert!((3600..=3600 + 61).contains(&lifetime), "{lifetime}");
@@ -491,6 +537,83 @@ mod tests {
         der[n - 10] ^= 0xff;
         let tampered = ::pem::encode(&::pem::Pem::new("CERTIFICATE REQUEST", der));
         assert_eq!(ca.sign(&tampered, &id(), 0), Err(CaError::BadCsr));
+    }
+
+    /// Istio's `IstioCA.Sign` (security/pkg/pki/ca/ca.go): a requested TTL of 0 or less takes
+    /// the default, one over the maximum is an error (`TTLError`), whatever the CSR. We go as far
+    /// and keep the default within the maximum.
+    #[test]
+    fn a_ttl_of_zero_or_less_is_the_default_and_one_over_the_max_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(dir.path());
+        let (req, _) = csr(vec![], false);
+        for ttl in [0, -1, -3600, i64::MIN] {
+            let (from, to) = validity(&ca.sign(&req, &id(), ttl).unwrap());
+            assert_eq!(
+                to - from,
+                (DEFAULT_TTL + BACKDATE).as_secs() as i64,
+                "requested {ttl}"
+            );
+        }
+        // Exactly the maximum is allowed; a second more, ten years or i64::MAX is refused by name.
+        let (from, to) = validity(&ca.sign(&req, &id(), 48 * 3600).unwrap());
+        assert_eq!(to - from, 48 * 3600 + BACKDATE.as_secs() as i64);
+        for ttl in [48 * 3600 + 1, 10 * 365 * 24 * 3600, i64::MAX] {
+            assert_eq!(
+                ca.sign(&req, &id(), ttl),
+                Err(CaError::TtlTooLong {
+                    requested: ttl,
+                    max: 48 * 3600
+                }),
+                "requested {ttl}"
+            );
+        }
+        // A maximum under the default: a default request gets the maximum, not an error
+        // (Istio would issue the default, past its own maximum).
+        let short =
+            Ca::load_or_create(dir.path(), "cluster.local", Duration::from_secs(3600)).unwrap();
+        let (from, to) = validity(&short.sign(&req, &id(), 0).unwrap());
+        assert_eq!(to - from, 3600 + BACKDATE.as_secs() as i64);
+    }
+
+    /// A lifetime within the maximum but past the signing certificate's own expiry ends with
+    /// it. Istio's `IstioCA.Sign` does not clamp (`GenCertFromCSR` sets `now + ttl`), issuing a
+    /// leaf that outlives its issuer and stops verifying when the issuer expires; we clamp
+    /// rather than refuse, so workloads keep getting certificates while the root is rotated.
+    #[test]
+    fn a_ttl_past_the_ca_expiry_ends_with_the_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        // A plugged-in CA (Istio's cacerts files) that expires in two hours.
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let now = OffsetDateTime::now_utc();
+        p.not_before = now - Duration::from_secs(3600);
+        p.not_after = now + Duration::from_secs(2 * 3600);
+        let root = p.self_signed(&key).unwrap();
+        std::fs::write(dir.path().join("ca-cert.pem"), root.pem()).unwrap();
+        std::fs::write(dir.path().join("root-cert.pem"), root.pem()).unwrap();
+        std::fs::write(dir.path().join("ca-key.pem"), key.serialize_pem()).unwrap();
+        let ca = ca(dir.path());
+        let root_expiry = not_after_of(&root.pem()).unwrap().unix_timestamp();
+        let (req, _) = csr(vec![], false);
+        for ttl in [0, 3 * 3600, 48 * 3600] {
+            let (_, to) = validity(&ca.sign(&req, &id(), ttl).unwrap());
+            assert_eq!(to, root_expiry, "requested {ttl}");
+        }
+        // Shorter than what is left: as asked.
+        let (from, to) = validity(&ca.sign(&req, &id(), 600).unwrap());
+        assert_eq!(to - from, 600 + BACKDATE.as_secs() as i64);
+        assert!(to < root_expiry);
+        // Over the maximum is still an error, not a clamp.
+        assert!(matches!(
+            ca.sign(&req, &id(), 49 * 3600),
+            Err(CaError::TtlTooLong { .. })
+        ));
     }
 
     #[test]

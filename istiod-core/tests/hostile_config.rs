@@ -56,6 +56,48 @@ fn hostile_files() -> Vec<(&'static str, Vec<u8>)> {
             b"kind: MeshConfig\nmetadata: {name: m}\nspec: {trustDomain: [1, 2]}\n".to_vec(),
         ),
     ]
+    .into_iter()
+    .chain(regex_bombs().into_iter().map(|(name, contents, _)| (name, contents)))
+    .collect()
+}
+
+/// (file name, contents, the error it must name): regexes that parse but are over RE2's
+/// limits. Accepted, each would have Envoy refuse the whole route or listener configuration
+/// (or, without Envoy's program-size check, take its memory).
+fn regex_bombs() -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    let regex = |re: &str| vs_with(&format!("match: [{{uri: {{regex: '{re}'}}}}]")).into_bytes();
+    vec![
+        (
+            "regex-100k.yaml",
+            regex(&"a".repeat(100 * 1024)),
+            "spec.http[0].match[0].uri: regex of 102400 bytes is longer than the 1024-byte limit",
+        ),
+        (
+            "regex-repeat.yaml",
+            regex("(a{1000}){1000}"),
+            "over RE2's repetition limit",
+        ),
+        (
+            "regex-program.yaml",
+            regex(&format!("({}){{1000}}", "x".repeat(40))),
+            "over Envoy's limit of 32768 (re2.max_program_size.error_level)",
+        ),
+        (
+            "header-regex.yaml",
+            vs_with("match: [{headers: {x-id: {regex: '((a{10}){10}){11}'}}}]").into_bytes(),
+            "spec.http[0].match[0].headers.x-id",
+        ),
+        (
+            "authz-namespace.yaml",
+            format!(
+                "kind: AuthorizationPolicy\nmetadata: {{name: big, namespace: shop}}\n\
+                 spec: {{rules: [{{from: [{{source: {{namespaces: ['{}']}}}}]}}]}}\n",
+                "n".repeat(100 * 1024)
+            )
+            .into_bytes(),
+            "namespaces[0]: value of 102400 bytes is longer than the 1024-byte limit",
+        ),
+    ]
 }
 
 fn validate(dir: &Path) -> (i32, String) {
@@ -95,6 +137,17 @@ fn validate_refuses_each_hostile_file_without_a_panic() {
         err.contains("spec.http[0].timeout") && err.contains("largest duration"),
         "{err}"
     );
+}
+
+#[test]
+fn validate_names_the_limit_each_oversized_regex_breaks() {
+    for (name, contents, why) in regex_bombs() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(name), &contents).unwrap();
+        let (code, err) = validate(dir.path());
+        assert_eq!(code, 1, "{name}: {err:.2000}");
+        assert!(err.contains(why), "{name}: expected {why:?} in {err:.2000}");
+    }
 }
 
 async fn wait_for(cp: &ControlPlane, what: &str, done: impl Fn(&ControlPlane) -> bool) {

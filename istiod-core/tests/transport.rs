@@ -37,6 +37,10 @@ fn plain(line: &str) -> String {
     out
 }
 
+/// One server at a time: the attacks take both cores, and the tests that time a deadline
+/// (handshake, send timeout) would feel them.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A running `istiod-core serve` and its xDS address; killed on drop.
 struct Server {
     child: Child,
@@ -157,6 +161,7 @@ fn names_cluster(resp: &DiscoveryResponse, host: &str) -> bool {
 /// that connects afterwards gets its config and the next edit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_leave_room_for_a_proxy_and_the_config_reload() {
+    let _one = ONE_AT_A_TIME.lock().await;
     assert!(raise_nofile() > 4000, "the test needs 4000 open files");
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("web.yaml"), service("web", 1)).unwrap();
@@ -214,6 +219,7 @@ async fn idle_connections_leave_room_for_a_proxy_and_the_config_reload() {
 /// `--handshake-timeout`; before, it was held forever.
 #[tokio::test]
 async fn a_connection_without_a_request_is_closed_at_the_handshake_deadline() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("web.yaml"), service("web", 1)).unwrap();
     let server = Server::start(dir.path(), 4096, &["--handshake-timeout", "1s"]);
@@ -250,6 +256,7 @@ async fn a_connection_without_a_request_is_closed_at_the_handshake_deadline() {
 /// `--send-timeout`.
 #[tokio::test]
 async fn a_stream_that_never_reads_is_closed_after_the_send_timeout() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     // CDS of 600 services is far over the client's 64 KiB window.
     let mesh: String = (0..600).map(|i| service(&format!("svc{i}"), i)).collect();
@@ -285,4 +292,259 @@ async fn a_stream_that_never_reads_is_closed_after_the_send_timeout() {
         "{}",
         server.log()
     );
+}
+
+/// The server's resident memory, from /proc (the child is istiod-core itself: prlimit execs it).
+fn rss_kib(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    assert!(
+        status.contains("istiod-core"),
+        "not the server's process: {status:.200}"
+    );
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// RSS growth allowed across an attack: generous (allocator caches, the demo config), far
+/// under what an unbounded queue of streams or frames reaches.
+const RSS_GROWTH_KIB: u64 = 200 * 1024;
+
+/// A proxy that connects now gets its CDS within 10 s.
+async fn still_serves(server: &Server, what: &str) {
+    let (_tx, mut responses) = tokio::time::timeout(
+        Duration::from_secs(10),
+        ads(server.grpc, request(istiod_core::generators::CLUSTER_TYPE)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{what}: no ADS stream within 10 s\n{}", server.log()));
+    let cds = tokio::time::timeout(Duration::from_secs(10), responses.message())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no CDS within 10 s\n{}", server.log()))
+        .unwrap_or_else(|e| panic!("{what}: {e}\n{}", server.log()))
+        .unwrap();
+    assert!(names_cluster(&cds, "web.shop.svc.cluster.local"), "{what}");
+}
+
+/// One gRPC frame of a CDS request, as a proxy's first message.
+fn grpc_frame(req: &DiscoveryRequest) -> bytes::Bytes {
+    let body = prost::Message::encode_to_vec(req);
+    let mut frame = vec![0];
+    frame.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame.into()
+}
+
+/// HTTP/2 rapid reset (CVE-2023-44487): streams opened, each with a real ADS request, and
+/// cancelled at once, 20000 of them over as many connections as the server allows. The server
+/// may send GOAWAY (hyper's limit on pending resets) but must neither fall over nor hold the
+/// streams: a proxy still gets its config, its memory stays bounded, and the xDS stream slots
+/// (`--max-streams`) are all given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rapid_reset_leaves_the_server_serving_with_bounded_memory() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("web.yaml"), service("web", 1)).unwrap();
+    // Few stream slots: reset streams that kept theirs would soon leave none for a proxy.
+    let mut server = Server::start(dir.path(), 4096, &["--max-streams", "200"]);
+    // A proxy connected through the attack, which must still get pushes after it.
+    let (_tx, mut watching) =
+        ads(server.grpc, request(istiod_core::generators::CLUSTER_TYPE)).await;
+    assert!(watching.message().await.unwrap().is_some());
+    let before = rss_kib(&server);
+    let uri = format!("http://{}{}", server.grpc, mesh_common::grpc::ADS_SOTW_PATH);
+    let first = grpc_frame(&request(istiod_core::generators::CLUSTER_TYPE));
+    let started = std::time::Instant::now();
+    let (mut reset, mut connections, mut goaway) = (0u32, 0u32, 0u32);
+    let mut ends = std::collections::BTreeMap::<String, u32>::new();
+    'attack: while reset < 20_000 && started.elapsed() < Duration::from_secs(60) {
+        let tcp = tokio::net::TcpStream::connect(server.grpc).await.unwrap();
+        let Ok((mut client, conn)) = h2::client::handshake(tcp).await else {
+            continue;
+        };
+        connections += 1;
+        tokio::spawn(conn);
+        loop {
+            if reset >= 20_000 {
+                break 'attack;
+            }
+            client = match client.ready().await {
+                Ok(c) => c,
+                Err(e) => {
+                    if e.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM) {
+                        goaway += 1;
+                    }
+                    *ends.entry(e.to_string()).or_insert(0) += 1;
+                    continue 'attack;
+                }
+            };
+            let req = http::Request::post(uri.as_str())
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .unwrap();
+            let (_response, mut stream) = match client.send_request(req, false) {
+                Ok(sent) => sent,
+                Err(e) => {
+                    if e.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM) {
+                        goaway += 1;
+                    }
+                    *ends.entry(format!("send: {e}")).or_insert(0) += 1;
+                    continue 'attack;
+                }
+            };
+            let _ = stream.send_data(first.clone(), false);
+            stream.send_reset(h2::Reason::CANCEL);
+            reset += 1;
+        }
+    }
+    assert!(
+        reset >= 20_000,
+        "only {reset} streams reset in 60 s over {connections} connections"
+    );
+    // The server recognises the attack and ends those connections (GOAWAY
+    // ENHANCE_YOUR_CALM, hyper's limit on streams reset before they were served), rather than
+    // serving every stream it is handed.
+    assert!(
+        goaway > 0,
+        "no connection was ended with ENHANCE_YOUR_CALM after {reset} resets over \
+         {connections} connections"
+    );
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "the server exited\n{}",
+        server.log()
+    );
+    still_serves(&server, "after 20000 reset streams").await;
+    // The 20000 reset streams gave their slots back: a hundred proxies at once, half the
+    // --max-streams, are all served.
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        held.push(ads(server.grpc, request(istiod_core::generators::CLUSTER_TYPE)).await);
+    }
+    for (_, responses) in &mut held {
+        let got = tokio::time::timeout(Duration::from_secs(10), responses.message()).await;
+        assert!(
+            matches!(got, Ok(Ok(Some(_)))),
+            "a proxy was refused after the attack: {got:?}\n{}",
+            server.log()
+        );
+    }
+    drop(held);
+    // The proxy connected throughout still gets the next edit.
+    std::fs::write(dir.path().join("api.yaml"), service("api", 2)).unwrap();
+    let pushed = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(resp)) = watching.message().await {
+            if names_cluster(&resp, "api.shop.svc.cluster.local") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        pushed,
+        Ok(true),
+        "the edit was not pushed\n{}",
+        server.log()
+    );
+    let after = rss_kib(&server);
+    eprintln!(
+        "rapid reset: {reset} streams over {connections} connections ({goaway} ended by the \
+         server) in {:?}; RSS {before} KiB -> {after} KiB; connections ended by {ends:?}",
+        started.elapsed()
+    );
+    assert!(
+        after < before + RSS_GROWTH_KIB,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+}
+
+/// An HTTP/2 frame header and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// PING and SETTINGS floods (CVE-2019-9512/9515): eight connections each write PING and
+/// SETTINGS frames as fast as the server takes them and never read the PING ACKs and SETTINGS
+/// ACKs it owes. The server must push back (stop reading) rather than queue the answers, keep
+/// serving a proxy during the flood, and keep its memory bounded: tighter than after rapid
+/// reset (measured: about 2 MiB of growth for some 50 MiB of frames in a debug build), as
+/// queued answers would grow with what the flood writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_and_settings_floods_leave_the_server_serving_with_bounded_memory() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("web.yaml"), service("web", 1)).unwrap();
+    let server = Server::start(dir.path(), 4096, &[]);
+    still_serves(&server, "before the flood").await;
+    let before = rss_kib(&server);
+    // 64 KiB of frames: PING, SETTINGS (INITIAL_WINDOW_SIZE and MAX_FRAME_SIZE changes), PING...
+    let mut batch = Vec::new();
+    let mut n = 0u64;
+    while batch.len() < 64 * 1024 {
+        batch.extend(h2_frame(6, 0, 0, &n.to_be_bytes()));
+        let window = 65_535 + (n % 2) as u32;
+        let mut settings = vec![0, 4];
+        settings.extend_from_slice(&window.to_be_bytes());
+        settings.extend_from_slice(&[0, 5]);
+        settings.extend_from_slice(&(16_384 + (n % 3) as u32).to_be_bytes());
+        batch.extend(h2_frame(4, 0, 0, &settings));
+        n += 1;
+    }
+    let batch = std::sync::Arc::new(batch);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut floods = Vec::new();
+    for _ in 0..8 {
+        let (batch, stop, addr) = (batch.clone(), stop.clone(), server.grpc);
+        floods.push(tokio::spawn(async move {
+            let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+                .await
+                .unwrap();
+            tcp.write_all(&h2_frame(4, 0, 0, &[])).await.unwrap();
+            let mut written = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // A write that cannot finish is the server pushing back; the flood goes on
+                // trying until it is told to stop, or until the server closes the connection.
+                match tokio::time::timeout(Duration::from_millis(500), tcp.write_all(&batch)).await
+                {
+                    Ok(Ok(())) => written += batch.len() as u64,
+                    Ok(Err(_)) => break,
+                    Err(_) => {}
+                }
+            }
+            written
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    still_serves(&server, "during the flood").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during = rss_kib(&server);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut written = 0;
+    for f in floods {
+        written += f.await.unwrap();
+    }
+    still_serves(&server, "after the flood").await;
+    let after = rss_kib(&server);
+    eprintln!(
+        "flood: {} MiB of PING/SETTINGS written over 8 connections; RSS {before} KiB -> \
+         {during} KiB (flooding) -> {after} KiB",
+        written / (1024 * 1024)
+    );
+    assert!(written > 0, "the flood wrote nothing");
+    for rss in [during, after] {
+        assert!(
+            rss < before + 64 * 1024,
+            "RSS grew from {before} KiB to {rss} KiB"
+        );
+    }
 }

@@ -333,6 +333,20 @@ fn check_wildcard(field: &str, v: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Principals, namespaces and service accounts become RE2 regexes in the generated RBAC
+/// filter; a value too long for one would have Envoy refuse the whole listener configuration.
+fn check_regex_value(field: &str, v: &str) -> Result<(), String> {
+    use super::values::MAX_REGEX_BYTES;
+    if v.len() > MAX_REGEX_BYTES {
+        return Err(format!(
+            "{field}: value of {} bytes is longer than the {MAX_REGEX_BYTES}-byte limit \
+             (it becomes a regex in Envoy's RBAC filter)",
+            v.len()
+        ));
+    }
+    Ok(())
+}
+
 fn each(
     field: &str,
     values: &[String],
@@ -353,13 +367,17 @@ fn check_source(at: &str, s: &Source) -> Result<(), String> {
         ("namespaces", &s.namespaces),
         ("notNamespaces", &s.not_namespaces),
     ] {
-        each(&format!("{at}.{name}"), values, check_wildcard)?;
+        each(&format!("{at}.{name}"), values, |f, v| {
+            check_wildcard(f, v)?;
+            check_regex_value(f, v)
+        })?;
     }
     for (name, values) in [
         ("serviceAccounts", &s.service_accounts),
         ("notServiceAccounts", &s.not_service_accounts),
     ] {
         each(&format!("{at}.{name}"), values, |f, v| {
+            check_regex_value(f, v)?;
             match v.split_once('/') {
                 Some((ns, sa))
                     if !ns.is_empty()
@@ -657,6 +675,30 @@ mod tests {
             (
                 "rules: [{from: [{source: {principals: ['a*b']}}]}]",
                 "rules[0].from[0].source.principals[0]",
+            ),
+            (
+                format!(
+                    "rules: [{{from: [{{source: {{namespaces: ['{}*']}}}}]}}]",
+                    "n".repeat(100 * 1024)
+                )
+                .as_str(),
+                "namespaces[0]: value of 102401 bytes is longer than the 1024-byte limit",
+            ),
+            (
+                format!(
+                    "rules: [{{from: [{{source: {{principals: ['*{}']}}}}]}}]",
+                    "/a".repeat(600)
+                )
+                .as_str(),
+                "principals[0]: value of 1201 bytes",
+            ),
+            (
+                format!(
+                    "rules: [{{from: [{{source: {{serviceAccounts: ['ns/{}']}}}}]}}]",
+                    "a".repeat(2000)
+                )
+                .as_str(),
+                "serviceAccounts[0]: value of 2003 bytes",
             ),
             (
                 "rules: [{from: [{source: {ipBlocks: [10.0.0.0/33]}}]}]",
