@@ -11,8 +11,7 @@ use serde_json::{Value, json};
 
 use crate::config::Config;
 
-pub const PROMETHEUS_PORT: u16 = 15090;
-pub const ENVOY_STATUS_PORT: u16 = 15021;
+pub use crate::config::ports::{ENVOY_STATUS as ENVOY_STATUS_PORT, PROMETHEUS as PROMETHEUS_PORT};
 const SDS_SOCKET: &str = "./var/run/secrets/workload-spiffe-uds/socket";
 use istiod_core::generators::telemetry::CLUSTER as TELEMETRY_CLUSTER;
 

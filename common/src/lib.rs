@@ -1,12 +1,14 @@
-//! Primitives the three programs share, so each exists once: the Go-duration parser that every
-//! flag, env var, ProxyConfig field and traffic resource goes through, the supervisor of the
-//! long-running programs' background tasks, the admission of peers' connections (slots per peer
-//! and in total, the oldest unfinished connection giving way), the file watcher, the side-port HTTP server with
-//! limits, the gRPC method paths and message framing, and the xDS ACK/NACK rules.
+//! Primitives the three programs share, so each exists once: the Go-duration and Go-boolean
+//! parsers that every flag, env var, ProxyConfig field and traffic resource goes through, the
+//! supervisor of the long-running programs' background tasks, the admission of peers' connections
+//! (slots per peer and in total, the oldest unfinished connection giving way), the file watcher,
+//! the side-port HTTP server with limits, the gRPC method paths and message framing, and the xDS
+//! ACK/NACK rules.
 
 #[cfg(feature = "tasks")]
 pub mod conn_slots;
 pub mod duration;
+pub mod go_bool;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 #[cfg(feature = "http")]
@@ -19,3 +21,4 @@ pub mod watch;
 pub mod xds;
 
 pub use duration::{DurationError, parse_go_duration};
+pub use go_bool::{GO_BOOL_VALUES, parse_go_bool};

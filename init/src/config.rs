@@ -329,12 +329,18 @@ fn split_list(s: &str) -> impl Iterator<Item = &str> {
     s.split(',').map(str::trim).filter(|p| !p.is_empty())
 }
 
+/// Go's `strconv.ParseBool` (pflag and viper read Istio's boolean flags and env vars with it); an
+/// empty value is false.
 fn parse_bool(input: &Input) -> Result<bool, ConfigError> {
-    match input.value.trim().to_ascii_lowercase().as_str() {
-        "1" | "t" | "true" => Ok(true),
-        "" | "0" | "f" | "false" => Ok(false),
-        _ => Err(err(input, "true or false")),
+    if input.value.is_empty() {
+        return Ok(false);
     }
+    mesh_common::parse_go_bool(&input.value).ok_or_else(|| {
+        err(
+            input,
+            &format!("a boolean: {}", mesh_common::GO_BOOL_VALUES),
+        )
+    })
 }
 
 fn parse_id_list(input: &Input) -> Result<Vec<u32>, ConfigError> {

@@ -64,16 +64,18 @@ fn duration(
     }
 }
 
-/// A boolean that is on when set to `true` (any case, when `any_case`) or `1`.
-fn flag(lookup: Lookup, name: &str, any_case: bool) -> bool {
-    lookup(name).is_some_and(|v| {
-        v == "1"
-            || if any_case {
-                v.eq_ignore_ascii_case("true")
-            } else {
-                v == "true"
-            }
-    })
+/// A boolean as istiod reads it (`strconv.ParseBool`); unset or empty is false. istiod warns and
+/// uses the default on any other value; here it is an error naming the variable.
+fn flag(lookup: Lookup, name: &'static str) -> Result<bool, EnvError> {
+    match lookup(name) {
+        None => Ok(false),
+        Some(value) if value.is_empty() => Ok(false),
+        Some(value) => mesh_common::parse_go_bool(&value).ok_or_else(|| EnvError {
+            name,
+            expected: format!("a boolean: {}", mesh_common::GO_BOOL_VALUES),
+            value,
+        }),
+    }
 }
 
 /// PILOT_DEBOUNCE_AFTER and PILOT_DEBOUNCE_MAX (blank: the default).
@@ -91,13 +93,13 @@ pub fn debounce(lookup: Lookup) -> Result<Debounce, EnvError> {
 }
 
 /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE.
-pub fn scope_gateway_to_namespace(lookup: Lookup) -> bool {
-    flag(lookup, env::PILOT_SCOPE_GATEWAY_TO_NAMESPACE, true)
+pub fn scope_gateway_to_namespace(lookup: Lookup) -> Result<bool, EnvError> {
+    flag(lookup, env::PILOT_SCOPE_GATEWAY_TO_NAMESPACE)
 }
 
-/// ISTIOD_CACHE_CHECK (`true` or `1`).
-pub fn cache_check(lookup: Lookup) -> bool {
-    flag(lookup, env::ISTIOD_CACHE_CHECK, false)
+/// ISTIOD_CACHE_CHECK.
+pub fn cache_check(lookup: Lookup) -> Result<bool, EnvError> {
+    flag(lookup, env::ISTIOD_CACHE_CHECK)
 }
 
 /// What istiod-core takes from its environment (`env`).
@@ -138,8 +140,8 @@ impl PilotEnv {
                 false,
             )?
             .unwrap_or(crate::autoregister::DEFAULT_GRACE),
-            scope_gateway_to_namespace: scope_gateway_to_namespace(lookup),
-            cache_check: cache_check(lookup),
+            scope_gateway_to_namespace: scope_gateway_to_namespace(lookup)?,
+            cache_check: cache_check(lookup)?,
         })
     }
 }
@@ -327,9 +329,11 @@ mod tests {
             zero.map(|e| e.push_throttle),
             Ok(crate::xds_server::default_push_throttle())
         );
-        // ISTIOD_CACHE_CHECK takes lower-case `true` only, as before.
-        let upper = PilotEnv::from_lookup(&env(&[(env::ISTIOD_CACHE_CHECK, "TRUE")]));
-        assert_eq!(upper.map(|e| e.cache_check), Ok(false));
+        // Go's spellings, and nothing else.
+        let upper = PilotEnv::from_lookup(&env(&[(env::ISTIOD_CACHE_CHECK, "T")]));
+        assert_eq!(upper.map(|e| e.cache_check), Ok(true));
+        let off = PilotEnv::from_lookup(&env(&[(env::PILOT_SCOPE_GATEWAY_TO_NAMESPACE, "False")]));
+        assert_eq!(off.map(|e| e.scope_gateway_to_namespace), Ok(false));
     }
 
     #[test]
@@ -345,6 +349,12 @@ mod tests {
                 env::PILOT_DEBOUNCE_MAX,
                 "soon",
                 "a duration such as 100ms or 10s",
+            ),
+            (env::ISTIOD_CACHE_CHECK, "yes", "a boolean: 1, t, T"),
+            (
+                env::PILOT_SCOPE_GATEWAY_TO_NAMESPACE,
+                "on",
+                "a boolean: 1, t, T",
             ),
         ] {
             let e = PilotEnv::from_lookup(&env(&[(name, value)]))

@@ -12,6 +12,10 @@ pub const PROXY_CONFIG: &str = "PROXY_CONFIG";
 pub const ENVOY_USER: &str = "ENVOY_USER";
 pub const ISTIO_META_PREFIX: &str = "ISTIO_META_";
 pub const ISTIO_METAJSON_PREFIX: &str = "ISTIO_METAJSON_";
+/// Capture DNS to the agent's DNS proxy (the proxy is started; istio-iptables redirects port 53).
+pub const DNS_CAPTURE: &str = "ISTIO_META_DNS_CAPTURE";
+/// Start the DNS proxy without capture (gateways).
+pub const ENABLE_DNS_SERVER: &str = "ISTIO_META_ENABLE_DNS_SERVER";
 pub const ISTIO_DELTA_XDS: &str = "ISTIO_DELTA_XDS";
 pub const EXIT_ON_ZERO_ACTIVE_CONNECTIONS: &str = "EXIT_ON_ZERO_ACTIVE_CONNECTIONS";
 pub const MINIMUM_DRAIN_DURATION: &str = "MINIMUM_DRAIN_DURATION";

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use super::proxy_config::{ProxyConfigOverlay, Tracing, Zipkin};
-use super::{ConfigError, err, parse_duration};
+use super::{ConfigError, err, go_bool, parse_duration};
 
 /// The flags as given (`--flag value` or `--flag=value`), unparsed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
@@ -175,6 +175,7 @@ impl LegacyFlags {
                 let port = port(flag, v)?;
                 *target = Some(port);
                 set(field, port.into());
+                pc.set_by.insert(field.to_string(), flag.to_string());
             }
         }
         if let Some(v) = &self.control_plane_auth_policy {
@@ -264,15 +265,6 @@ fn host_port(flag: &str, v: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Go's `strconv.ParseBool`, as pflag reads a bool flag.
-fn go_bool(flag: &str, v: &str) -> Result<bool, ConfigError> {
-    match v {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err(err(flag, v, "true or false")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,7 +287,7 @@ mod tests {
     }
 
     const MESH: &str = "defaultConfig:\n  drainDuration: 10s\n  parentShutdownDuration: 20s\n  \
-        connectTimeout: 2s\n  proxyAdminPort: 15001\n  statusPort: 15021\n  \
+        connectTimeout: 2s\n  proxyAdminPort: 15100\n  statusPort: 15121\n  \
         discoveryAddress: mesh:15010\n  tracing: {zipkin: {address: 'mesh-zipkin:9411'}}\n";
     const ANNOTATIONS: &str = "proxy.istio.io/config=\"drainDuration: 11s\\nconcurrency: 4\"\n\
         sidecar.istio.io/discoveryAddress=\"annotated:15010\"\nstatus.sidecar.istio.io/port=\"15022\"\n";
@@ -306,7 +298,7 @@ mod tests {
         assert_eq!(c.drain_duration, Duration::from_secs(11));
         assert_eq!(c.parent_shutdown_duration, Duration::from_secs(20));
         assert_eq!(c.connect_timeout, Some(Duration::from_secs(2)));
-        assert_eq!(c.admin_port, 15001);
+        assert_eq!(c.admin_port, 15100);
         assert_eq!(c.status_port, 15022);
         assert_eq!(c.zipkin_address.as_deref(), Some("mesh-zipkin:9411"));
         assert_eq!(

@@ -19,11 +19,6 @@ struct Annotations {
     port: Option<String>,
 }
 
-/// Ports of the proxy itself, never scraped as the app's.
-const RESERVED_PORTS: [u16; 9] = [
-    15000, 15001, 15004, 15006, 15008, 15020, 15021, 15053, 15090,
-];
-
 /// Parses ISTIO_PROMETHEUS_ANNOTATIONS (`{"scrape":"true","path":"/metrics","port":"8080"}`).
 pub fn parse_app_metrics(json: &str) -> Result<Option<AppMetrics>, String> {
     let a: Annotations =
@@ -37,7 +32,7 @@ pub fn parse_app_metrics(json: &str) -> Result<Option<AppMetrics>, String> {
             .parse::<u16>()
             .map_err(|_| format!("port {p:?} is not a number"))?,
     };
-    if port == 0 || RESERVED_PORTS.contains(&port) {
+    if port == 0 || super::ports::RESERVED.contains(&port) {
         return Err(format!("port {port} belongs to the proxy"));
     }
     let path = a.path.unwrap_or_else(|| "/metrics".to_string());

@@ -7,6 +7,7 @@ pub mod identity;
 pub mod inputs;
 pub mod legacy_flags;
 pub mod metrics;
+pub mod ports;
 pub mod probes;
 mod proxy_config;
 pub mod stats;
@@ -36,6 +37,11 @@ fn err(input: &str, value: &str, expected: &str) -> ConfigError {
         value: value.to_string(),
         expected: expected.to_string(),
     }
+}
+
+/// An error of the embedded control plane's env vars, as the agent reports it.
+fn env_error(e: istiod_core::config::EnvError) -> ConfigError {
+    err(e.name, &e.value, &e.expected)
 }
 
 /// ProxyConfig's default discoveryAddress.
@@ -200,13 +206,24 @@ fn read_bootstrap_fragment(input: &str, path: &str) -> Result<serde_json::Value,
     })
 }
 
+/// A boolean env var as Istio reads it (`strconv.ParseBool`); unset or empty is `default`. Istio
+/// warns and uses the default on any other value; here it is an error naming the variable.
 fn parse_bool(name: &str, value: Option<String>, default: bool) -> Result<bool, ConfigError> {
-    match value.as_deref().map(str::trim) {
+    match value.as_deref() {
         None | Some("") => Ok(default),
-        Some("true") | Some("1") | Some("True") | Some("TRUE") => Ok(true),
-        Some("false") | Some("0") | Some("False") | Some("FALSE") => Ok(false),
-        Some(other) => Err(err(name, other, "true or false")),
+        Some(raw) => go_bool(name, raw),
     }
+}
+
+/// One of Go's boolean spellings, else an error naming `input`.
+fn go_bool(input: &str, raw: &str) -> Result<bool, ConfigError> {
+    mesh_common::parse_go_bool(raw).ok_or_else(|| {
+        err(
+            input,
+            raw,
+            &format!("a boolean: {}", mesh_common::GO_BOOL_VALUES),
+        )
+    })
 }
 
 /// Command-line options of `pilot-agent proxy` that reach the config.
@@ -299,6 +316,11 @@ impl Config {
         let locality = Locality::from_labels(&labels);
         let (app_probes, probe_target) = app_probes(lookup, &instance_ips)?;
         let dns = DnsConfig::from_env(lookup, &pc, inputs)?;
+        let admin_port = pc
+            .proxy_admin_port
+            .unwrap_or(proxy_config::DEFAULT_ADMIN_PORT);
+        let status_port = pc.status_port.unwrap_or(proxy_config::DEFAULT_STATUS_PORT);
+        check_ports(&pc, admin_port, status_port, dns.as_ref(), lookup)?;
         let app_metrics = match lookup(env::ISTIO_PROMETHEUS_ANNOTATIONS) {
             Some(json) if !json.trim().is_empty() => metrics::parse_app_metrics(&json)
                 .map_err(|why| err(env::ISTIO_PROMETHEUS_ANNOTATIONS, &json, &why))?,
@@ -383,10 +405,8 @@ impl Config {
                 &pc.termination_drain_duration,
                 proxy_config::DEFAULT_TERMINATION_DRAIN_SECS,
             )?,
-            admin_port: pc
-                .proxy_admin_port
-                .unwrap_or(proxy_config::DEFAULT_ADMIN_PORT),
-            status_port: pc.status_port.unwrap_or(proxy_config::DEFAULT_STATUS_PORT),
+            admin_port,
+            status_port,
             // Concurrency: the flag, then ProxyConfig, then ISTIO_CPU_LIMIT (as Istio).
             concurrency: args
                 .concurrency
@@ -416,10 +436,10 @@ impl Config {
             app_metrics,
             dns,
             identity,
-            debounce: istiod_core::config::debounce(lookup)
-                .map_err(|e| err(e.name, &e.value, &e.expected))?,
+            debounce: istiod_core::config::debounce(lookup).map_err(env_error)?,
             cache_check: lifecycle.cache_check,
-            scope_gateway_to_namespace: istiod_core::config::scope_gateway_to_namespace(lookup),
+            scope_gateway_to_namespace: istiod_core::config::scope_gateway_to_namespace(lookup)
+                .map_err(env_error)?,
             xds_adapt,
         })
     }
@@ -443,6 +463,40 @@ impl Config {
     pub fn xds_socket_path(&self) -> PathBuf {
         self.config_path.join("XDS")
     }
+}
+
+/// Envoy's admin port, the status port and the DNS proxy's port, checked against each other and
+/// the fixed ports (`ports::check`).
+fn check_ports(
+    pc: &ProxyConfigOverlay,
+    admin_port: u16,
+    status_port: u16,
+    dns: Option<&DnsConfig>,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    let mut chosen = vec![
+        ports::Chosen {
+            port: admin_port,
+            what: "Envoy's admin port",
+            field: "proxyAdminPort",
+            set_by: pc.set_by.get("proxyAdminPort").cloned(),
+        },
+        ports::Chosen {
+            port: status_port,
+            what: "the agent's status port",
+            field: "statusPort",
+            set_by: pc.set_by.get("statusPort").cloned(),
+        },
+    ];
+    if let Some(dns) = dns {
+        chosen.push(ports::Chosen {
+            port: dns.listen.port(),
+            what: "the DNS proxy",
+            field: env::DNS_PROXY_ADDR,
+            set_by: lookup(env::DNS_PROXY_ADDR).map(|_| env::DNS_PROXY_ADDR.to_string()),
+        });
+    }
+    ports::check(&chosen)
 }
 
 /// INSTANCE_IP: the pod's addresses, comma-separated (127.0.0.1 when unset).
@@ -536,6 +590,10 @@ fn proxy_config(
             )
         })?);
         merged.insert("statusPort".into(), pc.status_port.into());
+        pc.set_by.insert(
+            "statusPort".into(),
+            "annotation status.sidecar.istio.io/port".into(),
+        );
     }
     Ok((pc, merged))
 }
@@ -717,7 +775,7 @@ impl Lifecycle {
             ),
             _ => None,
         };
-        let cache_check = istiod_core::config::cache_check(lookup);
+        let cache_check = istiod_core::config::cache_check(lookup).map_err(env_error)?;
         Ok(Lifecycle {
             delta_xds,
             exit_on_zero_active_connections,
@@ -736,18 +794,25 @@ impl DnsConfig {
         pc: &ProxyConfigOverlay,
         inputs: &Inputs,
     ) -> Result<Option<DnsConfig>, ConfigError> {
-        let meta_true = |key: &str| {
-            let name = format!("{}{key}", env::ISTIO_META_PREFIX);
-            lookup(&name).as_deref() == Some("true")
-                || pc
-                    .proxy_metadata
+        // On when the env or proxyMetadata says so; a value in either must be a boolean.
+        let meta_true = |name: &str| -> Result<bool, ConfigError> {
+            let from_env = parse_bool(name, lookup(name), false)?;
+            let from_metadata = parse_bool(
+                &format!("ProxyConfig.proxyMetadata.{name}"),
+                pc.proxy_metadata
                     .as_ref()
-                    .is_some_and(|m| m.get(&name).is_some_and(|v| v == "true"))
+                    .and_then(|m| m.get(name).cloned()),
+                false,
+            )?;
+            Ok(from_env || from_metadata)
         };
-        if !(meta_true("DNS_CAPTURE") || meta_true("ENABLE_DNS_SERVER")) {
+        let capture = meta_true(env::DNS_CAPTURE)?;
+        let server = meta_true(env::ENABLE_DNS_SERVER)?;
+        if !(capture || server) {
             return Ok(None);
         }
-        let raw = lookup(env::DNS_PROXY_ADDR).unwrap_or_else(|| "localhost:15053".to_string());
+        let raw = lookup(env::DNS_PROXY_ADDR)
+            .unwrap_or_else(|| format!("localhost:{}", ports::DNS_PROXY));
         let listen = raw
             .replacen("localhost:", "127.0.0.1:", 1)
             .parse::<SocketAddr>()
@@ -1069,6 +1134,173 @@ mod tests {
         assert!(cfg(&[], args.clone()).is_ok());
         let e = cfg(&[("ISTIO_META_DNS_CAPTURE", "true")], args).unwrap_err();
         assert_eq!(e.input, "resolv.conf");
+    }
+
+    /// Every port of the proxy is its own and in 1..=65535; the error names the input that set
+    /// the port and what else uses it.
+    #[test]
+    fn colliding_or_zero_ports_are_refused_naming_the_input() {
+        let dns_on = ("ISTIO_META_DNS_CAPTURE", "true");
+        type Env<'a> = &'a [(&'a str, &'a str)];
+        #[rustfmt::skip]
+        let cases: &[(Env, &str, &str, &str)] = &[
+            // env, the input named, its value, what the error says it collides with
+            (&[("PROXY_CONFIG", "proxyAdminPort: 15020")], "env PROXY_CONFIG proxyAdminPort", "15020", "the agent's status port (statusPort)"),
+            (&[("PROXY_CONFIG", "statusPort: 15000")], "env PROXY_CONFIG statusPort", "15000", "Envoy's admin port (proxyAdminPort)"),
+            (&[("PROXY_CONFIG", "proxyAdminPort: 15001")], "env PROXY_CONFIG proxyAdminPort", "15001", "outbound capture listener"),
+            (&[("PROXY_CONFIG", "proxyAdminPort: 15006")], "env PROXY_CONFIG proxyAdminPort", "15006", "inbound capture listener"),
+            (&[("PROXY_CONFIG", "statusPort: 15008")], "env PROXY_CONFIG statusPort", "15008", "HBONE tunnel"),
+            (&[("PROXY_CONFIG", "statusPort: 15004")], "env PROXY_CONFIG statusPort", "15004", "agent debug port"),
+            (&[("PROXY_CONFIG", "statusPort: 15021")], "env PROXY_CONFIG statusPort", "15021", "readiness listener"),
+            (&[("PROXY_CONFIG", "proxyAdminPort: 15090")], "env PROXY_CONFIG proxyAdminPort", "15090", "Prometheus listener"),
+            (&[("PROXY_CONFIG", "{proxyAdminPort: 16000, statusPort: 16000}")], "env PROXY_CONFIG", "16000", "(proxyAdminPort)"),
+            (&[dns_on, ("PROXY_CONFIG", "proxyAdminPort: 15053")], "env PROXY_CONFIG proxyAdminPort", "15053", "the DNS proxy (DNS_PROXY_ADDR)"),
+            (&[dns_on, ("DNS_PROXY_ADDR", "127.0.0.1:15020")], "DNS_PROXY_ADDR", "15020", "the agent's status port"),
+            (&[dns_on, ("DNS_PROXY_ADDR", "localhost:15006")], "DNS_PROXY_ADDR", "15006", "inbound capture listener"),
+            (&[dns_on, ("DNS_PROXY_ADDR", "localhost:0")], "DNS_PROXY_ADDR", "0", "a port from 1 to 65535 for the DNS proxy"),
+            (&[("PROXY_CONFIG", "statusPort: 0")], "env PROXY_CONFIG statusPort", "0", "this agent always serves it"),
+            (&[("PROXY_CONFIG", "proxyAdminPort: 0")], "env PROXY_CONFIG proxyAdminPort", "0", "a port from 1 to 65535 for Envoy's admin port"),
+        ];
+        for (env, input, value, says) in cases {
+            let e = cfg(env, embedded()).expect_err(&format!("{env:?} accepted"));
+            assert!(e.input.starts_with(input), "{env:?}: {e}");
+            assert_eq!(e.value, *value, "{env:?}: {e}");
+            assert!(e.expected.contains(says), "{env:?}: {e}");
+        }
+        // The same port, set elsewhere: the error names that input.
+        let e = cfg(
+            &[],
+            ProxyArgs {
+                legacy: legacy_flags::LegacyFlags {
+                    proxy_admin_port: Some("15021".into()),
+                    ..Default::default()
+                },
+                ..embedded()
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.input.as_str(), e.value.as_str()),
+            ("--proxyAdminPort", "15021")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("annotations"),
+            "status.sidecar.istio.io/port=\"0\"\n",
+        )
+        .unwrap();
+        let annotated = ProxyArgs {
+            pod_info_dir: Some(dir.path().to_path_buf()),
+            ..embedded()
+        };
+        let e = cfg(&[], annotated).unwrap_err();
+        assert_eq!(e.input, "annotation status.sidecar.istio.io/port");
+        let mesh = dir.path().join("mesh");
+        std::fs::write(&mesh, "defaultConfig: {proxyAdminPort: 15020}\n").unwrap();
+        let meshed = ProxyArgs {
+            mesh_config: Some(mesh.clone()),
+            ..embedded()
+        };
+        let e = cfg(&[], meshed).unwrap_err();
+        assert_eq!(
+            e.input,
+            format!("meshConfig file {} proxyAdminPort", mesh.display())
+        );
+        // The brief's example, as an operator reads it.
+        let e = cfg(&[("PROXY_CONFIG", "proxyAdminPort: 15020")], embedded()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid env PROXY_CONFIG proxyAdminPort \"15020\": expected a port of its own for \
+             Envoy's admin port: 15020 is also the agent's status port (statusPort)"
+        );
+
+        // Distinct ports are fine, moved together or apart; the DNS port counts only when on.
+        for env in [
+            &[("PROXY_CONFIG", "{proxyAdminPort: 15020, statusPort: 15000}")][..],
+            &[("PROXY_CONFIG", "{proxyAdminPort: 25000, statusPort: 25020}")],
+            &[("DNS_PROXY_ADDR", "127.0.0.1:15020")],
+            &[dns_on, ("DNS_PROXY_ADDR", "127.0.0.1:25053")],
+            &[
+                dns_on,
+                ("PROXY_CONFIG", "{statusPort: 15053}"),
+                ("DNS_PROXY_ADDR", "127.0.0.1:25053"),
+            ],
+        ] {
+            let c = cfg(env, embedded()).unwrap_or_else(|e| panic!("{env:?}: {e}"));
+            assert_ne!(c.admin_port, c.status_port);
+        }
+    }
+
+    /// Every boolean env var takes exactly Go's `strconv.ParseBool` spellings; anything else is
+    /// an error naming the variable and the accepted values.
+    #[test]
+    fn boolean_env_vars_take_gos_spellings_only() {
+        for var in [
+            "ISTIO_META_DNS_CAPTURE",
+            "ISTIO_META_ENABLE_DNS_SERVER",
+            "ISTIO_DELTA_XDS",
+            "EXIT_ON_ZERO_ACTIVE_CONNECTIONS",
+            "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION",
+            "XDS_ADAPT",
+            "ISTIOD_CACHE_CHECK",
+            "PILOT_SCOPE_GATEWAY_TO_NAMESPACE",
+            "FILE_MOUNTED_CERTS",
+        ] {
+            // Certificates come from files or a remote CA only with a remote control plane.
+            let args = || match var {
+                "FILE_MOUNTED_CERTS" => ProxyArgs::default(),
+                _ => embedded(),
+            };
+            for bad in ["yes", "no", "on", "tRuE", " true", "true\n", "2", "enabled"] {
+                let e = cfg(&[(var, bad)], args()).expect_err(&format!("{var}={bad:?} accepted"));
+                assert_eq!((e.input.as_str(), e.value.as_str()), (var, bad), "{e}");
+                assert!(
+                    e.expected
+                        .contains("1, t, T, TRUE, true, True, 0, f, F, FALSE, false or False"),
+                    "{e}"
+                );
+            }
+            for good in [
+                "1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False", "",
+            ] {
+                cfg(&[(var, good)], args()).unwrap_or_else(|e| panic!("{var}={good:?}: {e}"));
+            }
+        }
+        let dns_on = ("ISTIO_META_DNS_CAPTURE", "true");
+        let e = cfg(&[dns_on, ("DNS_FORWARD_PARALLEL", "yes")], embedded()).unwrap_err();
+        assert_eq!(e.input, "DNS_FORWARD_PARALLEL");
+        // The DNS proxy's switches in proxyMetadata too, named as such.
+        let e = cfg(
+            &[(
+                "PROXY_CONFIG",
+                "proxyMetadata: {ISTIO_META_DNS_CAPTURE: \"yes\"}",
+            )],
+            embedded(),
+        )
+        .unwrap_err();
+        assert_eq!(e.input, "ProxyConfig.proxyMetadata.ISTIO_META_DNS_CAPTURE");
+        // Go's other spellings turn it on (before, only `true` did).
+        for on in ["1", "True", "T"] {
+            assert!(
+                cfg(&[("ISTIO_META_DNS_CAPTURE", on)], embedded())
+                    .unwrap()
+                    .dns
+                    .is_some()
+            );
+            let pm = format!("proxyMetadata: {{ISTIO_META_ENABLE_DNS_SERVER: \"{on}\"}}");
+            assert!(
+                cfg(&[("PROXY_CONFIG", &pm)], embedded())
+                    .unwrap()
+                    .dns
+                    .is_some()
+            );
+        }
+        assert!(
+            cfg(&[("ISTIO_META_DNS_CAPTURE", "false")], embedded())
+                .unwrap()
+                .dns
+                .is_none()
+        );
     }
 
     #[test]

@@ -82,11 +82,6 @@ pub struct Probe {
     pub timeout: Duration,
 }
 
-/// Ports of the proxy itself; a probe may not target them.
-const RESERVED_PORTS: [u16; 9] = [
-    15000, 15001, 15004, 15006, 15008, 15020, 15021, 15053, 15090,
-];
-
 fn port(p: &PortSpec, key: &str) -> Result<u16, String> {
     let n = match p {
         PortSpec::Number(n) => *n,
@@ -94,7 +89,7 @@ fn port(p: &PortSpec, key: &str) -> Result<u16, String> {
             format!("{key}: port {t:?} is not a number (named ports must be resolved)")
         })?,
     };
-    if n == 0 || RESERVED_PORTS.contains(&n) {
+    if n == 0 || super::ports::RESERVED.contains(&n) {
         return Err(format!(
             "{key}: port {n} is not allowed (0 or a port of the proxy)"
         ));

@@ -27,6 +27,10 @@ pub(super) struct ProxyConfigOverlay {
     pub(super) proxy_stats_matcher: Option<super::stats::ProxyStatsMatcher>,
     pub(super) extra_stat_tags: Option<Vec<String>>,
     pub(super) runtime_values: Option<std::collections::BTreeMap<String, String>>,
+    /// Which input last set each field (`env PROXY_CONFIG proxyAdminPort`, `--statusPort`), so
+    /// a check that spans fields can name it.
+    #[serde(skip)]
+    pub(super) set_by: std::collections::BTreeMap<String, String>,
 }
 
 /// ProxyConfig `tracing`: of its tracers only Zipkin is acted on (written into the bootstrap).
@@ -156,6 +160,9 @@ pub(super) fn overlay_into(
         }
     }
     merged.extend(fields.clone());
+    for key in fields.keys() {
+        base.set_by.insert(key.clone(), format!("{input} {key}"));
+    }
     if fields.get("tracing").is_some_and(|t| {
         t.as_object()
             .is_some_and(|t| t.keys().any(|k| k != "zipkin"))
