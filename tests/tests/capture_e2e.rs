@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 //! Real traffic through istio-iptables rules, IPv4 and IPv6: what must reach Envoy's ports does,
 //! with the true original destination; what must bypass does; DNS lands on the agent's port;
-//! reconciling lets no connection escape; validation passes with rules and exits 126 without.
+//! reconciling lets no connection escape; inbound to every port but the excluded ones lands on
+//! 15006; validation passes with rules and exits 126 without, within its probe timeout.
 
 use std::time::Duration;
 
@@ -651,4 +652,128 @@ fn bypass_set_is_exactly_the_documented_one_v4_and_v6() {
         wrong.join("\n"),
         net.logs()
     );
+}
+
+/// Inbound ports the sweep sends to: Istio's own excluded ones (15008, the tunnel port, is
+/// Istio's built-in exclusion; 15090, 15021, 15020 the injector's `-d`), a user's excluded port,
+/// and ordinary ones, Envoy's outbound port among them.
+const INBOUND_EXCLUDED: [u16; 5] = [15008, 15020, 15021, 15090, 8443];
+const INBOUND_CAPTURED: [u16; 5] = [80, 8080, 9000, 15001, 31400];
+
+#[test]
+fn inbound_sweep_captures_all_but_the_excluded_ports_v4_and_v6() {
+    if !require_root("inbound_sweep_captures_all_but_the_excluded_ports_v4_and_v6") {
+        return;
+    }
+    let mut net = two_pods();
+    let mut args = DEFAULT_ARGS.to_vec();
+    assert_eq!((args[14], args[15]), ("-d", "15090,15021,15020"));
+    args[15] = "15090,15021,15020,8443";
+    init_with(&net.pods[0], &args);
+    let np = netprobe();
+    // One listener process on 15006 and on every swept port, so a connection that skips capture
+    // is seen at its own port, and one that is captured at 15006.
+    let ports: Vec<String> = std::iter::once(15006)
+        .chain(INBOUND_EXCLUDED)
+        .chain(INBOUND_CAPTURED)
+        .map(|p| p.to_string())
+        .collect();
+    net.pods[0]
+        .spawn("recorder", 0, 0, &[], &[&np, "listen", &ports.join(",")])
+        .unwrap();
+    assert!(net.pods[0].wait_log("recorder", "listening", WAIT));
+    let (a, b) = (&net.pods[0], &net.pods[1]);
+    let accepts = || -> Vec<String> {
+        a.logs_of("recorder")
+            .lines()
+            .filter(|l| l.starts_with("accept "))
+            .map(str::to_string)
+            .collect()
+    };
+    let mut wrong = Vec::new();
+    let mut probes = 0;
+    for ip in ["10.233.0.2", "fd00:233::2"] {
+        for (port, captured) in INBOUND_EXCLUDED
+            .iter()
+            .map(|p| (*p, false))
+            .chain(INBOUND_CAPTURED.iter().map(|p| (*p, true)))
+        {
+            let dst = sockaddr(ip, port);
+            let before = accepts().len();
+            let connected = connect(b, APP, &dst);
+            let new = accepts()[before..].to_vec();
+            probes += 1;
+            let at = if captured { 15006 } else { port };
+            // A listener reads its own conntrack entry: orig is the address sent to either way.
+            let want = format!("accept port={at} orig={dst} ");
+            if !connected || new.len() != 1 || !new[0].starts_with(&want) {
+                wrong.push(format!(
+                    "{dst}: expected `{want}`, connected {connected}, got {new:?}"
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {probes} inbound probes landed elsewhere:\n{}\n{}",
+        wrong.len(),
+        wrong.join("\n"),
+        net.logs()
+    );
+}
+
+#[test]
+fn validation_without_rules_fails_within_the_probe_timeout() {
+    if !require_root("validation_without_rules_fails_within_the_probe_timeout") {
+        return;
+    }
+    let net = two_pods();
+    let bin = binary("istio-iptables");
+    let bin = bin.to_str().unwrap();
+    init(&net.pods[0], &[]);
+    let validate = [
+        bin,
+        "--run-validation",
+        "--skip-rule-apply",
+        "--probe-timeout",
+        "1s",
+    ];
+    // As the proxy uid, and so without NET_ADMIN: validation reads, it never writes rules.
+    let timed = |pod: &Pod| {
+        let start = std::time::Instant::now();
+        let out = pod.exec_as(PROXY, PROXY, &validate).unwrap();
+        (out, start.elapsed())
+    };
+    let (out, took) = timed(&net.pods[0]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "with rules: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(took < Duration::from_secs(5), "with rules it took {took:?}");
+    // Pod b has no rules: nothing ever redirects the probe, and the timeout ends the wait;
+    // then its probe packets vanish (a DROP), so no connect is ever refused either.
+    for case in ["refused", "blackholed"] {
+        if case == "blackholed" {
+            for (cmd, dst) in [("iptables", "127.0.0.6"), ("ip6tables", "::6")] {
+                let drop = [
+                    cmd, "-A", "OUTPUT", "-d", dst, "-p", "tcp", "--dport", "15002", "-j", "DROP",
+                ];
+                assert!(net.pods[1].exec(&drop).unwrap().status.success());
+            }
+        }
+        let (out, took) = timed(&net.pods[1]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(126), "{case}: {stderr}");
+        assert!(stderr.contains("not redirected"), "{case}: {stderr}");
+        assert!(
+            took >= Duration::from_secs(1),
+            "{case}: gave up after {took:?}, before the 1s probe timeout"
+        );
+        assert!(
+            took < Duration::from_secs(5),
+            "{case}: a 1s probe timeout took {took:?} to fail"
+        );
+    }
 }

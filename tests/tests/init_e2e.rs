@@ -1,7 +1,9 @@
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 //! istio-iptables against the real kernel, inside a fresh network namespace per test:
 //! idempotent re-runs, refusal of a conflicting config without change, validation before any
-//! side effect, complete cleanup that spares foreign rules, IPv6 parity and fail-closed IPv6.
+//! side effect, complete cleanup that spares foreign rules, IPv6 parity and fail-closed IPv6 (a
+//! pod without IPv6 needs no ip6tables), and `--dry-run` payloads that are deterministic and are
+//! exactly what an apply installs.
 
 use std::os::unix::fs::PermissionsExt;
 
@@ -53,14 +55,20 @@ fn state(pod: &Pod) -> String {
     )
 }
 
-fn init(pod: &Pod, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+/// Runs istio-iptables in `pod` with `args` and `env` added to the test's environment.
+fn run_init(pod: &Pod, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let bin = binary("istio-iptables");
     let mut full: Vec<String> = vec!["env".into()];
     full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
     full.push(bin.to_str().unwrap().into());
     full.extend(args.iter().map(|a| a.to_string()));
     let refs: Vec<&str> = full.iter().map(String::as_str).collect();
-    let out = pod.exec(&refs).unwrap();
+    pod.exec(&refs).unwrap()
+}
+
+/// `run_init`'s exit code and stderr.
+fn init(pod: &Pod, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let out = run_init(pod, args, env);
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -621,5 +629,301 @@ fn cleanup_after_tproxy_and_dns_capture_restores_the_pod() {
             before,
             "{name}: cleanup left something behind"
         );
+    }
+}
+
+/// Writes failing stand-ins for every IPv6 iptables binary into `dir` (a broken ip6tables, as on
+/// a node whose kernel has no ip6_tables), and returns a PATH that finds them first. Each one
+/// notes its call in `dir/called` before it fails.
+fn broken_ip6tables_path(dir: &std::path::Path) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    for base in ["ip6tables", "ip6tables-nft", "ip6tables-legacy"] {
+        for suffix in ["", "-save", "-restore"] {
+            let p = dir.join(format!("{base}{suffix}"));
+            let script = format!(
+                "#!/bin/sh\necho \"$0 $*\" >> {}\necho 'stub: ip6tables is broken' >&2\nexit 4\n",
+                dir.join("called").display()
+            );
+            std::fs::write(&p, script).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// True when the pod has an IPv6 address other than loopback and link-local.
+fn has_global_ipv6(pod: &Pod) -> bool {
+    let out = pod.exec(&["cat", "/proc/net/if_inet6"]).unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() == 6 && f[3] == "00" && f[5] != "lo"
+    })
+}
+
+/// A pod without IPv6 (link-local only, `disable_ipv6=1`, with or without `--dual-stack`) gets
+/// its IPv4 capture and exits 0 though every ip6tables binary fails; a pod with IPv6 and a
+/// broken or missing ip6tables exits 1 with no IPv4 rules left.
+#[test]
+fn ipv6_absent_needs_no_ip6tables_and_present_fails_closed() {
+    if !require_root("ipv6_absent_needs_no_ip6tables_and_present_fails_closed") {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    net.add_pod("linklocal", 2).unwrap();
+    net.add_pod("disabled", 3).unwrap();
+    net.add_pod("dualstack", 4).unwrap();
+    let path = broken_ip6tables_path(&net.dir().join("stub-bin"));
+    // Only a link-local IPv6 address left on eth0 (the kernel's own fe80::).
+    for pod in [&net.pods[0], &net.pods[2]] {
+        let flush = [
+            "ip", "-6", "addr", "flush", "dev", "eth0", "scope", "global",
+        ];
+        assert!(pod.exec(&flush).unwrap().status.success());
+    }
+    // IPv6 switched off in the pod, as `disable_ipv6=1` on a v4-only node.
+    let off = ["sysctl", "-w", "net.ipv6.conf.all.disable_ipv6=1"];
+    assert!(net.pods[1].exec(&off).unwrap().status.success());
+    let cases = [
+        ("link-local only", &net.pods[0], DEFAULT_ARGS.to_vec()),
+        ("disable_ipv6=1", &net.pods[1], DEFAULT_ARGS.to_vec()),
+        (
+            "link-local only, --dual-stack",
+            &net.pods[2],
+            with(&DEFAULT_ARGS, &["--dual-stack"]),
+        ),
+    ];
+    for (name, pod, args) in cases {
+        assert!(!has_global_ipv6(pod), "{name}: the pod still has IPv6");
+        let v6_before = snapshot(pod, "ip6tables-save");
+        let (code, err) = init(pod, &args, &[("PATH", &path)]);
+        assert_eq!(code, 0, "{name}: a pod without IPv6 failed: {err}");
+        let v4 = snapshot(pod, "iptables-save");
+        for rule in [
+            "-A PREROUTING -p tcp -j ISTIO_INBOUND",
+            "-A OUTPUT -j ISTIO_OUTPUT",
+            "-A ISTIO_OUTPUT -j ISTIO_REDIRECT",
+            "-A ISTIO_IN_REDIRECT -p tcp -j REDIRECT --to-ports 15006",
+        ] {
+            assert!(v4.contains(rule), "{name}: `{rule}` missing:\n{v4}");
+        }
+        assert_eq!(snapshot(pod, "ip6tables-save"), v6_before, "{name}");
+    }
+    // The stubs were never needed; and they do fail, as the IPv6 pod next shows.
+    let called = std::fs::read_to_string(net.dir().join("stub-bin/called")).unwrap_or_default();
+    assert_eq!(called, "", "a pod without IPv6 called ip6tables");
+    net.add_pod("withv6", 5).unwrap();
+    let pod = &net.pods[3];
+    assert!(has_global_ipv6(pod));
+    let before = state(pod);
+    let (code, err) = init(pod, &DEFAULT_ARGS, &[("PATH", &path)]);
+    assert_eq!(code, 1, "IPv6 present and ip6tables broken, yet: {err}");
+    assert_eq!(state(pod), before, "IPv4 rules left behind: {err}");
+    // IPv6 present and no ip6tables at all: refused before IPv4 is touched.
+    let no_ip6 = net.dir().join("no-ip6-bin");
+    std::fs::create_dir_all(&no_ip6).unwrap();
+    for name in ["ip", "iptables", "iptables-nft", "iptables-legacy"]
+        .iter()
+        .flat_map(|b| ["", "-save", "-restore"].map(|s| format!("{b}{s}")))
+        .filter(|n| !n.starts_with("ip-"))
+    {
+        std::os::unix::fs::symlink(find_in_path(&name), no_ip6.join(&name)).unwrap();
+    }
+    let (code, err) = init(pod, &DEFAULT_ARGS, &[("PATH", no_ip6.to_str().unwrap())]);
+    assert_eq!(code, 1, "IPv6 present and no ip6tables, yet: {err}");
+    assert!(err.contains("ip6tables"), "{err}");
+    assert_eq!(state(pod), before, "IPv4 rules left behind: {err}");
+}
+
+fn with_dry_run<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut args = args.to_vec();
+    args.push("--dry-run");
+    args
+}
+
+/// The `--dry-run` payloads of `args` in `pod`, by family ("V4", "V6").
+fn dry_run(pod: &Pod, args: &[&str], env: &[(&str, &str)]) -> Vec<(String, String)> {
+    let out = run_init(pod, &with_dry_run(args), env);
+    assert!(
+        out.status.success(),
+        "{args:?} --dry-run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut payloads: Vec<(String, String)> = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let family = rest.split_whitespace().next().unwrap_or_default();
+            payloads.push((family.to_string(), String::new()));
+        } else if let Some((_, payload)) = payloads.last_mut() {
+            payload.push_str(line);
+            payload.push('\n');
+        } else {
+            panic!("{args:?} --dry-run: output before the first family header: {line}");
+        }
+    }
+    payloads
+}
+
+/// One config of the golden round trip: its name, istio-iptables args and env.
+type GoldenConfig = (
+    &'static str,
+    Vec<&'static str>,
+    Vec<(&'static str, &'static str)>,
+);
+
+/// Istio's golden cases (tools/istio-iptables/pkg/capture/testdata), as injector args plus env.
+fn golden_configs() -> Vec<GoldenConfig> {
+    let mut service_cidrs = DEFAULT_ARGS.to_vec();
+    assert_eq!((service_cidrs[8], service_cidrs[10]), ("-i", "-x"));
+    service_cidrs[9] = "10.0.0.0/8,fd00:1::/64";
+    service_cidrs[11] = "10.233.0.9/32,fd00:233::9/128";
+    let mut inbound_ports = DEFAULT_ARGS.to_vec();
+    assert_eq!(inbound_ports[12], "-b");
+    inbound_ports[13] = "8080,9090";
+    let mut tproxy_inbound_ports = tproxy_args();
+    tproxy_inbound_ports[13] = "8080,9090";
+    let d = &DEFAULT_ARGS;
+    vec![
+        ("no flags", vec![], vec![]),
+        ("default", d.to_vec(), vec![]),
+        ("tproxy", tproxy_args(), vec![]),
+        ("dns capture", with(d, &["--redirect-dns"]), vec![]),
+        (
+            "dns capture all",
+            with(d, &["--redirect-dns", "--capture-all-dns"]),
+            vec![],
+        ),
+        (
+            "tproxy + dns capture",
+            with(&tproxy_args(), &["--redirect-dns"]),
+            vec![],
+        ),
+        ("ipv4 + ipv6 service ranges", service_cidrs, vec![]),
+        ("inbound ports", inbound_ports, vec![]),
+        ("tproxy + inbound ports", tproxy_inbound_ports, vec![]),
+        (
+            "outbound ports in and out",
+            with(d, &["-q", "80,443", "-o", "9001,9002"]),
+            vec![],
+        ),
+        (
+            "exclude interfaces",
+            with(d, &["-c", "eth9,eth8", "-k", "veth1"]),
+            vec![],
+        ),
+        (
+            "owner groups",
+            d.to_vec(),
+            vec![("ISTIO_OUTBOUND_OWNER_GROUPS", "1234,5678")],
+        ),
+        (
+            "owner groups exclude",
+            d.to_vec(),
+            vec![("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "1234,5678")],
+        ),
+        ("drop invalid", with(d, &["--drop-invalid"]), vec![]),
+        (
+            "tproxy + drop invalid",
+            with(&tproxy_args(), &["--drop-invalid"]),
+            vec![],
+        ),
+        (
+            "loopback range",
+            d.to_vec(),
+            vec![("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.0/8")],
+        ),
+    ]
+}
+
+#[test]
+fn dry_run_is_deterministic_and_is_what_apply_installs() {
+    if !require_root("dry_run_is_deterministic_and_is_what_apply_installs") {
+        return;
+    }
+    let configs = golden_configs();
+    let mut net = Network::new().unwrap();
+    for (i, _) in configs.iter().enumerate() {
+        let n = 2 + 2 * i as u8;
+        net.add_pod(&format!("applied{i}"), n).unwrap();
+        net.add_pod(&format!("loaded{i}"), n + 1).unwrap();
+    }
+    for pod in &net.pods {
+        pod.set_resolv_conf("nameserver 10.233.0.53\nnameserver fd00:233::53\n")
+            .unwrap();
+        seed_foreign_state(pod);
+    }
+    for (i, (name, args, env)) in configs.iter().enumerate() {
+        let (applied, loaded) = (&net.pods[2 * i], &net.pods[2 * i + 1]);
+        let payloads = dry_run(applied, args, env);
+        assert_eq!(
+            payloads.iter().map(|(f, _)| f.as_str()).collect::<Vec<_>>(),
+            ["V4", "V6"],
+            "{name}: a dual-stack pod needs both families"
+        );
+        assert!(
+            payloads.iter().all(|(_, p)| p.contains("-A ")),
+            "{name}: an empty payload proves nothing: {payloads:?}"
+        );
+        // Determinism: another process, and another pod with the same facts, print the same.
+        assert_eq!(dry_run(applied, args, env), payloads, "{name}: run to run");
+        assert_eq!(dry_run(loaded, args, env), payloads, "{name}: pod to pod");
+
+        let rules = |s: &str| {
+            s.lines()
+                .filter(|l| l.starts_with("-A ") || l.starts_with("-I "))
+                .count()
+        };
+        let foreign = [
+            rules(&snapshot(applied, "iptables-save")),
+            rules(&snapshot(applied, "ip6tables-save")),
+        ];
+        let (code, err) = init(applied, args, env);
+        assert_eq!(code, 0, "{name}: {err}");
+        // The payload as printed, loaded by iptables-restore itself on the same foreign state:
+        // the kernel's rendering of it is the normal form both sides are compared in.
+        for (family, payload) in &payloads {
+            let restore = if family == "V4" {
+                "iptables-restore"
+            } else {
+                "ip6tables-restore"
+            };
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", &loaded.ns, restore, "--noflush"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .and_then(|mut child| {
+                    use std::io::Write;
+                    child.stdin.take().unwrap().write_all(payload.as_bytes())?;
+                    child.wait_with_output()
+                })
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{name}: the printed {family} payload does not load: {}\n{payload}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        for ((family, save), foreign) in [("V4", "iptables-save"), ("V6", "ip6tables-save")]
+            .into_iter()
+            .zip(foreign)
+        {
+            let (got, want) = (snapshot(applied, save), snapshot(loaded, save));
+            assert_eq!(
+                got, want,
+                "{name}: {family} rules applied differ from the --dry-run payload"
+            );
+            // Every rule of the payload is one rule in the kernel: none merged or lost.
+            let payload = &payloads.iter().find(|(f, _)| f == family).unwrap().1;
+            assert_eq!(
+                rules(&got),
+                rules(payload) + foreign,
+                "{name}: {family}:\n{got}\n--- payload ---\n{payload}"
+            );
+        }
     }
 }
