@@ -254,4 +254,53 @@ mod tests {
         assert_eq!(same_host_redirect("http://10.200.0.1:9/", t), None);
         assert_eq!(same_host_redirect("http://evil.example/x", t), None);
     }
+
+    /// A 1 MiB body is read only up to MAX_BODY: the app declares 1 MiB, sends one byte more than
+    /// the cap and then nothing more, holding the connection open past the probe's timeout. A probe that
+    /// read the whole body would wait for the rest and time out; one that stops at the cap
+    /// succeeds at once.
+    #[tokio::test]
+    async fn a_large_body_is_read_only_up_to_the_cap() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let app = tokio::spawn(async move {
+            let (mut conn, peer) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the probe closed before sending its request");
+                head.extend_from_slice(&buf[..n]);
+            }
+            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n")
+                .await
+                .unwrap();
+            conn.write_all(&vec![b'x'; MAX_BODY + 1]).await.unwrap();
+            // Hold the connection (the rest of the body never comes) until the test is over.
+            let _ = done_rx.await;
+            peer
+        });
+        let probe = Probe {
+            check: Check::Http {
+                path: "/big".into(),
+                port,
+                headers: Vec::new(),
+                tls: false,
+            },
+            timeout: std::time::Duration::from_secs(10),
+        };
+        let start = std::time::Instant::now();
+        let outcome = run(&probe, IpAddr::V4(Ipv4Addr::LOCALHOST)).await;
+        let took = start.elapsed();
+        let _ = done_tx.send(());
+        let peer = app.await.unwrap();
+        assert_eq!(outcome, Ok(()));
+        assert!(
+            took < std::time::Duration::from_secs(5),
+            "the probe waited {took:?} for the body beyond the cap"
+        );
+        assert_eq!(peer.ip(), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6)));
+    }
 }

@@ -193,7 +193,15 @@ async fn handle(
             Err(why) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{why}\n")),
         };
     }
-    match (req.method(), req.uri().path()) {
+    let path = req.uri().path();
+    // Every debug page, present or future, is loopback-only: a peer gets 403, never a hint of
+    // which pages exist (there is no pprof: `--profiling` is accepted and ignored).
+    let control =
+        matches!(path, "/quitquitquit" | "/drain" | "/debug") || path.starts_with("/debug/");
+    if control && !local {
+        return text(StatusCode::FORBIDDEN, "only from localhost\n");
+    }
+    match (req.method(), path) {
         (&Method::GET, "/stats/prometheus" | "/metrics") => stats(&state, &req),
         (&Method::GET, "/healthz/ready") => {
             match readiness(state.admin_port, &state.drain, &state.dns, &state.certs).await {
@@ -204,11 +212,6 @@ async fn handle(
                 Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, why),
             }
         }
-        (
-            _,
-            "/quitquitquit" | "/drain" | "/debug/config" | "/debug/ndsz" | "/debug/certs"
-            | "/debug/xds_adapt",
-        ) if !local => text(StatusCode::FORBIDDEN, "only from localhost\n"),
         (&Method::POST, "/quitquitquit") => {
             state.drain.trigger(Shutdown::Immediate);
             text(StatusCode::OK, "")

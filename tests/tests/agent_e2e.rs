@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 //! pilot-agent with a real Envoy against a standalone istiod-core: readiness stays 503 (with the
 //! reason) while the control plane is down, turns 200 once it serves, config edits reach Envoy
-//! without a restart, and a bad edit keeps the last good config.
+//! without a restart, and a bad edit keeps the last good config; an app running as the proxy's
+//! uid is reported.
 
 use std::time::Duration;
 
@@ -701,4 +702,59 @@ fn envoy_accepts_every_golden_config() {
             );
         }
     }
+}
+
+/// An application listening as the proxy's uid (1337) on a port the pod declares
+/// (ISTIO_META_POD_PORTS) talks past Envoy: the agent's log says so, naming the port. An app
+/// listening as another uid on another declared port is not reported. Both apps start after the
+/// proxy, as they usually do.
+#[test]
+fn an_app_running_as_the_proxy_uid_is_reported() {
+    let test = "an_app_running_as_the_proxy_uid_is_reported";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    net.add_pod("pod", 2).unwrap();
+    let mesh = net.dir().join("mesh");
+    std::fs::create_dir_all(&mesh).unwrap();
+    std::fs::write(mesh.join("web.yaml"), SERVICE).unwrap();
+    let pod = &mut net.pods[0];
+    pod.spawn_embedded_agent(
+        &mesh,
+        &[
+            ("POD_NAME", "web"),
+            ("POD_NAMESPACE", "demo"),
+            ("INSTANCE_IP", "10.233.0.2"),
+            ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
+            (
+                "ISTIO_META_POD_PORTS",
+                r#"[{"name":"http","containerPort":8080,"protocol":"TCP"},{"name":"metrics","containerPort":9090,"protocol":"TCP"}]"#,
+            ),
+        ],
+    )
+    .unwrap();
+    assert!(pod.wait_log("pilot-agent", "starting Envoy", Duration::from_secs(30)));
+    let np = binary("netprobe");
+    let np = np.to_str().unwrap();
+    pod.spawn("app", 1337, 1337, &[], &[np, "listen", "8080"])
+        .unwrap();
+    pod.spawn("metrics", 1000, 1000, &[], &[np, "listen", "9090"])
+        .unwrap();
+    for name in ["app", "metrics"] {
+        assert!(pod.wait_log(name, "listening", Duration::from_secs(10)));
+    }
+    let warning = "the application listens on its port 8080 as uid 1337";
+    assert!(
+        pod.wait_log("pilot-agent", warning, Duration::from_secs(20)),
+        "no warning about the app running as 1337\n{}",
+        pod.logs_of("pilot-agent")
+    );
+    // The pass that found 8080 saw 9090 too (both listened before it); one more pass (5 s)
+    // for good measure: only the 1337 app is reported, once.
+    std::thread::sleep(Duration::from_secs(6));
+    let logs = pod.logs_of("pilot-agent");
+    assert_eq!(logs.matches(warning).count(), 1, "{logs}");
+    assert!(!logs.contains("port 9090"), "{logs}");
+    assert!(!logs.contains("as uid 1000"), "{logs}");
 }

@@ -18,6 +18,10 @@ spec:
   endpoints: [{address: 10.233.0.3}]
 "#;
 
+/// The app's one rewritten probe: a TCP check of its port 8080.
+const PROBERS: &str =
+    r#"{"/app-health/app/livez": {"tcpSocket": {"port": 8080}, "timeoutSeconds": 5}}"#;
+
 /// A pod running pilot-agent (embedded control plane) and Envoy, ready; plus a peer pod.
 fn ready_pod(test: &str, termination_drain: &str) -> Option<Network> {
     if !require_root(test) || !require_envoy(test) {
@@ -38,6 +42,7 @@ fn ready_pod(test: &str, termination_drain: &str) -> Option<Network> {
             ("POD_NAMESPACE", "demo"),
             ("INSTANCE_IP", "10.233.0.2"),
             ("PROXY_CONFIG", &proxy_config),
+            ("ISTIO_KUBE_APP_PROBERS", PROBERS),
         ],
     )
     .unwrap();
@@ -141,25 +146,79 @@ fn quitquitquit_stops_at_once_and_only_from_loopback() {
             assert_eq!(code, 403, "{host} {page}");
         }
     }
+    // Every /debug/ path is refused to a peer, pages that do not exist (pprof) included, and
+    // so is a GET on the control endpoints.
+    for page in [
+        "debug/xds_adapt",
+        "debug/pprof/",
+        "debug/pprof/heap",
+        "debug",
+    ] {
+        for host in ["10.233.0.2", "[fd00:233::2]"] {
+            let (code, _) = net.pods[1]
+                .http_get(0, &format!("http://{host}:15020/{page}"))
+                .unwrap();
+            assert_eq!(code, 403, "{host} {page}");
+        }
+    }
+    for page in ["quitquitquit", "drain"] {
+        let (code, _) = net.pods[1]
+            .http_get(0, &format!("http://10.233.0.2:15020/{page}"))
+            .unwrap();
+        assert_eq!(code, 403, "GET {page} from a peer");
+    }
+    // Profiling is not served at all, not even to loopback (`--profiling` is accepted and
+    // ignored): no pprof route exists.
+    for page in ["debug/pprof/", "debug/pprof/profile", "debug/pprof/heap"] {
+        let (code, _) = net.pods[0]
+            .http_get(0, &format!("http://127.0.0.1:15020/{page}"))
+            .unwrap();
+        assert_eq!(code, 404, "{page}");
+    }
     // Loopback over IPv6 is local.
     let (code, _) = net.pods[0]
         .http_get(0, "http://[::1]:15020/debug/certs")
         .unwrap();
     assert_eq!(code, 200);
-    let (code, _) = net.pods[0]
-        .http_get(0, "http://127.0.0.1:15020/quitquitquit")
+    for page in ["quitquitquit", "drain"] {
+        let (code, _) = net.pods[0]
+            .http_get(0, &format!("http://127.0.0.1:15020/{page}"))
+            .unwrap();
+        assert_eq!(code, 405, "GET {page} from loopback");
+    }
+    // The GET /drain above did not drain: the proxy is still ready.
+    let (code, body) = net.pods[0]
+        .http_get(0, "http://127.0.0.1:15020/healthz/ready")
         .unwrap();
-    assert_eq!(code, 405);
+    assert_eq!(code, 200, "{body}");
     let (code, body) = net.pods[0]
         .http_get(0, "http://127.0.0.1:15020/debug/config")
         .unwrap();
     assert_eq!(code, 200);
     assert!(body.contains("termination_drain_duration: 60s"), "{body}");
-    // Readiness is open to the peer (kubelet probes come from outside).
-    let (code, _) = net.pods[1]
-        .http_get(0, "http://10.233.0.2:15021/healthz/ready")
+    // Readiness and the app probes are open to the peer (kubelet probes come from outside),
+    // on 15021 (Envoy) and on 15020 itself, over IPv4 and IPv6.
+    let np = harness::binary("netprobe");
+    net.pods[0]
+        .spawn(
+            "app",
+            1000,
+            1000,
+            &[],
+            &[np.to_str().unwrap(), "listen", "8080"],
+        )
         .unwrap();
-    assert_eq!(code, 200);
+    assert!(net.pods[0].wait_log("app", "listening", Duration::from_secs(10)));
+    for url in [
+        "http://10.233.0.2:15021/healthz/ready",
+        "http://10.233.0.2:15020/healthz/ready",
+        "http://[fd00:233::2]:15020/healthz/ready",
+        "http://10.233.0.2:15020/app-health/app/livez",
+        "http://[fd00:233::2]:15020/app-health/app/livez",
+    ] {
+        let (code, body) = net.pods[1].http_get(0, url).unwrap();
+        assert_eq!(code, 200, "{url}: {body}");
+    }
 
     let pod = &mut net.pods[0];
     let start = Instant::now();

@@ -304,3 +304,146 @@ fn probes_are_answered_while_a_peer_holds_the_status_port_half_open() {
         "{warnings} warnings about the attack in {seconds} s (one per 10 s expected)"
     );
 }
+
+/// Logs each request's peer, path and Host, and answers 200.
+const ECHO_APP: &str = r#"
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        print(self.client_address[0], self.path, self.headers.get("Host"), flush=True)
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
+"#;
+
+/// A kubelet request cannot point the probe elsewhere: a hostile `Host` header or an
+/// absolute-URI request line naming another pod (or another port of this one) still runs only
+/// the configured probe, against the app's configured port; sinks on the named addresses see no
+/// connection.
+#[test]
+fn a_probe_request_cannot_steer_what_is_dialled() {
+    let test = "a_probe_request_cannot_steer_what_is_dialled";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    net.add_pod("pod", 2).unwrap();
+    net.add_pod("kubelet", 3).unwrap();
+    net.add_pod("sink", 4).unwrap();
+    let mesh = net.dir().join("mesh");
+    std::fs::create_dir_all(&mesh).unwrap();
+    let np = binary("netprobe");
+    let np = np.to_str().unwrap();
+    net.pods[2]
+        .spawn("sink", 0, 0, &[], &[np, "listen", "9,8080"])
+        .unwrap();
+    net.pods[0]
+        .spawn("sink", 0, 0, &[], &[np, "listen", "9"])
+        .unwrap();
+    harness::istio_iptables(&net.pods[0], &[]).unwrap();
+    net.pods[0]
+        .spawn(
+            "app",
+            1000,
+            1000,
+            &[],
+            &["/usr/bin/python3", "-c", ECHO_APP],
+        )
+        .unwrap();
+    net.pods[0]
+        .spawn_embedded_agent(
+            &mesh,
+            &[
+                ("POD_NAME", "web"),
+                ("POD_NAMESPACE", "demo"),
+                ("INSTANCE_IP", "10.233.0.2"),
+                ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
+                (
+                    "ISTIO_KUBE_APP_PROBERS",
+                    r#"{"/app-health/app/livez": {"httpGet": {"path": "/ok", "port": 8080}, "timeoutSeconds": 10}}"#,
+                ),
+            ],
+        )
+        .unwrap();
+    for idx in [0, 2] {
+        assert!(net.pods[idx].wait_log("sink", "listening", Duration::from_secs(10)));
+    }
+    let live = "http://10.233.0.2:15020/app-health/app/livez";
+    net.pods[1]
+        .wait_http_ok(live, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e}\n{}", net.logs()));
+    let probes_before = net.pods[0].logs_of("app").matches(" /ok ").count();
+
+    // (extra curl arguments, expected status)
+    let cases: [(&[&str], u16); 7] = [
+        (&["-H", "Host: 10.233.0.4:9"], 200),
+        (&["-H", "Host: 10.233.0.2:9"], 200),
+        (&["-H", "Host: 10.233.0.4"], 200),
+        (
+            &[
+                "--request-target",
+                "http://10.233.0.4:9/app-health/app/livez",
+            ],
+            200,
+        ),
+        (
+            &[
+                "-H",
+                "Host: 10.233.0.4:8080",
+                "--request-target",
+                "http://10.233.0.4:8080/app-health/app/livez?port=9&host=10.233.0.4",
+            ],
+            200,
+        ),
+        (&["--request-target", "http://10.233.0.4:9/"], 404),
+        (&["--request-target", "http://10.233.0.2:9/ok"], 404),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec![
+            "curl",
+            "-sS",
+            "--max-time",
+            "15",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ];
+        args.extend_from_slice(extra);
+        args.push(live);
+        let out = net.pods[1].exec(&args).unwrap();
+        let code = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(
+            code,
+            want.to_string(),
+            "{extra:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            net.logs()
+        );
+    }
+    // Each accepted request ran the configured probe once, against the app's own address and
+    // port, from 127.0.0.6; nothing of the kubelet's request reached the app.
+    let app_log = net.pods[0].logs_of("app");
+    let probes: Vec<&str> = app_log.lines().filter(|l| l.contains(" /ok ")).collect();
+    assert_eq!(probes.len() - probes_before, 5, "{app_log}");
+    assert!(
+        probes.iter().all(|l| *l == "127.0.0.6 /ok 10.233.0.2:8080"),
+        "{app_log}"
+    );
+    assert_eq!(
+        app_log.lines().count(),
+        probes.len(),
+        "the app saw a request that was not the probe: {app_log}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    for idx in [0, 2] {
+        let sink = net.pods[idx].logs_of("sink");
+        assert!(
+            !sink.contains("accept"),
+            "a request steered the probe to {}: {sink}",
+            net.pods[idx].ns
+        );
+    }
+}

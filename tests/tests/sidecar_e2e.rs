@@ -104,33 +104,49 @@ fn start_agent(pod: &mut Pod, name: &str, config_dir: &Path, delta: bool) {
 }
 
 fn start_agent_with(pod: &mut Pod, name: &str, upstream: Upstream, delta: bool, drain: &str) {
+    let proxy_config = format!("\"terminationDrainDuration\": \"{drain}\"");
+    start_agent_env(pod, name, upstream, delta, &proxy_config, &[]);
+}
+
+/// `proxy_config`: the ProxyConfig JSON fields (without braces); `env`: more of the container's
+/// environment.
+fn start_agent_env(
+    pod: &mut Pod,
+    name: &str,
+    upstream: Upstream,
+    delta: bool,
+    proxy_config: &str,
+    env: &[(&str, &str)],
+) {
     let agent = binary("pilot-agent");
     let ip = pod.ip.to_string();
     let (config_dir, proxy_config) = match upstream {
         Upstream::Embedded(dir) => (
             Some(dir.to_str().unwrap().to_string()),
-            format!("{{\"terminationDrainDuration\": \"{drain}\"}}"),
+            format!("{{{proxy_config}}}"),
         ),
         Upstream::Remote(addr) => (
             None,
-            format!(
-                "{{\"terminationDrainDuration\": \"{drain}\", \"discoveryAddress\": \"{addr}\"}}"
-            ),
+            format!("{{{proxy_config}, \"discoveryAddress\": \"{addr}\"}}"),
         ),
     };
+    let env: Vec<(&str, &str)> = [
+        ("POD_NAME", name),
+        ("POD_NAMESPACE", NAMESPACE),
+        ("INSTANCE_IP", &ip),
+        ("SERVICE_ACCOUNT", name),
+        ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
+        ("PROXY_CONFIG", &proxy_config),
+        ("ISTIO_DELTA_XDS", if delta { "true" } else { "false" }),
+    ]
+    .into_iter()
+    .chain(env.iter().copied())
+    .collect();
     pod.spawn(
         "pilot-agent",
         0,
         0,
-        &[
-            ("POD_NAME", name),
-            ("POD_NAMESPACE", NAMESPACE),
-            ("INSTANCE_IP", &ip),
-            ("SERVICE_ACCOUNT", name),
-            ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
-            ("PROXY_CONFIG", &proxy_config),
-            ("ISTIO_DELTA_XDS", if delta { "true" } else { "false" }),
-        ],
+        &env,
         &[
             agent.to_str().unwrap(),
             "proxy",
@@ -336,6 +352,233 @@ fn sigterm_lets_an_inflight_request_finish() {
         "stopped after {:?}",
         start.elapsed()
     );
+}
+
+/// During the drain that SIGTERM starts, the proxy reports itself unready on 15020 while the
+/// app's outbound requests still go through Envoy (Istio drains inbound listeners only); the
+/// agent exits 0 once the termination drain duration has passed.
+#[test]
+fn during_the_sigterm_drain_readiness_is_503_and_outbound_still_works() {
+    let test = "during_the_sigterm_drain_readiness_is_503_and_outbound_still_works";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let (mut net, config_dir) = two_pods(httpbin_mesh);
+    let (client, server) = (0, 1);
+    let token = format!("token-{}", std::process::id());
+    serve_page(&mut net.pods[server], "0.0.0.0", PORT, &token);
+    start_agent_with(
+        &mut net.pods[client],
+        "sleep",
+        Upstream::Embedded(&config_dir),
+        true,
+        "8s",
+    );
+    start_agent(&mut net.pods[server], "httpbin", &config_dir, true);
+    wait_ready(&net);
+    let url = format!("http://{VIP}:{PORT}/");
+    let outbound = format!("http.outbound_0.0.0.0_{PORT}.downstream_rq_2xx");
+    let (code, body) = net.pods[client].http_get(APP_UID, &url).unwrap();
+    assert_eq!(
+        (code, body.as_str()),
+        (200, token.as_str()),
+        "{}",
+        net.logs()
+    );
+    let before = net.pods[client].envoy_stat(&outbound).unwrap();
+
+    let start = std::time::Instant::now();
+    let agent = net.pods[client].proc("pilot-agent").unwrap();
+    agent.signal(nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert!(
+        net.pods[client].wait_log("pilot-agent", "stopping Envoy", Duration::from_secs(5)),
+        "{}",
+        net.logs()
+    );
+    let pod = &net.pods[client];
+    let (code, why) = pod
+        .http_get(0, "http://127.0.0.1:15020/healthz/ready")
+        .unwrap();
+    assert_eq!(code, 503, "ready during the drain: {why}");
+    assert!(why.contains("shutting down"), "{why}");
+    for _ in 0..3 {
+        let (code, body) = pod.http_get(APP_UID, &url).unwrap();
+        assert_eq!(
+            (code, body.as_str()),
+            (200, token.as_str()),
+            "outbound failed during the drain\n{}",
+            net.logs()
+        );
+    }
+    // Only inbound listeners drain: an outbound response is not marked to close its connection
+    // (Envoy's immediate drain strategy marks every response of a draining listener).
+    let out = pod
+        .exec_as(
+            APP_UID,
+            APP_UID,
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "5",
+                "-D",
+                "-",
+                "-o",
+                "/dev/null",
+                &url,
+            ],
+        )
+        .unwrap();
+    let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(
+        !head.contains("connection: close"),
+        "the outbound listener is draining: {head}"
+    );
+    // The requests went through the client's Envoy, still draining.
+    let after = pod.envoy_stat(&outbound).unwrap();
+    assert!(after >= before + 4, "outbound 2xx {before} -> {after}");
+    let during = start.elapsed();
+    assert!(
+        during < Duration::from_secs(7),
+        "checks took {during:?}: not within the 8s drain"
+    );
+    let agent = net.pods[client].proc("pilot-agent").unwrap();
+    assert!(agent.running(), "the agent stopped before its drain ended");
+    let status = agent.wait_timeout(Duration::from_secs(20)).unwrap();
+    assert!(status.success(), "agent exit {status}\n{}", agent.logs());
+    assert!(
+        start.elapsed() >= Duration::from_secs(7),
+        "stopped after {:?}, before the 8s termination drain",
+        start.elapsed()
+    );
+}
+
+/// An app that says when each request arrives, then answers after `/<seconds>`.
+const SLOW_APP_SAYS: &str = r#"
+import http.server, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        print("request", self.path, flush=True)
+        time.sleep(float(self.path.strip('/') or 0))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'done')
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(('0.0.0.0', 8000), H).serve_forever()
+"#;
+
+/// A plain (sidecar-less) client's GET from `client` to `url`, on its own thread:
+/// curl's body and status.
+fn get_in_background(client: &Pod, url: String) -> std::thread::JoinHandle<String> {
+    let ns = client.ns.clone();
+    std::thread::spawn(move || {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, "curl", "-sS", "--max-time", "40"])
+            .args(["-w", " %{http_code}", &url])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+}
+
+/// EXIT_ON_ZERO_ACTIVE_CONNECTIONS: after SIGTERM the agent waits the minimum drain, then until
+/// Envoy's last inbound connection has closed (not the 60s termination drain), and no longer
+/// than drainDuration when a connection never closes. Two server pods: `a` serves a 6 s request,
+/// `b` (drainDuration 6s) a 30 s one; a sidecar-less client calls both.
+#[test]
+fn exit_on_zero_active_connections_waits_for_the_last_connection_within_a_bound() {
+    let test = "exit_on_zero_active_connections_waits_for_the_last_connection_within_a_bound";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let mut net = Network::new().unwrap();
+    net.add_pod("client", 2).unwrap();
+    let (a, b) = (
+        net.add_pod("server-a", 3).unwrap(),
+        net.add_pod("server-b", 4).unwrap(),
+    );
+    let config_dir = net.dir().join("mesh");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    std::fs::write(config_dir.join("mesh.yaml"), httpbin_mesh("10.233.0.3")).unwrap();
+    for (idx, max) in [(a, "45s"), (b, "6s")] {
+        let pod = &mut net.pods[idx];
+        capture(pod);
+        pod.spawn(
+            "app",
+            APP_UID,
+            APP_UID,
+            &[],
+            &["/usr/bin/python3", "-c", SLOW_APP_SAYS],
+        )
+        .unwrap();
+        start_agent_env(
+            pod,
+            "httpbin",
+            Upstream::Embedded(&config_dir),
+            true,
+            &format!("\"terminationDrainDuration\": \"60s\", \"drainDuration\": \"{max}\""),
+            &[
+                ("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "true"),
+                ("MINIMUM_DRAIN_DURATION", "2s"),
+            ],
+        );
+    }
+    wait_ready(&net);
+    let short = get_in_background(&net.pods[0], format!("http://10.233.0.3:{PORT}/6"));
+    let long = get_in_background(&net.pods[0], format!("http://10.233.0.4:{PORT}/30"));
+    for idx in [a, b] {
+        assert!(
+            net.pods[idx].wait_log("app", "request", Duration::from_secs(10)),
+            "{}",
+            net.logs()
+        );
+    }
+    let start = std::time::Instant::now();
+    for idx in [a, b] {
+        let agent = net.pods[idx].proc("pilot-agent").unwrap();
+        agent.signal(nix::sys::signal::Signal::SIGTERM).unwrap();
+    }
+    // Past the minimum drain, the open connections keep both proxies up.
+    std::thread::sleep(Duration::from_millis(3500));
+    for idx in [a, b] {
+        let agent = net.pods[idx].proc("pilot-agent").unwrap();
+        assert!(
+            agent.running(),
+            "the agent exited with a connection open\n{}",
+            agent.logs()
+        );
+    }
+    // a: the request finishes through the draining proxy, which then stops soon after.
+    let text = short.join().unwrap();
+    let finished = start.elapsed();
+    assert_eq!(text, "done 200", "{}", net.logs());
+    let agent = net.pods[a].proc("pilot-agent").unwrap();
+    let status = agent.wait_timeout(Duration::from_secs(10)).unwrap();
+    let exited = start.elapsed();
+    assert!(status.success(), "agent exit {status}\n{}", agent.logs());
+    assert!(
+        exited - finished < Duration::from_secs(5),
+        "exited {:?} after the last connection closed",
+        exited - finished
+    );
+    assert!(
+        agent.logs().contains("waiting for connections to drain"),
+        "{}",
+        agent.logs()
+    );
+    // b: the wait ends at the bound (2s + 6s), the 30 s request still open.
+    let agent = net.pods[b].proc("pilot-agent").unwrap();
+    let status = agent.wait_timeout(Duration::from_secs(20)).unwrap();
+    let exited = start.elapsed();
+    assert!(status.success(), "agent exit {status}\n{}", agent.logs());
+    assert!(
+        exited >= Duration::from_secs(7) && exited < Duration::from_secs(16),
+        "b exited after {exited:?}, not at its 8s bound"
+    );
+    let text = long.join().unwrap();
+    assert_ne!(text, "done 200", "the 30 s request outlived its proxy");
 }
 
 /// How long the control plane is away (§5 property 20: istiod gone for 60 s), and how long
