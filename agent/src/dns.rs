@@ -415,13 +415,23 @@ pub fn start(
     (table_tx, table_rx)
 }
 
-/// Binds UDP and TCP on `addr` (TCP on the port UDP got, when `addr`'s port is 0).
+/// Binds UDP and TCP on `addr` (TCP on the port UDP got, when `addr`'s port is 0: if that TCP
+/// port is taken, another pair is tried, a few times).
 pub async fn bind(
     addr: SocketAddr,
 ) -> std::io::Result<(tokio::net::UdpSocket, tokio::net::TcpListener)> {
-    let udp = tokio::net::UdpSocket::bind(addr).await?;
-    let tcp = tokio::net::TcpListener::bind(udp.local_addr()?).await?;
-    Ok((udp, tcp))
+    let mut tries = 0;
+    loop {
+        let udp = tokio::net::UdpSocket::bind(addr).await?;
+        match tokio::net::TcpListener::bind(udp.local_addr()?).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) if addr.port() == 0 && tries < 8 => {
+                tracing::debug!(error = %e, "TCP port of the UDP one taken; another pair");
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Serves UDP and TCP on `addr` until the process ends.
