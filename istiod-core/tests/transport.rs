@@ -8,6 +8,7 @@ use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -547,4 +548,143 @@ async fn ping_and_settings_floods_leave_the_server_serving_with_bounded_memory()
             "RSS grew from {before} KiB to {rss} KiB"
         );
     }
+}
+
+/// The TLS port (`--tls-cert`), where the attacks of the plaintext tests meet the TLS layer
+/// first: a connection that starts a handshake and stalls is closed at `--handshake-timeout`,
+/// and rapid reset over TLS leaves the server serving a TLS proxy, its memory bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_port_closes_stalled_handshakes_and_survives_rapid_reset() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("web.yaml"), service("web", 1)).unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert_pem, key_pem) = (certified.cert.pem(), certified.signing_key.serialize_pem());
+    let tls_dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (
+        tls_dir.path().join("cert.pem"),
+        tls_dir.path().join("key.pem"),
+    );
+    std::fs::write(&cert, &cert_pem).unwrap();
+    std::fs::write(&key, &key_pem).unwrap();
+    let server = Server::start(
+        dir.path(),
+        4096,
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--max-streams",
+            "200",
+            "--handshake-timeout",
+            "2s",
+        ],
+    );
+    // A handshake begun and never finished: half a ClientHello record.
+    let mut stalled = tokio::net::TcpStream::connect(server.grpc).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stalled, &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), stalled.read_to_end(&mut buf)).await;
+    assert!(
+        closed.is_ok(),
+        "a stalled TLS handshake was kept open\n{}",
+        server.log()
+    );
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(
+            certified.cert.der().to_vec(),
+        ))
+        .unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let before = rss_kib(&server);
+    let uri = format!("https://localhost{}", mesh_common::grpc::ADS_SOTW_PATH);
+    let first = grpc_frame(&request(istiod_core::generators::CLUSTER_TYPE));
+    let started = std::time::Instant::now();
+    let (mut reset, mut connections) = (0u32, 0u32);
+    'attack: while reset < 5_000 && started.elapsed() < Duration::from_secs(60) {
+        let tcp = tokio::net::TcpStream::connect(server.grpc).await.unwrap();
+        let Ok(tls) = connector.connect(name.clone(), tcp).await else {
+            continue;
+        };
+        let Ok((mut client, conn)) = h2::client::handshake(tls).await else {
+            continue;
+        };
+        connections += 1;
+        tokio::spawn(conn);
+        while reset < 5_000 {
+            client = match client.ready().await {
+                Ok(c) => c,
+                Err(_) => continue 'attack,
+            };
+            let req = http::Request::post(uri.as_str())
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .unwrap();
+            let Ok((_response, mut stream)) = client.send_request(req, false) else {
+                continue 'attack;
+            };
+            let _ = stream.send_data(first.clone(), false);
+            stream.send_reset(h2::Reason::CANCEL);
+            reset += 1;
+        }
+    }
+    assert!(
+        reset >= 5_000,
+        "only {reset} streams reset over {connections} TLS connections"
+    );
+    // A proxy over TLS is served after the attack.
+    let channel = tonic::transport::Endpoint::from_shared(format!(
+        "https://localhost:{}",
+        server.grpc.port()
+    ))
+    .unwrap()
+    .tls_config(
+        tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&cert_pem))
+            .domain_name("localhost"),
+    )
+    .unwrap()
+    .connect()
+    .await
+    .unwrap_or_else(|e| panic!("no TLS connection after the attack: {e}\n{}", server.log()));
+    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(request(istiod_core::generators::CLUSTER_TYPE))
+        .await
+        .unwrap();
+    let mut responses = client
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let cds = tokio::time::timeout(Duration::from_secs(10), responses.message())
+        .await
+        .unwrap_or_else(|_| panic!("no CDS over TLS after the attack\n{}", server.log()))
+        .unwrap()
+        .unwrap();
+    assert!(names_cluster(&cds, "web.shop.svc.cluster.local"));
+    let after = rss_kib(&server);
+    eprintln!(
+        "TLS rapid reset: {reset} streams over {connections} connections in {:?}; RSS {before} KiB -> {after} KiB",
+        started.elapsed()
+    );
+    assert!(
+        after < before + RSS_GROWTH_KIB,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
 }
