@@ -696,8 +696,11 @@ fn control_plane_restart_fails_no_request() {
         "kind: ServiceEntry\nmetadata: {name: extra, namespace: demo}\nspec:\n  hosts: [extra.example]\n  addresses: [10.234.0.99]\n  ports: [{number: 9090, name: tcp}]\n  endpoints: [{address: 10.233.0.3}]\n",
     )
     .unwrap();
+    // After a minute away, Envoy's own redial backoff (500 ms doubling to 30 s, jittered) and
+    // the agent's (to 15 s) may each take their longest wait before the new control plane is
+    // dialled: convergence is given 90 s.
     for idx in [0, 1] {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
         let mut seen = false;
         while !seen && std::time::Instant::now() < deadline {
             let (_, body) = net.pods[idx]
