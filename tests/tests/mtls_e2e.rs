@@ -475,16 +475,9 @@ fn ca_outage_during_rotation_keeps_traffic_and_recovers() {
     assert!(tcp_round_trip(&net.pods[0]), "{}", net.logs());
 }
 
-/// A CA that blackholes instead of refusing: its pod drops every packet to the CA port, so a
-/// dial gets no answer at all (no RST, no ICMP). Each renewal attempt must give up within the
-/// dial's timeouts and be retried with backoff, the valid certificate stays served (mTLS keeps
-/// working on it), and once packets flow again a new certificate arrives before it expires.
-#[test]
-fn a_blackholed_ca_times_out_keeps_the_cert_and_recovers() {
-    let test = "a_blackholed_ca_times_out_keeps_the_cert_and_recovers";
-    if !require_root(test) || !require_envoy(test) {
-        return;
-    }
+/// `pods()` with tokens, and `istiod-core serve` with its CA in pod 5, serving TLS from the
+/// CA's own root on 15012 as istiod does; returns the network, the CA and the control plane's pod.
+fn pods_with_a_tls_control_plane() -> (Network, TestCa, usize) {
     let (mut net, config_dir) = pods();
     let cp_pod = net.add_pod("cp", 5).unwrap();
     let ca = TestCa::new(&net.dir().join("ca")).unwrap();
@@ -498,6 +491,20 @@ fn a_blackholed_ca_times_out_keeps_the_cert_and_recovers() {
         "{}",
         net.logs()
     );
+    (net, ca, cp_pod)
+}
+
+/// A CA that blackholes instead of refusing: its pod drops every packet to the CA port, so a
+/// dial gets no answer at all (no RST, no ICMP). Each renewal attempt must give up within the
+/// dial's timeouts and be retried with backoff, the valid certificate stays served (mTLS keeps
+/// working on it), and once packets flow again a new certificate arrives before it expires.
+#[test]
+fn a_blackholed_ca_times_out_keeps_the_cert_and_recovers() {
+    let test = "a_blackholed_ca_times_out_keeps_the_cert_and_recovers";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let (mut net, ca, cp_pod) = pods_with_a_tls_control_plane();
     let root = ca.root_cert().display().to_string();
     let cp = ControlPlane::Remote("10.233.0.5:15012");
     let env = [
@@ -624,4 +631,98 @@ fn readiness_waits_for_the_workload_certificate() {
         pod.logs_of("pilot-agent")
             .contains("workload certificate request failed")
     );
+}
+
+/// The root certificates Envoy holds (its admin `/certs`, `ca_cert` entries), as serials.
+fn envoy_roots(pod: &Pod) -> Vec<String> {
+    let (_, body) = pod.http_get(0, "http://127.0.0.1:15000/certs").unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let mut serials: Vec<String> = v["certificates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["ca_cert"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["serial_number"].as_str().map(str::to_string))
+        .collect();
+    serials.sort();
+    serials.dedup();
+    serials
+}
+
+/// §5 property 28 end to end: the mesh root file (`CA_ROOT_CA`) replaced with garbage, then
+/// with an expired-free bundle again. Envoy keeps the roots it has (never an empty ROOTCA),
+/// mTLS between the sidecars keeps working for new connections, and the refusal is counted in
+/// `istio_agent_root_bundle_errors_total`.
+#[test]
+fn a_garbage_mesh_root_leaves_envoys_roots_and_mtls_in_place() {
+    let test = "a_garbage_mesh_root_leaves_envoys_roots_and_mtls_in_place";
+    if !require_root(test) || !require_envoy(test) {
+        return;
+    }
+    let (mut net, ca, _) = pods_with_a_tls_control_plane();
+    // The client's own copy of the mesh root, as a mounted ConfigMap would be.
+    let good = std::fs::read_to_string(ca.root_cert()).unwrap();
+    let mesh_root = net.dir().join("client-root-cert.pem");
+    harness::write_readable(&mesh_root, &good).unwrap();
+    let (client_root, server_root) = (
+        mesh_root.display().to_string(),
+        ca.root_cert().display().to_string(),
+    );
+    let cp = ControlPlane::Remote("10.233.0.5:15012");
+    let env_of = |root: &'static str| {
+        [
+            ("CA_ROOT_CA", root),
+            ("XDS_ROOT_CA", root),
+            ("ISTIOD_SAN", "istiod.istio-system.svc"),
+        ]
+    };
+    let client_env = env_of(Box::leak(client_root.into_boxed_str()));
+    let server_env = env_of(Box::leak(server_root.into_boxed_str()));
+    start_agent(&mut net.pods[0], CLIENT_SA, &cp, &client_env);
+    start_agent(&mut net.pods[1], SERVER_SA, &cp, &server_env);
+    wait_ready(&net);
+    assert!(
+        wait_until(Duration::from_secs(20), || tcp_round_trip(&net.pods[0])),
+        "no mTLS round trip before the change\n{}",
+        net.logs()
+    );
+    let roots = envoy_roots(&net.pods[0]);
+    assert!(!roots.is_empty(), "Envoy holds no root\n{}", net.logs());
+    let errors = |pod: &Pod| -> u64 {
+        let (_, body) = pod
+            .http_get(0, "http://127.0.0.1:15020/stats/prometheus")
+            .unwrap();
+        body.lines()
+            .find(|l| l.starts_with("istio_agent_root_bundle_errors_total "))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    };
+    assert_eq!(errors(&net.pods[0]), 0);
+    std::fs::write(
+        &mesh_root,
+        "-----BEGIN CERTIFICATE-----\ngarbage\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || errors(&net.pods[0]) >= 1),
+        "the garbage root was not counted\n{}",
+        net.logs()
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(envoy_roots(&net.pods[0]), roots, "Envoy's roots changed");
+    for _ in 0..3 {
+        assert!(
+            tcp_round_trip(&net.pods[0]),
+            "an mTLS connection failed after the garbage root\n{}",
+            net.logs()
+        );
+    }
+    // The good root back: nothing more is counted, and traffic goes on.
+    let counted = errors(&net.pods[0]);
+    std::fs::write(&mesh_root, &good).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(errors(&net.pods[0]), counted);
+    assert_eq!(envoy_roots(&net.pods[0]), roots);
+    assert!(tcp_round_trip(&net.pods[0]), "{}", net.logs());
 }
