@@ -183,22 +183,7 @@ async fn idle_connections_leave_room_for_a_proxy_and_the_config_reload() {
         .unwrap();
     assert!(names_cluster(&cds, "web.shop.svc.cluster.local"));
     // The reload still has descriptors: a new service arrives on the same stream.
-    std::fs::write(dir.path().join("api.yaml"), service("api", 2)).unwrap();
-    let pushed = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Ok(Some(resp)) = responses.message().await {
-            if names_cluster(&resp, "api.shop.svc.cluster.local") {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    assert_eq!(
-        pushed,
-        Ok(true),
-        "the edit was not pushed\n{}",
-        server.log()
-    );
+    edit_is_pushed(dir.path(), &mut responses, &server).await;
     let log = server.log();
     assert!(!log.contains("Too many open files"), "{log}");
     assert!(log.contains("connections over the limit"), "{log}");
@@ -340,6 +325,30 @@ async fn still_serves(server: &Server, what: &str) {
     assert!(names_cluster(&cds, "web.shop.svc.cluster.local"), "{what}");
 }
 
+/// Adds the `api` service to `dir` and asserts that `responses` gets it within 20 s.
+async fn edit_is_pushed(
+    dir: &Path,
+    responses: &mut tonic::Streaming<DiscoveryResponse>,
+    server: &Server,
+) {
+    std::fs::write(dir.join("api.yaml"), service("api", 2)).unwrap();
+    let pushed = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(resp)) = responses.message().await {
+            if names_cluster(&resp, "api.shop.svc.cluster.local") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        pushed,
+        Ok(true),
+        "the edit was not pushed\n{}",
+        server.log()
+    );
+}
+
 /// One gRPC frame of a CDS request, as a proxy's first message.
 fn grpc_frame(req: &DiscoveryRequest) -> bytes::Bytes {
     let body = prost::Message::encode_to_vec(req);
@@ -442,22 +451,7 @@ async fn rapid_reset_leaves_the_server_serving_with_bounded_memory() {
     }
     drop(held);
     // The proxy connected throughout still gets the next edit.
-    std::fs::write(dir.path().join("api.yaml"), service("api", 2)).unwrap();
-    let pushed = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Ok(Some(resp)) = watching.message().await {
-            if names_cluster(&resp, "api.shop.svc.cluster.local") {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    assert_eq!(
-        pushed,
-        Ok(true),
-        "the edit was not pushed\n{}",
-        server.log()
-    );
+    edit_is_pushed(dir.path(), &mut watching, &server).await;
     let after = rss_kib(&server);
     eprintln!(
         "rapid reset: {reset} streams over {connections} connections ({goaway} ended by the \
