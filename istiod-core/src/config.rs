@@ -150,8 +150,19 @@ impl PilotEnv {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Directory of Kubernetes-style YAML/JSON (ServiceEntry, WorkloadEntry, Service, Endpoints, ...).
-    #[arg(long = "config-dir")]
-    pub config_dir: PathBuf,
+    /// Required unless config comes from Kubernetes (--kubeconfig or in-cluster); with both, the
+    /// directory's config adds to the cluster's.
+    #[arg(long = "config-dir", required_unless_present_any = ["kubeconfig", "in_cluster"])]
+    pub config_dir: Option<PathBuf>,
+    /// Take config and the service registry from this Kubernetes API server (kubeconfig file;
+    /// istiod's --kubeconfig): Services, EndpointSlices, Pods, Nodes, Namespaces, the mesh
+    /// ConfigMap and Istio's CRDs, watched.
+    #[arg(long = "kubeconfig", conflicts_with = "in_cluster")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Take config from the Kubernetes API server this process runs in (the pod's service
+    /// account: KUBERNETES_SERVICE_HOST and the mounted token and CA).
+    #[arg(long = "in-cluster")]
+    pub in_cluster: bool,
     /// Address for the gRPC xDS server.
     #[arg(long = "grpc-addr", default_value = "127.0.0.1:15010")]
     pub grpc_addr: SocketAddr,

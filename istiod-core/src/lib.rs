@@ -13,6 +13,7 @@ pub mod config_store;
 pub mod debug;
 pub mod generators;
 pub mod intern;
+pub mod kube;
 pub mod model;
 pub mod push_context;
 pub mod registry;

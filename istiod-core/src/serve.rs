@@ -173,7 +173,7 @@ pub async fn serve(
         None => None,
     };
     let cp = ControlPlane::open(Settings {
-        config_dir: Some(args.config_dir.clone()),
+        config_dir: args.config_dir.clone(),
         mesh_file: args.mesh_config.clone(),
         domain_suffix: args.domain_suffix.clone(),
         trust_domain: trust_domain.clone(),
