@@ -23,7 +23,13 @@ pub mod env {
     pub const PILOT_SCOPE_GATEWAY_TO_NAMESPACE: &str = "PILOT_SCOPE_GATEWAY_TO_NAMESPACE";
     /// `true`: every cached resource is generated again on read and compared (`GenCache`).
     pub const ISTIOD_CACHE_CHECK: &str = "ISTIOD_CACHE_CHECK";
+    /// istiod's own namespace (the downward API's metadata.namespace; `istio-system`): where
+    /// the CA's Secrets (`cacerts`, `istio-ca-secret`) are in a cluster.
+    pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
 }
+
+/// istiod's namespace when `POD_NAMESPACE` is unset.
+pub const DEFAULT_POD_NAMESPACE: &str = "istio-system";
 
 /// How the environment is read: a variable's value by name.
 pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -111,6 +117,8 @@ pub struct PilotEnv {
     pub workload_entry_grace: Duration,
     pub scope_gateway_to_namespace: bool,
     pub cache_check: bool,
+    /// `POD_NAMESPACE`, else `istio-system`.
+    pub pod_namespace: String,
 }
 
 impl PilotEnv {
@@ -142,6 +150,10 @@ impl PilotEnv {
             .unwrap_or(crate::autoregister::DEFAULT_GRACE),
             scope_gateway_to_namespace: scope_gateway_to_namespace(lookup)?,
             cache_check: cache_check(lookup)?,
+            pod_namespace: lookup(env::POD_NAMESPACE)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| DEFAULT_POD_NAMESPACE.to_string()),
         })
     }
 }
@@ -180,7 +192,10 @@ pub struct ServeArgs {
     pub token_file: Option<PathBuf>,
     /// Serve the CA (istio.v1.auth.IstioCertificateService) with the root kept in this
     /// directory (or Istio's cacerts files found there). Requires --jwt-public-key or
-    /// --jwt-jwks. Unless --grpc-addr is on 15010 (Istio's plaintext port) or --tls-cert is
+    /// --jwt-jwks, except with --kubeconfig or --in-cluster: there the CA is always served,
+    /// tokens are checked by a TokenReview unless a --jwt-* flag is given, and without this
+    /// flag the root is the cluster's (Secret `cacerts`, else `istio-ca-secret`, in
+    /// POD_NAMESPACE), published to every namespace as ConfigMap istio-ca-root-cert. Unless --grpc-addr is on 15010 (Istio's plaintext port) or --tls-cert is
     /// given, gRPC is served over TLS with a certificate for istiod.istio-system.svc from
     /// this CA, and mesh client certificates also authenticate CA calls.
     #[arg(long = "ca-dir")]
@@ -307,6 +322,7 @@ mod tests {
                 workload_entry_grace: Duration::from_secs(10),
                 scope_gateway_to_namespace: false,
                 cache_check: false,
+                pod_namespace: "istio-system".into(),
             }
         );
     }
@@ -320,6 +336,7 @@ mod tests {
             (env::PILOT_WORKLOAD_ENTRY_GRACE_PERIOD, "1m"),
             (env::PILOT_SCOPE_GATEWAY_TO_NAMESPACE, "TRUE"),
             (env::ISTIOD_CACHE_CHECK, "1"),
+            (env::POD_NAMESPACE, "mesh-system"),
         ]))
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
@@ -333,6 +350,7 @@ mod tests {
                 workload_entry_grace: Duration::from_secs(60),
                 scope_gateway_to_namespace: true,
                 cache_check: true,
+                pod_namespace: "mesh-system".into(),
             }
         );
         let zero = PilotEnv::from_lookup(&env(&[(env::PILOT_PUSH_THROTTLE, "0")]));
