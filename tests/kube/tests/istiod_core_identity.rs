@@ -398,6 +398,112 @@ fn the_root_is_published_in_every_namespace(c: &Cluster, root: &str) {
     publisher.abort();
 }
 
+/// `serve`'s flags as the command line gives them.
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    serve: istiod_core::config::ServeArgs,
+}
+
+/// `istiod-core serve --kubeconfig` in process: its CA loads the root stored in
+/// `istio-system` (a restart), issues to a TokenReview-authenticated sidecar token over TLS,
+/// refuses a token for another audience, and its publisher covers a namespace made after it
+/// started.
+fn serve_in_the_cluster(c: &Cluster, root: &str) {
+    use clap::Parser;
+    use istio_proto::ca::IstioCertificateRequest;
+    use istio_proto::ca::istio_certificate_service_client::IstioCertificateServiceClient;
+    let config_dir = c.dir.join("istiod-core-config");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    let args = Cli::parse_from([
+        "serve",
+        "--kubeconfig",
+        c.kubeconfig.to_str().unwrap(),
+        "--config-dir",
+        config_dir.to_str().unwrap(),
+        "--grpc-addr",
+        "127.0.0.1:0",
+    ])
+    .serve;
+    let cfg = istiod_core::config::ServeConfig::new(args, &|name| {
+        (name == istiod_core::config::env::POD_NAMESPACE).then(|| "istio-system".to_string())
+    })
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let bound = c
+        .block_on(istiod_core::serve::serve(cfg, async {
+            let _ = stopped.await;
+        }))
+        .unwrap();
+    let grpc = bound.grpc;
+    let serving = c.handle().spawn(bound.wait());
+
+    let create = |token: String| {
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .domain_name("istiod.istio-system.svc")
+            .ca_certificate(tonic::transport::Certificate::from_pem(root));
+        let key = rcgen::KeyPair::generate().unwrap();
+        let csr = rcgen::CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .serialize_request(&key)
+            .unwrap()
+            .pem()
+            .unwrap();
+        async move {
+            let channel = tonic::transport::Endpoint::from_shared(format!("https://{grpc}"))
+                .unwrap()
+                .tls_config(tls)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut request = tonic::Request::new(IstioCertificateRequest {
+                csr,
+                validity_duration: 3600,
+                metadata: None,
+            });
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+            IstioCertificateServiceClient::new(channel)
+                .create_certificate(request)
+                .await
+        }
+    };
+    // The serving certificate verified against the stored root: serve loaded it, not a new one.
+    let chain = c
+        .block_on(create(token(c, "shop", "web", "istio-ca")))
+        .unwrap()
+        .into_inner()
+        .cert_chain;
+    assert_eq!(chain.last().map(String::as_str), Some(root));
+    let (_, leaf) = x509_parser::pem::parse_x509_pem(chain[0].as_bytes()).unwrap();
+    assert_eq!(
+        istiod_core::ca::uri_sans(&leaf.parse_x509().unwrap()),
+        ["spiffe://cluster.local/ns/shop/sa/web"]
+    );
+    let err = c
+        .block_on(create(token(
+            c,
+            "shop",
+            "web",
+            "https://kubernetes.default.svc.cluster.local",
+        )))
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+
+    create_namespace(c, "after-serve");
+    let took = wait_published(c, "after-serve", root);
+    eprintln!("serve's publisher: root in a new namespace after {took:?}");
+
+    let _ = stop.send(());
+    let served = c
+        .block_on(async { tokio::time::timeout(Duration::from_secs(30), serving).await })
+        .expect("serve stops when asked")
+        .unwrap();
+    assert!(served.is_ok(), "{served:?}");
+}
+
 #[test]
 fn istiod_core_identity_in_a_cluster() {
     if !harness::require_root("istiod_core_identity_in_a_cluster") {
@@ -408,4 +514,5 @@ fn istiod_core_identity_in_a_cluster() {
     let root = the_root_is_created_once_and_kept(&c);
     a_plugged_in_root_wins(&c);
     the_root_is_published_in_every_namespace(&c, &root);
+    serve_in_the_cluster(&c, &root);
 }
