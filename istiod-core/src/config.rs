@@ -360,6 +360,9 @@ mod tests {
             (env::PILOT_SCOPE_GATEWAY_TO_NAMESPACE, "TRUE"),
             (env::ISTIOD_CACHE_CHECK, "1"),
             (env::POD_NAMESPACE, "mesh-system"),
+            (env::REVISION, "canary"),
+            (env::PILOT_ENABLE_STATUS, "true"),
+            (env::POD_NAME, "istiod-7f9c"),
         ]))
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
@@ -373,10 +376,10 @@ mod tests {
                 workload_entry_grace: Duration::from_secs(60),
                 scope_gateway_to_namespace: true,
                 cache_check: true,
-                pod_namespace: "istio-system".into(),
-                mesh_config_map: "istio".into(),
-                enable_status: false,
-                pod_name: None,
+                pod_namespace: "mesh-system".into(),
+                mesh_config_map: "istio-canary".into(),
+                enable_status: true,
+                pod_name: Some("istiod-7f9c".into()),
             }
         );
         let zero = PilotEnv::from_lookup(&env(&[(env::PILOT_PUSH_THROTTLE, "0")]));
