@@ -9,9 +9,11 @@
 //! every thread of its runtime, joins that namespace (see [`Cluster::start`]).
 
 pub mod apply;
+pub mod bookinfo;
 pub mod cluster;
 pub mod images;
 pub mod istio;
+pub mod istiod_core;
 pub mod kubelet;
 pub mod volumes;
 
