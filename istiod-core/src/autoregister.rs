@@ -159,6 +159,7 @@ impl AutoRegistration {
                 ports: spec.template.ports.clone(),
                 labels,
                 service_account: Some(account),
+                locality: None,
             },
         );
         let key = (proxy.namespace.clone(), name);

@@ -23,6 +23,11 @@ pub mod env {
     pub const PILOT_SCOPE_GATEWAY_TO_NAMESPACE: &str = "PILOT_SCOPE_GATEWAY_TO_NAMESPACE";
     /// `true`: every cached resource is generated again on read and compared (`GenCache`).
     pub const ISTIOD_CACHE_CHECK: &str = "ISTIOD_CACHE_CHECK";
+    /// The namespace istiod runs in (its Deployment's downward API): where the mesh ConfigMap
+    /// and the CA's Secrets are (istio-system).
+    pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
+    /// The control plane's revision: its mesh ConfigMap is `istio-<REVISION>` unless `default`.
+    pub const REVISION: &str = "REVISION";
 }
 
 /// How the environment is read: a variable's value by name.
@@ -111,6 +116,10 @@ pub struct PilotEnv {
     pub workload_entry_grace: Duration,
     pub scope_gateway_to_namespace: bool,
     pub cache_check: bool,
+    /// POD_NAMESPACE (istio-system).
+    pub istiod_namespace: String,
+    /// The mesh ConfigMap's name: `istio`, or `istio-<REVISION>`.
+    pub mesh_config_map: String,
 }
 
 impl PilotEnv {
@@ -142,6 +151,13 @@ impl PilotEnv {
             .unwrap_or(crate::autoregister::DEFAULT_GRACE),
             scope_gateway_to_namespace: scope_gateway_to_namespace(lookup)?,
             cache_check: cache_check(lookup)?,
+            istiod_namespace: lookup(env::POD_NAMESPACE)
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "istio-system".into()),
+            mesh_config_map: match lookup(env::REVISION).as_deref() {
+                None | Some("") | Some("default") => "istio".into(),
+                Some(rev) => format!("istio-{rev}"),
+            },
         })
     }
 }
@@ -307,6 +323,8 @@ mod tests {
                 workload_entry_grace: Duration::from_secs(10),
                 scope_gateway_to_namespace: false,
                 cache_check: false,
+                istiod_namespace: "istio-system".into(),
+                mesh_config_map: "istio".into(),
             }
         );
     }
@@ -333,6 +351,8 @@ mod tests {
                 workload_entry_grace: Duration::from_secs(60),
                 scope_gateway_to_namespace: true,
                 cache_check: true,
+                istiod_namespace: "istio-system".into(),
+                mesh_config_map: "istio".into(),
             }
         );
         let zero = PilotEnv::from_lookup(&env(&[(env::PILOT_PUSH_THROTTLE, "0")]));

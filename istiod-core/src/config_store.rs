@@ -139,6 +139,9 @@ pub struct WorkloadEntrySpec {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub service_account: Option<String>,
+    /// `region/zone/subzone`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality: Option<String>,
 }
 
 /// networking.istio.io WorkloadGroup: the template of the WorkloadEntries that proxies of the
@@ -383,6 +386,10 @@ pub enum Resource {
     RequestAuthentication(Metadata, RequestAuthenticationSpec),
     Telemetry(Metadata, telemetry::TelemetrySpec),
     Namespace(Metadata),
+    /// core/v1 Pod: what an endpoint takes from its pod (labels, service account, node).
+    Pod(Metadata, PodInfo),
+    /// core/v1 Node: its labels (topology: the locality of its pods' endpoints).
+    Node(Metadata),
     WorkloadGroup(Metadata, WorkloadGroupSpec),
     MeshConfig(Metadata, MeshConfigSpec),
 }
@@ -510,10 +517,39 @@ pub struct EndpointSliceSpec {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
 pub struct SliceEndpoint {
     pub addresses: Vec<String>,
     #[serde(default)]
     pub conditions: SliceConditions,
+    /// The Pod behind the address, when the EndpointSlice controller made the slice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_ref: Option<ObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+}
+
+/// An EndpointSlice endpoint's `targetRef` (the fields read).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct ObjectReference {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub name: String,
+}
+
+/// What the registry takes from a core/v1 Pod.
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodInfo {
+    /// `spec.serviceAccountName` (`default` when unset, as Kubernetes defaults it).
+    pub service_account: String,
+    pub node_name: Option<String>,
+    /// `status.podIP` first, then the rest of `status.podIPs`.
+    pub ips: Vec<String>,
+    pub phase: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
@@ -582,6 +618,8 @@ impl Resource {
             Resource::RequestAuthentication(..) => "RequestAuthentication",
             Resource::Telemetry(..) => "Telemetry",
             Resource::Namespace(..) => "Namespace",
+            Resource::Pod(..) => "Pod",
+            Resource::Node(..) => "Node",
             Resource::WorkloadGroup(..) => "WorkloadGroup",
             Resource::MeshConfig(..) => "MeshConfig",
         }
@@ -605,6 +643,8 @@ impl Resource {
             | Resource::Telemetry(m, _)
             | Resource::WorkloadGroup(m, _)
             | Resource::MeshConfig(m, _)
+            | Resource::Pod(m, _)
+            | Resource::Node(m)
             | Resource::Namespace(m) => m,
         }
     }
@@ -633,6 +673,8 @@ impl Resource {
             }
             Resource::Telemetry(m, s) => ("Telemetry", m, serde_json::to_value(s)),
             Resource::Namespace(m) => ("Namespace", m, Ok(serde_json::Value::Null)),
+            Resource::Pod(m, s) => ("Pod", m, serde_json::to_value(s)),
+            Resource::Node(m) => ("Node", m, Ok(serde_json::Value::Null)),
             Resource::WorkloadGroup(m, s) => ("WorkloadGroup", m, serde_json::to_value(s)),
             Resource::MeshConfig(m, s) => ("MeshConfig", m, serde_json::to_value(s)),
         };
@@ -668,6 +710,8 @@ struct Envelope {
     string_data: Option<BTreeMap<String, String>>,
     #[serde(default, rename = "type")]
     secret_type: Option<String>,
+    #[serde(default)]
+    status: Option<serde_json::Value>,
 }
 
 /// The parsed contents of a config directory.
@@ -678,7 +722,7 @@ pub struct ConfigSet {
 
 /// One document as a resource; `None`: an empty document, or one that is no config of ours (a
 /// Secret without TLS material, a ConfigMap other than Istio's).
-fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> {
+pub(crate) fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> {
     if value.is_null() {
         return Ok(None);
     }
@@ -694,6 +738,7 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
         data,
         string_data,
         secret_type,
+        status,
     } = serde_json::from_value(value).map_err(|e| e.to_string())?;
     let kind = kind.ok_or("missing field `kind`")?;
     check_api_version(&kind, api_version.as_deref())?;
@@ -753,6 +798,8 @@ fn parse_document(value: serde_json::Value) -> Result<Option<Resource>, String> 
             Resource::Telemetry(meta, spec)
         }
         "Namespace" => Resource::Namespace(meta),
+        "Pod" => Resource::Pod(meta, pod_info(&spec, status.as_ref(), &typed)?),
+        "Node" => Resource::Node(meta),
         // Secrets with TLS material (a Gateway's credentialName); other Secrets are not ours.
         "Secret" => {
             let secret = gateway::tls_secret(
@@ -810,7 +857,9 @@ fn served_in(kind: &str) -> Option<(&'static str, &'static [&'static str])> {
             ("security.istio.io", &["v1", "v1beta1"])
         }
         "Telemetry" => ("telemetry.istio.io", &["v1", "v1alpha1"]),
-        "Service" | "Endpoints" | "Namespace" | "Secret" | "ConfigMap" => ("", &["v1"]),
+        "Service" | "Endpoints" | "Namespace" | "Secret" | "ConfigMap" | "Pod" | "Node" => {
+            ("", &["v1"])
+        }
         "EndpointSlice" => ("discovery.k8s.io", &["v1"]),
         _ => return None,
     })
@@ -836,6 +885,43 @@ fn check_api_version(kind: &str, api_version: Option<&str>) -> Result<(), String
         ));
     }
     Ok(())
+}
+
+/// What an endpoint needs of a Pod: its service account, node, addresses and phase (the rest of
+/// the Pod is not kept).
+fn pod_info(
+    spec: &serde_json::Value,
+    status: Option<&serde_json::Value>,
+    typed: &dyn Fn(&str) -> String,
+) -> Result<PodInfo, String> {
+    let text = |v: &serde_json::Value, field: &str| -> Result<Option<String>, String> {
+        match v.get(field) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(format!("{}: {other} is not a string", typed(field))),
+        }
+    };
+    let null = serde_json::Value::Null;
+    let status = status.unwrap_or(&null);
+    let mut ips: Vec<String> = Vec::new();
+    if let Some(list) = status.get("podIPs").and_then(|v| v.as_array()) {
+        for ip in list {
+            if let Some(ip) = text(ip, "ip")? {
+                ips.push(ip);
+            }
+        }
+    }
+    if let Some(ip) = text(status, "podIP")?
+        && !ips.contains(&ip)
+    {
+        ips.insert(0, ip);
+    }
+    Ok(PodInfo {
+        service_account: text(spec, "serviceAccountName")?.unwrap_or_else(|| "default".into()),
+        node_name: text(spec, "nodeName")?,
+        ips,
+        phase: text(status, "phase")?,
+    })
 }
 
 /// An EndpointSlice's addresses and ports; it must name its service by label.

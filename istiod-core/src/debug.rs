@@ -1,9 +1,12 @@
 //! The debug HTTP port of `istiod-core serve` (istiod's 15014 `/debug/*`):
 //! - `/debug/syncz`: per connected proxy and type, the version last sent and last ACKed, and the
 //!   last NACK's error;
-//! - `/debug/configz`: the config resources in force (kind, metadata, spec), then what the last
-//!   load refused (`{"rejected": {file, document, object, reason, last_good_kept}, "message"}`);
-//! - `/debug/registryz`: the services and endpoints built from them.
+//! - `/debug/configz`: the config resources in force (kind, metadata, spec, and `origin`: the
+//!   source it came from, `kubernetes`, `file:DIR`, `memory`), then what the last load refused
+//!   (`{"rejected": {file, document, object, reason, last_good_kept}, "message"}`);
+//! - `/debug/registryz`: the services and endpoints built from them;
+//! - `/debug/endpointz`: each service's endpoints (address, ports, labels, service account, TLS
+//!   mode, locality), by host.
 //!
 //! JSON only, read only; bind it to loopback unless the network is trusted.
 
@@ -39,6 +42,9 @@ fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>
                 .iter()
                 .map(|r| {
                     let mut v = r.to_json();
+                    if let Some(origin) = cp.origin_of(r) {
+                        v["origin"] = origin.into();
+                    }
                     let m = r.metadata();
                     let prefix = format!("{} {}/{}: ", r.kind(), m.namespace(), m.name);
                     let warnings: Vec<&str> = push
@@ -65,9 +71,20 @@ fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>
             "version": push.version,
             "services": push.services,
         })),
+        "/debug/endpointz" => json(serde_json::Value::Object(
+            push.services
+                .iter()
+                .map(|s| {
+                    (
+                        s.hostname.clone(),
+                        serde_json::to_value(&s.endpoints).unwrap_or_default(),
+                    )
+                })
+                .collect(),
+        )),
         _ => {
             let mut resp = Response::new(Full::new(Bytes::from_static(
-                b"not found: /debug/syncz, /debug/configz, /debug/registryz\n",
+                b"not found: /debug/syncz, /debug/configz, /debug/registryz, /debug/endpointz\n",
             )));
             *resp.status_mut() = StatusCode::NOT_FOUND;
             resp

@@ -325,8 +325,19 @@ impl ControlPlane {
 
     /// Loads the config `settings` name; fails if it does not load, so a bad start is loud.
     pub fn open(settings: Settings) -> Result<Arc<ControlPlane>, Error> {
+        Self::open_with(settings, Vec::new())
+    }
+
+    /// `open` with more sources (the Kubernetes API server's), listed first: the directory and
+    /// the in-memory store add to them, and the mesh config file overrides all, as istiod's
+    /// file and CRD stores. A source that says when it changed (`ConfigStore::changes`) is
+    /// reloaded from on each change.
+    pub fn open_with(
+        settings: Settings,
+        extra: Vec<Arc<dyn store::ConfigStore>>,
+    ) -> Result<Arc<ControlPlane>, Error> {
         let memory = store::MemoryStore::new();
-        let mut sources: Vec<Arc<dyn store::ConfigStore>> = Vec::new();
+        let mut sources: Vec<Arc<dyn store::ConfigStore>> = extra;
         if let Some(dir) = &settings.config_dir {
             sources.push(Arc::new(store::FileStore::new(dir.clone())));
         }
@@ -334,7 +345,7 @@ impl ControlPlane {
         if let Some(path) = &settings.mesh_file {
             sources.push(Arc::new(store::MeshConfigFile { path: path.clone() }));
         }
-        let store = store::AggregateStore { sources };
+        let store = store::AggregateStore::new(sources);
         let (push, rejected) = build(&store, &settings, 1, None)?;
         log_rejections(&rejected, &[]);
         if settings.cache_check {
@@ -357,6 +368,11 @@ impl ControlPlane {
             memory,
             rejected: rejected.into(),
         }))
+    }
+
+    /// The source a resource in force came from (`file:DIR`, `kubernetes`, `memory`, ...).
+    pub fn origin_of(&self, r: &config_store::Resource) -> Option<String> {
+        self.store.origin_of(r)
     }
 
     /// What the last load refused, each document or resource on its own.
@@ -485,16 +501,28 @@ impl ControlPlane {
                 }
             });
         }
-        let mut memory_changes = self.memory.subscribe();
-        tokio::spawn(async move {
-            while memory_changes.changed().await.is_ok() {
-                if tx.send(()).await.is_err() {
-                    return;
+        // Sources that say when they changed: the in-memory store, the Kubernetes watches.
+        let counters: Vec<watch::Receiver<u64>> = self
+            .store
+            .sources
+            .iter()
+            .filter_map(|s| s.changes())
+            .collect();
+        for mut changes in counters.clone() {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while changes.changed().await.is_ok() {
+                    if tx.send(()).await.is_err() {
+                        return;
+                    }
                 }
-            }
-        });
-        let fingerprint_now =
-            |cp: &ControlPlane| (Fingerprint::of(&watched), *cp.memory.subscribe().borrow());
+            });
+        }
+        drop(tx);
+        let fingerprint_now = |_: &ControlPlane| {
+            let counts: Vec<u64> = counters.iter().map(|c| *c.borrow()).collect();
+            (Fingerprint::of(&watched), counts)
+        };
         let mut last = fingerprint_now(&self);
         // What changed between the load and the watch's start would otherwise wait for the
         // next change: read once now that the watch is in place.

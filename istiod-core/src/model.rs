@@ -59,6 +59,9 @@ pub struct Endpoint {
     pub service_account: String,
     /// Whether the workload has a sidecar that accepts Istio mutual TLS.
     pub tls_mode: TlsMode,
+    /// `region/zone/subzone` (empty: unknown): a Kubernetes endpoint's from its pod's
+    /// `istio-locality` label or its node's topology labels, a WorkloadEntry's `locality`.
+    pub locality: String,
 }
 
 /// Label Istio's injector puts on workloads with a sidecar (`istio` or `disabled`).

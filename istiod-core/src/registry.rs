@@ -2,12 +2,12 @@
 //! Mirrors istiod's `serviceregistry` (kube: Service + Endpoints; serviceentry: ServiceEntry with
 //! inline endpoints or a workloadSelector over WorkloadEntry).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use crate::config_store::{
-    ConfigSet, EndpointPort, Metadata, Resource, SERVICE_NAME_LABEL, ServiceEntrySpec, ServiceSpec,
-    WorkloadEntrySpec,
+    ConfigSet, EndpointPort, EndpointSliceSpec, EndpointSubset, Metadata, PodInfo, Resource,
+    SERVICE_NAME_LABEL, ServiceEntrySpec, ServiceSpec, SliceEndpoint, WorkloadEntrySpec,
 };
 use crate::model::{DnsTarget, Endpoint, Protocol, Resolution, Service, ServicePort, TlsMode};
 
@@ -48,16 +48,112 @@ fn workload_endpoint(
             .clone()
             .unwrap_or_else(|| "default".to_string()),
         tls_mode: TlsMode::of_workload(&we.labels, we.service_account.is_some()),
+        locality: we.locality.clone().unwrap_or_default(),
     })
 }
 
+/// The pod label that sets a workload's locality (`region.zone.subzone`), over its node's.
+pub const LOCALITY_LABEL: &str = "istio-locality";
+/// The node labels of a locality, as Kubernetes and Istio name them.
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+pub const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
+
+/// What the Kubernetes objects of a config set say about endpoints, indexed once per build:
+/// pods by name and by address, nodes by name, and the Endpoints and EndpointSlices of each
+/// service.
+#[derive(Default)]
+struct KubeIndex<'a> {
+    pods_by_name: HashMap<(&'a str, &'a str), (&'a Metadata, &'a PodInfo)>,
+    pods_by_ip: HashMap<&'a str, (&'a Metadata, &'a PodInfo)>,
+    nodes: HashMap<&'a str, &'a Metadata>,
+    endpoints: HashMap<(&'a str, &'a str), Vec<(&'a Metadata, &'a [EndpointSubset])>>,
+    slices: HashMap<(&'a str, &'a str), Vec<(&'a Metadata, &'a EndpointSliceSpec)>>,
+}
+
+impl<'a> KubeIndex<'a> {
+    fn of(config: &'a ConfigSet) -> KubeIndex<'a> {
+        let mut index = KubeIndex::default();
+        for r in &config.resources {
+            match r {
+                Resource::Pod(m, p) => {
+                    // A finished pod's address may already be another pod's.
+                    if matches!(p.phase.as_deref(), Some("Succeeded" | "Failed")) {
+                        continue;
+                    }
+                    index
+                        .pods_by_name
+                        .insert((m.namespace(), m.name.as_str()), (m, p));
+                    for ip in &p.ips {
+                        index.pods_by_ip.insert(ip.as_str(), (m, p));
+                    }
+                }
+                Resource::Node(m) => {
+                    index.nodes.insert(m.name.as_str(), m);
+                }
+                Resource::Endpoints(m, subsets) => index
+                    .endpoints
+                    .entry((m.namespace(), m.name.as_str()))
+                    .or_default()
+                    .push((m, subsets)),
+                Resource::EndpointSlice(m, slice) => {
+                    if let Some(service) = m.labels.get(SERVICE_NAME_LABEL) {
+                        index
+                            .slices
+                            .entry((m.namespace(), service.as_str()))
+                            .or_default()
+                            .push((m, slice));
+                    }
+                }
+                _ => {}
+            }
+        }
+        index
+    }
+
+    /// The pod behind an endpoint: the slice's `targetRef`, else the pod with that address.
+    fn pod(
+        &self,
+        namespace: &str,
+        target: Option<&SliceEndpoint>,
+        address: &str,
+    ) -> Option<(&'a Metadata, &'a PodInfo)> {
+        let by_ref = target
+            .and_then(|e| e.target_ref.as_ref())
+            .filter(|r| r.kind == "Pod")
+            .and_then(|r| {
+                let ns = r.namespace.as_deref().unwrap_or(namespace);
+                self.pods_by_name.get(&(ns, r.name.as_str())).copied()
+            });
+        by_ref.or_else(|| self.pods_by_ip.get(address).copied())
+    }
+
+    /// A pod's locality: its `istio-locality` label, else its node's topology labels.
+    fn locality(&self, pod: &PodInfo, labels: &BTreeMap<String, String>) -> String {
+        if let Some(l) = labels.get(LOCALITY_LABEL) {
+            return l.replace('.', "/");
+        }
+        let Some(node) = pod.node_name.as_deref().and_then(|n| self.nodes.get(n)) else {
+            return String::new();
+        };
+        let get = |k: &str| node.labels.get(k).map(String::as_str).unwrap_or("");
+        let parts = [get(REGION_LABEL), get(ZONE_LABEL), get(SUBZONE_LABEL)];
+        parts.join("/").trim_end_matches('/').to_string()
+    }
+}
+
 /// A Kubernetes endpoint (from Endpoints or an EndpointSlice): each service port maps to the
-/// endpoint port of the same name, or to the only one there is.
+/// endpoint port of the same name, or to the only one there is. With its pod known, the
+/// endpoint has the pod's labels, service account, `security.istio.io/tlsMode` and locality, as
+/// istiod builds it; without, the service's selector stands for the labels and no sidecar is
+/// assumed.
 fn kube_endpoint(
     address: IpAddr,
     service_ports: &[ServicePort],
     endpoint_ports: &[EndpointPort],
     spec: &ServiceSpec,
+    pod: Option<(&Metadata, &PodInfo)>,
+    index: &KubeIndex,
 ) -> Endpoint {
     let mut named = BTreeMap::new();
     for sp in service_ports {
@@ -69,13 +165,24 @@ fn kube_endpoint(
             named.insert(sp.name.clone(), t.port);
         }
     }
-    Endpoint {
-        address,
-        ports: named,
-        labels: spec.selector.clone(),
-        service_account: "default".to_string(),
-        // Without the pod (its tlsMode label) the sidecar is not known.
-        tls_mode: TlsMode::Disabled,
+    match pod {
+        Some((meta, pod)) => Endpoint {
+            address,
+            ports: named,
+            labels: meta.labels.clone(),
+            service_account: pod.service_account.clone(),
+            tls_mode: TlsMode::of_workload(&meta.labels, false),
+            locality: index.locality(pod, &meta.labels),
+        },
+        None => Endpoint {
+            address,
+            ports: named,
+            labels: spec.selector.clone(),
+            service_account: "default".to_string(),
+            // Without the pod (its tlsMode label) the sidecar is not known.
+            tls_mode: TlsMode::Disabled,
+            locality: String::new(),
+        },
     }
 }
 
@@ -88,6 +195,7 @@ pub fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, St
 /// Builds all services from a config set. `domain_suffix` is the mesh's DNS suffix (`cluster.local`).
 pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>, RegistryError> {
     let mut out = Vec::new();
+    let index = KubeIndex::of(config);
     let workload_entries: Vec<(&Metadata, &WorkloadEntrySpec)> = config
         .resources
         .iter()
@@ -102,7 +210,7 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                 out.extend(service_entry_services(meta, spec, &workload_entries)?);
             }
             Resource::Service(meta, spec) => {
-                out.push(kube_service(config, meta, spec, domain_suffix)?);
+                out.push(kube_service(&index, meta, spec, domain_suffix)?);
             }
             Resource::WorkloadEntry(..)
             | Resource::Endpoints(..)
@@ -117,6 +225,8 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
             | Resource::RequestAuthentication(..)
             | Resource::Telemetry(..)
             | Resource::Namespace(..)
+            | Resource::Pod(..)
+            | Resource::Node(..)
             | Resource::WorkloadGroup(..)
             | Resource::MeshConfig(..) => {}
         }
@@ -265,7 +375,7 @@ fn default_target_ports(spec: &ServiceEntrySpec, ports: &mut BTreeMap<String, u1
 /// A Kubernetes Service `NAME.NAMESPACE.svc.<domain_suffix>`, with the endpoints of its
 /// Endpoints and EndpointSlices.
 fn kube_service(
-    config: &ConfigSet,
+    index: &KubeIndex,
     meta: &Metadata,
     spec: &ServiceSpec,
     domain_suffix: &str,
@@ -283,7 +393,7 @@ fn kube_service(
             protocol: Protocol::infer(p.app_protocol.as_deref(), &p.name),
         })
         .collect();
-    let endpoints = kube_endpoints(config, meta, spec, &ports)?;
+    let endpoints = kube_endpoints(index, meta, spec, &ports)?;
     Ok(Service {
         hostname: format!("{}.{}.svc.{domain_suffix}", meta.name, meta.namespace()),
         namespace: meta.namespace().to_string(),
@@ -298,34 +408,31 @@ fn kube_service(
 /// (label kubernetes.io/service-name); an address already known from Endpoints is not added
 /// twice.
 fn kube_endpoints(
-    config: &ConfigSet,
+    index: &KubeIndex,
     meta: &Metadata,
     spec: &ServiceSpec,
     ports: &[ServicePort],
 ) -> Result<Vec<Endpoint>, RegistryError> {
     let mut endpoints = Vec::new();
-    for r in &config.resources {
-        let Resource::Endpoints(em, subsets) = r else {
-            continue;
-        };
-        if em.name != meta.name || em.namespace() != meta.namespace() {
-            continue;
-        }
-        for subset in subsets {
+    let key = (meta.namespace(), meta.name.as_str());
+    for (em, subsets) in index.endpoints.get(&key).into_iter().flatten() {
+        for subset in subsets.iter() {
             for addr in &subset.addresses {
                 let address = parse_ip("Endpoints", em, &addr.ip)?;
-                endpoints.push(kube_endpoint(address, ports, &subset.ports, spec));
+                let pod = index.pod(meta.namespace(), None, &addr.ip);
+                endpoints.push(kube_endpoint(
+                    address,
+                    ports,
+                    &subset.ports,
+                    spec,
+                    pod,
+                    index,
+                ));
             }
         }
     }
-    for r in &config.resources {
-        let Resource::EndpointSlice(sm, slice) = r else {
-            continue;
-        };
-        if sm.namespace() != meta.namespace()
-            || sm.labels.get(SERVICE_NAME_LABEL) != Some(&meta.name)
-            || slice.address_type.as_deref().is_some_and(|t| t == "FQDN")
-        {
+    for (sm, slice) in index.slices.get(&key).into_iter().flatten() {
+        if slice.address_type.as_deref().is_some_and(|t| t == "FQDN") {
             continue;
         }
         for ep in slice
@@ -338,7 +445,15 @@ fn kube_endpoints(
                 if endpoints.iter().any(|e: &Endpoint| e.address == address) {
                     continue;
                 }
-                endpoints.push(kube_endpoint(address, ports, &slice.ports, spec));
+                let pod = index.pod(meta.namespace(), Some(ep), addr);
+                endpoints.push(kube_endpoint(
+                    address,
+                    ports,
+                    &slice.ports,
+                    spec,
+                    pod,
+                    index,
+                ));
             }
         }
     }
@@ -476,6 +591,70 @@ endpoints: [{addresses: [10.1.0.9]}]
         )
         .unwrap_err();
         assert!(e.to_string().contains("kubernetes.io/service-name"), "{e}");
+    }
+
+    /// A Kubernetes endpoint is its pod: the pod's labels, service account, tlsMode and
+    /// locality (its `istio-locality` label, else its node's topology labels), found by the
+    /// slice's targetRef or by address; an address with no pod known keeps the selector.
+    #[test]
+    fn kubernetes_endpoints_carry_their_pods_labels_account_and_locality() {
+        let yaml = r#"
+kind: Service
+metadata: {name: reviews, namespace: shop}
+spec:
+  clusterIP: 10.96.1.2
+  selector: {app: reviews}
+  ports: [{name: http, port: 9080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: reviews-x, namespace: shop, labels: {kubernetes.io/service-name: reviews}}
+addressType: IPv4
+endpoints:
+- addresses: [10.1.0.5]
+  targetRef: {kind: Pod, name: reviews-v2-abc, namespace: shop}
+- addresses: [10.1.0.6]
+- addresses: [10.1.0.7]
+ports: [{name: http, port: 9080}]
+---
+kind: Pod
+metadata: {name: reviews-v2-abc, namespace: shop, labels: {app: reviews, version: v2, security.istio.io/tlsMode: istio}}
+spec: {serviceAccountName: bookinfo-reviews, nodeName: node-a}
+status: {phase: Running, podIP: 10.1.0.5, podIPs: [{ip: 10.1.0.5}]}
+---
+kind: Pod
+metadata: {name: reviews-v3-def, namespace: shop, labels: {app: reviews, version: v3, istio-locality: eu.west-1.rack9}}
+spec: {nodeName: node-a}
+status: {phase: Running, podIP: 10.1.0.6}
+---
+kind: Pod
+metadata: {name: old, namespace: shop, labels: {app: reviews, version: v0}}
+status: {phase: Succeeded, podIP: 10.1.0.7}
+---
+kind: Node
+metadata: {name: node-a, labels: {topology.kubernetes.io/region: us, topology.kubernetes.io/zone: us-1a}}
+"#;
+        let set = ConfigSet {
+            resources: parse_file(Path::new("k.yaml"), yaml).unwrap(),
+        };
+        let s = services(&set, "cluster.local").unwrap();
+        let eps = &s[0].endpoints;
+        assert_eq!(eps.len(), 3);
+        assert_eq!(eps[0].labels.get("version").map(String::as_str), Some("v2"));
+        assert_eq!(eps[0].service_account, "bookinfo-reviews");
+        assert_eq!(eps[0].tls_mode, TlsMode::Istio);
+        assert_eq!(eps[0].locality, "us/us-1a");
+        assert_eq!(eps[1].labels.get("version").map(String::as_str), Some("v3"));
+        assert_eq!(eps[1].service_account, "default");
+        assert_eq!(eps[1].tls_mode, TlsMode::Disabled);
+        assert_eq!(eps[1].locality, "eu/west-1/rack9");
+        // The finished pod is no one's: the selector stands in.
+        assert_eq!(eps[2].labels.get("version"), None);
+        assert_eq!(
+            eps[2].labels.get("app").map(String::as_str),
+            Some("reviews")
+        );
+        assert_eq!(eps[2].locality, "");
     }
 
     #[test]

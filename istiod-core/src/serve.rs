@@ -38,6 +38,10 @@ pub enum ServeError {
     NoJwtKey,
     #[error(transparent)]
     ControlPlane(#[from] crate::Error),
+    #[error(transparent)]
+    Kube(#[from] crate::kube::ConnectError),
+    #[error("{server}: {reason}")]
+    KubeSync { server: String, reason: String },
     #[error("cannot listen on {flag} {addr}: {source}")]
     Listen {
         flag: &'static str,
@@ -49,6 +53,9 @@ pub enum ServeError {
     #[error("{0}; exiting so the process is restarted")]
     TaskEnded(Ended),
 }
+
+/// How long the first list of every watched Kubernetes kind may take before `serve` gives up.
+const KUBE_SYNC_LIMIT: Duration = Duration::from_secs(60);
 
 /// A started server: the addresses it listens on, and the serving itself.
 pub struct Bound {
@@ -172,15 +179,40 @@ pub async fn serve(
         Some(ca) => Some(ca_service(&args, ca, &trust_domain)?),
         None => None,
     };
-    let cp = ControlPlane::open(Settings {
-        config_dir: args.config_dir.clone(),
-        mesh_file: args.mesh_config.clone(),
-        domain_suffix: args.domain_suffix.clone(),
-        trust_domain: trust_domain.clone(),
-        scope_gateway_to_namespace: env.scope_gateway_to_namespace,
-        cache_check: env.cache_check,
-    })?;
     let mut tasks = Supervisor::new();
+    // The Kubernetes API server's config, listed in full before anything is served.
+    let mut sources: Vec<Arc<dyn crate::store::ConfigStore>> = Vec::new();
+    if let Some(server) =
+        crate::kube::ApiServer::from_flags(args.kubeconfig.as_deref(), args.in_cluster)
+    {
+        let client = crate::kube::connect(&server).await?;
+        let source = crate::kube::source::KubeSource::new(crate::kube::source::kinds(
+            &env.istiod_namespace,
+            &env.mesh_config_map,
+        ));
+        tasks.spawn_forever("kubernetes-watch", source.clone().run(client));
+        let started = std::time::Instant::now();
+        source
+            .wait_synced(KUBE_SYNC_LIMIT)
+            .await
+            .map_err(|reason| ServeError::KubeSync {
+                server: server.to_string(),
+                reason,
+            })?;
+        tracing::info!(%server, took = ?started.elapsed(), "Kubernetes config listed; watching");
+        sources.push(source);
+    }
+    let cp = ControlPlane::open_with(
+        Settings {
+            config_dir: args.config_dir.clone(),
+            mesh_file: args.mesh_config.clone(),
+            domain_suffix: args.domain_suffix.clone(),
+            trust_domain: trust_domain.clone(),
+            scope_gateway_to_namespace: env.scope_gateway_to_namespace,
+            cache_check: env.cache_check,
+        },
+        sources,
+    )?;
     tasks.spawn_forever("config-watch", cp.clone().watch(env.debounce));
     cp.auto_registration().set_grace(env.workload_entry_grace);
     let transport = crate::transport::within_fds(

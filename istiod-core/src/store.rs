@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
 
-use crate::config_store::dir::{Bounds, LastGood, Rejection, load_dir_each};
+use crate::config_store::dir::{Bounds, Key, LastGood, Rejection, load_dir_each};
 use crate::config_store::{ConfigError, ConfigSet, Resource};
 
 /// A source of config resources.
@@ -21,6 +21,15 @@ pub trait ConfigStore: Send + Sync {
     fn rejected(&self) -> Vec<Rejection> {
         Vec::new()
     }
+
+    /// Bumped on every change, for a source that says when it changed (the in-memory store, the
+    /// Kubernetes watches); `None` for one the control plane watches itself (files).
+    fn changes(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
+
+    /// Where its resources come from, as /debug/configz shows it.
+    fn origin(&self) -> String;
 
     /// The resources of one kind (`ServiceEntry`, `Sidecar`, ...).
     fn list_kind(&self, kind: &str) -> Result<Vec<Resource>, ConfigError> {
@@ -77,6 +86,10 @@ impl ConfigStore for FileStore {
     fn rejected(&self) -> Vec<Rejection> {
         self.last.lock().map(|l| l.1.clone()).unwrap_or_default()
     }
+
+    fn origin(&self) -> String {
+        format!("file:{}", self.dir.display())
+    }
 }
 
 /// A mesh config file (plain MeshConfig YAML, istiod's `--meshConfig`), as one MeshConfig.
@@ -107,6 +120,10 @@ impl ConfigStore for MeshConfigFile {
             },
             spec,
         )])
+    }
+
+    fn origin(&self) -> String {
+        format!("mesh-config:{}", self.path.display())
     }
 }
 
@@ -168,6 +185,14 @@ impl ConfigStore for MemoryStore {
     fn list(&self) -> Result<Vec<Resource>, ConfigError> {
         Ok(self.resources.read().map(|r| r.clone()).unwrap_or_default())
     }
+
+    fn changes(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.subscribe())
+    }
+
+    fn origin(&self) -> String {
+        "memory".into()
+    }
 }
 
 /// All sources as one, in order. An error from any source fails the whole listing, so a broken
@@ -175,15 +200,43 @@ impl ConfigStore for MemoryStore {
 #[derive(Default)]
 pub struct AggregateStore {
     pub sources: Vec<Arc<dyn ConfigStore>>,
+    /// Which source each resource of the last listing came from (/debug/configz).
+    origins: Mutex<std::collections::HashMap<Key, usize>>,
+}
+
+impl AggregateStore {
+    pub fn new(sources: Vec<Arc<dyn ConfigStore>>) -> AggregateStore {
+        AggregateStore {
+            sources,
+            origins: Mutex::default(),
+        }
+    }
+
+    /// The source (its `origin`) a resource of the last listing came from.
+    pub fn origin_of(&self, r: &Resource) -> Option<String> {
+        let at = *self.origins.lock().ok()?.get(&Key::of(r))?;
+        Some(self.sources.get(at)?.origin())
+    }
 }
 
 impl ConfigStore for AggregateStore {
     fn list(&self) -> Result<Vec<Resource>, ConfigError> {
         let mut out = Vec::new();
-        for source in &self.sources {
-            out.extend(source.list()?);
+        let mut origins = std::collections::HashMap::new();
+        for (i, source) in self.sources.iter().enumerate() {
+            let listed = source.list()?;
+            origins.extend(listed.iter().map(|r| (Key::of(r), i)));
+            out.extend(listed);
+        }
+        if let Ok(mut o) = self.origins.lock() {
+            *o = origins;
         }
         Ok(out)
+    }
+
+    fn origin(&self) -> String {
+        let all: Vec<String> = self.sources.iter().map(|s| s.origin()).collect();
+        all.join(", ")
     }
 
     fn rejected(&self) -> Vec<Rejection> {
@@ -222,12 +275,10 @@ mod tests {
         .unwrap();
         let mem = MemoryStore::new();
         let mut changes = mem.subscribe();
-        let agg = AggregateStore {
-            sources: vec![
-                Arc::new(FileStore::new(dir.path().to_path_buf())),
-                mem.clone(),
-            ],
-        };
+        let agg = AggregateStore::new(vec![
+            Arc::new(FileStore::new(dir.path().to_path_buf())),
+            mem.clone(),
+        ]);
         assert_eq!(agg.list().unwrap().len(), 1);
         mem.apply(one(
             "kind: WorkloadEntry\nmetadata: {name: w, namespace: shop}\nspec: {address: 10.0.0.1}\n",

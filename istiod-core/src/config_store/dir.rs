@@ -102,6 +102,15 @@ fn parse_document_value(
         return Ok((None, None));
     }
     let value: serde_json::Value = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+    parse_object(value, bounds)
+}
+
+/// One object (a document, or what the API server sent) as its identity (when it names one)
+/// and resource, within the per-resource endpoint bound; errors name the object.
+pub fn parse_object(
+    value: serde_json::Value,
+    bounds: &Bounds,
+) -> Result<(Option<Key>, Option<Resource>), String> {
     let key = Key::of_value(&value);
     let resource = parse_document(value).map_err(|e| with_key(key.as_ref(), e))?;
     if let Some(r) = &resource {

@@ -1,5 +1,6 @@
 //! EDS: a ClusterLoadAssignment for each requested `outbound|PORT||HOST` cluster.
 
+use envoy_types::pb::envoy::config::core::v3::Locality;
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
@@ -16,11 +17,14 @@ fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment
         Some(i) => Some(push.subsets.get(&svc.hostname)?.get(i)?),
         None => None,
     };
-    let lb_endpoints = svc
+    // One group per locality, in locality order (the endpoints' order within each).
+    let mut by_locality: std::collections::BTreeMap<&str, Vec<LbEndpoint>> = Default::default();
+    for ep in svc
         .endpoints
         .iter()
         .filter(|ep| subset.is_none_or(|s| s.selects(ep)))
-        .map(|ep| LbEndpoint {
+    {
+        let lb = LbEndpoint {
             metadata: push
                 .endpoint_mtls(svc, ep, port)
                 .then(tls::istio_endpoint_metadata),
@@ -32,15 +36,38 @@ fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment
                 ..Default::default()
             })),
             ..Default::default()
-        })
-        .collect();
-    Some(ClusterLoadAssignment {
-        cluster_name: cluster.to_string(),
-        endpoints: vec![LocalityLbEndpoints {
+        };
+        by_locality.entry(&ep.locality).or_default().push(lb);
+    }
+    let mut endpoints: Vec<LocalityLbEndpoints> = by_locality
+        .into_iter()
+        .map(|(locality, lb_endpoints)| LocalityLbEndpoints {
+            locality: locality_of(locality),
             lb_endpoints,
             ..Default::default()
-        }],
+        })
+        .collect();
+    if endpoints.is_empty() {
+        endpoints.push(LocalityLbEndpoints::default());
+    }
+    Some(ClusterLoadAssignment {
+        cluster_name: cluster.to_string(),
+        endpoints,
         ..Default::default()
+    })
+}
+
+/// Envoy's locality of `region/zone/subzone` (none for an empty one).
+fn locality_of(locality: &str) -> Option<Locality> {
+    if locality.is_empty() {
+        return None;
+    }
+    let mut parts = locality.splitn(3, '/');
+    let mut next = || parts.next().unwrap_or_default().to_string();
+    Some(Locality {
+        region: next(),
+        zone: next(),
+        sub_zone: next(),
     })
 }
 

@@ -2,6 +2,8 @@
 //! istiod takes them: `connect` makes the client (a kubeconfig file, or the pod's own service
 //! account in a cluster).
 
+pub mod source;
+
 use std::path::{Path, PathBuf};
 
 /// Where the API server is: `serve --kubeconfig FILE` or `serve --in-cluster`.

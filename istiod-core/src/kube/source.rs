@@ -1,0 +1,372 @@
+//! The Kubernetes API server as a config source (istiod's kube registry and CRD client): one
+//! watch per kind (the `kube` crate's watcher: list, then watch; a watch that breaks or is too
+//! old (410 Gone) lists again), each object parsed by the same code as a file's document
+//! (`config_store::dir::parse_object`), kept as the typed resource only (not the object), and
+//! listed through `ConfigStore` like any other source. An object that does not parse is a
+//! `Rejection` naming it, and its last good version stays in force.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
+
+use crate::config_store::dir::{Bounds, Key, Rejection, parse_object};
+use crate::config_store::{ConfigError, Resource};
+use crate::store::ConfigStore;
+
+/// One kind the source watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kind {
+    pub kind: &'static str,
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    /// Only in this namespace (the mesh ConfigMap); `None`: every namespace.
+    pub namespace: Option<String>,
+    pub field_selector: Option<String>,
+    /// An Istio CRD: when it is not installed the kind is empty (and watched for).
+    pub crd: bool,
+}
+
+impl Kind {
+    fn api_resource(&self) -> ApiResource {
+        let api_version = if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        };
+        ApiResource {
+            group: self.group.to_string(),
+            version: self.version.to_string(),
+            api_version,
+            kind: self.kind.to_string(),
+            plural: self.plural.to_string(),
+        }
+    }
+}
+
+fn kind(kind: &'static str, group: &'static str, plural: &'static str) -> Kind {
+    Kind {
+        kind,
+        group,
+        version: "v1",
+        plural,
+        namespace: None,
+        field_selector: None,
+        crd: group.ends_with("istio.io"),
+    }
+}
+
+/// What istiod watches: the registry's kinds (Services, EndpointSlices, Pods, Nodes,
+/// Namespaces), the TLS Secrets of gateways, the mesh ConfigMap `mesh_config_map` of
+/// `istio_namespace`, and Istio's networking, security and telemetry kinds (their `v1`, which
+/// every stored version of Istio's CRDs is served as).
+pub fn kinds(istio_namespace: &str, mesh_config_map: &str) -> Vec<Kind> {
+    vec![
+        kind("Service", "", "services"),
+        kind("EndpointSlice", "discovery.k8s.io", "endpointslices"),
+        kind("Pod", "", "pods"),
+        kind("Node", "", "nodes"),
+        kind("Namespace", "", "namespaces"),
+        kind("Secret", "", "secrets"),
+        Kind {
+            namespace: Some(istio_namespace.to_string()),
+            field_selector: Some(format!("metadata.name={mesh_config_map}")),
+            ..kind("ConfigMap", "", "configmaps")
+        },
+        kind("ServiceEntry", "networking.istio.io", "serviceentries"),
+        kind("WorkloadEntry", "networking.istio.io", "workloadentries"),
+        kind("WorkloadGroup", "networking.istio.io", "workloadgroups"),
+        kind("VirtualService", "networking.istio.io", "virtualservices"),
+        kind("DestinationRule", "networking.istio.io", "destinationrules"),
+        kind("Gateway", "networking.istio.io", "gateways"),
+        kind("Sidecar", "networking.istio.io", "sidecars"),
+        kind(
+            "PeerAuthentication",
+            "security.istio.io",
+            "peerauthentications",
+        ),
+        kind(
+            "AuthorizationPolicy",
+            "security.istio.io",
+            "authorizationpolicies",
+        ),
+        kind(
+            "RequestAuthentication",
+            "security.istio.io",
+            "requestauthentications",
+        ),
+        kind("Telemetry", "telemetry.istio.io", "telemetries"),
+    ]
+}
+
+/// The object as the API server names it (the kind watched, not the resource it became: the
+/// `istio` ConfigMap is a MeshConfig resource).
+type ObjectKey = Key;
+
+#[derive(Default)]
+struct State {
+    /// The resources in force, by the object they came from, in a stable order.
+    objects: BTreeMap<ObjectKey, Resource>,
+    rejected: BTreeMap<ObjectKey, Rejection>,
+}
+
+/// Config from the Kubernetes API server (`serve --kubeconfig`).
+pub struct KubeSource {
+    state: RwLock<State>,
+    changes: watch::Sender<u64>,
+    /// Kinds whose first list is complete (or whose CRD is not installed).
+    synced: watch::Sender<BTreeSet<&'static str>>,
+    /// The last error of any watch, for a start that never syncs.
+    last_error: Mutex<Option<String>>,
+    bounds: Bounds,
+    kinds: Vec<Kind>,
+}
+
+impl KubeSource {
+    pub fn new(kinds: Vec<Kind>) -> Arc<KubeSource> {
+        Arc::new(KubeSource {
+            state: RwLock::default(),
+            changes: watch::Sender::new(0),
+            synced: watch::Sender::new(BTreeSet::new()),
+            last_error: Mutex::new(None),
+            bounds: Bounds::default(),
+            kinds,
+        })
+    }
+
+    /// Watches every kind until the process ends (each watch retries with backoff on its own).
+    pub async fn run(self: Arc<Self>, client: kube::Client) {
+        let watches = self
+            .kinds
+            .clone()
+            .into_iter()
+            .map(|k| self.clone().watch_kind(client.clone(), k));
+        futures::future::join_all(watches).await;
+    }
+
+    /// Waits until every kind has been listed once (istiod's informers' HasSynced): a control
+    /// plane that served before would push a mesh without most of its services. Fails after
+    /// `limit` with what is missing and the last error seen.
+    pub async fn wait_synced(&self, limit: Duration) -> Result<(), String> {
+        let mut rx = self.synced.subscribe();
+        let all = self.kinds.len();
+        let result = tokio::time::timeout(limit, rx.wait_for(|s| s.len() == all)).await;
+        match result {
+            Ok(Ok(_)) => Ok(()),
+            _ => {
+                let done = self.synced.borrow().clone();
+                let missing: Vec<&str> = self
+                    .kinds
+                    .iter()
+                    .map(|k| k.kind)
+                    .filter(|k| !done.contains(k))
+                    .collect();
+                let last = self
+                    .last_error
+                    .lock()
+                    .ok()
+                    .and_then(|e| e.clone())
+                    .unwrap_or_else(|| "none".into());
+                Err(format!(
+                    "not listed within {limit:?}: {}; last error: {last}",
+                    missing.join(", ")
+                ))
+            }
+        }
+    }
+
+    fn notify(&self) {
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    async fn watch_kind(self: Arc<Self>, client: kube::Client, kind: Kind) {
+        let ar = kind.api_resource();
+        let api: Api<DynamicObject> = match &kind.namespace {
+            Some(ns) => Api::namespaced_with(client, ns, &ar),
+            None => Api::all_with(client, &ar),
+        };
+        let config = watcher::Config {
+            field_selector: kind.field_selector.clone(),
+            ..Default::default()
+        };
+        let mut events = watcher::watcher(api, config).default_backoff().boxed();
+        // Objects of a (re)list, swapped in at its end: a relist never empties the kind.
+        let mut relist: Option<State> = None;
+        let mut last_logged: Option<Instant> = None;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Init) => relist = Some(State::default()),
+                Ok(Event::InitApply(obj)) => {
+                    let relisted = relist.get_or_insert_with(State::default);
+                    let previous = self.state.read().ok().and_then(|s| {
+                        let key = object_key(&kind, &obj);
+                        s.objects.get(&key).cloned()
+                    });
+                    apply(relisted, &kind, &ar, obj, previous, &self.bounds);
+                }
+                Ok(Event::InitDone) => {
+                    let fresh = relist.take().unwrap_or_default();
+                    if let Ok(mut state) = self.state.write() {
+                        state.objects.retain(|k, _| k.kind != kind.kind);
+                        state.rejected.retain(|k, _| k.kind != kind.kind);
+                        state.objects.extend(fresh.objects);
+                        state.rejected.extend(fresh.rejected);
+                    }
+                    self.synced.send_modify(|s| {
+                        s.insert(kind.kind);
+                    });
+                    self.notify();
+                }
+                Ok(Event::Apply(obj)) => {
+                    if let Ok(mut state) = self.state.write() {
+                        let previous = state.objects.get(&object_key(&kind, &obj)).cloned();
+                        apply(&mut state, &kind, &ar, obj, previous, &self.bounds);
+                    }
+                    self.notify();
+                }
+                Ok(Event::Delete(obj)) => {
+                    let key = object_key(&kind, &obj);
+                    if let Ok(mut state) = self.state.write() {
+                        state.objects.remove(&key);
+                        state.rejected.remove(&key);
+                    }
+                    self.notify();
+                }
+                Err(e) => {
+                    let absent = is_not_found(&e);
+                    // A kind whose CRD is not installed is empty until it is.
+                    if absent && kind.crd && !self.synced.borrow().contains(kind.kind) {
+                        tracing::warn!(
+                            kind = kind.kind,
+                            "the API server does not serve {}/{} (CRD not installed?); none \
+                             until it does",
+                            kind.group,
+                            kind.plural
+                        );
+                        self.synced.send_modify(|s| {
+                            s.insert(kind.kind);
+                        });
+                    }
+                    let message = format!("watch {}: {e}", kind.plural);
+                    if let Ok(mut last) = self.last_error.lock() {
+                        *last = Some(message.clone());
+                    }
+                    // Every failure is retried with backoff; say so at most every 30 s a kind.
+                    if !absent && last_logged.is_none_or(|t| t.elapsed() > Duration::from_secs(30))
+                    {
+                        tracing::warn!("{message}; retrying");
+                        last_logged = Some(Instant::now());
+                    }
+                }
+            }
+        }
+        tracing::error!(kind = kind.kind, "watch ended");
+    }
+}
+
+fn is_not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
+        watcher::Error::WatchError(s) => s.code == 404,
+        _ => false,
+    }
+}
+
+fn object_key(kind: &Kind, obj: &DynamicObject) -> ObjectKey {
+    Key {
+        kind: kind.kind.to_string(),
+        namespace: obj
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        name: obj.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Parses `obj` into `state`: in force when it parses; refused (naming it) when it does not,
+/// `previous` (its version in force) then staying in its place.
+fn apply(
+    state: &mut State,
+    kind: &Kind,
+    ar: &ApiResource,
+    obj: DynamicObject,
+    previous: Option<Resource>,
+    bounds: &Bounds,
+) {
+    let key = object_key(kind, &obj);
+    // Listed items carry no apiVersion and kind: they are the watched kind's.
+    let mut value = match serde_json::to_value(&obj) {
+        Ok(v) => v,
+        Err(e) => {
+            refuse(state, key, format!("cannot read it: {e}"), previous);
+            return;
+        }
+    };
+    value["apiVersion"] = ar.api_version.clone().into();
+    value["kind"] = ar.kind.clone().into();
+    match parse_object(value, bounds) {
+        Ok((_, Some(resource))) => {
+            state.rejected.remove(&key);
+            state.objects.insert(key, resource);
+        }
+        // No config of ours (a Secret without TLS material).
+        Ok((_, None)) => {
+            state.rejected.remove(&key);
+            state.objects.remove(&key);
+        }
+        Err(reason) => refuse(state, key, reason, previous),
+    }
+}
+
+fn refuse(state: &mut State, key: ObjectKey, reason: String, previous: Option<Resource>) {
+    let kept = previous.is_some();
+    if let Some(p) = previous {
+        state.objects.insert(key.clone(), p);
+    }
+    let object = key.to_string();
+    state.rejected.insert(
+        key,
+        Rejection {
+            file: None,
+            document: None,
+            object: Some(object),
+            reason,
+            last_good_kept: kept,
+            keep: Vec::new(),
+        },
+    );
+}
+
+impl ConfigStore for KubeSource {
+    fn list(&self) -> Result<Vec<Resource>, ConfigError> {
+        Ok(self
+            .state
+            .read()
+            .map(|s| s.objects.values().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    fn rejected(&self) -> Vec<Rejection> {
+        self.state
+            .read()
+            .map(|s| s.rejected.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn changes(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.changes.subscribe())
+    }
+
+    fn origin(&self) -> String {
+        "kubernetes".into()
+    }
+}
