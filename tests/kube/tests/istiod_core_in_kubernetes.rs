@@ -172,20 +172,23 @@ fn label_edits(c: &Cluster) -> Timings {
             .unwrap();
     };
     let mut timings = Timings::new();
+    // From the edit to the first page of a streak that shows it in effect.
     let started = Instant::now();
     label("canary".into());
-    wait_page(c, &[], "reviews-v3 in the canary subset", 5, |code, p| {
-        code == 200 && reviews_version(p).as_deref() == Some("v3")
-    })
-    .unwrap();
-    let took = started.elapsed();
+    let patched = started.elapsed();
+    let took = patched
+        + wait_page(c, &[], "reviews-v3 in the canary subset", 5, |code, p| {
+            code == 200 && reviews_version(p).as_deref() == Some("v3")
+        })
+        .unwrap();
     eprintln!("STEP label: track=canary on {pod} in effect in {took:?}");
     timings.push((format!("label track=canary on {pod}"), took));
 
     let started = Instant::now();
     label(serde_json::Value::Null);
-    wait_page(c, &[], "the canary subset empty again", 3, unavailable).unwrap();
-    let took = started.elapsed();
+    let patched = started.elapsed();
+    let took =
+        patched + wait_page(c, &[], "the canary subset empty again", 3, unavailable).unwrap();
     eprintln!("STEP label: track removed from {pod} in effect in {took:?}");
     timings.push((format!("label track removed from {pod}"), took));
 
