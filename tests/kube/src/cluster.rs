@@ -65,6 +65,8 @@ pub struct Cluster {
     pub client: kube::Client,
     pub kubelet: Kubelet,
     components: Vec<Proc>,
+    /// kube-apiserver's command line, for `restart_apiserver`.
+    apiserver_args: Vec<String>,
     // Last, so the client and kubelet tasks are gone before the runtime stops.
     rt: tokio::runtime::Runtime,
 }
@@ -125,26 +127,27 @@ impl Cluster {
             &dir,
             &dir.join("logs/etcd.log"),
         )?);
+        let apiserver_args = s(&[
+            &apiserver.display().to_string(),
+            "--etcd-servers=http://127.0.0.1:2379",
+            "--bind-address=127.0.0.1",
+            "--secure-port=6443",
+            &format!("--advertise-address={NODE_IP}"),
+            "--endpoint-reconciler-type=none",
+            &format!("--tls-cert-file={}", d("pki/apiserver.crt")),
+            &format!("--tls-private-key-file={}", d("pki/apiserver.key")),
+            &format!("--client-ca-file={}", d("pki/ca.crt")),
+            &format!("--service-account-key-file={}", d("pki/sa.pub")),
+            &format!("--service-account-signing-key-file={}", d("pki/sa.key")),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--api-audiences=https://kubernetes.default.svc.cluster.local,istio-ca",
+            "--authorization-mode=Node,RBAC",
+            &format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--allow-privileged=true",
+        ]);
         components.push(Proc::start(
             "kube-apiserver",
-            &s(&[
-                &apiserver.display().to_string(),
-                "--etcd-servers=http://127.0.0.1:2379",
-                "--bind-address=127.0.0.1",
-                "--secure-port=6443",
-                &format!("--advertise-address={NODE_IP}"),
-                "--endpoint-reconciler-type=none",
-                &format!("--tls-cert-file={}", d("pki/apiserver.crt")),
-                &format!("--tls-private-key-file={}", d("pki/apiserver.key")),
-                &format!("--client-ca-file={}", d("pki/ca.crt")),
-                &format!("--service-account-key-file={}", d("pki/sa.pub")),
-                &format!("--service-account-signing-key-file={}", d("pki/sa.key")),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--api-audiences=https://kubernetes.default.svc.cluster.local,istio-ca",
-                "--authorization-mode=Node,RBAC",
-                &format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-                "--allow-privileged=true",
-            ]),
+            &apiserver_args,
             &[],
             &dir,
             &dir.join("logs/kube-apiserver.log"),
@@ -203,8 +206,40 @@ impl Cluster {
             client,
             kubelet,
             components,
+            apiserver_args,
             rt,
         })
+    }
+
+    /// Stops kube-apiserver (SIGTERM), leaves it down for `down`, starts it again with the same
+    /// command line and waits until it answers: every client's watches break meanwhile.
+    pub fn restart_apiserver(&mut self, down: Duration) -> Result<()> {
+        let log = self.logs_dir().join("kube-apiserver.log");
+        if let Some(old) = self.stop_component("kube-apiserver", Duration::from_secs(10)) {
+            let _ = fs::copy(
+                &old.log,
+                self.logs_dir().join("kube-apiserver.previous.log"),
+            );
+        }
+        std::thread::sleep(down);
+        let c = Proc::start("kube-apiserver", &self.apiserver_args, &[], &self.dir, &log)?;
+        self.components.insert(1, c);
+        let client = self.client.clone();
+        let ready = self.block_on(async {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let ns: Api<Namespace> = Api::all(client);
+            while Instant::now() < deadline {
+                if ns.get_opt("default").await.is_ok_and(|n| n.is_some()) {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            false
+        });
+        if !ready {
+            bail!("kube-apiserver not ready in 60 s after its restart");
+        }
+        Ok(())
     }
 
     /// Runs `fut` on the cluster's runtime (whose threads are in the node's namespace).
