@@ -28,6 +28,11 @@ pub mod env {
     pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
     /// The control plane's revision: its mesh ConfigMap is `istio-<REVISION>` unless `default`.
     pub const REVISION: &str = "REVISION";
+    /// `true`: write config status on Istio's objects (Kubernetes source only), one replica at a
+    /// time (the Lease `istio-status-leader`).
+    pub const PILOT_ENABLE_STATUS: &str = "PILOT_ENABLE_STATUS";
+    /// This replica's name (its Deployment's downward API): its identity in leader election.
+    pub const POD_NAME: &str = "POD_NAME";
 }
 
 /// How the environment is read: a variable's value by name.
@@ -120,6 +125,10 @@ pub struct PilotEnv {
     pub istiod_namespace: String,
     /// The mesh ConfigMap's name: `istio`, or `istio-<REVISION>`.
     pub mesh_config_map: String,
+    /// PILOT_ENABLE_STATUS.
+    pub enable_status: bool,
+    /// POD_NAME (unset: the host name and process id stand for it).
+    pub pod_name: Option<String>,
 }
 
 impl PilotEnv {
@@ -158,6 +167,8 @@ impl PilotEnv {
                 None | Some("") | Some("default") => "istio".into(),
                 Some(rev) => format!("istio-{rev}"),
             },
+            enable_status: flag(lookup, env::PILOT_ENABLE_STATUS)?,
+            pod_name: lookup(env::POD_NAME).filter(|v| !v.is_empty()),
         })
     }
 }
@@ -325,6 +336,8 @@ mod tests {
                 cache_check: false,
                 istiod_namespace: "istio-system".into(),
                 mesh_config_map: "istio".into(),
+                enable_status: false,
+                pod_name: None,
             }
         );
     }
@@ -353,6 +366,8 @@ mod tests {
                 cache_check: true,
                 istiod_namespace: "istio-system".into(),
                 mesh_config_map: "istio".into(),
+                enable_status: false,
+                pod_name: None,
             }
         );
         let zero = PilotEnv::from_lookup(&env(&[(env::PILOT_PUSH_THROTTLE, "0")]));

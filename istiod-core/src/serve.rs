@@ -190,7 +190,7 @@ pub async fn serve(
             &env.istiod_namespace,
             &env.mesh_config_map,
         ));
-        tasks.spawn_forever("kubernetes-watch", source.clone().run(client));
+        tasks.spawn_forever("kubernetes-watch", source.clone().run(client.clone()));
         let started = std::time::Instant::now();
         source
             .wait_synced(KUBE_SYNC_LIMIT)
@@ -200,6 +200,23 @@ pub async fn serve(
                 reason,
             })?;
         tracing::info!(%server, took = ?started.elapsed(), "Kubernetes config listed; watching");
+        if env.enable_status {
+            let identity = env.pod_name.clone().unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "istiod-core".into());
+                format!("{host}-{}", std::process::id())
+            });
+            tasks.spawn_forever(
+                "config-status",
+                crate::kube::status::run(
+                    client.clone(),
+                    source.clone(),
+                    env.istiod_namespace.clone(),
+                    identity,
+                ),
+            );
+        }
         sources.push(source);
     }
     let cp = ControlPlane::open_with(

@@ -3,6 +3,7 @@
 //! account in a cluster).
 
 pub mod source;
+pub mod status;
 
 use std::path::{Path, PathBuf};
 

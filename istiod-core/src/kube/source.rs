@@ -114,6 +114,8 @@ struct State {
     /// The resources in force, by the object they came from, in a stable order.
     objects: BTreeMap<ObjectKey, Resource>,
     rejected: BTreeMap<ObjectKey, Rejection>,
+    /// `metadata.generation` of each object seen (refused ones too), for the status writer.
+    generations: BTreeMap<ObjectKey, i64>,
 }
 
 /// Config from the Kubernetes API server (`serve --kubeconfig`).
@@ -260,8 +262,10 @@ impl KubeSource {
                 if let Ok(mut state) = self.state.write() {
                     state.objects.retain(|k, _| k.kind != kind.kind);
                     state.rejected.retain(|k, _| k.kind != kind.kind);
+                    state.generations.retain(|k, _| k.kind != kind.kind);
                     state.objects.extend(fresh.objects);
                     state.rejected.extend(fresh.rejected);
+                    state.generations.extend(fresh.generations);
                 }
                 self.synced.send_modify(|s| {
                     s.insert(kind.kind);
@@ -280,6 +284,7 @@ impl KubeSource {
                 if let Ok(mut state) = self.state.write() {
                     state.objects.remove(&key);
                     state.rejected.remove(&key);
+                    state.generations.remove(&key);
                 }
                 self.notify();
             }
@@ -353,6 +358,9 @@ fn apply(
     bounds: &Bounds,
 ) {
     let key = object_key(kind, &obj);
+    if let Some(g) = obj.metadata.generation {
+        state.generations.insert(key.clone(), g);
+    }
     // Listed items carry no apiVersion and kind: they are the watched kind's.
     let mut value = match serde_json::to_value(&obj) {
         Ok(v) => v,
@@ -394,6 +402,61 @@ fn refuse(state: &mut State, key: ObjectKey, reason: String, previous: Option<Re
             keep: Vec::new(),
         },
     );
+}
+
+/// What the status writer needs of one Istio object: its kind, generation and whether it is
+/// in force (`None`) or refused (`Some(reason)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectStatus {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+    pub generation: i64,
+    pub refused: Option<String>,
+}
+
+impl KubeSource {
+    /// Every object of an Istio kind (a CRD), with whether it was refused and why.
+    pub fn istio_statuses(&self) -> Vec<ObjectStatus> {
+        let Ok(state) = self.state.read() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (key, generation) in &state.generations {
+            let Some(kind) = self.kinds.iter().find(|k| k.crd && k.kind == key.kind) else {
+                continue;
+            };
+            let refused = state.rejected.get(key).map(|r| r.reason.clone());
+            if refused.is_none() && !state.objects.contains_key(key) {
+                continue;
+            }
+            out.push(ObjectStatus {
+                kind: kind.clone(),
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+                generation: *generation,
+                refused,
+            });
+        }
+        out
+    }
+
+    /// Notified on every change (`ConfigStore::changes`, without the trait).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+}
+
+impl Kind {
+    /// `group/version` (`v1` for the core group).
+    pub fn api_resource_version(&self) -> String {
+        self.api_resource().api_version
+    }
+
+    /// The kind's API, for writing to its objects.
+    pub fn api(&self, client: kube::Client, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(client, namespace, &self.api_resource())
+    }
 }
 
 impl ConfigStore for KubeSource {

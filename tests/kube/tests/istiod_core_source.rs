@@ -16,17 +16,16 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const DEBUG_PORT: u16 = 15714;
+/// The debug port of the replica serving now (the second one after the first stops).
+static SERVING: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(DEBUG_PORT);
 const HOST: &str = "reviews.shop.svc.cluster.local";
 
 fn debug(c: &Cluster, path: &str) -> Value {
-    c.block_on(cluster::kubelet::http_get_text(
-        "127.0.0.1",
-        DEBUG_PORT,
-        path,
-    ))
-    .ok()
-    .and_then(|t| serde_json::from_str(&t).ok())
-    .unwrap_or(Value::Null)
+    let port = SERVING.load(std::sync::atomic::Ordering::Relaxed);
+    c.block_on(cluster::kubelet::http_get_text("127.0.0.1", port, path))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
 }
 
 /// Waits until `check` holds for what `path` serves; returns how long it took.
@@ -81,6 +80,74 @@ fn create_pod(c: &Cluster, name: &str, version: &str, ip: &str) {
     }});
     c.block_on(pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)))
         .unwrap();
+}
+
+/// `istiod-core serve --kubeconfig` as the replica `name`, writing config status.
+fn start_istiod_core(c: &mut Cluster, name: &str, grpc: u16, debug: u16) {
+    let bin = harness::binary("istiod-core");
+    let args: Vec<String> = vec![
+        bin.display().to_string(),
+        "serve".into(),
+        format!("--kubeconfig={}", c.kubeconfig.display()),
+        format!("--grpc-addr=127.0.0.1:{grpc}"),
+        format!("--debug-addr=127.0.0.1:{debug}"),
+    ];
+    let env: Vec<(String, String)> = [
+        ("POD_NAMESPACE", "istio-system"),
+        ("POD_NAME", name),
+        ("PILOT_ENABLE_STATUS", "true"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let cwd = c.dir.join(name);
+    std::fs::create_dir_all(&cwd).unwrap();
+    let log = c.logs_dir().join(format!("{name}.log"));
+    let p = harness::Proc::start(name, &args, &env, &cwd, &log).unwrap();
+    c.adopt(p);
+}
+
+/// The `Reconciled` condition istiod-core wrote on the DestinationRule `reviews`.
+fn reconciled(c: &Cluster) -> Option<Value> {
+    let ar = kube::api::ApiResource {
+        group: "networking.istio.io".into(),
+        version: "v1".into(),
+        api_version: "networking.istio.io/v1".into(),
+        kind: "DestinationRule".into(),
+        plural: "destinationrules".into(),
+    };
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(c.client.clone(), "shop", &ar);
+    let dr = c.block_on(api.get_opt("reviews")).ok().flatten()?;
+    let status = dr.data.get("status")?;
+    let cond = status["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Reconciled")?
+        .clone();
+    Some(json!({"observedGeneration": status["observedGeneration"], "condition": cond}))
+}
+
+fn lease_holder(c: &Cluster) -> Option<String> {
+    let api: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(c.client.clone(), "istio-system");
+    c.block_on(api.get_opt("istio-status-leader"))
+        .ok()
+        .flatten()?
+        .spec?
+        .holder_identity
+}
+
+fn wait_for<T>(what: &str, limit: Duration, f: impl Fn() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("{what}: not within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn apply_retrying(c: &Cluster, yaml: &str) {
@@ -145,28 +212,8 @@ fn istiod_core_follows_the_api_server() {
     );
     create_pod(&c, "reviews-v1", "v1", "10.244.9.11");
 
-    let bin = harness::binary("istiod-core");
-    let args: Vec<String> = [
-        bin.display().to_string(),
-        "serve".into(),
-        format!("--kubeconfig={}", c.kubeconfig.display()),
-        "--grpc-addr=127.0.0.1:15710".into(),
-        format!("--debug-addr=127.0.0.1:{DEBUG_PORT}"),
-    ]
-    .to_vec();
-    let env = [("POD_NAMESPACE".to_string(), "istio-system".to_string())];
     let started = Instant::now();
-    let cwd = c.dir.join("istiod-core");
-    std::fs::create_dir_all(&cwd).unwrap();
-    let p = harness::Proc::start(
-        "istiod-core",
-        &args,
-        &env,
-        &cwd,
-        &c.logs_dir().join("istiod-core.log"),
-    )
-    .unwrap();
-    c.adopt(p);
+    start_istiod_core(&mut c, "istiod-core-a", 15710, DEBUG_PORT);
 
     // The pod is the endpoint: its labels, service account, tlsMode and its node's locality.
     let took = wait_debug(&c, "/debug/endpointz", "reviews-v1 as its pod", |v| {
@@ -231,6 +278,12 @@ fn istiod_core_follows_the_api_server() {
     });
     let crd = t.elapsed();
     eprintln!("STEP an applied DestinationRule is in force after {crd:?}");
+    // Its status says so, written by the holder of the status Lease.
+    let accepted = wait_for("the accepted status", Duration::from_secs(10), || {
+        reconciled(&c).filter(|s| s["condition"]["status"] == "True")
+    });
+    assert_eq!(accepted["observedGeneration"], 1, "{accepted:#}");
+    assert_eq!(lease_holder(&c).as_deref(), Some("istiod-core-a"));
     // ... and the subset's cluster has the relabelled pod only.
     for (what, took) in [("scale", scale), ("relabel", relabel), ("apply", crd)] {
         assert!(took < Duration::from_secs(5), "{what} took {took:?}");
@@ -261,6 +314,48 @@ fn istiod_core_follows_the_api_server() {
         dr["spec"]["subsets"].as_array().map(Vec::len),
         Some(2),
         "{dr:#}"
+    );
+    // ... and its status says why, for `kubectl get -o yaml`.
+    let refused = wait_for("the refused status", Duration::from_secs(10), || {
+        reconciled(&c).filter(|s| s["condition"]["status"] == "False")
+    });
+    assert_eq!(refused["observedGeneration"], 2, "{refused:#}");
+    assert_eq!(refused["condition"]["reason"], "Refused", "{refused:#}");
+    assert!(
+        refused["condition"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("maxEjectionPercent")),
+        "{refused:#}"
+    );
+
+    // A second replica does not write while the first holds the Lease; when the first stops,
+    // it takes the Lease over and writes the next status.
+    start_istiod_core(&mut c, "istiod-core-b", 15711, DEBUG_PORT + 1);
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(lease_holder(&c).as_deref(), Some("istiod-core-a"));
+    c.stop_component("istiod-core-a", Duration::from_secs(10));
+    SERVING.store(DEBUG_PORT + 1, std::sync::atomic::Ordering::Relaxed);
+    let t = Instant::now();
+    wait_for(
+        "istiod-core-b holding the Lease",
+        Duration::from_secs(30),
+        || lease_holder(&c).filter(|h| h == "istiod-core-b"),
+    );
+    eprintln!(
+        "STEP the second replica took the status Lease {:?} after the first stopped",
+        t.elapsed()
+    );
+    apply_retrying(
+        &c,
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: reviews, namespace: shop}\nspec:\n  host: reviews\n  subsets:\n  - {name: v1, labels: {version: v1}}\n  - {name: v3, labels: {version: v3}}\n",
+    );
+    wait_for(
+        "the fixed status from the new holder",
+        Duration::from_secs(10),
+        || {
+            reconciled(&c)
+                .filter(|s| s["condition"]["status"] == "True" && s["observedGeneration"] == 3)
+        },
     );
 
     // The mesh ConfigMap edited: the new MeshConfig is in force.
@@ -309,6 +404,6 @@ fn istiod_core_follows_the_api_server() {
     wait_debug(&c, "/debug/endpointz", "the deleted pod gone", |v| {
         endpoint(v, "10.244.9.12").is_none() && endpoint(v, "10.244.9.11").is_some()
     });
-    let log = std::fs::read_to_string(c.logs_dir().join("istiod-core.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(c.logs_dir().join("istiod-core-b.log")).unwrap_or_default();
     assert!(!log.contains("panicked"), "{log}");
 }
