@@ -177,22 +177,8 @@ impl Ca {
             read("ca-key.pem"),
             read("root-cert.pem"),
         ) {
-            let key = KeyPair::from_pem(&key).map_err(|e| files(format!("ca-key.pem: {e}")))?;
-            let issuer = Issuer::from_ca_cert_pem(&cert, key)
-                .map_err(|e| files(format!("ca-cert.pem: {e}")))?;
-            let not_after = not_after_of(&cert).map_err(files)?;
-            let mut chain_pem = vec![cert.clone()];
-            if let Ok(chain) = read("cert-chain.pem") {
-                chain_pem = split_pem(&chain);
-            }
-            chain_pem.retain(|c| c.trim() != root.trim());
-            return Ok(Ca {
-                issuer,
-                root_pem: root,
-                chain_pem,
-                not_after,
-                max_ttl,
-            });
+            let chain = read("cert-chain.pem").ok();
+            return Ca::from_plugged(&cert, &key, &root, chain.as_deref(), max_ttl).map_err(files);
         }
         if let (Ok(root), Ok(key)) = (read("root-cert.pem"), read("root-key.pem")) {
             let key = KeyPair::from_pem(&key).map_err(|e| files(format!("root-key.pem: {e}")))?;
@@ -207,6 +193,60 @@ impl Ca {
                 max_ttl,
             });
         }
+        let (ca, key_pem) = Ca::self_signed(trust_domain, max_ttl)?;
+        std::fs::create_dir_all(dir).map_err(|e| files(e.to_string()))?;
+        // The key is created 0600 from the start: no moment where others could read it.
+        let mut key_file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(dir.join("root-key.pem"))
+                .map_err(|e| files(format!("root-key.pem: {e}")))?
+        };
+        std::io::Write::write_all(&mut key_file, key_pem.as_bytes())
+            .map_err(|e| files(e.to_string()))?;
+        std::fs::write(dir.join("root-cert.pem"), ca.root_pem())
+            .map_err(|e| files(e.to_string()))?;
+        Ok(ca)
+    }
+
+    /// Istio's plug-in form, wherever it was read from (files, a Secret): the signing
+    /// certificate `ca-cert.pem` and its key `ca-key.pem`, the root `root-cert.pem`, and the
+    /// chain `cert-chain.pem` (signing certificate up to the root; when absent, the signing
+    /// certificate alone). The error names the item that is wrong.
+    pub fn from_plugged(
+        cert: &str,
+        key: &str,
+        root: &str,
+        chain: Option<&str>,
+        max_ttl: Duration,
+    ) -> Result<Ca, String> {
+        let key = KeyPair::from_pem(key).map_err(|e| format!("ca-key.pem: {e}"))?;
+        let issuer =
+            Issuer::from_ca_cert_pem(cert, key).map_err(|e| format!("ca-cert.pem: {e}"))?;
+        let not_after = not_after_of(cert).map_err(|e| format!("ca-cert.pem: {e}"))?;
+        if split_pem(root).is_empty() {
+            return Err("root-cert.pem: no PEM certificate in it".into());
+        }
+        let mut chain_pem = match chain {
+            Some(chain) => split_pem(chain),
+            None => vec![cert.to_string()],
+        };
+        chain_pem.retain(|c| c.trim() != root.trim());
+        Ok(Ca {
+            issuer,
+            root_pem: root.to_string(),
+            chain_pem,
+            not_after,
+            max_ttl,
+        })
+    }
+
+    /// A new self-signed root for `trust_domain` (10 years) and its key in PEM, for the caller
+    /// to keep (a directory, a Secret).
+    pub fn self_signed(trust_domain: &str, max_ttl: Duration) -> Result<(Ca, String), CaError> {
         let key = KeyPair::generate().map_err(|e| CaError::Sign(e.to_string()))?;
         let mut params = CertificateParams::new(Vec::<String>::new())
             .map_err(|e| CaError::Sign(e.to_string()))?;
@@ -225,28 +265,17 @@ impl Ca {
         let cert = params
             .self_signed(&key)
             .map_err(|e| CaError::Sign(e.to_string()))?;
-        std::fs::create_dir_all(dir).map_err(|e| files(e.to_string()))?;
-        // The key is created 0600 from the start: no moment where others could read it.
-        let mut key_file = {
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(dir.join("root-key.pem"))
-                .map_err(|e| files(format!("root-key.pem: {e}")))?
-        };
-        std::io::Write::write_all(&mut key_file, key.serialize_pem().as_bytes())
-            .map_err(|e| files(e.to_string()))?;
-        std::fs::write(dir.join("root-cert.pem"), cert.pem()).map_err(|e| files(e.to_string()))?;
-        let root_pem = cert.pem();
-        Ok(Ca {
-            issuer: Issuer::new(params, key),
-            root_pem,
-            chain_pem: Vec::new(),
-            not_after: now + ROOT_LIFETIME,
-            max_ttl,
-        })
+        let key_pem = key.serialize_pem();
+        Ok((
+            Ca {
+                issuer: Issuer::new(params, key),
+                root_pem: cert.pem(),
+                chain_pem: Vec::new(),
+                not_after: now + ROOT_LIFETIME,
+                max_ttl,
+            },
+            key_pem,
+        ))
     }
 
     pub fn root_pem(&self) -> &str {

@@ -1,11 +1,14 @@
 //! `istio.v1.auth.IstioCertificateService/CreateCertificate`: who is asking comes only from a
-//! verified credential, here a Kubernetes-style service-account JWT (`sub`
-//! `system:serviceaccount:<namespace>:<name>`, audience `istio-ca`, issuer and signature checked
-//! against a configured public key). Headers, metadata and the source address never name the
-//! caller (CVE-2022-39388), and a missing or broken key fails closed: no certificate is issued.
+//! verified credential, a Kubernetes service-account token checked by an [`Authenticator`]:
+//! here a JWT verified against a configured public key (`sub`
+//! `system:serviceaccount:<namespace>:<name>`, audience `istio-ca`, issuer and signature), or
+//! in a cluster a TokenReview by the API server (`kube::identity`), as istiod does. Headers,
+//! metadata and the source address never name the caller (CVE-2022-39388), and a missing or
+//! broken key fails closed: no certificate is issued.
 
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use istio_proto::ca::istio_certificate_service_server::{
     IstioCertificateService, IstioCertificateServiceServer,
 };
@@ -131,6 +134,19 @@ impl JwtAuthenticator {
     }
 }
 
+/// Turns a caller's bearer token into the identity it proves, or says why it proves nothing.
+/// Anything that cannot decide (a key that does not load, an API server that does not answer)
+/// is a refusal: the CA fails closed.
+pub trait Authenticator: Send + Sync {
+    fn identify<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, String>>;
+}
+
+impl Authenticator for JwtAuthenticator {
+    fn identify<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Identity, String>> {
+        Box::pin(std::future::ready(self.authenticate(token)))
+    }
+}
+
 /// The SPIFFE identity of the client certificate the TLS layer verified, from the peer chain
 /// (leaf first) it hands over; `None` when the peer showed none.
 pub(crate) fn peer_identity(
@@ -157,13 +173,21 @@ fn identity_of_client_cert(der: &[u8]) -> Result<Identity, String> {
 /// The gRPC service.
 pub struct CaService {
     ca: Arc<Ca>,
-    auth: Arc<JwtAuthenticator>,
+    auth: Arc<dyn Authenticator>,
 }
 
 impl CaService {
-    pub fn new(
+    /// The service signing with `ca` for the callers `auth` identifies.
+    pub fn new<A: Authenticator + 'static>(
         ca: Arc<Ca>,
-        auth: Arc<JwtAuthenticator>,
+        auth: Arc<A>,
+    ) -> IstioCertificateServiceServer<CaService> {
+        Self::with_authenticator(ca, auth)
+    }
+
+    pub fn with_authenticator(
+        ca: Arc<Ca>,
+        auth: Arc<dyn Authenticator>,
     ) -> IstioCertificateServiceServer<CaService> {
         IstioCertificateServiceServer::new(CaService { ca, auth })
             .max_decoding_message_size(64 * 1024)
@@ -184,7 +208,8 @@ impl IstioCertificateService for CaService {
         let identity = match token {
             Some(token) => self
                 .auth
-                .authenticate(token)
+                .identify(token)
+                .await
                 .map_err(|why| Status::unauthenticated(format!("token rejected: {why}")))?,
             // A mesh client certificate (verified against our root by the TLS layer) renews
             // the identity it already has.

@@ -35,6 +35,9 @@ pub mod env {
     pub const POD_NAME: &str = "POD_NAME";
 }
 
+/// istiod's namespace when `POD_NAMESPACE` is unset.
+pub const DEFAULT_POD_NAMESPACE: &str = "istio-system";
+
 /// How the environment is read: a variable's value by name.
 pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -121,8 +124,9 @@ pub struct PilotEnv {
     pub workload_entry_grace: Duration,
     pub scope_gateway_to_namespace: bool,
     pub cache_check: bool,
-    /// POD_NAMESPACE (istio-system).
-    pub istiod_namespace: String,
+    /// `POD_NAMESPACE`, else `istio-system`: where the mesh ConfigMap, the CA's Secrets and
+    /// the status Lease are.
+    pub pod_namespace: String,
     /// The mesh ConfigMap's name: `istio`, or `istio-<REVISION>`.
     pub mesh_config_map: String,
     /// PILOT_ENABLE_STATUS.
@@ -160,9 +164,10 @@ impl PilotEnv {
             .unwrap_or(crate::autoregister::DEFAULT_GRACE),
             scope_gateway_to_namespace: scope_gateway_to_namespace(lookup)?,
             cache_check: cache_check(lookup)?,
-            istiod_namespace: lookup(env::POD_NAMESPACE)
+            pod_namespace: lookup(env::POD_NAMESPACE)
+                .map(|v| v.trim().to_string())
                 .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| "istio-system".into()),
+                .unwrap_or_else(|| DEFAULT_POD_NAMESPACE.to_string()),
             mesh_config_map: match lookup(env::REVISION).as_deref() {
                 None | Some("") | Some("default") => "istio".into(),
                 Some(rev) => format!("istio-{rev}"),
@@ -207,7 +212,10 @@ pub struct ServeArgs {
     pub token_file: Option<PathBuf>,
     /// Serve the CA (istio.v1.auth.IstioCertificateService) with the root kept in this
     /// directory (or Istio's cacerts files found there). Requires --jwt-public-key or
-    /// --jwt-jwks. Unless --grpc-addr is on 15010 (Istio's plaintext port) or --tls-cert is
+    /// --jwt-jwks, except with --kubeconfig or --in-cluster: there the CA is always served,
+    /// tokens are checked by a TokenReview unless a --jwt-* flag is given, and without this
+    /// flag the root is the cluster's (Secret `cacerts`, else `istio-ca-secret`, in
+    /// POD_NAMESPACE), published to every namespace as ConfigMap istio-ca-root-cert. Unless --grpc-addr is on 15010 (Istio's plaintext port) or --tls-cert is
     /// given, gRPC is served over TLS with a certificate for istiod.istio-system.svc from
     /// this CA, and mesh client certificates also authenticate CA calls.
     #[arg(long = "ca-dir")]
@@ -334,7 +342,7 @@ mod tests {
                 workload_entry_grace: Duration::from_secs(10),
                 scope_gateway_to_namespace: false,
                 cache_check: false,
-                istiod_namespace: "istio-system".into(),
+                pod_namespace: "istio-system".into(),
                 mesh_config_map: "istio".into(),
                 enable_status: false,
                 pod_name: None,
@@ -351,6 +359,7 @@ mod tests {
             (env::PILOT_WORKLOAD_ENTRY_GRACE_PERIOD, "1m"),
             (env::PILOT_SCOPE_GATEWAY_TO_NAMESPACE, "TRUE"),
             (env::ISTIOD_CACHE_CHECK, "1"),
+            (env::POD_NAMESPACE, "mesh-system"),
         ]))
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
@@ -364,7 +373,7 @@ mod tests {
                 workload_entry_grace: Duration::from_secs(60),
                 scope_gateway_to_namespace: true,
                 cache_check: true,
-                istiod_namespace: "istio-system".into(),
+                pod_namespace: "istio-system".into(),
                 mesh_config_map: "istio".into(),
                 enable_status: false,
                 pod_name: None,

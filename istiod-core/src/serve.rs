@@ -14,9 +14,10 @@ use futures::FutureExt;
 use mesh_common::tasks::{Ended, Supervisor};
 
 use crate::ca::{Ca, CaError};
-use crate::ca_server::{CaService, JwtAuthenticator, KeyError};
-use crate::config::{ServeArgs, ServeConfig};
+use crate::ca_server::{Authenticator, CaService, JwtAuthenticator, KeyError};
+use crate::config::{PilotEnv, ServeArgs, ServeConfig};
 use crate::config_store::ConfigError;
+use crate::kube::identity::{TokenReviewAuthenticator, ca_from_cluster, publish_root};
 use crate::{ControlPlane, Settings, ads_http, debug, push_context, xds_server};
 
 /// Why `serve` could not start, or stopped before it was asked to.
@@ -36,10 +37,14 @@ pub enum ServeError {
     JwtKey(#[from] KeyError),
     #[error("--ca-dir needs --jwt-public-key or --jwt-jwks to verify callers' tokens")]
     NoJwtKey,
+    #[error("cannot connect to the Kubernetes API server: {0}")]
+    Kube(#[from] crate::kube::ConnectError),
+    #[error(
+        "the CA's root from the cluster: {0} (check istiod-core's RBAC to get and create Secrets in its POD_NAMESPACE)"
+    )]
+    ClusterCa(#[from] crate::kube::identity::ClusterCaError),
     #[error(transparent)]
     ControlPlane(#[from] crate::Error),
-    #[error(transparent)]
-    Kube(#[from] crate::kube::ConnectError),
     #[error("{server}: {reason}")]
     KubeSync { server: String, reason: String },
     #[error("cannot listen on {flag} {addr}: {source}")]
@@ -91,33 +96,71 @@ async fn listen(
     tokio::net::TcpListener::bind(addr).await.map_err(listen)
 }
 
-/// The CA service, with the JWT check `--jwt-public-key` or `--jwt-jwks` configures.
+/// The CA service, with the JWT check `--jwt-public-key` or `--jwt-jwks` configures; without
+/// them, in a cluster (`cluster`), the API server's TokenReview.
 fn ca_service(
     args: &ServeArgs,
     ca: &Arc<Ca>,
     trust_domain: &str,
+    cluster: Option<&kube::Client>,
 ) -> Result<
     istio_proto::ca::istio_certificate_service_server::IstioCertificateServiceServer<CaService>,
     ServeError,
 > {
     let issuer = &args.jwt_issuer;
-    let auth = match (&args.jwt_public_key, &args.jwt_jwks) {
-        (Some(path), _) => JwtAuthenticator::from_pem(
+    let auth: Arc<dyn Authenticator> = match (&args.jwt_public_key, &args.jwt_jwks, cluster) {
+        (Some(path), _, _) => Arc::new(JwtAuthenticator::from_pem(
             &read("--jwt-public-key", path)?,
             &path.display().to_string(),
             issuer,
             trust_domain,
-        )?,
-        (None, Some(path)) => JwtAuthenticator::from_jwks(
+        )?),
+        (None, Some(path), _) => Arc::new(JwtAuthenticator::from_jwks(
             &read("--jwt-jwks", path)?,
             &path.display().to_string(),
             issuer,
             trust_domain,
-        )?,
-        (None, None) => return Err(ServeError::NoJwtKey),
+        )?),
+        (None, None, Some(client)) => {
+            tracing::info!("the CA authenticates callers by TokenReview");
+            Arc::new(TokenReviewAuthenticator::new(client.clone(), trust_domain))
+        }
+        (None, None, None) => return Err(ServeError::NoJwtKey),
     };
     tracing::info!(%trust_domain, "serving the CA");
-    Ok(CaService::new(ca.clone(), Arc::new(auth)))
+    Ok(CaService::with_authenticator(ca.clone(), auth))
+}
+
+/// The CA in a cluster, as istiod serves it there.
+struct ClusterIdentity {
+    ca: Arc<Ca>,
+    service:
+        istio_proto::ca::istio_certificate_service_server::IstioCertificateServiceServer<CaService>,
+    /// Keeps `istio-ca-root-cert` in every namespace; runs for good ("root-cert-publisher").
+    root_publisher: futures::future::BoxFuture<'static, ()>,
+}
+
+/// The CA from `--ca-dir`, else from the cluster's Secrets in POD_NAMESPACE
+/// (`ca_from_cluster`); callers authenticated by the `--jwt-*` key, else by TokenReview; and the
+/// publisher of its root to every namespace.
+async fn cluster_identity(
+    args: &ServeArgs,
+    env: &PilotEnv,
+    client: &kube::Client,
+    trust_domain: &str,
+) -> Result<ClusterIdentity, ServeError> {
+    let max_ttl = Duration::from_secs(args.max_cert_ttl);
+    let ca = Arc::new(match &args.ca_dir {
+        Some(dir) => Ca::load_or_create(dir, trust_domain, max_ttl)?,
+        None => ca_from_cluster(client, &env.pod_namespace, trust_domain, max_ttl).await?,
+    });
+    let service = ca_service(args, &ca, trust_domain, Some(client))?;
+    let root_publisher = Box::pin(publish_root(client.clone(), ca.root_pem().to_string()));
+    Ok(ClusterIdentity {
+        ca,
+        service,
+        root_publisher,
+    })
 }
 
 /// The serving certificate and key: `--tls-cert`/`--tls-key`, else one from the CA
@@ -167,27 +210,41 @@ pub async fn serve(
         .clone()
         .or_else(|| mesh.as_ref().and_then(|m| m.trust_domain.clone()))
         .unwrap_or_else(|| push_context::DEFAULT_TRUST_DOMAIN.to_string());
-    let ca = match &args.ca_dir {
-        Some(dir) => Some(Arc::new(Ca::load_or_create(
-            dir,
-            &trust_domain,
-            Duration::from_secs(args.max_cert_ttl),
-        )?)),
+    let api_server =
+        crate::kube::ApiServer::from_flags(args.kubeconfig.as_deref(), args.in_cluster);
+    let client = match &api_server {
+        Some(server) => Some(crate::kube::connect(server).await?),
         None => None,
     };
-    let ca_service = match &ca {
-        Some(ca) => Some(ca_service(&args, ca, &trust_domain)?),
-        None => None,
+    let mut root_publisher = None;
+    let (ca, ca_service) = match &client {
+        Some(client) => {
+            let id = cluster_identity(&args, &env, client, &trust_domain).await?;
+            root_publisher = Some(id.root_publisher);
+            (Some(id.ca), Some(id.service))
+        }
+        None => {
+            let ca = match &args.ca_dir {
+                Some(dir) => Some(Arc::new(Ca::load_or_create(
+                    dir,
+                    &trust_domain,
+                    Duration::from_secs(args.max_cert_ttl),
+                )?)),
+                None => None,
+            };
+            let service = match &ca {
+                Some(ca) => Some(ca_service(&args, ca, &trust_domain, None)?),
+                None => None,
+            };
+            (ca, service)
+        }
     };
     let mut tasks = Supervisor::new();
     // The Kubernetes API server's config, listed in full before anything is served.
     let mut sources: Vec<Arc<dyn crate::store::ConfigStore>> = Vec::new();
-    if let Some(server) =
-        crate::kube::ApiServer::from_flags(args.kubeconfig.as_deref(), args.in_cluster)
-    {
-        let client = crate::kube::connect(&server).await?;
+    if let (Some(server), Some(client)) = (&api_server, &client) {
         let source = crate::kube::source::KubeSource::new(crate::kube::source::kinds(
-            &env.istiod_namespace,
+            &env.pod_namespace,
             &env.mesh_config_map,
         ));
         tasks.spawn_forever("kubernetes-watch", source.clone().run(client.clone()));
@@ -212,7 +269,7 @@ pub async fn serve(
                 crate::kube::status::run(
                     client.clone(),
                     source.clone(),
-                    env.istiod_namespace.clone(),
+                    env.pod_namespace.clone(),
                     identity,
                 ),
             );
@@ -231,6 +288,9 @@ pub async fn serve(
         sources,
     )?;
     tasks.spawn_forever("config-watch", cp.clone().watch(env.debounce));
+    if let Some(publisher) = root_publisher {
+        tasks.spawn_forever("root-cert-publisher", publisher);
+    }
     cp.auto_registration().set_grace(env.workload_entry_grace);
     let transport = crate::transport::within_fds(
         crate::transport::TransportLimits {
