@@ -3,7 +3,9 @@
 //! `istio-sidecar-injector` ConfigMaps, the istiod Service), minus every webhook (no injector
 //! or validation server runs), and `istiod-core serve --kubeconfig` runs on the node's host
 //! network with the env istiod's Deployment gives, serving xDS and the CA on 15012 and its
-//! debug endpoints on 15014 as istiod does. Pods get their sidecars from Istio's own injector
+//! debug endpoints on 15014 as istiod does. As istiod, it keeps its CA root in the cluster (Secret
+//! `istio-ca-secret`), publishes it as ConfigMap `istio-ca-root-cert` in every namespace and
+//! authenticates sidecars by a TokenReview of their tokens. Pods get their sidecars from Istio's own injector
 //! offline, `istioctl kube-inject` fed the injector's ConfigMaps ([`kube_inject`]).
 
 use std::fs;
@@ -56,12 +58,6 @@ pub fn install(cluster: &mut Cluster, extra: &[&str]) -> Result<IstiodCore> {
         format!("0.0.0.0:{GRPC_PORT}"),
         "--debug-addr".into(),
         format!("0.0.0.0:{DEBUG_PORT}"),
-        // TEMPORARY, until istiod-core's CA takes its root from the cluster and authenticates
-        // by TokenReview: a root of its own and the API server's token signing key.
-        "--ca-dir".into(),
-        cwd.join("ca").display().to_string(),
-        "--jwt-public-key".into(),
-        cluster.dir.join("pki/sa.pub").display().to_string(),
     ];
     let core = IstiodCore {
         args,
@@ -234,20 +230,4 @@ pub fn kube_inject(cluster: &Cluster, yaml: &str) -> Result<String> {
         );
     }
     fs::read_to_string(&output).context("istioctl kube-inject wrote no output")
-}
-
-/// TEMPORARY stand-in for istiod-core publishing its root as ConfigMap `istio-ca-root-cert` in
-/// `namespace` (what istiod does for every namespace).
-pub fn publish_root_stand_in(cluster: &Cluster, core: &IstiodCore, namespace: &str) -> Result<()> {
-    let root = fs::read_to_string(core.cwd.join("ca/root-cert.pem"))?;
-    let cm = serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "istio-ca-root-cert", "namespace": namespace},
-        "data": {"root-cert.pem": root},
-    });
-    cluster.block_on(crate::apply::apply_object(
-        &cluster.client,
-        &cm,
-        Some(namespace),
-    ))
 }
