@@ -59,13 +59,16 @@ pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 pub const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
 
+/// A pod as the index holds it.
+type PodRef<'a> = (&'a Metadata, &'a PodInfo);
+
 /// What the Kubernetes objects of a config set say about endpoints, indexed once per build:
 /// pods by name and by address, nodes by name, and the Endpoints and EndpointSlices of each
 /// service.
 #[derive(Default)]
 struct KubeIndex<'a> {
-    pods_by_name: HashMap<(&'a str, &'a str), (&'a Metadata, &'a PodInfo)>,
-    pods_by_ip: HashMap<&'a str, (&'a Metadata, &'a PodInfo)>,
+    pods_by_name: HashMap<(&'a str, &'a str), PodRef<'a>>,
+    pods_by_ip: HashMap<&'a str, PodRef<'a>>,
     nodes: HashMap<&'a str, &'a Metadata>,
     endpoints: HashMap<(&'a str, &'a str), Vec<(&'a Metadata, &'a [EndpointSubset])>>,
     slices: HashMap<(&'a str, &'a str), Vec<(&'a Metadata, &'a EndpointSliceSpec)>>,

@@ -58,48 +58,86 @@ pub fn manifest_args(extra: &[&str]) -> Vec<String> {
     args
 }
 
+/// Istio's install as `istioctl manifest generate` renders it (`manifest_args`).
+pub struct Manifest {
+    pub text: String,
+    pub objects: Vec<Value>,
+}
+
+impl Manifest {
+    /// Runs the installed istioctl; the text is kept as `istio-manifest.yaml` in the cluster's
+    /// directory.
+    pub fn render(cluster: &Cluster, extra: &[&str]) -> Result<Manifest> {
+        let istioctl = harness::istio::istio_bin("istioctl")?;
+        let out = std::process::Command::new(&istioctl)
+            .args(manifest_args(extra))
+            .output()
+            .context("run istioctl manifest generate")?;
+        if !out.status.success() {
+            bail!(
+                "istioctl manifest generate: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let text = String::from_utf8(out.stdout)?;
+        fs::write(cluster.dir.join("istio-manifest.yaml"), &text)?;
+        let objects = apply::parse_objects(&text)?;
+        Ok(Manifest { text, objects })
+    }
+
+    /// The rendered object of `kind` named `name`.
+    pub fn object(&self, kind: &str, name: &str) -> Result<&Value> {
+        self.objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .with_context(|| format!("the rendered install has no {kind} {name}"))
+    }
+
+    /// Value `key` of the rendered ConfigMap `name`.
+    pub fn config_map_data(&self, name: &str, key: &str) -> Result<&str> {
+        self.object("ConfigMap", name)?["data"][key]
+            .as_str()
+            .with_context(|| format!("ConfigMap {name} has no {key}"))
+    }
+
+    /// Applies what a cluster holds of the install: the istio-system namespace, then every
+    /// object but those of kinds in `skip`, and never what runs istiod (this test runs it: the
+    /// Deployment's pod would be istiod itself, with its HPA and PDB) nor the validating webhook
+    /// (it names the istiod Service, which the API server cannot reach).
+    pub fn apply(&self, cluster: &Cluster, skip: &[&str]) -> Result<()> {
+        let skipped = |o: &Value| {
+            let kind = o["kind"].as_str().unwrap_or_default();
+            skip.contains(&kind)
+                || matches!(
+                    kind,
+                    "Deployment"
+                        | "HorizontalPodAutoscaler"
+                        | "PodDisruptionBudget"
+                        | "ValidatingWebhookConfiguration"
+                )
+        };
+        let keep: Vec<Value> = self
+            .objects
+            .iter()
+            .filter(|o| !skipped(o))
+            .cloned()
+            .collect();
+        let namespace = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}});
+        let client = cluster.client.clone();
+        cluster.block_on(async {
+            apply::apply_object(&client, &namespace, None).await?;
+            apply::apply_all(&client, &keep, Some("istio-system")).await
+        })
+    }
+}
+
 /// Renders and applies the install, then starts istiod and waits until it is ready and has
 /// given the injector webhook its CA.
 pub fn install(cluster: &mut Cluster, extra: &[&str]) -> Result<Istiod> {
-    let istioctl = harness::istio::istio_bin("istioctl")?;
-    let out = std::process::Command::new(&istioctl)
-        .args(manifest_args(extra))
-        .output()
-        .context("run istioctl manifest generate")?;
-    if !out.status.success() {
-        bail!(
-            "istioctl manifest generate: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let manifest = String::from_utf8(out.stdout)?;
-    fs::write(cluster.dir.join("istio-manifest.yaml"), &manifest)?;
-    let objects = apply::parse_objects(&manifest)?;
-    // What runs istiod is this test (the Deployment's pod would be istiod itself); the
-    // validating webhook names the istiod Service, which the API server cannot reach.
-    let skip = |o: &Value| {
-        matches!(
-            o["kind"].as_str(),
-            Some(
-                "Deployment"
-                    | "HorizontalPodAutoscaler"
-                    | "PodDisruptionBudget"
-                    | "ValidatingWebhookConfiguration"
-            )
-        )
-    };
-    let deployment = objects
-        .iter()
-        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "istiod")
-        .cloned()
-        .context("the rendered install has no istiod Deployment")?;
-    let keep: Vec<Value> = objects.into_iter().filter(|o| !skip(o)).collect();
-    let namespace = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}});
+    let manifest = Manifest::render(cluster, extra)?;
+    manifest.apply(cluster, &[])?;
+    let deployment = manifest.object("Deployment", "istiod")?.clone();
     let client = cluster.client.clone();
-    cluster.block_on(async {
-        apply::apply_object(&client, &namespace, None).await?;
-        apply::apply_all(&client, &keep, Some("istio-system")).await
-    })?;
     cluster
         .kubelet
         .host_network_service("istio-system", "istiod");
@@ -109,28 +147,31 @@ pub fn install(cluster: &mut Cluster, extra: &[&str]) -> Result<Istiod> {
         cluster.dir.join("istiod"),
         &cluster.kubeconfig,
     ))?;
-    let istiod = Istiod { manifest, ..istiod };
+    let istiod = Istiod {
+        manifest: manifest.text,
+        ..istiod
+    };
     istiod.start(cluster)?;
     Ok(istiod)
 }
 
-async fn istiod_from(
+/// The container `name` of a rendered Deployment and the env its pod would give it (the
+/// downward API resolved for a pod `POD_NAME` on the node, with the node's address).
+pub async fn deployment_env(
     client: &kube::Client,
     deployment: &Value,
-    cwd: PathBuf,
-    kubeconfig: &std::path::Path,
-) -> Result<Istiod> {
+    name: &str,
+) -> Result<(Container, Vec<(String, String)>)> {
     let template = &deployment["spec"]["template"];
     let container: Container = serde_json::from_value(
         template["spec"]["containers"]
             .as_array()
-            .and_then(|c| c.iter().find(|c| c["name"] == "discovery"))
+            .and_then(|c| c.iter().find(|c| c["name"] == name))
             .cloned()
-            .context("istiod Deployment without its discovery container")?,
+            .with_context(|| format!("Deployment without its {name} container"))?,
     )?;
-    // The pod its Deployment would make, for the env's downward API.
     let pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "istiod-0", "namespace": "istio-system", "labels": template["metadata"]["labels"]},
+        "metadata": {"name": POD_NAME, "namespace": "istio-system", "labels": template["metadata"]["labels"]},
         "spec": {
             "serviceAccountName": template["spec"]["serviceAccountName"],
             "nodeName": crate::cluster::NODE_NAME,
@@ -138,7 +179,20 @@ async fn istiod_from(
         },
         "status": {"podIP": crate::cluster::NODE_IP, "hostIP": crate::cluster::NODE_IP},
     }))?;
-    let mut env = volumes::container_env(client, &pod, &container, "istiod Deployment").await?;
+    let env = volumes::container_env(client, &pod, &container, "istiod Deployment").await?;
+    Ok((container, env))
+}
+
+/// The name of the pod the istiod Deployment would make, in its env.
+pub const POD_NAME: &str = "istiod-0";
+
+async fn istiod_from(
+    client: &kube::Client,
+    deployment: &Value,
+    cwd: PathBuf,
+    kubeconfig: &std::path::Path,
+) -> Result<Istiod> {
+    let (container, mut env) = deployment_env(client, deployment, "discovery").await?;
     // Its serving certificate must name the host the API server calls the webhook at.
     env.push(("ISTIOD_CUSTOM_HOST".into(), "localhost".into()));
     let mut args = vec![

@@ -1,7 +1,8 @@
 //! A Kubernetes cluster for tests, built from real components: etcd, kube-apiserver and
 //! kube-controller-manager (`scripts/install-kube.sh`), a Node, and a test kubelet that runs the
 //! Pods bound to that Node as network namespaces ([`kubelet`]); Istio's istiod with its sidecar
-//! injector as Istio's users install it ([`istio`]).
+//! injector as Istio's users install it ([`istio`]), or istiod-core in istiod's place with Istio's
+//! injector run offline ([`istiod_core`]); Bookinfo and the checks run against either ([`bookinfo`]).
 //!
 //! The cluster lives in a network namespace of its own, the node's host network: the control
 //! plane listens on its loopback, pods hang off its bridge (`10.244.0.0/24`, the node at
@@ -9,9 +10,11 @@
 //! every thread of its runtime, joins that namespace (see [`Cluster::start`]).
 
 pub mod apply;
+pub mod bookinfo;
 pub mod cluster;
 pub mod images;
 pub mod istio;
+pub mod istiod_core;
 pub mod kubelet;
 pub mod volumes;
 
