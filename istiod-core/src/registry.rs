@@ -61,17 +61,19 @@ pub const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
 
 /// A pod as the index holds it.
 type PodRef<'a> = (&'a Metadata, &'a PodInfo);
+/// An object's key in the index: namespace and name.
+type NsName<'a> = (&'a str, &'a str);
 
 /// What the Kubernetes objects of a config set say about endpoints, indexed once per build:
 /// pods by name and by address, nodes by name, and the Endpoints and EndpointSlices of each
 /// service.
 #[derive(Default)]
 struct KubeIndex<'a> {
-    pods_by_name: HashMap<(&'a str, &'a str), PodRef<'a>>,
+    pods_by_name: HashMap<NsName<'a>, PodRef<'a>>,
     pods_by_ip: HashMap<&'a str, PodRef<'a>>,
     nodes: HashMap<&'a str, &'a Metadata>,
-    endpoints: HashMap<(&'a str, &'a str), Vec<(&'a Metadata, &'a [EndpointSubset])>>,
-    slices: HashMap<(&'a str, &'a str), Vec<(&'a Metadata, &'a EndpointSliceSpec)>>,
+    endpoints: HashMap<NsName<'a>, Vec<(&'a Metadata, &'a [EndpointSubset])>>,
+    slices: HashMap<NsName<'a>, Vec<(&'a Metadata, &'a EndpointSliceSpec)>>,
 }
 
 impl<'a> KubeIndex<'a> {
