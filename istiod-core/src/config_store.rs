@@ -15,6 +15,7 @@ use serde::Deserialize;
 pub mod authorization;
 pub mod destination_rule;
 pub mod dir;
+pub mod discovery;
 pub mod gateway;
 pub mod providers;
 pub mod request_authentication;
@@ -215,6 +216,9 @@ pub struct MeshConfigSpec {
     pub enable_tracing: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_providers: Option<providers::DefaultProviders>,
+    /// The namespaces the control plane sees (`config_store::discovery`); none: all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub discovery_selectors: Vec<discovery::NamespaceSelector>,
     #[serde(flatten)]
     pub rest: BTreeMap<String, serde_json::Value>,
 }
@@ -258,6 +262,10 @@ impl MeshConfigSpec {
         if other.default_providers.is_some() {
             self.default_providers.clone_from(&other.default_providers);
         }
+        if !other.discovery_selectors.is_empty() {
+            self.discovery_selectors
+                .clone_from(&other.discovery_selectors);
+        }
         self.rest
             .extend(other.rest.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
@@ -267,6 +275,10 @@ impl MeshConfigSpec {
         for (i, p) in self.extension_providers.iter().enumerate() {
             p.check()
                 .map_err(|e| format!("extensionProviders[{i}]{e}"))?;
+        }
+        for (i, s) in self.discovery_selectors.iter().enumerate() {
+            s.check()
+                .map_err(|e| format!("discoverySelectors[{i}].{e}"))?;
         }
         if let Some(ns) = &self.root_namespace
             && !traffic::is_dns1123_label(ns)

@@ -226,6 +226,9 @@ fn build(
                 .cloned(),
         );
     }
+    // Only what the mesh's discoverySelectors let it see (istiod's namespace filter).
+    let selectors = push_context::merged_mesh(&set).discovery_selectors;
+    config_store::discovery::retain_selected(&mut set.resources, &selectors);
     let mut rejected = rejected_by_store;
     let version = format!(
         "{}.{generation}",

@@ -191,7 +191,7 @@ fn security_warnings(
 }
 
 /// The mesh config: every MeshConfig source merged, later over earlier.
-fn merged_mesh(config: &ConfigSet) -> MeshConfigSpec {
+pub fn merged_mesh(config: &ConfigSet) -> MeshConfigSpec {
     let mut mesh = MeshConfigSpec::default();
     for r in &config.resources {
         if let Resource::MeshConfig(_, m) = r {

@@ -377,6 +377,36 @@ fn istiod_core_follows_the_api_server() {
         })
     });
 
+    // discoverySelectors: a namespace not selected is not seen (its services gone) until its
+    // labels match.
+    let mut cm = c.block_on(cms.get("istio")).unwrap();
+    let mesh_text = cm.data.as_ref().unwrap()["mesh"].clone();
+    cm.data.as_mut().unwrap().insert(
+        "mesh".into(),
+        format!("{mesh_text}\ndiscoverySelectors:\n- matchLabels: {{mesh: \"on\"}}\n"),
+    );
+    cm.metadata.managed_fields = None;
+    c.block_on(cms.replace("istio", &PostParams::default(), &cm))
+        .unwrap();
+    wait_debug(&c, "/debug/endpointz", "shop not selected", |v| {
+        v.is_object() && v.get(HOST).is_none()
+    });
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.client.clone());
+    let t = Instant::now();
+    c.block_on(namespaces.patch(
+        "shop",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"metadata": {"labels": {"mesh": "on"}}})),
+    ))
+    .unwrap();
+    wait_debug(&c, "/debug/endpointz", "shop selected again", |v| {
+        endpoint(v, "10.244.9.11").is_some()
+    });
+    eprintln!(
+        "STEP a namespace labelled into discoverySelectors is seen after {:?}",
+        t.elapsed()
+    );
+
     // The API server goes away for 3 s: nothing served is dropped; once it is back, the
     // watches resume and a change made then is seen.
     let before = debug(&c, "/debug/endpointz");
