@@ -386,6 +386,17 @@ load_mesh() { # services endpoints
     inns python3 "$WORK/apply.py" "$PKI" --delete-kube
     apply_file "$WORK/mesh/mesh.yaml"
     echo "$1 Services x $2 Pods (Ready) and their EndpointSlices applied to the API server in $(since "$t") s"
+    # The data: the objects as the API server lists them (JSON), without their managedFields.
+    for kind in api/v1/namespaces/load/pods api/v1/namespaces/load/services \
+      apis/discovery.k8s.io/v1/namespaces/load/endpointslices; do
+      k get --raw "/$kind" | python3 -c '
+import json, sys
+items = json.load(sys.stdin)["items"]
+for i in items:
+    i["metadata"].pop("managedFields", None)
+size = sum(len(json.dumps(i, separators=(",", ":"))) for i in items)
+print(f"  {sys.argv[1]}: {len(items)}, {size / max(len(items), 1):.0f} bytes of JSON each (no managedFields)")' "${kind##*/}"
+    done
   else
     inns python3 "$WORK/apply.py" "$PKI" --delete-all
     apply_file "$WORK/mesh/mesh.yaml"
@@ -427,10 +438,11 @@ SETTLE="${SETTLE:-5}"
 registry_rss() { # plane pid label
   sleep "$SETTLE"
   local line
+  local peak; peak=$(awk '/^VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$2/status")
   if [ "$1" = istiod ]; then
-    line="RSS $(rss "$2") MiB, Go heap in use $(go_heap) MiB"
+    line="RSS $(rss "$2") MiB (peak $peak MiB), Go heap in use $(go_heap) MiB"
   else
-    line="RSS $(rss "$2") MiB"
+    line="RSS $(rss "$2") MiB (peak $peak MiB)"
   fi
   echo "$line" >"$WORK/registry-$1-$3.txt"
   echo "$1 before any proxy ($SETTLE s after ready): $line"
