@@ -8,12 +8,21 @@
 #     istiod-core: the file write) to every proxy having it, and that minus the 100 ms debounce;
 #   memory: 1000 services x 10 endpoints: RSS once all proxies are configured, after full pushes,
 #     peak; CPU seconds (utime + stime from /proc) per endpoint push and per full push.
+# MESH=kube (BENCHMARKS.md "istiod and istiod-core on a Kubernetes registry"): the mesh is Kubernetes
+#   Services (selector app=svcI, port http 80 -> 8080) with 10 Pods each (labels app, version; a
+#   service account; Ready through the status subresource) and their EndpointSlices (written by this
+#   script's apply.py, as the EndpointSlice controller would), and both planes read it from the same
+#   API server (istiod-core: `serve --kubeconfig`, no --config-dir); an endpoint move replaces a pod
+#   (delete, create at a new address, Ready, the slice updated), a full push is a new Service with
+#   its 10 Pods. The memory part also gives each plane's RSS with the registry listed and no proxy,
+#   on a cluster without and with the mesh. Default MESH=serviceentry: the ServiceEntry mesh above.
 # Usage: ./scripts/bench-control-plane.sh [rounds] (default 10). As root: every process (etcd,
 # kube-apiserver, istiod, istiod-core, the load client) runs on the loopback of a network namespace
 # of its own, removed at the end.
 # BIN=DIR: prebuilt istiod-core and xds-load (DIR/istiod-core; DIR/examples/xds-load or DIR/xds-load),
 # else a release build here. PARTS="convergence memory", PLANES="istiod istiod-core",
-# CLIENTS=500, MEM_ROUNDS=6 (rounds in the memory part), KEEP=1 keeps the work directory.
+# CLIENTS=500, MEM_ROUNDS=6 (rounds in the memory part), SETTLE=5 (seconds from ready to the RSS
+# before any proxy), KEEP=1 keeps the work directory.
 # Istio from scripts/install-istio.sh ($ISTIO_HOME), Kubernetes from scripts/install-kube.sh ($KUBE_HOME).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +31,8 @@ CLIENTS="${CLIENTS:-500}"
 PARTS="${PARTS:-convergence memory}"
 PLANES="${PLANES:-istiod istiod-core}"
 MEM_ROUNDS="${MEM_ROUNDS:-6}"
+MESH="${MESH:-serviceentry}"
+case "$MESH" in serviceentry | kube) ;; *) echo "MESH=serviceentry or MESH=kube" >&2; exit 2 ;; esac
 ISTIO_HOME="${ISTIO_HOME:-$(./scripts/install-istio.sh --print)}"
 KUBE_HOME="${KUBE_HOME:-$(./scripts/install-kube.sh --print)}"
 part() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -36,6 +47,8 @@ LOAD="$BIN/examples/xds-load"; [ -x "$LOAD" ] || LOAD="$BIN/xds-load"
 # An xds-load from before XDS_LOAD_APPLY would edit a file istiod never reads: every round would time out.
 usage="$("$LOAD" 2>&1 || true)"
 [[ "$usage" == *'SERVER_PID[,PID'* ]] || { echo "$LOAD predates XDS_LOAD_APPLY; rebuild it" >&2; exit 1; }
+# One from before XDS_LOAD_MESH would add ServiceEntries that no plane reads under MESH=kube.
+[ "$MESH" != kube ] || [[ "$usage" == *XDS_LOAD_MESH* ]] || { echo "$LOAD predates XDS_LOAD_MESH; rebuild it" >&2; exit 1; }
 ETCD="$KUBE_HOME/bin/etcd"; [ -x "$ETCD" ] || ETCD="$(command -v etcd)"
 KUBECTL="$KUBE_HOME/bin/kubectl"
 for b in "$CORE" "$LOAD" "$ETCD" "$KUBE_HOME/bin/kube-apiserver" "$KUBECTL" \
@@ -181,44 +194,141 @@ PY
 mapfile -t ISTIOD_ENV <"$WORK/istiod.env"
 mapfile -t ISTIOD_ARGS <"$WORK/istiod.args"
 
-# The API server client of the runs: a persistent HTTPS connection that server-side applies each
-# ServiceEntry document it reads (documents end with `---`; a line `...` ends a batch and is
-# answered `ok N`), as `kubectl apply --server-side` would, without a process start per change
-# (`--serve`: xds-load's XDS_LOAD_APPLY command, connected before the first change).
+# The API server client of the runs: persistent HTTPS connections that apply each document they
+# read (documents end with `---`; a line `...` ends a batch and is answered `ok N`), without a process
+# start per change (`--serve`: xds-load's XDS_LOAD_APPLY command, connected before the first change).
+# A ServiceEntry: a server-side apply, as `kubectl apply --server-side` would, at once. MESH=kube's
+# Pods and Services (scripts/gen-mesh.py --kube) are applied at the end of their batch: each Pod
+# created (an existing one deleted first, grace 0: an endpoint move is a pod replaced) and made Ready
+# with a running container at its `podIP` through the status subresource, as a kubelet would; then
+# the EndpointSlice of each Service whose pods changed is written from every pod of it known here,
+# as the EndpointSlice controller would (no kube-controller-manager runs); then the Services
+# (server-side apply). Pods, slices and Services each go 4 requests at a time.
 cat >"$WORK/apply.py" <<'PY'
-import http.client, re, ssl, sys
+import http.client, json, re, ssl, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 pki = sys.argv[1]
 ctx = ssl.create_default_context(cafile=f"{pki}/ca.crt")
 ctx.load_cert_chain(f"{pki}/admin.crt", f"{pki}/admin.key")
-conn = None
+local = threading.local()
 def call(method, path, body=None, ctype=None):
-    global conn
     for attempt in (0, 1):
         try:
-            if conn is None:
-                conn = http.client.HTTPSConnection("127.0.0.1", 6443, context=ctx)
-            conn.request(method, path, body=body, headers={"Content-Type": ctype} if ctype else {})
-            r = conn.getresponse()
+            if getattr(local, "conn", None) is None:
+                local.conn = http.client.HTTPSConnection("127.0.0.1", 6443, context=ctx)
+            local.conn.request(method, path, body=body, headers={"Content-Type": ctype} if ctype else {})
+            r = local.conn.getresponse()
             return r.status, r.read()
         except (http.client.HTTPException, OSError):
-            conn = None
+            local.conn = None
             if attempt:
                 raise
-META = re.compile(r"^metadata:\s*\{name:\s*([^,}\s]+),\s*namespace:\s*([^,}\s]+)\}", re.M)
-def apply(doc):
-    m = META.search(doc)
-    if not m or not re.search(r"^kind: ServiceEntry", doc, re.M):
-        return f"not a ServiceEntry of this bench: {doc[:80]!r}"
-    name, ns = m.groups()
+pool = ThreadPoolExecutor(4)
+META = re.compile(r"^metadata:\s*\{name:\s*([^,}\s]+),\s*namespace:\s*([^,}\s]+)", re.M)
+APP = re.compile(r"labels:\s*\{app:\s*([^,}\s]+)")
+POD_IP = re.compile(r"^status:\s*\{podIP:\s*([\d.]+)\}\s*$", re.M)
+KIND = re.compile(r"^kind: (\w+)", re.M)
+def apply_se(doc, name, ns):
     status, body = call("PATCH", f"/apis/networking.istio.io/v1/namespaces/{ns}/serviceentries/{name}"
                         "?fieldManager=bench-control-plane&force=true", doc.encode(),
                         "application/apply-patch+yaml")
     return None if status in (200, 201) else f"{name}: {status} {body[:300]!r}"
+# MESH=kube: the pods of each service (by its `app` label) known here: name -> address.
+pods = {}
+def pod_status(ip):
+    ready = [{"type": t, "status": "True"} for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
+    return {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "conditions": ready,
+                       "containerStatuses": [{"name": "app", "ready": True, "started": True, "restartCount": 0,
+                                              "image": "bench/app:1", "imageID": "",
+                                              "state": {"running": {"startedAt": "2026-11-25T00:00:00Z"}}}]}}
+def apply_pod(doc, name, ns, ip):
+    base = f"/api/v1/namespaces/{ns}/pods"
+    spec = POD_IP.sub("", doc).encode()
+    status, body = call("POST", base, spec, "application/yaml")
+    if status == 409:
+        status, body = call("DELETE", f"{base}/{name}", json.dumps({"gracePeriodSeconds": 0}).encode(),
+                            "application/json")
+        if status not in (200, 202):
+            return f"delete pod {name}: {status} {body[:300]!r}"
+        status, body = call("POST", base, spec, "application/yaml")
+    if status != 201:
+        return f"pod {name}: {status} {body[:300]!r}"
+    status, body = call("PATCH", f"{base}/{name}/status", json.dumps(pod_status(ip)).encode(),
+                        "application/merge-patch+json")
+    return None if status == 200 else f"pod {name} status: {status} {body[:300]!r}"
+def apply_slice(ns, svc):
+    eps = [{"addresses": [ip], "conditions": {"ready": True, "serving": True, "terminating": False},
+            "nodeName": "bench-node", "targetRef": {"kind": "Pod", "namespace": ns, "name": pod}}
+           for pod, ip in sorted(pods[(ns, svc)].items())]
+    slice_ = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+              "metadata": {"name": f"{svc}-bench", "namespace": ns,
+                           "labels": {"kubernetes.io/service-name": svc,
+                                      "endpointslice.kubernetes.io/managed-by": "bench-control-plane"}},
+              "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+              "endpoints": eps}
+    status, body = call("PATCH", f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices/{svc}-bench"
+                        "?fieldManager=bench-control-plane&force=true", json.dumps(slice_).encode(),
+                        "application/apply-patch+yaml")
+    return None if status in (200, 201) else f"slice {svc}: {status} {body[:300]!r}"
+def apply_service(doc, name, ns):
+    status, body = call("PATCH", f"/api/v1/namespaces/{ns}/services/{name}"
+                        "?fieldManager=bench-control-plane&force=true", doc.encode(),
+                        "application/apply-patch+yaml")
+    return None if status in (200, 201) else f"service {name}: {status} {body[:300]!r}"
+kube_pods, kube_services = [], []
+def apply(doc):
+    m, kind = META.search(doc), KIND.search(doc)
+    if not m or not kind:
+        return f"not a document of this bench: {doc[:80]!r}"
+    name, ns = m.groups()
+    if kind.group(1) == "ServiceEntry":
+        return apply_se(doc, name, ns)
+    if kind.group(1) == "Pod" and APP.search(doc) and POD_IP.search(doc):
+        kube_pods.append((doc, name, ns, APP.search(doc).group(1), POD_IP.search(doc).group(1)))
+    elif kind.group(1) == "Service":
+        kube_services.append((doc, name, ns))
+    else:
+        return f"not a document of this bench: {doc[:80]!r}"
+def apply_kube():
+    global kube_pods, kube_services
+    errors = list(pool.map(lambda p: apply_pod(p[0], p[1], p[2], p[4]), kube_pods))
+    touched = set()
+    for _, name, ns, app, ip in kube_pods:
+        pods.setdefault((ns, app), {})[name] = ip
+        touched.add((ns, app))
+    errors += pool.map(lambda t: apply_slice(*t), sorted(touched))
+    errors += pool.map(lambda s: apply_service(*s), kube_services)
+    kube_pods, kube_services = [], []
+    return [e for e in errors if e]
+def wait_empty(path):
+    for _ in range(600):
+        status, body = call("GET", f"{path}?limit=1")
+        if status == 200 and not json.loads(body)["items"]:
+            return
+        time.sleep(0.1)
+    sys.exit(f"{path} not empty after 60 s")
 if sys.argv[2:] == ["--delete-all"]:
     status, body = call("DELETE", "/apis/networking.istio.io/v1/namespaces/load/serviceentries")
     sys.exit(0 if status == 200 else f"delete: {status} {body[:300]!r}")
-if sys.argv[2:] == ["--serve"]:  # for xds-load: connected, then says so, before any change
-    call("GET", "/readyz")
+if sys.argv[2:] == ["--delete-kube"]:  # MESH=kube: every Service, Pod and EndpointSlice of `load`
+    status, body = call("GET", "/api/v1/namespaces/load/services")
+    names = [s["metadata"]["name"] for s in json.loads(body)["items"]]
+    codes = pool.map(lambda n: call("DELETE", f"/api/v1/namespaces/load/services/{n}")[0], names)
+    bad = [f"service {n}: {c}" for n, c in zip(names, codes) if c != 200]
+    for path, extra in (("/api/v1/namespaces/load/pods", "?gracePeriodSeconds=0"),
+                        ("/apis/discovery.k8s.io/v1/namespaces/load/endpointslices", "")):
+        status, body = call("DELETE", path + extra)
+        if status != 200:
+            bad.append(f"{path}: {status} {body[:300]!r}")
+        wait_empty(path)
+    wait_empty("/api/v1/namespaces/load/services")
+    sys.exit(f"delete: {bad}" if bad else 0)
+if sys.argv[2:] == ["--serve"]:  # for xds-load: connected, the pods known, then says so
+    status, body = call("GET", "/api/v1/namespaces/load/pods")
+    for p in json.loads(body)["items"]:
+        app, ip = p["metadata"].get("labels", {}).get("app"), p.get("status", {}).get("podIP")
+        if app and ip:
+            pods.setdefault((p["metadata"]["namespace"], app), {})[p["metadata"]["name"]] = ip
     print("ready", flush=True)
 doc, n, errors = [], 0, []
 def flush():
@@ -235,35 +345,137 @@ for line in sys.stdin:
         flush()
     elif line.rstrip() == "...":
         flush()
+        errors += apply_kube()
         print(f"error {errors}" if errors else f"ok {n}", flush=True)
         n, errors = 0, []
     else:
         doc.append(line)
 flush()
+errors += apply_kube()
 if errors:
-    sys.exit(f"apply: {errors}")
+    sys.exit(f"apply: {errors[:5]} ({len(errors)} errors)")
 PY
 apply_file() { inns python3 "$WORK/apply.py" "$PKI" <"$1"; }
 
-gen_mesh() { python3 scripts/gen-mesh.py "$@"; } # file services endpoints
+gen_mesh() { # file services endpoints
+  if [ "$MESH" = kube ]; then python3 scripts/gen-mesh.py "$@" --kube; else python3 scripts/gen-mesh.py "$@"; fi
+}
 
 # What a sidecar's agent puts in its node metadata that istiod reads (namespace, version, cluster).
 export XDS_LOAD_META="NAMESPACE=load,ISTIO_VERSION=1.31.0,CLUSTER_ID=Kubernetes"
+if [ "$MESH" = kube ]; then export XDS_LOAD_MESH=kube; fi
+if [ "$MESH" = kube ]; then
+  # The pods' service account and node (its labels give the endpoints' locality).
+  k create serviceaccount bench-app -n load >/dev/null
+  k apply -f - >/dev/null <<'EOF'
+apiVersion: v1
+kind: Node
+metadata:
+  name: bench-node
+  labels: {topology.kubernetes.io/region: bench-region, topology.kubernetes.io/zone: bench-zone, kubernetes.io/hostname: bench-node}
+EOF
+  k patch node bench-node --subresource=status --type=merge \
+    -p '{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"bench"}]}}' >/dev/null
+fi
 
-run_istiod() { # services rounds label
-  inns python3 "$WORK/apply.py" "$PKI" --delete-all
+# The mesh in the API server: MESH=serviceentry for istiod only (istiod-core reads the file), MESH=kube
+# for both planes, reset before each (a run's rounds change it).
+load_mesh() { # services endpoints
   local t; t=$(now)
-  apply_file "$WORK/mesh/mesh.yaml"
-  echo "istiod: $1 ServiceEntries applied to the API server in $(since "$t") s"
-  mkdir -p "$WORK/istiod-$3"
-  t=$(now)
-  (cd "$WORK/istiod-$3" && exec ip netns exec "$NS" env "${ISTIOD_ENV[@]}" \
-    "$ISTIO_HOME/bin/pilot-discovery" "${ISTIOD_ARGS[@]}") >"$WORK/istiod-$3.log" 2>&1 &
-  local pid=$!; STARTED+=("$pid")
+  if [ "$MESH" = kube ]; then
+    inns python3 "$WORK/apply.py" "$PKI" --delete-kube
+    apply_file "$WORK/mesh/mesh.yaml"
+    echo "$1 Services x $2 Pods (Ready) and their EndpointSlices applied to the API server in $(since "$t") s"
+    # The data: the objects as the API server lists them (JSON), without their managedFields.
+    for kind in api/v1/namespaces/load/pods api/v1/namespaces/load/services \
+      apis/discovery.k8s.io/v1/namespaces/load/endpointslices; do
+      k get --raw "/$kind" | python3 -c '
+import json, sys
+items = json.load(sys.stdin)["items"]
+for i in items:
+    i["metadata"].pop("managedFields", None)
+size = sum(len(json.dumps(i, separators=(",", ":"))) for i in items)
+print(f"  {sys.argv[1]}: {len(items)}, {size / max(len(items), 1):.0f} bytes of JSON each (no managedFields)")' "${kind##*/}"
+    done
+  else
+    inns python3 "$WORK/apply.py" "$PKI" --delete-all
+    apply_file "$WORK/mesh/mesh.yaml"
+    echo "istiod: $1 ServiceEntries applied to the API server in $(since "$t") s"
+  fi
+}
+
+start_istiod() { # label; sets PID
+  mkdir -p "$WORK/istiod-$1"
+  local t; t=$(now)
+  (cd "$WORK/istiod-$1" && exec ip netns exec "$NS" env "${ISTIOD_ENV[@]}" \
+    "$ISTIO_HOME/bin/pilot-discovery" "${ISTIOD_ARGS[@]}") >"$WORK/istiod-$1.log" 2>&1 &
+  PID=$!; STARTED+=("$PID")
   wait_for istiod 120 inns curl -sf http://127.0.0.1:8080/ready
   echo "istiod ready in $(since "$t") s"
-  sleep 2
-  echo "istiod RSS before any proxy: $(rss "$pid") MiB"
+}
+
+start_core() { # label; sets PID
+  local t; t=$(now)
+  if [ "$MESH" = kube ]; then
+    PILOT_DEBOUNCE_AFTER=100ms POD_NAMESPACE=istio-system ip netns exec "$NS" "$CORE" serve \
+      --kubeconfig "$KUBECONFIG_FILE" --grpc-addr 127.0.0.1:15710 --debug-addr 127.0.0.1:15714 >"$WORK/istiod-core-$1.log" 2>&1 &
+  else
+    PILOT_DEBOUNCE_AFTER=100ms ip netns exec "$NS" "$CORE" serve --config-dir "$WORK/mesh" \
+      --grpc-addr 127.0.0.1:15710 >"$WORK/istiod-core-$1.log" 2>&1 &
+  fi
+  PID=$!; STARTED+=("$PID")
+  wait_for istiod-core 90 inns bash -c 'exec 3<>/dev/tcp/127.0.0.1/15710'
+  echo "istiod-core serving in $(since "$t") s"
+}
+
+# istiod's Go heap in use (MiB), from its metrics: its RSS also holds garbage not yet collected.
+go_heap() { inns curl -sf http://127.0.0.1:15014/metrics |
+  awk '/^go_memstats_heap_inuse_bytes / {printf "%.1f", $2 / 1048576}'; }
+
+# RSS with the registry listed and no proxy connected, SETTLE s after ready; written to
+# $WORK/registry-PLANE-LABEL.txt for the side-by-side table.
+SETTLE="${SETTLE:-5}"
+registry_rss() { # plane pid label
+  sleep "$SETTLE"
+  local line
+  local peak; peak=$(awk '/^VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$2/status")
+  if [ "$1" = istiod ]; then
+    line="RSS $(rss "$2") MiB (peak $peak MiB), Go heap in use $(go_heap) MiB"
+  else
+    line="RSS $(rss "$2") MiB (peak $peak MiB)"
+  fi
+  echo "$line" >"$WORK/registry-$1-$3.txt"
+  echo "$1 before any proxy ($SETTLE s after ready): $line"
+}
+
+# MESH=kube, 50 services only (the JSON is large at 1000): what a plane made of the registry, from
+# its debug endpoint (after the RSS above): services of namespace load, svc0's endpoints, one of them.
+check_registry() { # url
+  [ "$MESH" = kube ] && [ "$1" != "" ] || return 0
+  inns curl -sf "$1" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+def eps(v):
+    if isinstance(v, dict):
+        if any("ddress" in k for k in v):
+            yield v
+        else:
+            for x in v.values():
+                yield from eps(x)
+    elif isinstance(v, list):
+        for x in v:
+            yield from eps(x)
+hosts = [h for h in j if h.endswith(".load.svc.cluster.local")]
+svc0 = list(eps(j.get("svc0.load.svc.cluster.local", {})))
+print(f"  registry check: {len(hosts)} services of namespace load; svc0: {len(svc0)} endpoints; one: "
+      + json.dumps(svc0[0] if svc0 else None, separators=(",", ":"))[:400])' || echo "  registry check failed"
+}
+
+run_istiod() { # services rounds label
+  start_istiod "$3"
+  local pid=$PID
+  registry_rss istiod "$pid" "$3"
+  [ "$1" -gt 100 ] || check_registry http://127.0.0.1:15014/debug/endpointShardz
   cp "$WORK/mesh/mesh.yaml" "$WORK/istiod-mesh.yaml" # the copy xds-load edits; istiod reads the API
   XDS_LOAD_APPLY="python3 $WORK/apply.py $PKI --serve" \
     inns "$LOAD" 127.0.0.1:15010 "$CLIENTS" "$WORK/istiod-mesh.yaml" "$2" 100 \
@@ -277,34 +489,55 @@ run_istiod() { # services rounds label
 }
 
 run_core() { # services rounds label
-  local t; t=$(now)
-  PILOT_DEBOUNCE_AFTER=100ms ip netns exec "$NS" "$CORE" serve --config-dir "$WORK/mesh" --grpc-addr 127.0.0.1:15710 \
-    >"$WORK/istiod-core-$3.log" 2>&1 &
-  local pid=$!; STARTED+=("$pid")
-  wait_for istiod-core 60 inns bash -c 'exec 3<>/dev/tcp/127.0.0.1/15710'
-  echo "istiod-core serving in $(since "$t") s"
-  sleep 2
-  echo "istiod-core RSS before any proxy: $(rss "$pid") MiB"
-  inns "$LOAD" 127.0.0.1:15710 "$CLIENTS" "$WORK/mesh/mesh.yaml" "$2" 100 "$pid" 2>&1 \
-    | tee "$WORK/out-istiod-core-$3.txt"
+  start_core "$3"
+  local pid=$PID
+  registry_rss istiod-core "$pid" "$3"
+  [ "$1" -gt 100 ] || check_registry http://127.0.0.1:15714/debug/endpointz
+  if [ "$MESH" = kube ]; then
+    cp "$WORK/mesh/mesh.yaml" "$WORK/core-mesh.yaml" # the copy xds-load edits; istiod-core reads the API
+    XDS_LOAD_APPLY="python3 $WORK/apply.py $PKI --serve" \
+      inns "$LOAD" 127.0.0.1:15710 "$CLIENTS" "$WORK/core-mesh.yaml" "$2" 100 \
+      "$pid,$APISERVER_PID,$ETCD_PID" 2>&1 | tee "$WORK/out-istiod-core-$3.txt"
+  else
+    inns "$LOAD" 127.0.0.1:15710 "$CLIENTS" "$WORK/mesh/mesh.yaml" "$2" 100 "$pid" 2>&1 \
+      | tee "$WORK/out-istiod-core-$3.txt"
+  fi
   stop "$pid"
 }
 
 run() { # services endpoints rounds label
   mkdir -p "$WORK/mesh"; rm -f "$WORK/mesh/"*
   gen_mesh "$WORK/mesh/mesh.yaml" "$1" "$2"
-  if plane istiod; then echo "### istiod (Istio $(basename "$ISTIO_HOME"))"; run_istiod "$1" "$3" "$4"; echo; fi
-  if plane istiod-core; then echo "### istiod-core"; run_core "$1" "$3" "$4"; echo; fi
+  if plane istiod; then
+    echo "### istiod (Istio $(basename "$ISTIO_HOME"))"
+    load_mesh "$1" "$2"
+    run_istiod "$1" "$3" "$4"; echo
+  fi
+  if plane istiod-core; then
+    echo "### istiod-core"
+    if [ "$MESH" = kube ]; then load_mesh "$1" "$2"; fi
+    run_core "$1" "$3" "$4"; echo
+  fi
+}
+
+# MESH=kube, memory part: each plane's RSS with the registry listed and no proxy, on a cluster
+# without the mesh (Istio's own objects, the node, the namespaces).
+registry_empty() {
+  echo "## registry only: no Services, Pods or EndpointSlices in namespace load"
+  inns python3 "$WORK/apply.py" "$PKI" --delete-kube
+  if plane istiod; then start_istiod empty; registry_rss istiod "$PID" empty; stop "$PID"; fi
+  if plane istiod-core; then start_core empty; registry_rss istiod-core "$PID" empty; stop "$PID"; fi
 }
 
 if part convergence; then
   echo
-  echo "## convergence: 50 services x 10 endpoints, $CLIENTS sidecars, $ROUNDS rounds"
+  echo "## convergence: 50 services x 10 endpoints, $CLIENTS sidecars, $ROUNDS rounds (MESH=$MESH)"
   run 50 10 "$ROUNDS" convergence
 fi
 if part memory; then
   echo
-  echo "## memory and CPU: 1000 services x 10 endpoints, $CLIENTS sidecars, $MEM_ROUNDS rounds"
+  if [ "$MESH" = kube ]; then registry_empty; fi
+  echo "## memory and CPU: 1000 services x 10 endpoints, $CLIENTS sidecars, $MEM_ROUNDS rounds (MESH=$MESH)"
   run 1000 10 "$MEM_ROUNDS" memory
 fi
 
@@ -346,6 +579,32 @@ for part, label in (("convergence", "50 services"), ("memory", "1000 services"))
         x, y = num(a, pattern), num(b, pattern)
         if x is not None and y is not None:
             rows.append((f"{label}: {name}", f"{x:g}", f"{y:g}", f"{x / y:.1f}x" if y else "-"))
+# Before any proxy: RSS with the registry listed (and istiod's Go heap in use), on the cluster without
+# the mesh (MESH=kube's memory part) and with it; the difference over the mesh's objects.
+def registry(plane, label):
+    try:
+        text = open(f"{work}/registry-{plane}-{label}.txt").read()
+    except OSError:
+        return None, None
+    rss = re.search(r"RSS ([\d.]+) MiB", text)
+    heap = re.search(r"Go heap in use ([\d.]+) MiB", text)
+    return (float(rss.group(1)) if rss else None), (float(heap.group(1)) if heap else None)
+for label, what in (("empty", "no Services/Pods/EndpointSlices"), ("convergence", "50 services"),
+                    ("memory", "1000 services")):
+    (x, hx), (y, _) = registry("istiod", label), registry("istiod-core", label)
+    if x is not None and y is not None:
+        rows.append((f"before any proxy, {what}: RSS (MiB)", f"{x:g}", f"{y:g}", f"{x / y:.1f}x" if y else "-"))
+    if hx is not None:
+        rows.append((f"before any proxy, {what}: istiod's Go heap in use (MiB)", f"{hx:g}", "-", "-"))
+(xe, hxe), (ye, _) = registry("istiod", "empty"), registry("istiod-core", "empty")
+(xm, hxm), (ym, _) = registry("istiod", "memory"), registry("istiod-core", "memory")
+if None not in (xe, ye, xm, ym):
+    # 1000 Services, 10000 Pods, 1000 EndpointSlices (10000 endpoints): one Service's share.
+    dx, dy = (xm - xe) * 1024 / 1000, (ym - ye) * 1024 / 1000
+    rows.append(("RSS with 1000 x 10 minus without, per Service with its 10 Pods and EndpointSlice (KiB)",
+                 f"{dx:.0f}", f"{dy:.0f}", f"{dx / dy:.1f}x" if dy else "-"))
+    if None not in (hxe, hxm):
+        rows.append(("the same of istiod's Go heap in use (KiB)", f"{(hxm - hxe) * 1024 / 1000:.0f}", "-", "-"))
 if rows:
     print("\n## side by side\n")
     print("| | istiod | istiod-core | istiod / istiod-core |")

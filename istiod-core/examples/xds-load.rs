@@ -16,6 +16,10 @@
 //! -c`) answers a first line once it is ready, then is sent each round's changed documents on
 //! its stdin, each ending with a line `---`, the round with a line `...`, and answers a line
 //! once they are applied; the time is still taken from before the change is handed over.
+//! `XDS_LOAD_MESH=kube`: CONFIG_FILE is a Kubernetes mesh (`scripts/gen-mesh.py --kube`: Services
+//! and their Pods, a Pod's address its `status.podIP`), so an endpoint round moves the pod at
+//! 10.200.0.0 and a full round adds a Service with 10 Pods (the Pods first) instead of a
+//! ServiceEntry.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -167,6 +171,26 @@ async fn stream(
         });
     }
     Ok(())
+}
+
+/// The Pods' spec of `scripts/gen-mesh.py --kube` (kept the same there).
+const KUBE_POD_SPEC: &str = "{nodeName: bench-node, serviceAccountName: bench-app, automountServiceAccountToken: false, containers: [{name: app, image: bench/app:1, ports: [{name: http, containerPort: 8080}]}]}";
+
+/// A full round's new service under `XDS_LOAD_MESH=kube`: 10 Pods (addresses 10.99.R.1-10),
+/// then the Service selecting them, in `scripts/gen-mesh.py --kube`'s shape.
+fn kube_service(round: usize) -> String {
+    let mut out = String::new();
+    for j in 0..10 {
+        out.push_str(&format!(
+            "\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: extra{round}-{j}, namespace: load, labels: {{app: extra{round}, version: v1}}}}\nspec: {KUBE_POD_SPEC}\nstatus: {{podIP: 10.99.{}.{}}}\n",
+            round % 250 + 1,
+            j + 1
+        ));
+    }
+    out.push_str(&format!(
+        "\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: extra{round}, namespace: load}}\nspec: {{selector: {{app: extra{round}}}, ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]}}\n"
+    ));
+    out
 }
 
 fn percentiles(mut v: Vec<Duration>) -> String {
@@ -350,7 +374,8 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() != 7 {
         eprintln!(
-            "usage: xds-load ADDR CLIENTS CONFIG_FILE ROUNDS DEBOUNCE_MS SERVER_PID[,PID...]"
+            "usage: xds-load ADDR CLIENTS CONFIG_FILE ROUNDS DEBOUNCE_MS SERVER_PID[,PID...]\n\
+             env: XDS_LOAD_META=K=V,..., XDS_LOAD_APPLY=COMMAND, XDS_LOAD_MESH=kube"
         );
         std::process::exit(2);
     }
@@ -363,6 +388,7 @@ async fn main() {
         args[6].split(',').map(str::to_string).collect::<Vec<_>>(),
     );
     let pid = pids[0].clone();
+    let kube = std::env::var("XDS_LOAD_MESH").is_ok_and(|m| m == "kube");
     let others = pids.len() > 1;
     let (seen_tx, mut seen_rx) = mpsc::unbounded_channel();
     let (ready_tx, mut ready_rx) = mpsc::unbounded_channel();
@@ -412,7 +438,9 @@ async fn main() {
     let mut apply_times = Vec::new();
     for round in 0..rounds {
         let full = round % 2 == 1;
-        if full {
+        if full && kube {
+            extras.push_str(&kube_service(round));
+        } else if full {
             extras.push_str(&format!(
                 "\n---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: extra{round}, namespace: load}}\nspec: {{hosts: [extra{round}.load.svc.cluster.local], location: MESH_INTERNAL, resolution: STATIC, ports: [{{number: 80, name: http}}], endpoints: [{{address: 10.99.0.{}}}]}}\n",
                 round % 250 + 1
