@@ -377,12 +377,12 @@ pub struct EndpointPort {
     pub port: u16,
 }
 
-/// One typed config resource.
+/// One typed config resource. The specs over ~150 bytes are boxed: a Resource is as large as
+/// its largest variant, and a cluster's Pods and EndpointSlices (most of its objects) each carried
+/// a DestinationRule's 1 KiB in every copy (the Kubernetes source's, the snapshot's).
 #[derive(Debug, Clone, PartialEq, Eq)]
-// Resources live in one Vec per snapshot; boxing the larger specs would buy little.
-#[allow(clippy::large_enum_variant)]
 pub enum Resource {
-    ServiceEntry(Metadata, ServiceEntrySpec),
+    ServiceEntry(Metadata, Box<ServiceEntrySpec>),
     WorkloadEntry(Metadata, WorkloadEntrySpec),
     Service(Metadata, ServiceSpec),
     Endpoints(Metadata, Vec<EndpointSubset>),
@@ -390,20 +390,20 @@ pub enum Resource {
     EndpointSlice(Metadata, EndpointSliceSpec),
     Sidecar(Metadata, SidecarSpec),
     VirtualService(Metadata, VirtualServiceSpec),
-    DestinationRule(Metadata, DestinationRuleSpec),
+    DestinationRule(Metadata, Box<DestinationRuleSpec>),
     Gateway(Metadata, GatewaySpec),
     /// A Kubernetes Secret holding TLS material (a Gateway's `credentialName`).
     Secret(Metadata, TlsSecret),
-    AuthorizationPolicy(Metadata, AuthorizationPolicySpec),
-    RequestAuthentication(Metadata, RequestAuthenticationSpec),
-    Telemetry(Metadata, telemetry::TelemetrySpec),
+    AuthorizationPolicy(Metadata, Box<AuthorizationPolicySpec>),
+    RequestAuthentication(Metadata, Box<RequestAuthenticationSpec>),
+    Telemetry(Metadata, Box<telemetry::TelemetrySpec>),
     Namespace(Metadata),
     /// core/v1 Pod: what an endpoint takes from its pod (labels, service account, node).
     Pod(Metadata, PodInfo),
     /// core/v1 Node: its labels (topology: the locality of its pods' endpoints).
     Node(Metadata),
-    WorkloadGroup(Metadata, WorkloadGroupSpec),
-    MeshConfig(Metadata, MeshConfigSpec),
+    WorkloadGroup(Metadata, Box<WorkloadGroupSpec>),
+    MeshConfig(Metadata, Box<MeshConfigSpec>),
 }
 
 /// networking.istio.io Sidecar: which services a workload's sidecar sees (egress hosts) and
@@ -762,7 +762,7 @@ pub(crate) fn parse_document(value: serde_json::Value) -> Result<Option<Resource
     let resource = match kind.as_str() {
         "ServiceEntry" => {
             let spec = plain_spec(spec, &typed, validate_service_entry)?;
-            Resource::ServiceEntry(meta, spec)
+            Resource::ServiceEntry(meta, Box::new(spec))
         }
         "WorkloadEntry" => Resource::WorkloadEntry(meta, plain_spec(spec, &typed, |_| Ok(()))?),
         "Service" => Resource::Service(meta, plain_spec(spec, &typed, |_| Ok(()))?),
@@ -787,7 +787,7 @@ pub(crate) fn parse_document(value: serde_json::Value) -> Result<Option<Resource
         }
         "DestinationRule" => {
             let spec = checked_spec(spec, &typed, validate_destination_rule, &mut meta)?;
-            Resource::DestinationRule(meta, spec)
+            Resource::DestinationRule(meta, Box::new(spec))
         }
         "Gateway" => {
             let spec = checked_spec(spec, &typed, gateway::validate_gateway, &mut meta)?;
@@ -797,17 +797,17 @@ pub(crate) fn parse_document(value: serde_json::Value) -> Result<Option<Resource
             let mut spec = checked_spec(spec, &typed, validate_authorization_policy, &mut meta)?;
             spec.dry_run = dry_run(&raw_meta, spec.action, &typed)?;
             warn_if_targeted(spec.targeted(), &mut meta);
-            Resource::AuthorizationPolicy(meta, spec)
+            Resource::AuthorizationPolicy(meta, Box::new(spec))
         }
         "RequestAuthentication" => {
             let spec = checked_spec(spec, &typed, validate_request_authentication, &mut meta)?;
             warn_if_targeted(spec.targeted(), &mut meta);
-            Resource::RequestAuthentication(meta, spec)
+            Resource::RequestAuthentication(meta, Box::new(spec))
         }
         "Telemetry" => {
             let spec = checked_spec(spec, &typed, telemetry::validate_telemetry, &mut meta)?;
             warn_if_targeted(spec.targeted(), &mut meta);
-            Resource::Telemetry(meta, spec)
+            Resource::Telemetry(meta, Box::new(spec))
         }
         "Namespace" => Resource::Namespace(meta),
         "Pod" => Resource::Pod(meta, pod_info(&spec, status.as_ref(), &typed)?),
@@ -829,7 +829,7 @@ pub(crate) fn parse_document(value: serde_json::Value) -> Result<Option<Resource
         // ConfigMap; other ConfigMaps are not config of ours.
         "ConfigMap" if meta.name == "istio" || meta.name.starts_with("istio-") => {
             match config_map_mesh(data.as_ref(), &mut meta)? {
-                Some(spec) => Resource::MeshConfig(meta, spec),
+                Some(spec) => Resource::MeshConfig(meta, Box::new(spec)),
                 None => return Ok(None),
             }
         }
@@ -841,11 +841,11 @@ pub(crate) fn parse_document(value: serde_json::Value) -> Result<Option<Resource
                 spec
             };
             let spec = checked_spec(spec, &typed, MeshConfigSpec::validate, &mut meta)?;
-            Resource::MeshConfig(meta, spec)
+            Resource::MeshConfig(meta, Box::new(spec))
         }
         "WorkloadGroup" => {
             let spec = plain_spec(spec, &typed, validate_workload_group)?;
-            Resource::WorkloadGroup(meta, spec)
+            Resource::WorkloadGroup(meta, Box::new(spec))
         }
         other => {
             return Err(match api_version {
@@ -1663,5 +1663,16 @@ data: {mesh: "whatever: 1"}
         .unwrap_err()
         .to_string();
         assert!(e.contains("MeshConfig m: invalid spec"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    /// The bound that keeps a cluster's many small objects small: a Resource is its largest
+    /// unboxed variant (a VirtualService's, a Pod's), not a DestinationRule's 1 KiB.
+    #[test]
+    fn a_resource_is_small() {
+        let size = std::mem::size_of::<super::Resource>();
+        assert!(size <= 256, "Resource is {size} bytes");
     }
 }

@@ -224,7 +224,7 @@ fn warnings(
         }
     }
     let telemetries = by_name(config, |r| match r {
-        Resource::Telemetry(m, s) => Some((m, s)),
+        Resource::Telemetry(m, s) => Some((m, &**s)),
         _ => None,
     });
     let is_service = |host: &str| {
@@ -413,15 +413,15 @@ impl PushContext {
             _ => None,
         });
         let authorization_policies = by_name(&config, |r| match r {
-            Resource::AuthorizationPolicy(m, s) => Some((m, s)),
+            Resource::AuthorizationPolicy(m, s) => Some((m, &**s)),
             _ => None,
         });
         let request_authentications = by_name(&config, |r| match r {
-            Resource::RequestAuthentication(m, s) => Some((m, s)),
+            Resource::RequestAuthentication(m, s) => Some((m, &**s)),
             _ => None,
         });
         let telemetries = by_name(&config, |r| match r {
-            Resource::Telemetry(m, s) => Some((m, s)),
+            Resource::Telemetry(m, s) => Some((m, &**s)),
             _ => None,
         });
         let gateways = by_name(&config, |r| match r {

@@ -118,7 +118,7 @@ impl ConfigStore for MeshConfigFile {
                 labels: Default::default(),
                 warnings: Vec::new(),
             },
-            spec,
+            Box::new(spec),
         )])
     }
 
