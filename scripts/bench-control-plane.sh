@@ -414,17 +414,20 @@ start_istiod() { # label; sets PID
   echo "istiod ready in $(since "$t") s"
 }
 
+# istiod-core's xDS port. With --kubeconfig its CA is on (istiod's, from the cluster's Secrets), and
+# it serves TLS on any port but 15010 (Istio's plaintext port), where xds-load (plaintext) dials it.
+CORE_PORT=15710; [ "$MESH" = kube ] && CORE_PORT=15010
 start_core() { # label; sets PID
   local t; t=$(now)
   if [ "$MESH" = kube ]; then
     PILOT_DEBOUNCE_AFTER=100ms POD_NAMESPACE=istio-system ip netns exec "$NS" "$CORE" serve \
-      --kubeconfig "$KUBECONFIG_FILE" --grpc-addr 127.0.0.1:15710 --debug-addr 127.0.0.1:15714 >"$WORK/istiod-core-$1.log" 2>&1 &
+      --kubeconfig "$KUBECONFIG_FILE" --grpc-addr "127.0.0.1:$CORE_PORT" --debug-addr 127.0.0.1:15714 >"$WORK/istiod-core-$1.log" 2>&1 &
   else
     PILOT_DEBOUNCE_AFTER=100ms ip netns exec "$NS" "$CORE" serve --config-dir "$WORK/mesh" \
       --grpc-addr 127.0.0.1:15710 >"$WORK/istiod-core-$1.log" 2>&1 &
   fi
   PID=$!; STARTED+=("$PID")
-  wait_for istiod-core 90 inns bash -c 'exec 3<>/dev/tcp/127.0.0.1/15710'
+  wait_for istiod-core 90 inns bash -c "exec 3<>/dev/tcp/127.0.0.1/$CORE_PORT"
   echo "istiod-core serving in $(since "$t") s"
 }
 
@@ -496,10 +499,10 @@ run_core() { # services rounds label
   if [ "$MESH" = kube ]; then
     cp "$WORK/mesh/mesh.yaml" "$WORK/core-mesh.yaml" # the copy xds-load edits; istiod-core reads the API
     XDS_LOAD_APPLY="python3 $WORK/apply.py $PKI --serve" \
-      inns "$LOAD" 127.0.0.1:15710 "$CLIENTS" "$WORK/core-mesh.yaml" "$2" 100 \
+      inns "$LOAD" "127.0.0.1:$CORE_PORT" "$CLIENTS" "$WORK/core-mesh.yaml" "$2" 100 \
       "$pid,$APISERVER_PID,$ETCD_PID" 2>&1 | tee "$WORK/out-istiod-core-$3.txt"
   else
-    inns "$LOAD" 127.0.0.1:15710 "$CLIENTS" "$WORK/mesh/mesh.yaml" "$2" 100 "$pid" 2>&1 \
+    inns "$LOAD" "127.0.0.1:$CORE_PORT" "$CLIENTS" "$WORK/mesh/mesh.yaml" "$2" 100 "$pid" 2>&1 \
       | tee "$WORK/out-istiod-core-$3.txt"
   fi
   stop "$pid"
