@@ -418,6 +418,9 @@ impl ControlPlane {
         if !push.same_content(&old) {
             push.generation = old.generation + 1;
             push.change = push.change_from(&old);
+            if let push_context::Change::Endpoints(hosts) = &push.change {
+                generators::eds::carry_over(&push, &old, hosts);
+            }
             tracing::info!(
                 version = %push.version,
                 services = push.services.len(),
