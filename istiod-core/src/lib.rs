@@ -205,10 +205,13 @@ fn build(
 ) -> Result<(PushContext, Vec<Rejection>), Error> {
     let mut set = store::config_set(store)?;
     let rejected_by_store = store.rejected();
-    // What a store refused keeps its version in force, if it had one.
-    if let Some(previous) = previous {
-        let keep: std::collections::BTreeSet<&config_store::dir::Key> =
-            rejected_by_store.iter().flat_map(|r| &r.keep).collect();
+    // What a store refused keeps its version in force, if it had one. Most reloads keep
+    // nothing (the Kubernetes source keeps its last good versions itself): no key is made then.
+    let keep: std::collections::BTreeSet<&config_store::dir::Key> =
+        rejected_by_store.iter().flat_map(|r| &r.keep).collect();
+    if let Some(previous) = previous
+        && !keep.is_empty()
+    {
         let present: std::collections::BTreeSet<config_store::dir::Key> = set
             .resources
             .iter()

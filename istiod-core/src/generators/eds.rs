@@ -71,14 +71,20 @@ fn locality_of(locality: &str) -> Option<Locality> {
     })
 }
 
+/// One cluster's assignment as the snapshot's cache holds it.
+fn named(push: &PushContext, name: &str) -> Option<(String, Named)> {
+    let cla = assignment(push, name)?;
+    Some((
+        name.to_string(),
+        Named::new(name.to_string(), pack_any(cla)),
+    ))
+}
+
 /// Every cluster's assignment, as the snapshot's cache holds them.
 fn all_assignments(push: &PushContext) -> std::collections::HashMap<String, Named> {
     push.clusters
         .keys()
-        .filter_map(|name| {
-            let cla = assignment(push, name)?;
-            Some((name.clone(), Named::new(name.clone(), pack_any(cla))))
-        })
+        .filter_map(|name| named(push, name))
         .collect()
 }
 
@@ -108,8 +114,7 @@ pub fn carry_over(
             {
                 return Some((name.clone(), kept.clone()));
             }
-            let cla = assignment(push, name)?;
-            Some((name.clone(), Named::new(name.clone(), pack_any(cla))))
+            named(push, name)
         })
         .collect();
     let _ = push.cache.endpoints.set(all);
