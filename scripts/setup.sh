@@ -130,4 +130,8 @@ fi
 # The trace and log collector of the observability tests: Jaeger v2 (v1.76.0/v2.13.0) built from
 # the Go module proxy through our scratch module tests/collectors/go.mod. Stamped; about 3 min cold.
 ./scripts/install-collectors.sh
+# The Gateway API conformance suite v1.6.0 (the version Istio release-1.31 uses), its echo backend
+# and the Gateway API CRDs, through our scratch module tests/gateway-conformance/go.mod. Stamped;
+# about 2 min cold.
+./scripts/install-gateway-conformance.sh
 say "done"

@@ -25,6 +25,8 @@ pub const NODE_IP: &str = "10.244.0.1";
 pub const POD_CIDR: &str = "10.244.0.0/24";
 /// Services get ClusterIPs from here; only sidecars route them (no kube-proxy runs).
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The port of the kubelet's server (exec, logs) on `NODE_IP`, as a kubelet's.
+pub const KUBELET_PORT: u16 = 10250;
 /// The Node every pod is bound to, with its topology labels.
 pub const NODE_NAME: &str = "node-1";
 pub const REGION: &str = "region-1";
@@ -144,6 +146,18 @@ impl Cluster {
             "--authorization-mode=Node,RBAC",
             &format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             "--allow-privileged=true",
+            // exec and logs: the kubelet at the Node's InternalIP, its certificate checked
+            // against the cluster's CA, the API server presenting a client certificate.
+            "--kubelet-preferred-address-types=InternalIP",
+            &format!("--kubelet-certificate-authority={}", d("pki/ca.crt")),
+            &format!(
+                "--kubelet-client-certificate={}",
+                d("pki/apiserver-kubelet-client.crt")
+            ),
+            &format!(
+                "--kubelet-client-key={}",
+                d("pki/apiserver-kubelet-client.key")
+            ),
         ]);
         components.push(Proc::start(
             "kube-apiserver",
@@ -348,6 +362,7 @@ async fn create_node(client: &kube::Client) -> Result<()> {
                 "message": "test kubelet is posting ready status",
                 "lastHeartbeatTime": now, "lastTransitionTime": now,
             }],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
             "capacity": {"cpu": "2", "memory": "24Gi", "pods": "250"},
             "allocatable": {"cpu": "2", "memory": "24Gi", "pods": "250"},
             "nodeInfo": {
@@ -418,6 +433,35 @@ impl Pki {
         admin.distinguished_name.push(DnType::CommonName, "admin");
         fs::write(pki.join("admin.crt"), admin.signed_by(&key, &issuer)?.pem())?;
         fs::write(pki.join("admin.key"), key.serialize_pem())?;
+
+        // The kubelet's serving certificate (the API server checks it when it proxies exec and
+        // logs) and the client certificate the API server presents to the kubelet.
+        let key = KeyPair::generate()?;
+        let mut kubelet = CertificateParams::new(vec![NODE_IP.to_string(), NODE_NAME.to_string()])?;
+        kubelet
+            .distinguished_name
+            .push(DnType::CommonName, format!("system:node:{NODE_NAME}"));
+        fs::write(
+            pki.join("kubelet.crt"),
+            kubelet.signed_by(&key, &issuer)?.pem(),
+        )?;
+        fs::write(pki.join("kubelet.key"), key.serialize_pem())?;
+        let key = KeyPair::generate()?;
+        let mut client = CertificateParams::new(Vec::<String>::new())?;
+        client
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:masters");
+        client
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver-kubelet-client");
+        fs::write(
+            pki.join("apiserver-kubelet-client.crt"),
+            client.signed_by(&key, &issuer)?.pem(),
+        )?;
+        fs::write(
+            pki.join("apiserver-kubelet-client.key"),
+            key.serialize_pem(),
+        )?;
 
         let sa = KeyPair::generate()?;
         fs::write(pki.join("sa.key"), sa.serialize_pem())?;

@@ -22,6 +22,28 @@ pub struct Image {
     /// The image's `USER` (never 1337, the proxy's, for an app).
     pub uid: u32,
     pub gid: u32,
+    /// Its program reads its mounts at their absolute paths, as in a container's own root (the
+    /// kubelet binds them there); otherwise relative to the working directory, as Istio's agent
+    /// does.
+    pub root_mounts: bool,
+    /// Files the image has at absolute paths (the node's file, the path in the container).
+    pub files: Vec<(std::path::PathBuf, String)>,
+    /// Directories before the node's on the image's PATH (its other programs).
+    pub path: Vec<String>,
+}
+
+impl Image {
+    fn program(entrypoint: Vec<String>, uid: u32, gid: u32) -> Image {
+        Image {
+            entrypoint,
+            cmd: vec![],
+            uid,
+            gid,
+            root_mounts: false,
+            files: vec![],
+            path: vec![],
+        }
+    }
 }
 
 /// The image `reference` as this node runs it, or an error naming it.
@@ -32,12 +54,7 @@ pub fn resolve(reference: &str) -> Result<Image> {
     if repo == format!("{PROXY_HUB}/proxyv2") {
         // Istio's proxyv2 image: ENTRYPOINT pilot-agent (istio-init runs `pilot-agent
         // istio-iptables ...`, the sidecar `pilot-agent proxy sidecar ...`), USER 1337.
-        return Ok(Image {
-            entrypoint: vec![bin("pilot-agent")],
-            cmd: vec![],
-            uid: 1337,
-            gid: 1337,
-        });
+        return Ok(Image::program(vec![bin("pilot-agent")], 1337, 1337));
     }
     if let Some(rest) = name.strip_prefix("examples-bookinfo-") {
         // examples-bookinfo-SERVICE-VERSION; the real images run as uid 1000.
@@ -47,25 +64,52 @@ pub fn resolve(reference: &str) -> Result<Image> {
         if !["productpage", "details", "reviews", "ratings"].contains(&service) {
             bail!("image {reference}: no Bookinfo service {service}");
         }
-        return Ok(Image {
-            entrypoint: vec![bin("bookinfo"), service.to_string(), version.to_string()],
-            cmd: vec![],
-            uid: 1000,
-            gid: 1000,
-        });
+        return Ok(Image::program(
+            vec![bin("bookinfo"), service.to_string(), version.to_string()],
+            1000,
+            1000,
+        ));
     }
     if repo.ends_with("curlimages/curl") {
         // ENTRYPOINT curl, USER curl_user (100:101); the samples override the command.
+        return Ok(Image::program(vec!["/usr/bin/curl".into()], 100, 101));
+    }
+    if repo.starts_with("registry.k8s.io/gateway-api/") && name == "echo-basic" {
+        // The Gateway API conformance backends' server, built from the suite's own module at
+        // the suite's version (scripts/install-gateway-conformance.sh); the image runs as root.
+        let echo = crate::gateway_api::installed("bin/echo-basic")?;
         return Ok(Image {
-            entrypoint: vec!["/usr/bin/curl".into()],
-            cmd: vec![],
-            uid: 100,
-            gid: 101,
+            root_mounts: true,
+            ..Image::program(vec![echo.display().to_string()], 0, 0)
         });
+    }
+    if repo.starts_with("registry.k8s.io/gateway-api/") && name == "echo-advanced" {
+        // Istio's echo server and client (istio.io/istio/pkg/test/echo at the installed Istio
+        // version), which this image packages: ENTRYPOINT the server, `client` on the PATH for
+        // the mesh tests' exec, and a serving certificate at /cert.crt and /cert.key.
+        let dir = crate::gateway_api::installed("istio-echo")?;
+        let file = |f: &str| (dir.join(f), format!("/{f}"));
+        return Ok(Image {
+            root_mounts: true,
+            files: vec![file("cert.crt"), file("cert.key")],
+            path: vec![dir.join("bin").display().to_string()],
+            ..Image::program(vec![dir.join("bin/server").display().to_string()], 0, 0)
+        });
+    }
+    if repo == "registry.k8s.io/coredns/coredns" {
+        // The conformance suite's UDP backend (UDPRoute only, a feature neither Istio nor we
+        // support, so no test sends it a datagram). Its pod must still be Ready for the suite
+        // to start: a UDP echo on its port 53 stands in; the CoreDNS arguments are ignored.
+        return Ok(Image::program(
+            vec![bin("netprobe"), "udp-echo".into(), "53".into()],
+            65532,
+            65532,
+        ));
     }
     bail!(
         "image {reference}: this node has no such image (it runs {PROXY_HUB}/proxyv2, \
-         examples-bookinfo-* and curlimages/curl)"
+         examples-bookinfo-*, curlimages/curl, the Gateway API conformance echo-basic and \
+         echo-advanced, and a coredns stand-in)"
     )
 }
 

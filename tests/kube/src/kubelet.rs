@@ -33,8 +33,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use crate::cluster::{NODE_IP, NODE_NAME, now_rfc3339};
+use crate::cluster::{KUBELET_PORT, NODE_IP, NODE_NAME, now_rfc3339};
 use crate::images;
+use crate::streaming;
 use crate::volumes;
 
 /// Locks `m`; a panic elsewhere while it was held does not stop the kubelet.
@@ -64,6 +65,11 @@ pub struct ContainerState {
     pub setpriv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub log: PathBuf,
+    /// Volumes bound at their mount paths in the container's own mount namespace (volume
+    /// directory, mount path), for images whose programs read mounts at absolute paths.
+    pub binds: Vec<(PathBuf, String)>,
+    /// The container's PATH.
+    pub path: String,
 }
 
 /// A pod this kubelet runs.
@@ -73,6 +79,8 @@ pub struct PodRun {
     pub uid: String,
     /// The pod's network namespace.
     pub netns: String,
+    /// The containers' host name: `spec.hostname`, else the pod's name (63 characters at most).
+    pub hostname: String,
     pub ip: String,
     /// The containers' working directory; mount paths are paths under it.
     pub dir: PathBuf,
@@ -101,6 +109,12 @@ impl PodRun {
     /// Runs `args` in container `container` as its user, with its env, in its working directory
     /// (what `kubectl exec` does), and waits for it.
     pub fn exec(&self, container: &str, args: &[&str]) -> Result<Output> {
+        Ok(self.command(container, args)?.output()?)
+    }
+
+    /// The command that runs `args` in container `container` as [`PodRun::exec`] does, for the
+    /// caller to wire and spawn (the streaming server's exec).
+    pub fn command(&self, container: &str, args: &[&str]) -> Result<Command> {
         let c = self.container(container).with_context(|| {
             format!(
                 "pod {}/{} has no container {container}",
@@ -108,7 +122,7 @@ impl PodRun {
             )
         })?;
         let argv: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        Ok(container_command(self, &c, &argv).output()?)
+        Ok(container_command(self, &c, &argv))
     }
 
     /// The log of container `name` (all its runs).
@@ -175,9 +189,28 @@ impl Kubelet {
         });
         let pods = rt.spawn(watch_pods(inner.clone()));
         let services = rt.spawn(watch_services(inner.clone()));
+        // The server the API server proxies exec and logs to (the Node's daemonEndpoints).
+        let tls =
+            streaming::tls_config(&dir.join("pki/kubelet.crt"), &dir.join("pki/kubelet.key"))?;
+        let listener = {
+            let _guard = rt.enter();
+            let std = std::net::TcpListener::bind((NODE_IP, KUBELET_PORT)).with_context(|| {
+                format!("bind the kubelet's server on {NODE_IP}:{KUBELET_PORT}")
+            })?;
+            std.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(std)?
+        };
+        let lookup_inner = inner.clone();
+        let lookup: streaming::Lookup = Arc::new(move |ns: &str, name: &str| {
+            let pods = lock(&lookup_inner.pods);
+            pods.values()
+                .map(|p| p.run.clone())
+                .find(|p| p.namespace == ns && p.name == name && !p.stopping.load(Ordering::SeqCst))
+        });
+        let server = rt.spawn(streaming::serve(listener, tls, lookup));
         Ok(Kubelet {
             inner,
-            tasks: vec![pods, services],
+            tasks: vec![pods, services, server],
         })
     }
 
@@ -392,8 +425,16 @@ fn new_run(inner: &Inner, pod: &Pod) -> Result<PodRun> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let dir = inner.root.join(format!("{namespace}_{name}"));
+    let hostname = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.hostname.clone())
+        .unwrap_or_else(|| name.chars().take(63).collect::<String>())
+        .trim_end_matches(['-', '.'])
+        .to_string();
     Ok(PodRun {
         netns: format!("{}-p{ip}", inner.id),
+        hostname,
         ip: format!("10.244.0.{ip}"),
         dir,
         namespace,
@@ -929,6 +970,33 @@ async fn prepare(
     }
     let log = run.dir.join(".logs").join(format!("{}.log", c.name));
     fs::create_dir_all(log.parent().unwrap_or(&run.dir))?;
+    let mut binds = Vec::new();
+    if image.root_mounts {
+        for m in c.volume_mounts.iter().flatten() {
+            binds.push((run.dir.join(".volumes").join(&m.name), m.mount_path.clone()));
+        }
+    }
+    binds.extend(image.files.iter().cloned());
+    for (src, path) in &binds {
+        // The mount point must exist in the node's filesystem (shared by every container
+        // here): an empty directory or file is made when it is missing.
+        let p = Path::new(path);
+        if !p.exists() {
+            let made = if src.is_dir() {
+                fs::create_dir_all(p)
+            } else {
+                fs::File::create(p).map(|_| ())
+            };
+            made.with_context(|| format!("{field}: make the mount point {path}"))?;
+        }
+    }
+    let path = image
+        .path
+        .iter()
+        .map(String::as_str)
+        .chain([CONTAINER_PATH])
+        .collect::<Vec<_>>()
+        .join(":");
     Ok(Prepared {
         state: ContainerState {
             name: c.name.clone(),
@@ -945,6 +1013,8 @@ async fn prepare(
             setpriv,
             env,
             log,
+            binds,
+            path,
         },
         argv,
         spec: c.clone(),
@@ -979,13 +1049,31 @@ fn service_env(inner: &Inner, namespace: &str) -> Vec<(String, String)> {
 /// with its capabilities (`setpriv`), with its env.
 fn container_command(run: &PodRun, c: &ContainerState, argv: &[String]) -> Command {
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &run.netns, "setpriv"])
+    // `ip netns exec` gives the process a mount namespace of its own, `unshare --uts` a host
+    // name of its own: the pod's name, as a kubelet sets it; the volumes of an image that reads
+    // them at their absolute paths are bound there, seen by this container alone; then the
+    // process becomes the container's user.
+    cmd.args([
+        "netns", "exec", &run.netns, "unshare", "--uts", "--", "sh", "-c",
+    ])
+    .arg(
+        "echo \"$1\" > /proc/sys/kernel/hostname || exit 127; shift; \
+             while [ \"$1\" != -- ]; do mount --bind \"$1\" \"$2\" || exit 127; shift 2; done; \
+             shift; exec \"$@\"",
+    )
+    .arg("sh")
+    .arg(&run.hostname);
+    for (dir, path) in &c.binds {
+        cmd.arg(dir).arg(path);
+    }
+    cmd.arg("--");
+    cmd.arg("setpriv")
         .args(&c.setpriv)
         .arg("--")
         .args(argv)
         .current_dir(&run.dir)
         .env_clear()
-        .env("PATH", CONTAINER_PATH)
+        .env("PATH", &c.path)
         .envs(c.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null());
     cmd

@@ -12,10 +12,12 @@
 pub mod apply;
 pub mod bookinfo;
 pub mod cluster;
+pub mod gateway_api;
 pub mod images;
 pub mod istio;
 pub mod istiod_core;
 pub mod kubelet;
+pub mod streaming;
 pub mod volumes;
 
 pub use cluster::Cluster;

@@ -136,6 +136,50 @@ fn bookinfo_through_istios_injector() {
     .unwrap();
     assert_eq!(code, 200, "from the classic-form client");
 
+    // As Istio's docs have users check it: `kubectl exec` into the client (through the API
+    // server to the kubelet's streaming server) and `kubectl logs` of a sidecar.
+    let kubectl = cluster::cluster::kube_bin("kubectl").unwrap();
+    let curl_pod = cluster::bookinfo::pod_named(&c, "default", "curl-").unwrap();
+    let out = std::process::Command::new(&kubectl)
+        .arg(format!("--kubeconfig={}", c.kubeconfig.display()))
+        .args(["exec", "-n", "default", &curl_pod, "-c", "curl", "--"])
+        .args(["curl", "-sS", "http://productpage:9080/productpage"])
+        .output()
+        .unwrap();
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && full_page(200, &page),
+        "kubectl exec: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new(&kubectl)
+        .arg(format!("--kubeconfig={}", c.kubeconfig.display()))
+        .args([
+            "exec", "-n", "default", &curl_pod, "-c", "curl", "--", "false",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "kubectl exec passes the exit code on"
+    );
+    let out = std::process::Command::new(&kubectl)
+        .arg(format!("--kubeconfig={}", c.kubeconfig.display()))
+        .args(["logs", "-n", "default", &curl_pod, "-c", "istio-proxy"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout)
+                .to_lowercase()
+                .contains("envoy"),
+        "kubectl logs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("STEP kubectl exec and logs through the API server");
+
     // Nothing rejected: istiod saw no NACK, and every Envoy rejected no update.
     let metrics = c
         .block_on(cluster::kubelet::http_get_text(
