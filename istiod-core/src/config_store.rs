@@ -17,6 +17,7 @@ pub mod destination_rule;
 pub mod dir;
 pub mod discovery;
 pub mod gateway;
+pub mod gateway_api;
 pub mod providers;
 pub mod request_authentication;
 pub mod telemetry;
@@ -404,6 +405,8 @@ pub enum Resource {
     Node(Metadata),
     WorkloadGroup(Metadata, Box<WorkloadGroupSpec>),
     MeshConfig(Metadata, Box<MeshConfigSpec>),
+    /// A Kubernetes Gateway API object (`gateway_api`), translated by `crate::gateway_api`.
+    GatewayApi(Metadata, Box<gateway_api::GatewayApiObject>),
 }
 
 /// networking.istio.io Sidecar: which services a workload's sidecar sees (egress hosts) and
@@ -634,6 +637,7 @@ impl Resource {
             Resource::Node(..) => "Node",
             Resource::WorkloadGroup(..) => "WorkloadGroup",
             Resource::MeshConfig(..) => "MeshConfig",
+            Resource::GatewayApi(_, o) => o.kind(),
         }
     }
 
@@ -656,6 +660,7 @@ impl Resource {
             | Resource::WorkloadGroup(m, _)
             | Resource::MeshConfig(m, _)
             | Resource::Pod(m, _)
+            | Resource::GatewayApi(m, _)
             | Resource::Node(m)
             | Resource::Namespace(m) => m,
         }
@@ -689,6 +694,14 @@ impl Resource {
             Resource::Node(m) => ("Node", m, Ok(serde_json::Value::Null)),
             Resource::WorkloadGroup(m, s) => ("WorkloadGroup", m, serde_json::to_value(s)),
             Resource::MeshConfig(m, s) => ("MeshConfig", m, serde_json::to_value(s)),
+            Resource::GatewayApi(m, o) => {
+                return serde_json::json!({
+                    "apiVersion": format!("{}/v1", gateway_api::GROUP),
+                    "kind": o.document_kind(),
+                    "metadata": m,
+                    "spec": serde_json::to_value(o).unwrap_or_default(),
+                });
+            }
         };
         serde_json::json!({
             "kind": kind,
@@ -753,6 +766,21 @@ pub(crate) fn parse_document(value: serde_json::Value) -> Result<Option<Resource
         status,
     } = serde_json::from_value(value).map_err(|e| e.to_string())?;
     let kind = kind.ok_or("missing field `kind`")?;
+    if gateway_api::in_group(api_version.as_deref()) && gateway_api::is_kind(&kind) {
+        let av = api_version.as_deref().unwrap_or_default();
+        let version = av.rsplit_once('/').map(|(_, v)| v).unwrap_or_default();
+        if !gateway_api::VERSIONS.contains(&version) {
+            return Err(format!(
+                "apiVersion {av:?}: {kind} is served in {} versions {}",
+                gateway_api::GROUP,
+                gateway_api::VERSIONS.join(", ")
+            ));
+        }
+        let meta = parse_metadata(&metadata.ok_or("missing field `metadata`")?)?;
+        let object = gateway_api::parse(&kind, spec.unwrap_or(serde_json::Value::Null))
+            .map_err(|e| format!("{kind} {}: {e}", meta.name))?;
+        return Ok(Some(Resource::GatewayApi(meta, Box::new(object))));
+    }
     check_api_version(&kind, api_version.as_deref())?;
     let raw_meta = metadata.ok_or("missing field `metadata`")?;
     let mut meta = parse_metadata(&raw_meta)?;

@@ -11,6 +11,7 @@ pub mod ca_server;
 pub mod config;
 pub mod config_store;
 pub mod debug;
+pub mod gateway_api;
 pub mod generators;
 pub mod intern;
 pub mod kube;
@@ -233,6 +234,17 @@ fn build(
     let selectors = push_context::merged_mesh(&set).discovery_selectors;
     config_store::discovery::retain_selected(&mut set.resources, &selectors);
     let mut rejected = rejected_by_store;
+    // The Gateway API, as the Istio Gateways and VirtualServices it means.
+    let (translated, problems) = gateway_api::translate(&set.resources, &settings.domain_suffix);
+    set.resources.extend(translated);
+    rejected.extend(problems.into_iter().map(|reason| Rejection {
+        file: None,
+        document: None,
+        object: None,
+        reason,
+        last_good_kept: false,
+        keep: Vec::new(),
+    }));
     let version = format!(
         "{}.{generation}",
         SystemTime::now()

@@ -233,6 +233,7 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
             | Resource::Pod(..)
             | Resource::Node(..)
             | Resource::WorkloadGroup(..)
+            | Resource::GatewayApi(..)
             | Resource::MeshConfig(..) => {}
         }
     }

@@ -21,8 +21,7 @@ use harness::wait_until;
 use mesh::*;
 
 /// The gateway pod's labels (Kubernetes downward-API format).
-const GATEWAY_LABELS: &str =
-    "app=\"istio-ingress-gateway\"\nistio=\"ingressgateway\"\nrole=\"egressgateway\"\n";
+const GATEWAY_LABELS: &str = "app=\"istio-ingress-gateway\"\ngateway.networking.k8s.io/gateway-name=\"edge\"\nistio=\"ingressgateway\"\nrole=\"egressgateway\"\n";
 const GATEWAY_NS: &str = "istio-system";
 
 /// Sends one request over TLS and prints `STATUS CERT-SHA256-PREFIX FIRST-BODY-LINE`, or
@@ -536,4 +535,76 @@ fn credential_name_mutual_tls_rotation_and_sni_passthrough() {
         "{line}\n{}",
         m.net.logs()
     );
+}
+
+/// The Kubernetes Gateway API in a config directory: a Gateway of class `istio` named `edge`
+/// (its router pods carry `gateway.networking.k8s.io/gateway-name: edge`) and an HTTPRoute of
+/// another namespace, which the listener allows.
+fn gateway_api_routing() -> String {
+    format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: {GATEWAY_NS}}}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - name: http
+    port: 80
+    protocol: HTTP
+    hostname: "*.example"
+    allowedRoutes: {{namespaces: {{from: All}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: api, namespace: {NS}}}
+spec:
+  parentRefs: [{{name: edge, namespace: {GATEWAY_NS}}}]
+  hostnames: [api.example]
+  rules:
+  - matches: [{{path: {{type: PathPrefix, value: /reviews}}}}]
+    backendRefs: [{{name: reviews, port: {PORT}}}]
+  - matches: [{{path: {{type: Exact, value: /old}}}}]
+    filters:
+    - type: RequestRedirect
+      requestRedirect: {{path: {{type: ReplaceFullPath, replaceFullPath: /new}}, statusCode: 301}}
+  - matches: [{{path: {{type: Exact, value: /gone}}}}]
+    backendRefs: [{{name: no-such-service, port: {PORT}}}]
+"#
+    )
+}
+
+#[test]
+fn the_gateway_api_from_a_config_directory() {
+    let test = "the_gateway_api_from_a_config_directory";
+    let Some((m, gw)) = gateway_mesh(test, BACKENDS, &gateway_api_routing(), &[]) else {
+        return;
+    };
+    let gw_ip = m.net.pods[gw].ip.to_string();
+    let get = |path: &str, host: &str| {
+        m.send_from(
+            outside(&m),
+            &format!("http://{gw_ip}{path}"),
+            1,
+            &[("host", host)],
+            1,
+        )[0]
+        .clone()
+    };
+    // The route: a path-segment prefix to the reviews backends.
+    let r = get("/reviews/1", "api.example");
+    assert_eq!(r.code, 200, "{r:?}\n{}", m.net.logs());
+    assert!(r.instance().starts_with('v'), "{r:?}");
+    // A prefix matches whole segments only: /reviewsX is no match, nor is another host.
+    assert_eq!(get("/reviewsX", "api.example").code, 404);
+    assert_eq!(get("/reviews/1", "other.example").code, 404);
+    // The redirect filter.
+    let r = get("/old", "api.example");
+    assert_eq!(r.code, 301, "{r:?}");
+    assert_eq!(
+        r.location.as_deref(),
+        Some("http://api.example/new"),
+        "{r:?}"
+    );
+    // A backend that does not exist answers 500, as the Gateway API requires.
+    assert_eq!(get("/gone", "api.example").code, 500);
 }

@@ -167,8 +167,15 @@ impl Key {
     /// The object a document names, if it names one (kind and metadata.name as strings).
     fn of_value(v: &serde_json::Value) -> Option<Key> {
         let meta = v.get("metadata")?;
+        let mut kind = v.get("kind")?.as_str()?;
+        // A Gateway API Gateway is not an Istio Gateway: keyed as Istio keys it.
+        if kind == "Gateway"
+            && super::gateway_api::in_group(v.get("apiVersion").and_then(|a| a.as_str()))
+        {
+            kind = super::gateway_api::GATEWAY_KIND;
+        }
         Some(Key {
-            kind: v.get("kind")?.as_str()?.to_string(),
+            kind: kind.to_string(),
             namespace: meta
                 .get("namespace")
                 .and_then(|n| n.as_str())

@@ -93,6 +93,15 @@ pub fn retain_selected(resources: &mut Vec<Resource>, selectors: &[NamespaceSele
     let before = resources.len();
     resources.retain(|r| match r {
         Resource::Namespace(..) | Resource::Node(..) | Resource::MeshConfig(..) => true,
+        // Cluster-scoped.
+        Resource::GatewayApi(_, o)
+            if matches!(
+                o.as_ref(),
+                super::gateway_api::GatewayApiObject::GatewayClass(_)
+            ) =>
+        {
+            true
+        }
         other => seen.contains(other.metadata().namespace()),
     });
     before - resources.len()

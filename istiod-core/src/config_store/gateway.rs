@@ -16,6 +16,9 @@ pub struct GatewaySpec {
     pub selector: BTreeMap<String, String>,
     #[serde(default)]
     pub servers: Vec<Server>,
+    /// Selects routers of its own namespace only (a Gateway API Gateway's translation).
+    #[serde(skip)]
+    pub own_namespace_only: bool,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]

@@ -136,7 +136,8 @@ pub fn servers<'a>(
     labels: &BTreeMap<String, String>,
 ) -> Vec<GatewayServer<'a>> {
     let selects = |meta: &Metadata, spec: &GatewaySpec| {
-        (!push.scope_gateway_to_namespace || meta.namespace() == proxy.namespace)
+        (!(push.scope_gateway_to_namespace || spec.own_namespace_only)
+            || meta.namespace() == proxy.namespace)
             && crate::registry::selects(&spec.selector, labels)
     };
     push.gateways

@@ -58,14 +58,14 @@ fn kind(kind: &'static str, group: &'static str, plural: &'static str) -> Kind {
         plural,
         namespace: None,
         field_selector: None,
-        crd: group.ends_with("istio.io"),
+        crd: group.ends_with("istio.io") || group == GATEWAY_API,
     }
 }
 
 /// What istiod watches: the registry's kinds (Services, EndpointSlices, Pods, Nodes,
 /// Namespaces), the TLS Secrets of gateways, the mesh ConfigMap `mesh_config_map` of
-/// `istio_namespace`, and Istio's networking, security and telemetry kinds (their `v1`, which
-/// every stored version of Istio's CRDs is served as).
+/// `istio_namespace`, Istio's networking, security and telemetry kinds (their `v1`, which
+/// every stored version of Istio's CRDs is served as), and the Gateway API's kinds.
 pub fn kinds(istio_namespace: &str, mesh_config_map: &str) -> Vec<Kind> {
     vec![
         kind("Service", "", "services"),
@@ -102,8 +102,18 @@ pub fn kinds(istio_namespace: &str, mesh_config_map: &str) -> Vec<Kind> {
             "requestauthentications",
         ),
         kind("Telemetry", "telemetry.istio.io", "telemetries"),
+        // The Kubernetes Gateway API (v1 of each kind; a CRD not installed is an empty kind).
+        kind("GatewayClass", GATEWAY_API, "gatewayclasses"),
+        kind("Gateway", GATEWAY_API, "gateways"),
+        kind("HTTPRoute", GATEWAY_API, "httproutes"),
+        kind("GRPCRoute", GATEWAY_API, "grpcroutes"),
+        kind("TCPRoute", GATEWAY_API, "tcproutes"),
+        kind("TLSRoute", GATEWAY_API, "tlsroutes"),
+        kind("ReferenceGrant", GATEWAY_API, "referencegrants"),
     ]
 }
+
+const GATEWAY_API: &str = crate::config_store::gateway_api::GROUP;
 
 /// The object as the API server names it (the kind watched, not the resource it became: the
 /// `istio` ConfigMap is a MeshConfig resource).
@@ -336,8 +346,14 @@ fn is_not_found(e: &watcher::Error) -> bool {
 }
 
 fn object_key(kind: &Kind, obj: &DynamicObject) -> ObjectKey {
+    // A Gateway API Gateway is keyed apart from an Istio Gateway, as its documents are.
+    let key_kind = if kind.group == GATEWAY_API && kind.kind == "Gateway" {
+        crate::config_store::gateway_api::GATEWAY_KIND
+    } else {
+        kind.kind
+    };
     Key {
-        kind: kind.kind.to_string(),
+        kind: key_kind.to_string(),
         namespace: obj
             .metadata
             .namespace

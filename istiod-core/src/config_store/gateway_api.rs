@@ -1,0 +1,545 @@
+//! The Kubernetes Gateway API kinds (`gateway.networking.k8s.io`, v1 and the older versions
+//! the CRDs still serve): GatewayClass, Gateway, HTTPRoute, GRPCRoute, TCPRoute, TLSRoute and
+//! ReferenceGrant, as typed specs. What they mean for proxies is `crate::gateway_api`'s: it
+//! translates them into Istio Gateways and VirtualServices, as istiod's gateway controller does.
+//!
+//! A Gateway API `Gateway` is keyed as kind `KubernetesGateway` (Istio's own name for it), so it
+//! never collides with an Istio Gateway of the same name.
+
+use serde::{Deserialize, Serialize};
+
+/// The API group of the Gateway API.
+pub const GROUP: &str = "gateway.networking.k8s.io";
+/// The versions of that group read here (the CRDs serve v1; v1beta1/v1alpha2 are older names of
+/// the same schemas).
+pub const VERSIONS: &[&str] = &["v1", "v1beta1", "v1alpha2", "v1alpha3"];
+/// The key kind of a Gateway API Gateway.
+pub const GATEWAY_KIND: &str = "KubernetesGateway";
+
+/// The kinds of the group this store reads.
+pub fn is_kind(kind: &str) -> bool {
+    matches!(
+        kind,
+        "GatewayClass"
+            | "Gateway"
+            | "HTTPRoute"
+            | "GRPCRoute"
+            | "TCPRoute"
+            | "TLSRoute"
+            | "ReferenceGrant"
+    )
+}
+
+/// Whether `api_version` is of the Gateway API group.
+pub fn in_group(api_version: Option<&str>) -> bool {
+    api_version.is_some_and(|av| av.rsplit_once('/').is_some_and(|(g, _)| g == GROUP))
+}
+
+/// One Gateway API object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum GatewayApiObject {
+    GatewayClass(GatewayClassSpec),
+    Gateway(GatewaySpec),
+    HttpRoute(HttpRouteSpec),
+    /// GRPCRoute: matches on the gRPC service and method; otherwise an HTTPRoute's shape.
+    GrpcRoute(GrpcRouteSpec),
+    TcpRoute(L4RouteSpec),
+    TlsRoute(L4RouteSpec),
+    ReferenceGrant(ReferenceGrantSpec),
+}
+
+impl GatewayApiObject {
+    /// The kind the object is keyed by.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GatewayApiObject::GatewayClass(_) => "GatewayClass",
+            GatewayApiObject::Gateway(_) => GATEWAY_KIND,
+            GatewayApiObject::HttpRoute(_) => "HTTPRoute",
+            GatewayApiObject::GrpcRoute(_) => "GRPCRoute",
+            GatewayApiObject::TcpRoute(_) => "TCPRoute",
+            GatewayApiObject::TlsRoute(_) => "TLSRoute",
+            GatewayApiObject::ReferenceGrant(_) => "ReferenceGrant",
+        }
+    }
+
+    /// The kind as written in a document.
+    pub fn document_kind(&self) -> &'static str {
+        match self {
+            GatewayApiObject::Gateway(_) => "Gateway",
+            other => other.kind(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayClassSpec {
+    pub controller_name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySpec {
+    pub gateway_class_name: String,
+    #[serde(default)]
+    pub listeners: Vec<Listener>,
+    #[serde(default)]
+    pub addresses: Vec<GatewayAddress>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayAddress {
+    #[serde(default, rename = "type")]
+    pub type_: Option<String>,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Listener {
+    pub name: String,
+    #[serde(default)]
+    pub hostname: Option<String>,
+    pub port: u16,
+    pub protocol: String,
+    #[serde(default)]
+    pub tls: Option<ListenerTls>,
+    #[serde(default)]
+    pub allowed_routes: Option<AllowedRoutes>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerTls {
+    /// `Terminate` (the default) or `Passthrough`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub certificate_refs: Vec<ObjectRef>,
+}
+
+/// A reference to an object by group, kind, name and (optionally) namespace.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AllowedRoutes {
+    #[serde(default)]
+    pub namespaces: Option<RouteNamespaces>,
+    #[serde(default)]
+    pub kinds: Vec<RouteGroupKind>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteNamespaces {
+    /// `Same` (the default), `All` or `Selector`.
+    #[serde(default)]
+    pub from: Option<String>,
+    #[serde(default)]
+    pub selector: Option<LabelSelector>,
+}
+
+/// A Kubernetes label selector (`selects` is Kubernetes' semantics).
+pub type LabelSelector = super::discovery::NamespaceSelector;
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteGroupKind {
+    #[serde(default)]
+    pub group: Option<String>,
+    pub kind: String,
+}
+
+/// A route's parent: a Gateway (optionally one listener, by `sectionName` or `port`) or, for
+/// the mesh (GAMMA), a Service.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentRef {
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub name: String,
+    #[serde(default)]
+    pub section_name: Option<String>,
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+impl ParentRef {
+    /// A Service parent (GAMMA): group `""` (core) and kind `Service`.
+    pub fn is_service(&self) -> bool {
+        self.kind.as_deref() == Some("Service") && self.group.as_deref().unwrap_or("").is_empty()
+    }
+
+    /// A Gateway parent (the default group and kind).
+    pub fn is_gateway(&self) -> bool {
+        self.kind.as_deref().unwrap_or("Gateway") == "Gateway"
+            && self.group.as_deref().unwrap_or(GROUP) == GROUP
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteSpec {
+    #[serde(default)]
+    pub parent_refs: Vec<ParentRef>,
+    #[serde(default)]
+    pub hostnames: Vec<String>,
+    #[serde(default)]
+    pub rules: Vec<HttpRouteRule>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteRule {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub matches: Vec<HttpRouteMatch>,
+    #[serde(default)]
+    pub filters: Vec<HttpRouteFilter>,
+    #[serde(default)]
+    pub backend_refs: Vec<BackendRef>,
+    #[serde(default)]
+    pub timeouts: Option<HttpRouteTimeouts>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteMatch {
+    #[serde(default)]
+    pub path: Option<PathMatch>,
+    #[serde(default)]
+    pub headers: Vec<ValueMatch>,
+    #[serde(default)]
+    pub query_params: Vec<ValueMatch>,
+    #[serde(default)]
+    pub method: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PathMatch {
+    /// `Exact`, `PathPrefix` (the default) or `RegularExpression`.
+    #[serde(default, rename = "type")]
+    pub type_: Option<String>,
+    #[serde(default)]
+    pub value: Option<String>,
+}
+
+/// A header or query parameter match.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ValueMatch {
+    /// `Exact` (the default) or `RegularExpression`.
+    #[serde(default, rename = "type")]
+    pub type_: Option<String>,
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteFilter {
+    #[serde(rename = "type")]
+    pub type_: String,
+    #[serde(default)]
+    pub request_header_modifier: Option<HeaderModifier>,
+    #[serde(default)]
+    pub response_header_modifier: Option<HeaderModifier>,
+    #[serde(default)]
+    pub request_redirect: Option<RequestRedirect>,
+    #[serde(default)]
+    pub url_rewrite: Option<UrlRewrite>,
+    #[serde(default)]
+    pub request_mirror: Option<RequestMirror>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeaderModifier {
+    #[serde(default)]
+    pub set: Vec<NameValue>,
+    #[serde(default)]
+    pub add: Vec<NameValue>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct NameValue {
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestRedirect {
+    #[serde(default)]
+    pub scheme: Option<String>,
+    #[serde(default)]
+    pub hostname: Option<String>,
+    #[serde(default)]
+    pub path: Option<PathModifier>,
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub status_code: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct UrlRewrite {
+    #[serde(default)]
+    pub hostname: Option<String>,
+    #[serde(default)]
+    pub path: Option<PathModifier>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PathModifier {
+    /// `ReplaceFullPath` or `ReplacePrefixMatch`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    #[serde(default)]
+    pub replace_full_path: Option<String>,
+    #[serde(default)]
+    pub replace_prefix_match: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestMirror {
+    pub backend_ref: BackendRef,
+    #[serde(default)]
+    pub percent: Option<u32>,
+    #[serde(default)]
+    pub fraction: Option<Fraction>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Fraction {
+    pub numerator: u32,
+    #[serde(default)]
+    pub denominator: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendRef {
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub weight: Option<u32>,
+    #[serde(default)]
+    pub filters: Vec<HttpRouteFilter>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteTimeouts {
+    #[serde(default)]
+    pub request: Option<String>,
+    #[serde(default)]
+    pub backend_request: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GrpcRouteSpec {
+    #[serde(default)]
+    pub parent_refs: Vec<ParentRef>,
+    #[serde(default)]
+    pub hostnames: Vec<String>,
+    #[serde(default)]
+    pub rules: Vec<GrpcRouteRule>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GrpcRouteRule {
+    #[serde(default)]
+    pub matches: Vec<GrpcRouteMatch>,
+    #[serde(default)]
+    pub filters: Vec<HttpRouteFilter>,
+    #[serde(default)]
+    pub backend_refs: Vec<BackendRef>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GrpcRouteMatch {
+    #[serde(default)]
+    pub method: Option<GrpcMethodMatch>,
+    #[serde(default)]
+    pub headers: Vec<ValueMatch>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GrpcMethodMatch {
+    /// `Exact` (the default) or `RegularExpression`.
+    #[serde(default, rename = "type")]
+    pub type_: Option<String>,
+    #[serde(default)]
+    pub service: Option<String>,
+    #[serde(default)]
+    pub method: Option<String>,
+}
+
+/// TCPRoute and TLSRoute: parents, (TLS) SNI hostnames and backends.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct L4RouteSpec {
+    #[serde(default)]
+    pub parent_refs: Vec<ParentRef>,
+    #[serde(default)]
+    pub hostnames: Vec<String>,
+    #[serde(default)]
+    pub rules: Vec<L4RouteRule>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct L4RouteRule {
+    #[serde(default)]
+    pub backend_refs: Vec<BackendRef>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ReferenceGrantSpec {
+    #[serde(default)]
+    pub from: Vec<GrantFrom>,
+    #[serde(default)]
+    pub to: Vec<GrantTo>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct GrantFrom {
+    #[serde(default)]
+    pub group: String,
+    pub kind: String,
+    pub namespace: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct GrantTo {
+    #[serde(default)]
+    pub group: String,
+    pub kind: String,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// Parses the spec of Gateway API kind `kind`, naming what is wrong.
+pub fn parse(kind: &str, spec: serde_json::Value) -> Result<GatewayApiObject, String> {
+    fn typed<T: serde::de::DeserializeOwned>(spec: serde_json::Value) -> Result<T, String> {
+        serde_json::from_value(spec).map_err(|e| e.to_string())
+    }
+    let object = match kind {
+        "GatewayClass" => GatewayApiObject::GatewayClass(typed(spec)?),
+        "Gateway" => {
+            let g: GatewaySpec = typed(spec)?;
+            validate_gateway(&g)?;
+            GatewayApiObject::Gateway(g)
+        }
+        "HTTPRoute" => {
+            let r: HttpRouteSpec = typed(spec)?;
+            for (i, rule) in r.rules.iter().enumerate() {
+                validate_rule(i, &rule.matches, &rule.filters)?;
+            }
+            GatewayApiObject::HttpRoute(r)
+        }
+        "GRPCRoute" => GatewayApiObject::GrpcRoute(typed(spec)?),
+        "TCPRoute" => GatewayApiObject::TcpRoute(typed(spec)?),
+        "TLSRoute" => GatewayApiObject::TlsRoute(typed(spec)?),
+        "ReferenceGrant" => GatewayApiObject::ReferenceGrant(typed(spec)?),
+        other => return Err(format!("unsupported Gateway API kind {other:?}")),
+    };
+    Ok(object)
+}
+
+fn validate_gateway(g: &GatewaySpec) -> Result<(), String> {
+    if g.gateway_class_name.is_empty() {
+        return Err("spec.gatewayClassName: required".into());
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for (i, l) in g.listeners.iter().enumerate() {
+        if !names.insert(l.name.as_str()) {
+            return Err(format!(
+                "spec.listeners[{i}].name: {:?} names two listeners",
+                l.name
+            ));
+        }
+        if l.port == 0 {
+            return Err(format!("spec.listeners[{i}].port: must be 1 to 65535"));
+        }
+    }
+    Ok(())
+}
+
+fn validate_rule(
+    i: usize,
+    matches: &[HttpRouteMatch],
+    filters: &[HttpRouteFilter],
+) -> Result<(), String> {
+    for (j, m) in matches.iter().enumerate() {
+        if let Some(p) = &m.path {
+            let t = p.type_.as_deref().unwrap_or("PathPrefix");
+            let v = p.value.as_deref().unwrap_or("/");
+            if !matches!(t, "Exact" | "PathPrefix" | "RegularExpression") {
+                return Err(format!(
+                    "spec.rules[{i}].matches[{j}].path.type: {t:?} is not Exact, PathPrefix or RegularExpression"
+                ));
+            }
+            if t != "RegularExpression" && !v.starts_with('/') {
+                return Err(format!(
+                    "spec.rules[{i}].matches[{j}].path.value: {v:?} must start with /"
+                ));
+            }
+        }
+    }
+    for (j, f) in filters.iter().enumerate() {
+        let present = match f.type_.as_str() {
+            "RequestHeaderModifier" => f.request_header_modifier.is_some(),
+            "ResponseHeaderModifier" => f.response_header_modifier.is_some(),
+            "RequestRedirect" => f.request_redirect.is_some(),
+            "URLRewrite" => f.url_rewrite.is_some(),
+            "RequestMirror" => f.request_mirror.is_some(),
+            _ => true,
+        };
+        if !present {
+            return Err(format!(
+                "spec.rules[{i}].filters[{j}]: type {} without its field",
+                f.type_
+            ));
+        }
+    }
+    Ok(())
+}
