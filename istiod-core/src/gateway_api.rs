@@ -732,6 +732,8 @@ struct World<'a> {
         &'a crate::config_store::gateway_api::ReferenceGrantSpec,
     )>,
     services: BTreeSet<(String, String)>,
+    /// TLS Secrets (namespace, name).
+    secrets: BTreeSet<(String, String)>,
     namespaces: BTreeMap<String, BTreeMap<String, String>>,
     domain_suffix: String,
 }
@@ -741,6 +743,7 @@ impl<'a> World<'a> {
         let mut classes = BTreeSet::from([DEFAULT_CLASS.to_string()]);
         let mut objects = Vec::new();
         let mut services = BTreeSet::new();
+        let mut secrets = BTreeSet::new();
         let mut namespaces = BTreeMap::new();
         for r in resources {
             match r {
@@ -768,6 +771,9 @@ impl<'a> World<'a> {
                 }
                 Resource::Namespace(m) => {
                     namespaces.insert(m.name.clone(), m.labels.clone());
+                }
+                Resource::Secret(m, _) => {
+                    secrets.insert((m.namespace().to_string(), m.name.clone()));
                 }
                 _ => {}
             }
@@ -799,6 +805,7 @@ impl<'a> World<'a> {
             routes,
             grants,
             services,
+            secrets,
             namespaces,
             domain_suffix: domain_suffix.to_string(),
         }
@@ -879,6 +886,8 @@ impl<'a> World<'a> {
         })
     }
 }
+
+pub mod status;
 
 #[cfg(test)]
 mod tests;

@@ -257,13 +257,24 @@ pub async fn serve(
                 reason,
             })?;
         tracing::info!(%server, took = ?started.elapsed(), "Kubernetes config listed; watching");
+        let identity = env.pod_name.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "istiod-core".into());
+            format!("{host}-{}", std::process::id())
+        });
+        // The Gateway API's status is always written, as istiod's gateway controller does.
+        tasks.spawn_forever(
+            "gateway-api-status",
+            crate::kube::gateway_status::run(
+                client.clone(),
+                source.clone(),
+                env.pod_namespace.clone(),
+                identity.clone(),
+                args.domain_suffix.clone(),
+            ),
+        );
         if env.enable_status {
-            let identity = env.pod_name.clone().unwrap_or_else(|| {
-                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                    .map(|h| h.trim().to_string())
-                    .unwrap_or_else(|_| "istiod-core".into());
-                format!("{host}-{}", std::process::id())
-            });
             tasks.spawn_forever(
                 "config-status",
                 crate::kube::status::run(

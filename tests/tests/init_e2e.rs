@@ -302,7 +302,8 @@ fn dry_run_prints_payload_and_touches_nothing() {
 
 /// What TPROXY mode routes by: the policy rules of both families and every route table, less
 /// the `::6` passthrough address IPv6 capture puts on lo (it stays, as in Istio: a loopback
-/// address nothing outside the pod can reach).
+/// address nothing outside the pod can reach) and the kernel's own link-local (`fe80::`)
+/// routes, which appear when the kernel gets to it after the link is up, whatever capture does.
 fn routing(pod: &Pod) -> String {
     let mut out = String::new();
     for args in [
@@ -317,7 +318,7 @@ fn routing(pod: &Pod) -> String {
         }
         let text = pod.exec(&args).unwrap();
         for line in String::from_utf8_lossy(&text.stdout).lines() {
-            if !line.contains("::6 ") {
+            if !line.contains("::6 ") && !line.contains("fe80::") {
                 out.push_str(line);
                 out.push('\n');
             }

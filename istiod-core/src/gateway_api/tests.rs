@@ -268,3 +268,74 @@ fn a_gateway_api_gateway_is_keyed_apart_from_an_istio_gateway() {
         "{err}"
     );
 }
+
+fn status_of<'a>(all: &'a [status::ObjectStatus], kind: &str, name: &str) -> &'a serde_json::Value {
+    &all.iter()
+        .find(|o| o.kind == kind && o.name == name)
+        .unwrap_or_else(|| panic!("no status for {kind} {name}: {all:#?}"))
+        .status
+}
+
+fn condition<'a>(conditions: &'a serde_json::Value, kind: &str) -> (&'a str, &'a str) {
+    let c = conditions
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {conditions}"));
+    (c["status"].as_str().unwrap(), c["reason"].as_str().unwrap())
+}
+
+#[test]
+fn statuses_say_what_attached_and_why_not() {
+    let routes = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: good, namespace: gateway-conformance-infra}\nspec:\n  parentRefs: [{name: same-namespace}]\n  rules: [{backendRefs: [{name: infra-backend-v1, port: 8080}]}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: missing-backend, namespace: gateway-conformance-infra}\nspec:\n  parentRefs: [{name: same-namespace}]\n  rules: [{backendRefs: [{name: nonexistent, port: 8080}]}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: other-namespace, namespace: gateway-conformance-web-backend}\nspec:\n  parentRefs: [{name: same-namespace, namespace: gateway-conformance-infra}]\n  rules: [{backendRefs: [{name: web-backend, port: 8080}]}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: wrong-section, namespace: gateway-conformance-infra}\nspec:\n  parentRefs: [{name: same-namespace, sectionName: nope}]\n  rules: [{backendRefs: [{name: infra-backend-v1, port: 8080}]}]\n";
+    let (resources, refused) = load(&[shared("base-manifests.yaml"), routes.to_string()]);
+    assert!(refused.is_empty(), "{refused:?}");
+    let none = |_: &str, _: &str| Vec::new();
+    let all = status::statuses(&resources, "cluster.local", &none);
+    let gw = status_of(&all, "KubernetesGateway", "same-namespace");
+    assert_eq!(
+        condition(&gw["conditions"], "Accepted"),
+        ("True", "Accepted")
+    );
+    assert_eq!(
+        condition(&gw["conditions"], "Programmed"),
+        ("False", "AddressNotAssigned")
+    );
+    // Attached: good and missing-backend (a route with a bad backend still attaches).
+    assert_eq!(gw["listeners"][0]["attachedRoutes"], 2, "{gw}");
+    let parent =
+        |name: &str| status_of(&all, "HTTPRoute", name)["parents"][0]["conditions"].clone();
+    assert_eq!(condition(&parent("good"), "Accepted"), ("True", "Accepted"));
+    assert_eq!(
+        condition(&parent("good"), "ResolvedRefs"),
+        ("True", "ResolvedRefs")
+    );
+    assert_eq!(
+        condition(&parent("missing-backend"), "ResolvedRefs"),
+        ("False", "BackendNotFound")
+    );
+    assert_eq!(
+        condition(&parent("other-namespace"), "Accepted"),
+        ("False", "NotAllowedByListeners")
+    );
+    assert_eq!(
+        condition(&parent("wrong-section"), "Accepted"),
+        ("False", "NoMatchingParent")
+    );
+    // With an address from its Service, the Gateway is programmed and says where.
+    let addr = |_: &str, name: &str| {
+        if name == "same-namespace" {
+            vec!["10.0.0.9".to_string()]
+        } else {
+            vec![]
+        }
+    };
+    let all = status::statuses(&resources, "cluster.local", &addr);
+    let gw = status_of(&all, "KubernetesGateway", "same-namespace");
+    assert_eq!(
+        condition(&gw["conditions"], "Programmed"),
+        ("True", "Programmed")
+    );
+    assert_eq!(gw["addresses"][0]["value"], "10.0.0.9");
+}

@@ -439,7 +439,12 @@ impl KubeSource {
         };
         let mut out = Vec::new();
         for (key, generation) in &state.generations {
-            let Some(kind) = self.kinds.iter().find(|k| k.crd && k.kind == key.kind) else {
+            // Istio's kinds only: the Gateway API's status is the gateway controller's.
+            let Some(kind) = self
+                .kinds
+                .iter()
+                .find(|k| k.crd && k.group != GATEWAY_API && k.kind == key.kind)
+            else {
                 continue;
             };
             let refused = state.rejected.get(key).map(|r| r.reason.clone());
@@ -455,6 +460,18 @@ impl KubeSource {
             });
         }
         out
+    }
+
+    /// `metadata.generation` of every object seen, by (key kind, namespace, name).
+    pub fn generations(&self) -> BTreeMap<(String, String, String), i64> {
+        let Ok(state) = self.state.read() else {
+            return BTreeMap::new();
+        };
+        state
+            .generations
+            .iter()
+            .map(|(k, g)| ((k.kind.clone(), k.namespace.clone(), k.name.clone()), *g))
+            .collect()
     }
 
     /// Notified on every change (`ConfigStore::changes`, without the trait).
