@@ -176,7 +176,7 @@ impl KubeSource {
                 let missing: Vec<&str> = self
                     .kinds
                     .iter()
-                    .map(|k| k.kind)
+                    .map(|k| k.key_kind())
                     .filter(|k| !done.contains(k))
                     .collect();
                 let last = self
@@ -219,7 +219,7 @@ impl KubeSource {
                 Err(e) => {
                     let absent = is_not_found(&e);
                     // A kind whose CRD is not installed is empty until it is.
-                    if absent && kind.crd && !self.synced.borrow().contains(kind.kind) {
+                    if absent && kind.crd && !self.synced.borrow().contains(kind.key_kind()) {
                         tracing::warn!(
                             kind = kind.kind,
                             "the API server does not serve {}/{} (CRD not installed?); none \
@@ -228,7 +228,7 @@ impl KubeSource {
                             kind.plural
                         );
                         self.synced.send_modify(|s| {
-                            s.insert(kind.kind);
+                            s.insert(kind.key_kind());
                         });
                     }
                     let message = format!("watch {}: {e}", kind.plural);
@@ -270,15 +270,16 @@ impl KubeSource {
             Event::InitDone => {
                 let fresh = relist.take().unwrap_or_default();
                 if let Ok(mut state) = self.state.write() {
-                    state.objects.retain(|k, _| k.kind != kind.kind);
-                    state.rejected.retain(|k, _| k.kind != kind.kind);
-                    state.generations.retain(|k, _| k.kind != kind.kind);
+                    let own = kind.key_kind();
+                    state.objects.retain(|k, _| k.kind != own);
+                    state.rejected.retain(|k, _| k.kind != own);
+                    state.generations.retain(|k, _| k.kind != own);
                     state.objects.extend(fresh.objects);
                     state.rejected.extend(fresh.rejected);
                     state.generations.extend(fresh.generations);
                 }
                 self.synced.send_modify(|s| {
-                    s.insert(kind.kind);
+                    s.insert(kind.key_kind());
                 });
                 self.notify();
             }
@@ -346,14 +347,8 @@ fn is_not_found(e: &watcher::Error) -> bool {
 }
 
 fn object_key(kind: &Kind, obj: &DynamicObject) -> ObjectKey {
-    // A Gateway API Gateway is keyed apart from an Istio Gateway, as its documents are.
-    let key_kind = if kind.group == GATEWAY_API && kind.kind == "Gateway" {
-        crate::config_store::gateway_api::GATEWAY_KIND
-    } else {
-        kind.kind
-    };
     Key {
-        kind: key_kind.to_string(),
+        kind: kind.key_kind().to_string(),
         namespace: obj
             .metadata
             .namespace
@@ -481,6 +476,16 @@ impl KubeSource {
 }
 
 impl Kind {
+    /// The kind its objects are keyed by: the kind, but `KubernetesGateway` for a Gateway API
+    /// Gateway (apart from an Istio Gateway, as its documents are keyed).
+    pub fn key_kind(&self) -> &'static str {
+        if self.group == GATEWAY_API && self.kind == "Gateway" {
+            crate::config_store::gateway_api::GATEWAY_KIND
+        } else {
+            self.kind
+        }
+    }
+
     /// `group/version` (`v1` for the core group).
     pub fn api_resource_version(&self) -> String {
         self.api_resource().api_version
@@ -520,6 +525,16 @@ impl ConfigStore for KubeSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_watched_kind_is_keyed_apart() {
+        // Sync and relists go by the key kind: two kinds sharing one (the Istio and the Gateway
+        // API Gateway) would never sync, and a relist of one would drop the other's objects.
+        let all = kinds("istio-system", "istio");
+        let keys: BTreeSet<&str> = all.iter().map(Kind::key_kind).collect();
+        assert_eq!(keys.len(), all.len());
+        assert!(keys.contains("KubernetesGateway") && keys.contains("Gateway"));
+    }
 
     fn obj(value: serde_json::Value) -> DynamicObject {
         serde_json::from_value(value).unwrap_or_else(|e| panic!("{e}"))
