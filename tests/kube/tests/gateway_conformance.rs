@@ -20,6 +20,9 @@ const ISTIO_SKIPS: &str = "HTTPRouteHTTPSListenerDetectMisdirectedRequests,MeshH
 /// Features Istio does not claim (its `SupportedFeatures`, and MeshClusterIPMatching in its run).
 const ISTIO_EXEMPT: &str = "GatewayBackendClientCertificate,GatewayHTTPSListenerDetectMisdirectedRequests,UDPRoute,MeshClusterIPMatching";
 
+/// The short form with istiod-core as the controller.
+const SHORT_ISTIOD_CORE: &str = "TestConformance/^(HTTPRouteSimpleSameNamespace|HTTPRouteExactPathMatching|HTTPRouteHeaderMatching)$";
+
 /// The profiles of Istio's run.
 const ISTIO_PROFILES: &str = "GATEWAY-HTTP,GATEWAY-TLS,GATEWAY-GRPC,GATEWAY-TCP,MESH-HTTP";
 
@@ -46,11 +49,28 @@ fn istio_flags(profiles: &str) -> Vec<String> {
     .to_vec()
 }
 
-#[test]
-fn gateway_api_conformance_with_istiod() {
-    if !harness::require_root("gateway_api_conformance_with_istiod")
-        || !harness::require_envoy("gateway_api_conformance_with_istiod")
-    {
+/// Which control plane is the Gateway API controller.
+#[derive(Clone, Copy, PartialEq)]
+enum Controller {
+    Istiod,
+    IstiodCore,
+}
+
+impl Controller {
+    fn name(self) -> &'static str {
+        match self {
+            Controller::Istiod => "istiod",
+            Controller::IstiodCore => "istiod-core",
+        }
+    }
+}
+
+/// Runs the suite against `controller`: the short form `short`, or, with
+/// GATEWAY_CONFORMANCE_FULL=1, every test (GATEWAY_CONFORMANCE_RUN selects others); the report
+/// goes to GATEWAY_CONFORMANCE_REPORT with `.CONTROLLER.yaml` when that is set.
+fn conformance(controller: Controller, short: &str, extra_flags: &[String]) {
+    let test = format!("gateway_api_conformance_with_{}", controller.name());
+    if !harness::require_root(&test) || !harness::require_envoy(&test) {
         return;
     }
     let full = std::env::var("GATEWAY_CONFORMANCE_FULL").is_ok_and(|v| v == "1");
@@ -60,19 +80,31 @@ fn gateway_api_conformance_with_istiod() {
         Ok(r) if r.is_empty() => None,
         Ok(r) => Some(r),
         Err(_) if full => None,
-        Err(_) => Some(SHORT.to_string()),
+        Err(_) => Some(short.to_string()),
     };
     let mut c = Cluster::start().expect("start the cluster");
-    // The CRDs before istiod: it creates its GatewayClasses when they exist at its start.
+    // The CRDs before the control plane: istiod creates its GatewayClasses when they exist at
+    // its start, and so does istiod-core.
     gateway_api::install_crds(&c, "experimental").expect("install the Gateway API CRDs");
-    cluster::istio::install(&mut c, &[]).expect("install Istio");
+    match controller {
+        Controller::Istiod => {
+            cluster::istio::install(&mut c, &[]).expect("install Istio");
+        }
+        Controller::IstiodCore => {
+            cluster::istiod_core::install(&mut c, &[]).expect("install istiod-core");
+        }
+    }
     gateway_api::start_load_balancer(&c);
 
-    let report = c.dir.join("gateway-conformance-istiod.yaml");
+    let report = c
+        .dir
+        .join(format!("gateway-conformance-{}.yaml", controller.name()));
+    let mut flags = istio_flags(&profiles);
+    flags.extend(extra_flags.iter().cloned());
     let result = gateway_api::run_suite(
         &c,
         &SuiteRun {
-            flags: istio_flags(&profiles),
+            flags,
             run,
             timeout: Duration::from_secs(if full { 3 * 3600 } else { 1200 }),
         },
@@ -80,6 +112,7 @@ fn gateway_api_conformance_with_istiod() {
     )
     .unwrap();
     if let Ok(out) = std::env::var("GATEWAY_CONFORMANCE_REPORT") {
+        let out = format!("{out}/{}.yaml", controller.name());
         std::fs::write(&out, &result.report).unwrap();
         std::fs::write(format!("{out}.tests"), tests_text(&result.tests)).unwrap();
     }
@@ -91,7 +124,8 @@ fn gateway_api_conformance_with_istiod() {
         .collect();
     let passed = result.tests.iter().filter(|(_, v)| v == "PASS").count();
     eprintln!(
-        "gateway conformance (istiod): {passed} passed, {} failed: {failed:?}",
+        "gateway conformance ({}): {passed} passed, {} failed: {failed:?}",
+        controller.name(),
         failed.len()
     );
     if full {
@@ -103,6 +137,28 @@ fn gateway_api_conformance_with_istiod() {
         result.passed && failed.is_empty() && passed > 0,
         "the short conformance run failed ({failed:?}); the suite's output ends:\n{}",
         harness::tail(&result.output, 120)
+    );
+}
+
+#[test]
+fn gateway_api_conformance_with_istiod() {
+    if std::env::var("GATEWAY_CONFORMANCE_CONTROLLER").is_ok_and(|c| c != "istiod") {
+        return;
+    }
+    conformance(Controller::Istiod, SHORT, &[]);
+}
+
+/// istiod-core as the controller: Istio's flags, less the mesh tests (istiod-core runs no
+/// injection webhook, so the suite's pods get no sidecars).
+#[test]
+fn gateway_api_conformance_with_istiod_core() {
+    if std::env::var("GATEWAY_CONFORMANCE_CONTROLLER").is_ok_and(|c| c != "istiod-core") {
+        return;
+    }
+    conformance(
+        Controller::IstiodCore,
+        SHORT_ISTIOD_CORE,
+        &[format!("-exempt-features={ISTIO_EXEMPT},Mesh")],
     );
 }
 
