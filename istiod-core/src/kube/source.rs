@@ -132,7 +132,7 @@ struct State {
 pub struct KubeSource {
     state: RwLock<State>,
     changes: watch::Sender<u64>,
-    /// Kinds whose first list is complete (or whose CRD is not installed).
+    /// Kinds whose first list is complete (or whose CRD is not installed), by `key_kind`.
     synced: watch::Sender<BTreeSet<&'static str>>,
     /// The last error of any watch, for a start that never syncs.
     last_error: Mutex<Option<String>>,
@@ -176,7 +176,7 @@ impl KubeSource {
                 let missing: Vec<&str> = self
                     .kinds
                     .iter()
-                    .map(|k| k.kind)
+                    .map(key_kind)
                     .filter(|k| !done.contains(k))
                     .collect();
                 let last = self
@@ -219,7 +219,7 @@ impl KubeSource {
                 Err(e) => {
                     let absent = is_not_found(&e);
                     // A kind whose CRD is not installed is empty until it is.
-                    if absent && kind.crd && !self.synced.borrow().contains(kind.kind) {
+                    if absent && kind.crd && !self.synced.borrow().contains(key_kind(&kind)) {
                         tracing::warn!(
                             kind = kind.kind,
                             "the API server does not serve {}/{} (CRD not installed?); none \
@@ -228,7 +228,7 @@ impl KubeSource {
                             kind.plural
                         );
                         self.synced.send_modify(|s| {
-                            s.insert(kind.kind);
+                            s.insert(key_kind(&kind));
                         });
                     }
                     let message = format!("watch {}: {e}", kind.plural);
@@ -270,15 +270,16 @@ impl KubeSource {
             Event::InitDone => {
                 let fresh = relist.take().unwrap_or_default();
                 if let Ok(mut state) = self.state.write() {
-                    state.objects.retain(|k, _| k.kind != kind.kind);
-                    state.rejected.retain(|k, _| k.kind != kind.kind);
-                    state.generations.retain(|k, _| k.kind != kind.kind);
+                    let keyed = key_kind(kind);
+                    state.objects.retain(|k, _| k.kind != keyed);
+                    state.rejected.retain(|k, _| k.kind != keyed);
+                    state.generations.retain(|k, _| k.kind != keyed);
                     state.objects.extend(fresh.objects);
                     state.rejected.extend(fresh.rejected);
                     state.generations.extend(fresh.generations);
                 }
                 self.synced.send_modify(|s| {
-                    s.insert(kind.kind);
+                    s.insert(key_kind(kind));
                 });
                 self.notify();
             }
@@ -345,15 +346,19 @@ fn is_not_found(e: &watcher::Error) -> bool {
     }
 }
 
-fn object_key(kind: &Kind, obj: &DynamicObject) -> ObjectKey {
-    // A Gateway API Gateway is keyed apart from an Istio Gateway, as its documents are.
-    let key_kind = if kind.group == GATEWAY_API && kind.kind == "Gateway" {
+/// The kind a watched kind's objects are keyed by: a Gateway API Gateway apart from an Istio
+/// Gateway, as its documents are (both are kind `Gateway`).
+fn key_kind(kind: &Kind) -> &'static str {
+    if kind.group == GATEWAY_API && kind.kind == "Gateway" {
         crate::config_store::gateway_api::GATEWAY_KIND
     } else {
         kind.kind
-    };
+    }
+}
+
+fn object_key(kind: &Kind, obj: &DynamicObject) -> ObjectKey {
     Key {
-        kind: key_kind.to_string(),
+        kind: key_kind(kind).to_string(),
         namespace: obj
             .metadata
             .namespace
@@ -600,5 +605,53 @@ mod tests {
         source.on_event(&rules, &ar, &mut relist, Event::Delete(rule("b", "b.shop")));
         assert_eq!(names(&source), ["shop"]);
         assert!(source.rejected().is_empty());
+    }
+
+    /// Istio's Gateway and the Gateway API's are both kind `Gateway`: listing one never drops
+    /// the other's objects, and the source is synced only once both are listed.
+    #[tokio::test]
+    async fn the_two_gateway_kinds_are_kept_and_synced_apart() {
+        let istio = kind("Gateway", "networking.istio.io", "gateways");
+        let k8s = kind("Gateway", GATEWAY_API, "gateways");
+        let source = KubeSource::new(vec![istio.clone(), k8s.clone()]);
+        let (istio_ar, k8s_ar) = (istio.api_resource(), k8s.api_resource());
+        let (mut a, mut b) = (None, None);
+        source.on_event(&istio, &istio_ar, &mut a, Event::Init);
+        source.on_event(
+            &istio,
+            &istio_ar,
+            &mut a,
+            Event::InitApply(obj(serde_json::json!({
+                "metadata": {"name": "classic", "namespace": "shop"},
+                "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+                    {"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}
+                ]},
+            }))),
+        );
+        source.on_event(&istio, &istio_ar, &mut a, Event::InitDone);
+        assert!(
+            source.wait_synced(Duration::from_millis(10)).await.is_err(),
+            "synced before the Gateway API's Gateways were listed"
+        );
+        source.on_event(&k8s, &k8s_ar, &mut b, Event::Init);
+        source.on_event(
+            &k8s,
+            &k8s_ar,
+            &mut b,
+            Event::InitApply(obj(serde_json::json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "Gateway",
+                "metadata": {"name": "api", "namespace": "shop"},
+                "spec": {"gatewayClassName": "istio", "listeners": [
+                    {"name": "http", "port": 80, "protocol": "HTTP"}
+                ]},
+            }))),
+        );
+        source.on_event(&k8s, &k8s_ar, &mut b, Event::InitDone);
+        assert_eq!(names(&source), ["classic", "api"]);
+        source
+            .wait_synced(Duration::from_millis(10))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 }
