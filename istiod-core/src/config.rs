@@ -33,6 +33,13 @@ pub mod env {
     pub const PILOT_ENABLE_STATUS: &str = "PILOT_ENABLE_STATUS";
     /// This replica's name (its Deployment's downward API): its identity in leader election.
     pub const POD_NAME: &str = "POD_NAME";
+    /// `false`: do not deploy Gateway API Gateways (ServiceAccount, Deployment, Service per
+    /// Gateway; Kubernetes source only). Default `true`.
+    pub const PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER: &str =
+        "PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER";
+    /// The proxy image of deployed Gateways when the injector's ConfigMap
+    /// (`istio-sidecar-injector`) is missing (istio-rs only; Istio has no such fallback).
+    pub const ISTIO_RS_PROXY_IMAGE: &str = "ISTIO_RS_PROXY_IMAGE";
 }
 
 /// istiod's namespace when `POD_NAMESPACE` is unset.
@@ -91,6 +98,15 @@ fn flag(lookup: Lookup, name: &'static str) -> Result<bool, EnvError> {
     }
 }
 
+/// A boolean as `flag` reads it, `default` when unset or empty.
+fn flag_or(lookup: Lookup, name: &'static str, default: bool) -> Result<bool, EnvError> {
+    match lookup(name) {
+        None => Ok(default),
+        Some(value) if value.is_empty() => Ok(default),
+        Some(_) => flag(lookup, name),
+    }
+}
+
 /// PILOT_DEBOUNCE_AFTER and PILOT_DEBOUNCE_MAX (blank: the default).
 pub fn debounce(lookup: Lookup) -> Result<Debounce, EnvError> {
     let mut d = Debounce::default();
@@ -133,6 +149,13 @@ pub struct PilotEnv {
     pub enable_status: bool,
     /// POD_NAME (unset: the host name and process id stand for it).
     pub pod_name: Option<String>,
+    /// PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER (default true).
+    pub gateway_deployment: bool,
+    /// The injector's ConfigMap in `pod_namespace` (`istio-sidecar-injector`, or
+    /// `istio-sidecar-injector-<REVISION>`): the deployed Gateways' proxy image and settings.
+    pub injector_config_map: String,
+    /// ISTIO_RS_PROXY_IMAGE.
+    pub proxy_image: Option<String>,
 }
 
 impl PilotEnv {
@@ -174,6 +197,18 @@ impl PilotEnv {
             },
             enable_status: flag(lookup, env::PILOT_ENABLE_STATUS)?,
             pod_name: lookup(env::POD_NAME).filter(|v| !v.is_empty()),
+            gateway_deployment: flag_or(
+                lookup,
+                env::PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER,
+                true,
+            )?,
+            injector_config_map: match lookup(env::REVISION).as_deref() {
+                None | Some("") | Some("default") => "istio-sidecar-injector".into(),
+                Some(rev) => format!("istio-sidecar-injector-{rev}"),
+            },
+            proxy_image: lookup(env::ISTIO_RS_PROXY_IMAGE)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty()),
         })
     }
 }
@@ -346,6 +381,9 @@ mod tests {
                 mesh_config_map: "istio".into(),
                 enable_status: false,
                 pod_name: None,
+                gateway_deployment: true,
+                injector_config_map: "istio-sidecar-injector".into(),
+                proxy_image: None,
             }
         );
     }
@@ -363,6 +401,8 @@ mod tests {
             (env::REVISION, "canary"),
             (env::PILOT_ENABLE_STATUS, "true"),
             (env::POD_NAME, "istiod-7f9c"),
+            (env::PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER, "false"),
+            (env::ISTIO_RS_PROXY_IMAGE, "registry.example/proxyv2:1.0"),
         ]))
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
@@ -380,6 +420,9 @@ mod tests {
                 mesh_config_map: "istio-canary".into(),
                 enable_status: true,
                 pod_name: Some("istiod-7f9c".into()),
+                gateway_deployment: false,
+                injector_config_map: "istio-sidecar-injector-canary".into(),
+                proxy_image: Some("registry.example/proxyv2:1.0".into()),
             }
         );
         let zero = PilotEnv::from_lookup(&env(&[(env::PILOT_PUSH_THROTTLE, "0")]));
@@ -412,6 +455,11 @@ mod tests {
             (
                 env::PILOT_SCOPE_GATEWAY_TO_NAMESPACE,
                 "on",
+                "a boolean: 1, t, T",
+            ),
+            (
+                env::PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER,
+                "off",
                 "a boolean: 1, t, T",
             ),
         ] {

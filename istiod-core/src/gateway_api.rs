@@ -723,6 +723,38 @@ fn regex_escape(s: &str) -> String {
         .collect()
 }
 
+/// The GatewayClasses this control plane serves: `istio`, and every class whose controllerName
+/// is Istio's.
+pub fn served_classes(resources: &[Resource]) -> BTreeSet<String> {
+    let mut classes = BTreeSet::from([DEFAULT_CLASS.to_string()]);
+    for r in resources {
+        if let Resource::GatewayApi(m, o) = r
+            && let GatewayApiObject::GatewayClass(c) = o.as_ref()
+            && c.controller_name == CONTROLLER
+        {
+            classes.insert(m.name.clone());
+        }
+    }
+    classes
+}
+
+/// The Gateways of a served class (`served_classes`), each with its metadata.
+pub fn served_gateways(resources: &[Resource]) -> Vec<(&Metadata, &GatewaySpec)> {
+    let classes = served_classes(resources);
+    resources
+        .iter()
+        .filter_map(|r| match r {
+            Resource::GatewayApi(m, o) => match o.as_ref() {
+                GatewayApiObject::Gateway(g) if classes.contains(&g.gateway_class_name) => {
+                    Some((m, g))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
 /// Everything the translation looks up.
 struct World<'a> {
     gateways: Vec<Gateway<'a>>,
@@ -740,21 +772,14 @@ struct World<'a> {
 
 impl<'a> World<'a> {
     fn of(resources: &'a [Resource], domain_suffix: &str) -> World<'a> {
-        let mut classes = BTreeSet::from([DEFAULT_CLASS.to_string()]);
+        let classes = served_classes(resources);
         let mut objects = Vec::new();
         let mut services = BTreeSet::new();
         let mut secrets = BTreeSet::new();
         let mut namespaces = BTreeMap::new();
         for r in resources {
             match r {
-                Resource::GatewayApi(m, o) => {
-                    if let GatewayApiObject::GatewayClass(c) = o.as_ref()
-                        && c.controller_name == CONTROLLER
-                    {
-                        classes.insert(m.name.clone());
-                    }
-                    objects.push((m, o.as_ref()));
-                }
+                Resource::GatewayApi(m, o) => objects.push((m, o.as_ref())),
                 Resource::Service(m, _) => {
                     services.insert((m.namespace().to_string(), m.name.clone()));
                 }

@@ -285,6 +285,22 @@ pub async fn serve(
                 ),
             );
         }
+        if env.gateway_deployment {
+            tasks.spawn_forever(
+                "gateway-deployment",
+                crate::kube::gateway_deploy::run(
+                    client.clone(),
+                    source.clone(),
+                    crate::kube::gateway_deploy::Settings {
+                        istio_namespace: env.pod_namespace.clone(),
+                        injector_config_map: env.injector_config_map.clone(),
+                        fallback_image: env.proxy_image.clone(),
+                        trust_domain: trust_domain.clone(),
+                        domain_suffix: args.domain_suffix.clone(),
+                    },
+                ),
+            );
+        }
         sources.push(source);
     }
     let cp = ControlPlane::open_with(

@@ -235,7 +235,7 @@ async fn a_refused_document_is_refused_alone_and_every_other_edit_applies() {
         ),
         (
             "gateway-api.yaml",
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: shop}\nspec: {gatewayClassName: istio, listeners: [{name: http, port: 80, protocol: HTTP}]}\n".into(),
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: shop}\nspec: {gatewayClassName: istio, listeners: [{name: http, port: 80, protocol: HTTP}, {name: http, port: 81, protocol: HTTP}]}\n".into(),
         ),
         ("vs.yaml", vs_with("timeout: banana")),
         (
@@ -271,7 +271,9 @@ async fn a_refused_document_is_refused_alone_and_every_other_edit_applies() {
     assert!(find("envoyfilter.yaml: document 1: ").contains(
         "unsupported kind \"EnvoyFilter\" (networking.istio.io/v1alpha3); refused, not applied"
     ));
-    assert!(find("gateway-api.yaml: document 1: ").contains("(gateway.networking.k8s.io/v1): only the networking.istio.io Gateway is served here; refused, not applied"));
+    assert!(find("gateway-api.yaml: document 1: ").contains(
+        "Gateway gw: spec.listeners[1].name: \"http\" names two listeners; refused, not applied"
+    ));
     assert!(find("vs.yaml: document 1: ").contains("spec.http[0].timeout"));
     assert!(
         find("WorkloadEntry shop/vm: ")

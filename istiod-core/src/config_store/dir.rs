@@ -404,12 +404,13 @@ mod tests {
         let first = load_dir_each(dir.path(), &LastGood::default(), &Bounds::default()).unwrap();
         assert_eq!(first.resources.len(), 2);
         assert!(first.rejected.is_empty());
-        // b broken, c new and broken, d new and good, one Gateway API Gateway: only d changes.
+        // b broken, c new and broken, d new and good, one Gateway API Gateway without its class:
+        // only d changes.
         let broken_b = se("b", 1).replace("hosts:", "hosts: 7, x:");
         std::fs::write(
             &f,
             format!(
-                "{}---\n{broken_b}---\nkind: ServiceEntry\nmetadata: {{name: c, namespace: ns}}\nspec: {{ports: 5}}\n---\n{}---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: ns}}\nspec: {{gatewayClassName: istio, listeners: []}}\n",
+                "{}---\n{broken_b}---\nkind: ServiceEntry\nmetadata: {{name: c, namespace: ns}}\nspec: {{ports: 5}}\n---\n{}---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: ns}}\nspec: {{listeners: []}}\n",
                 se("a", 1),
                 se("d", 1)
             ),
@@ -436,13 +437,13 @@ mod tests {
             [
                 (Some(2), Some("ServiceEntry ns/b"), true),
                 (Some(3), Some("ServiceEntry ns/c"), false),
-                (Some(5), Some("Gateway ns/gw"), false),
+                (Some(5), Some("KubernetesGateway ns/gw"), false),
             ]
         );
         assert!(
             second.rejected[2]
                 .reason
-                .contains("(gateway.networking.k8s.io/v1): only the networking.istio.io Gateway"),
+                .contains("Gateway gw: missing field `gatewayClassName`"),
             "{}",
             second.rejected[2]
         );

@@ -2,6 +2,7 @@
 //! istiod takes them: `connect` makes the client (a kubeconfig file, or the pod's own service
 //! account in a cluster).
 
+pub mod gateway_deploy;
 pub mod gateway_status;
 pub mod identity;
 pub mod source;

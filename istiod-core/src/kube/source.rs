@@ -132,7 +132,7 @@ struct State {
 pub struct KubeSource {
     state: RwLock<State>,
     changes: watch::Sender<u64>,
-    /// Kinds whose first list is complete (or whose CRD is not installed).
+    /// Kinds whose first list is complete (or whose CRD is not installed), by `key_kind`.
     synced: watch::Sender<BTreeSet<&'static str>>,
     /// The last error of any watch, for a start that never syncs.
     last_error: Mutex<Option<String>>,
@@ -632,5 +632,53 @@ mod tests {
         source.on_event(&rules, &ar, &mut relist, Event::Delete(rule("b", "b.shop")));
         assert_eq!(names(&source), ["shop"]);
         assert!(source.rejected().is_empty());
+    }
+
+    /// Istio's Gateway and the Gateway API's are both kind `Gateway`: listing one never drops
+    /// the other's objects, and the source is synced only once both are listed.
+    #[tokio::test]
+    async fn the_two_gateway_kinds_are_kept_and_synced_apart() {
+        let istio = kind("Gateway", "networking.istio.io", "gateways");
+        let k8s = kind("Gateway", GATEWAY_API, "gateways");
+        let source = KubeSource::new(vec![istio.clone(), k8s.clone()]);
+        let (istio_ar, k8s_ar) = (istio.api_resource(), k8s.api_resource());
+        let (mut a, mut b) = (None, None);
+        source.on_event(&istio, &istio_ar, &mut a, Event::Init);
+        source.on_event(
+            &istio,
+            &istio_ar,
+            &mut a,
+            Event::InitApply(obj(serde_json::json!({
+                "metadata": {"name": "classic", "namespace": "shop"},
+                "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+                    {"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}
+                ]},
+            }))),
+        );
+        source.on_event(&istio, &istio_ar, &mut a, Event::InitDone);
+        assert!(
+            source.wait_synced(Duration::from_millis(10)).await.is_err(),
+            "synced before the Gateway API's Gateways were listed"
+        );
+        source.on_event(&k8s, &k8s_ar, &mut b, Event::Init);
+        source.on_event(
+            &k8s,
+            &k8s_ar,
+            &mut b,
+            Event::InitApply(obj(serde_json::json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "Gateway",
+                "metadata": {"name": "api", "namespace": "shop"},
+                "spec": {"gatewayClassName": "istio", "listeners": [
+                    {"name": "http", "port": 80, "protocol": "HTTP"}
+                ]},
+            }))),
+        );
+        source.on_event(&k8s, &k8s_ar, &mut b, Event::InitDone);
+        assert_eq!(names(&source), ["classic", "api"]);
+        source
+            .wait_synced(Duration::from_millis(10))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 }
