@@ -24,7 +24,10 @@ impl Protocol {
     pub fn infer(explicit: Option<&str>, port_name: &str) -> Protocol {
         let from = |s: &str| match s.to_ascii_lowercase().as_str() {
             "http" => Some(Protocol::Http),
-            "http2" | "h2c" => Some(Protocol::Http2),
+            // Kubernetes' standard appProtocols (KEP-3726), as Istio maps them.
+            "http2" | "h2c" | "kubernetes.io/h2c" => Some(Protocol::Http2),
+            "kubernetes.io/ws" => Some(Protocol::Http),
+            "kubernetes.io/wss" => Some(Protocol::Tls),
             "grpc" | "grpc-web" => Some(Protocol::Grpc),
             "tls" | "https" => Some(Protocol::Tls),
             "tcp" | "mongo" | "mysql" | "redis" => Some(Protocol::Tcp),
@@ -281,5 +284,18 @@ mod tests {
         assert_eq!(Protocol::infer(None, ""), Protocol::Unknown);
         assert!(!Protocol::Unknown.is_http());
         assert_eq!(Protocol::infer(Some("TCP"), "http"), Protocol::Tcp);
+        // Kubernetes' standard appProtocols.
+        assert_eq!(
+            Protocol::infer(Some("kubernetes.io/h2c"), "x"),
+            Protocol::Http2
+        );
+        assert_eq!(
+            Protocol::infer(Some("kubernetes.io/ws"), "x"),
+            Protocol::Http
+        );
+        assert_eq!(
+            Protocol::infer(Some("kubernetes.io/wss"), "x"),
+            Protocol::Tls
+        );
     }
 }

@@ -68,14 +68,19 @@ impl Controller {
 /// Runs the suite against `controller`: the short form `short`, or, with
 /// GATEWAY_CONFORMANCE_FULL=1, every test (GATEWAY_CONFORMANCE_RUN selects others); the report
 /// goes to GATEWAY_CONFORMANCE_REPORT with `.CONTROLLER.yaml` when that is set.
-fn conformance(controller: Controller, short: &str, extra_flags: &[String]) {
+fn conformance(
+    controller: Controller,
+    short: &str,
+    default_profiles: &str,
+    extra_flags: &[String],
+) {
     let test = format!("gateway_api_conformance_with_{}", controller.name());
     if !harness::require_root(&test) || !harness::require_envoy(&test) {
         return;
     }
     let full = std::env::var("GATEWAY_CONFORMANCE_FULL").is_ok_and(|v| v == "1");
     let profiles =
-        std::env::var("GATEWAY_CONFORMANCE_PROFILES").unwrap_or_else(|_| ISTIO_PROFILES.into());
+        std::env::var("GATEWAY_CONFORMANCE_PROFILES").unwrap_or_else(|_| default_profiles.into());
     let run = match std::env::var("GATEWAY_CONFORMANCE_RUN") {
         Ok(r) if r.is_empty() => None,
         Ok(r) => Some(r),
@@ -145,11 +150,12 @@ fn gateway_api_conformance_with_istiod() {
     if std::env::var("GATEWAY_CONFORMANCE_CONTROLLER").is_ok_and(|c| c != "istiod") {
         return;
     }
-    conformance(Controller::Istiod, SHORT, &[]);
+    conformance(Controller::Istiod, SHORT, ISTIO_PROFILES, &[]);
 }
 
-/// istiod-core as the controller: Istio's flags, less the mesh tests (istiod-core runs no
-/// injection webhook, so the suite's pods get no sidecars).
+/// istiod-core as the controller: Istio's flags, less the mesh profile and feature (istiod-core
+/// runs no injection webhook, so the suite's pods get no sidecars; a profile's features count as
+/// supported whatever is exempt, so MESH-HTTP goes too).
 #[test]
 fn gateway_api_conformance_with_istiod_core() {
     if std::env::var("GATEWAY_CONFORMANCE_CONTROLLER").is_ok_and(|c| c != "istiod-core") {
@@ -158,6 +164,7 @@ fn gateway_api_conformance_with_istiod_core() {
     conformance(
         Controller::IstiodCore,
         SHORT_ISTIOD_CORE,
+        "GATEWAY-HTTP,GATEWAY-TLS,GATEWAY-GRPC,GATEWAY-TCP",
         &[format!("-exempt-features={ISTIO_EXEMPT},Mesh")],
     );
 }
