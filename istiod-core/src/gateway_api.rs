@@ -514,6 +514,11 @@ fn http_action(
                     }
                 }
             }
+            "CORS" => {
+                if let Some(c) = &f.cors {
+                    route["corsPolicy"] = cors_policy(c);
+                }
+            }
             _ => unsupported = true,
         }
     }
@@ -575,6 +580,38 @@ fn http_action(
     }
     route["route"] = json!(dests);
     route
+}
+
+/// Istio's corsPolicy of a Gateway API CORS filter: an origin with `*` is a regex (`*` alone:
+/// any origin), the max age in seconds.
+fn cors_policy(c: &crate::config_store::gateway_api::CorsFilter) -> Value {
+    let origins: Vec<Value> = c
+        .allow_origins
+        .iter()
+        .map(|o| {
+            if o.contains('*') {
+                let re = o
+                    .split('*')
+                    .map(regex_escape)
+                    .collect::<Vec<_>>()
+                    .join("[^/]*");
+                json!({"regex": if o == "*" { ".*".to_string() } else { re }})
+            } else {
+                json!({"exact": o})
+            }
+        })
+        .collect();
+    let mut p = json!({
+        "allowOrigins": origins,
+        "allowMethods": c.allow_methods,
+        "allowHeaders": c.allow_headers,
+        "exposeHeaders": c.expose_headers,
+        "maxAge": format!("{}s", c.max_age.unwrap_or(5)),
+    });
+    if let Some(cred) = c.allow_credentials {
+        p["allowCredentials"] = json!(cred);
+    }
+    p
 }
 
 fn l4_entry(

@@ -271,6 +271,26 @@ pub struct HttpRouteFilter {
     pub url_rewrite: Option<UrlRewrite>,
     #[serde(default)]
     pub request_mirror: Option<RequestMirror>,
+    #[serde(default)]
+    pub cors: Option<CorsFilter>,
+}
+
+/// The CORS filter: origins (`*` wildcards), methods, headers, credentials, max age (seconds).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CorsFilter {
+    #[serde(default)]
+    pub allow_origins: Vec<String>,
+    #[serde(default)]
+    pub allow_credentials: Option<bool>,
+    #[serde(default)]
+    pub allow_methods: Vec<String>,
+    #[serde(default)]
+    pub allow_headers: Vec<String>,
+    #[serde(default)]
+    pub expose_headers: Vec<String>,
+    #[serde(default)]
+    pub max_age: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -532,6 +552,7 @@ fn validate_rule(
             "RequestRedirect" => f.request_redirect.is_some(),
             "URLRewrite" => f.url_rewrite.is_some(),
             "RequestMirror" => f.request_mirror.is_some(),
+            "CORS" => f.cors.is_some(),
             _ => true,
         };
         if !present {

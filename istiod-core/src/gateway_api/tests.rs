@@ -339,3 +339,28 @@ fn statuses_say_what_attached_and_why_not() {
     );
     assert_eq!(gw["addresses"][0]["value"], "10.0.0.9");
 }
+
+#[test]
+fn a_cors_filter_is_a_cors_policy() {
+    let (out, problems) = translated("httproute-cors.yaml");
+    assert!(problems.is_empty(), "{problems:?}");
+    let http: Vec<_> = routes_of(&out, "same-namespace")
+        .into_iter()
+        .flat_map(|v| v.http.clone())
+        .collect();
+    let cors: Vec<_> = http.iter().filter_map(|h| h.cors_policy.clone()).collect();
+    assert!(
+        !cors.is_empty() && http.iter().all(|h| h.direct_response.is_none()),
+        "{http:#?}"
+    );
+    let first = cors
+        .iter()
+        .find(|c| c.allow_headers.iter().any(|h| h == "x-header-1"))
+        .unwrap();
+    assert_eq!(first.allow_credentials, Some(true));
+    assert_eq!(first.allow_origins.len(), 2);
+    assert!(
+        format!("{:?}", first.allow_origins[1]).contains("bar"),
+        "{first:?}"
+    );
+}
