@@ -80,7 +80,10 @@ fuzz_target!(|data: &[u8]| {
         .body(request_body)
         .expect("request");
     world.runtime.block_on(async {
-        let mut service = AdsHttp { server };
+        let mut service = AdsHttp {
+            server,
+            token_auth: None,
+        };
         let response = service.call(request).await.expect("infallible");
         let mut frames = http_body_util::BodyStream::new(response.into_body());
         let mut data = BytesMut::new();

@@ -29,6 +29,9 @@ use crate::xds_server::{MAX_REQUEST_BYTES, Requests, XdsServer};
 #[derive(Clone)]
 pub struct AdsHttp {
     pub server: XdsServer,
+    /// Identifies a stream that shows no client certificate by its bearer token (istiod
+    /// authenticates xDS callers by their JWT the same way); `None`: certificates only.
+    pub token_auth: Option<std::sync::Arc<dyn crate::ca_server::Authenticator>>,
 }
 
 impl NamedService for AdsHttp {
@@ -145,6 +148,19 @@ fn caller<B>(req: &http::Request<B>) -> Caller {
     )
 }
 
+/// The token of `authorization: Bearer TOKEN`.
+fn bearer_token<B>(req: &http::Request<B>) -> Option<String> {
+    let value = req
+        .headers()
+        .get(http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))?;
+    Some(token.trim().to_string())
+}
+
 fn grpc_response(body: tonic::body::Body) -> http::Response<tonic::body::Body> {
     let mut resp = http::Response::new(body);
     resp.headers_mut().insert(
@@ -165,9 +181,19 @@ impl tower::Service<http::Request<tonic::body::Body>> for AdsHttp {
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
         let server = self.server.clone();
+        let token_auth = self.token_auth.clone();
         Box::pin(async move {
             let path = req.uri().path().to_string();
-            let caller = caller(&req);
+            let mut caller = caller(&req);
+            if let (Caller::Peer(None), Some(auth)) = (&caller, &token_auth)
+                && let Some(token) = bearer_token(&req)
+            {
+                match auth.identify(&token).await {
+                    Ok(identity) => caller = Caller::Peer(Some(identity)),
+                    // Not verified: the stream stays one of an unknown peer.
+                    Err(e) => tracing::debug!(error = %e, "xDS bearer token not verified"),
+                }
+            }
             let remote = crate::transport::remote_addr(&req);
             let body = req.into_body();
             let requests = match path.as_str() {
@@ -287,7 +313,10 @@ mod tests {
             ..Default::default()
         };
 
-        let mut service = AdsHttp { server: cp.xds() };
+        let mut service = AdsHttp {
+            server: cp.xds(),
+            token_auth: None,
+        };
         let http_request = http::Request::builder()
             .uri(ADS_SOTW_PATH)
             .body(body(vec![frame(&request)]))

@@ -583,7 +583,7 @@ fn http_action(
 }
 
 /// Istio's corsPolicy of a Gateway API CORS filter: an origin with `*` is a regex (`*` alone:
-/// any origin), the max age in seconds.
+/// any origin), the max age in seconds, unmatched preflights answered by the gateway.
 fn cors_policy(c: &crate::config_store::gateway_api::CorsFilter) -> Value {
     let origins: Vec<Value> = c
         .allow_origins
@@ -607,6 +607,9 @@ fn cors_policy(c: &crate::config_store::gateway_api::CorsFilter) -> Value {
         "allowHeaders": c.allow_headers,
         "exposeHeaders": c.expose_headers,
         "maxAge": format!("{}s", c.max_age.unwrap_or(5)),
+        // A preflight from an origin not allowed is answered here, never forwarded (the API's
+        // rule; Istio's IGNORE).
+        "unmatchedPreflights": "IGNORE",
     });
     if let Some(cred) = c.allow_credentials {
         p["allowCredentials"] = json!(cred);

@@ -96,19 +96,17 @@ async fn listen(
     tokio::net::TcpListener::bind(addr).await.map_err(listen)
 }
 
-/// The CA service, with the JWT check `--jwt-public-key` or `--jwt-jwks` configures; without
-/// them, in a cluster (`cluster`), the API server's TokenReview.
-fn ca_service(
+/// How callers are authenticated by their tokens: the JWT check `--jwt-public-key` or
+/// `--jwt-jwks` configures; without them, in a cluster (`cluster`), the API server's TokenReview.
+/// The CA and the xDS server (a stream without a client certificate, by its bearer token, as
+/// istiod does) share it.
+fn authenticator(
     args: &ServeArgs,
-    ca: &Arc<Ca>,
     trust_domain: &str,
     cluster: Option<&kube::Client>,
-) -> Result<
-    istio_proto::ca::istio_certificate_service_server::IstioCertificateServiceServer<CaService>,
-    ServeError,
-> {
+) -> Result<Arc<dyn Authenticator>, ServeError> {
     let issuer = &args.jwt_issuer;
-    let auth: Arc<dyn Authenticator> = match (&args.jwt_public_key, &args.jwt_jwks, cluster) {
+    Ok(match (&args.jwt_public_key, &args.jwt_jwks, cluster) {
         (Some(path), _, _) => Arc::new(JwtAuthenticator::from_pem(
             &read("--jwt-public-key", path)?,
             &path.display().to_string(),
@@ -122,20 +120,28 @@ fn ca_service(
             trust_domain,
         )?),
         (None, None, Some(client)) => {
-            tracing::info!("the CA authenticates callers by TokenReview");
+            tracing::info!("the CA and xDS authenticate callers by TokenReview");
             Arc::new(TokenReviewAuthenticator::new(client.clone(), trust_domain))
         }
         (None, None, None) => return Err(ServeError::NoJwtKey),
-    };
+    })
+}
+
+type CaServer =
+    istio_proto::ca::istio_certificate_service_server::IstioCertificateServiceServer<CaService>;
+
+/// The CA service, its callers authenticated by `auth`.
+fn ca_service(ca: &Arc<Ca>, trust_domain: &str, auth: Arc<dyn Authenticator>) -> CaServer {
     tracing::info!(%trust_domain, "serving the CA");
-    Ok(CaService::with_authenticator(ca.clone(), auth))
+    CaService::with_authenticator(ca.clone(), auth)
 }
 
 /// The CA in a cluster, as istiod serves it there.
 struct ClusterIdentity {
     ca: Arc<Ca>,
-    service:
-        istio_proto::ca::istio_certificate_service_server::IstioCertificateServiceServer<CaService>,
+    service: CaServer,
+    /// Who callers are by their tokens (the CA's and the xDS streams').
+    auth: Arc<dyn Authenticator>,
     /// Keeps `istio-ca-root-cert` in every namespace; runs for good ("root-cert-publisher").
     root_publisher: futures::future::BoxFuture<'static, ()>,
 }
@@ -154,11 +160,13 @@ async fn cluster_identity(
         Some(dir) => Ca::load_or_create(dir, trust_domain, max_ttl)?,
         None => ca_from_cluster(client, &env.pod_namespace, trust_domain, max_ttl).await?,
     });
-    let service = ca_service(args, &ca, trust_domain, Some(client))?;
+    let auth = authenticator(args, trust_domain, Some(client))?;
+    let service = ca_service(&ca, trust_domain, auth.clone());
     let root_publisher = Box::pin(publish_root(client.clone(), ca.root_pem().to_string()));
     Ok(ClusterIdentity {
         ca,
         service,
+        auth,
         root_publisher,
     })
 }
@@ -217,11 +225,11 @@ pub async fn serve(
         None => None,
     };
     let mut root_publisher = None;
-    let (ca, ca_service) = match &client {
+    let (ca, ca_service, token_auth) = match &client {
         Some(client) => {
             let id = cluster_identity(&args, &env, client, &trust_domain).await?;
             root_publisher = Some(id.root_publisher);
-            (Some(id.ca), Some(id.service))
+            (Some(id.ca), Some(id.service), Some(id.auth))
         }
         None => {
             let ca = match &args.ca_dir {
@@ -232,11 +240,17 @@ pub async fn serve(
                 )?)),
                 None => None,
             };
-            let service = match &ca {
-                Some(ca) => Some(ca_service(&args, ca, &trust_domain, None)?),
-                None => None,
+            let (service, auth) = match &ca {
+                Some(ca) => {
+                    let auth = authenticator(&args, &trust_domain, None)?;
+                    (
+                        Some(ca_service(ca, &trust_domain, auth.clone())),
+                        Some(auth),
+                    )
+                }
+                None => (None, None),
             };
-            (ca, service)
+            (ca, service, auth)
         }
     };
     let mut tasks = Supervisor::new();
@@ -385,7 +399,10 @@ pub async fn serve(
         .layer(crate::transport::MarkBusy(connections.clone()))
         .add_optional_service(ca_service)
         .add_service(tonic::service::interceptor::InterceptedService::new(
-            ads_http::AdsHttp { server: xds },
+            ads_http::AdsHttp {
+                server: xds,
+                token_auth,
+            },
             xds_server::bearer_check(token),
         ))
         .serve_with_incoming_shutdown(

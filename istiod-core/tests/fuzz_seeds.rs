@@ -175,7 +175,10 @@ fn ads_request(runtime: &tokio::runtime::Runtime, control_plane: &ControlPlane, 
         .body(request_body)
         .unwrap();
     runtime.block_on(async {
-        let mut service = AdsHttp { server };
+        let mut service = AdsHttp {
+            server,
+            token_auth: None,
+        };
         let response = service.call(request).await.expect("infallible");
         let mut frames = http_body_util::BodyStream::new(response.into_body());
         let mut data = BytesMut::new();

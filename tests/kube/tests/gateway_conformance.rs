@@ -21,7 +21,7 @@ const ISTIO_SKIPS: &str = "HTTPRouteHTTPSListenerDetectMisdirectedRequests,MeshH
 const ISTIO_EXEMPT: &str = "GatewayBackendClientCertificate,GatewayHTTPSListenerDetectMisdirectedRequests,UDPRoute,MeshClusterIPMatching";
 
 /// The short form with istiod-core as the controller.
-const SHORT_ISTIOD_CORE: &str = "TestConformance/^(HTTPRouteSimpleSameNamespace|HTTPRouteExactPathMatching|HTTPRouteHeaderMatching)$";
+const SHORT_ISTIOD_CORE: &str = "TestConformance/^(HTTPRouteSimpleSameNamespace|HTTPRouteExactPathMatching|HTTPRouteHeaderMatching|HTTPRouteHTTPSListener|HTTPRouteCORS|GatewayWithAttachedRoutes)$";
 
 /// The profiles of Istio's run.
 const ISTIO_PROFILES: &str = "GATEWAY-HTTP,GATEWAY-TLS,GATEWAY-GRPC,GATEWAY-TCP,MESH-HTTP";
