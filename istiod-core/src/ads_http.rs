@@ -148,6 +148,14 @@ fn caller<B>(req: &http::Request<B>) -> Caller {
     )
 }
 
+/// Whether the request came over a TLS connection.
+fn over_tls<B>(req: &http::Request<B>) -> bool {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    req.extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .is_some()
+}
+
 /// The token of `authorization: Bearer TOKEN`.
 fn bearer_token<B>(req: &http::Request<B>) -> Option<String> {
     let value = req
@@ -185,7 +193,10 @@ impl tower::Service<http::Request<tonic::body::Body>> for AdsHttp {
         Box::pin(async move {
             let path = req.uri().path().to_string();
             let mut caller = caller(&req);
+            // A token counts only over TLS: sent in the clear it proves nothing (it could be
+            // anyone's replay), so a plaintext stream stays unverified and gets no Secrets.
             if let (Caller::Peer(None), Some(auth)) = (&caller, &token_auth)
+                && over_tls(&req)
                 && let Some(token) = bearer_token(&req)
             {
                 match auth.identify(&token).await {
