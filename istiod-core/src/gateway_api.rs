@@ -812,7 +812,6 @@ struct World<'a> {
 
 impl<'a> World<'a> {
     fn of(resources: &'a [Resource], domain_suffix: &str) -> World<'a> {
-        let classes = served_classes(resources);
         let mut objects = Vec::new();
         let mut services = BTreeSet::new();
         let mut secrets = BTreeSet::new();
@@ -843,17 +842,18 @@ impl<'a> World<'a> {
                 _ => {}
             }
         }
-        let mut gateways = Vec::new();
+        let gateways = served_gateways(resources)
+            .into_iter()
+            .map(|(m, g)| Gateway {
+                ns: m.namespace().to_string(),
+                name: m.name.clone(),
+                spec: g,
+            })
+            .collect();
         let mut routes = Vec::new();
         let mut grants = Vec::new();
         for (m, o) in objects {
             match o {
-                GatewayApiObject::Gateway(g) if classes.contains(&g.gateway_class_name) => gateways
-                    .push(Gateway {
-                        ns: m.namespace().to_string(),
-                        name: m.name.clone(),
-                        spec: g,
-                    }),
                 GatewayApiObject::HttpRoute(_)
                 | GatewayApiObject::GrpcRoute(_)
                 | GatewayApiObject::TcpRoute(_)

@@ -11,36 +11,16 @@ use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::Value;
 
 use super::source::KubeSource;
 use super::status::{RETRY_PERIOD, hold_lease};
-use crate::config_store::gateway_api::{GATEWAY_KIND, GROUP};
+use crate::config_store::gateway_api::GATEWAY_KIND;
 use crate::gateway_api::status::{ObjectStatus, statuses};
 
 /// The field manager of the writes (istiod's controller name).
 const MANAGER: &str = "istio.io/gateway-controller";
-
-/// The API resource of a Gateway API key kind.
-fn api_resource(kind: &str) -> ApiResource {
-    let (doc_kind, plural) = match kind {
-        "GatewayClass" => ("GatewayClass", "gatewayclasses"),
-        k if k == GATEWAY_KIND => ("Gateway", "gateways"),
-        "HTTPRoute" => ("HTTPRoute", "httproutes"),
-        "GRPCRoute" => ("GRPCRoute", "grpcroutes"),
-        "TCPRoute" => ("TCPRoute", "tcproutes"),
-        "TLSRoute" => ("TLSRoute", "tlsroutes"),
-        other => (other, "unknown"),
-    };
-    ApiResource {
-        group: GROUP.into(),
-        version: "v1".into(),
-        api_version: format!("{GROUP}/v1"),
-        kind: doc_kind.into(),
-        plural: plural.into(),
-    }
-}
 
 /// Sets `observedGeneration` and `lastTransitionTime` on every condition of `status`.
 fn stamp(status: &mut Value, generation: i64, now: &str) {
@@ -165,7 +145,10 @@ async fn write_changed(
         }
         let mut status = o.status.clone();
         stamp(&mut status, generation, &now);
-        let ar = api_resource(o.kind);
+        // The API resource as the source watches the kind.
+        let Some(ar) = source.kind_keyed(o.kind).map(|k| k.api_resource()) else {
+            continue;
+        };
         let api: Api<DynamicObject> = if o.namespace.is_empty() {
             Api::all_with(client.clone(), &ar)
         } else {

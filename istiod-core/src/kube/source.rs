@@ -34,7 +34,8 @@ pub struct Kind {
 }
 
 impl Kind {
-    fn api_resource(&self) -> ApiResource {
+    /// The API resource the kind is served as.
+    pub fn api_resource(&self) -> ApiResource {
         let api_version = if self.group.is_empty() {
             self.version.to_string()
         } else {
@@ -455,6 +456,11 @@ impl KubeSource {
             });
         }
         out
+    }
+
+    /// The watched kind whose objects are keyed `key_kind`.
+    pub fn kind_keyed(&self, key_kind: &str) -> Option<&Kind> {
+        self.kinds.iter().find(|k| k.key_kind() == key_kind)
     }
 
     /// `metadata.generation` of every object seen, by (key kind, namespace, name).

@@ -129,9 +129,24 @@ pub fn curl(c: &Cluster, namespace: &str, url: &str, headers: &[&str]) -> Result
     }
     args.push(url);
     let out = c.kubelet.exec(namespace, &pod, "curl", &args)?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    Ok(status_and_body(&out.stdout))
+}
+
+/// One request from the node (outside the mesh, as a user's browser) to `url`: its status (0
+/// when none came) and body.
+pub fn node_get(url: &str) -> Result<(u16, String)> {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-m", "10", "-w", "\n%{http_code}", url])
+        .output()
+        .context("run curl")?;
+    Ok(status_and_body(&out.stdout))
+}
+
+/// What `curl -w "\n%{http_code}"` printed, as (status, body).
+fn status_and_body(stdout: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(stdout).to_string();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+    (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
 /// What a pod's sidecar serves on a local port (Envoy's admin, its Prometheus endpoint), fetched

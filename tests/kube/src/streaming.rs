@@ -189,18 +189,12 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
     match (req.method.as_str(), segments.as_slice()) {
         ("GET", ["containerLogs", ns, pod, container]) => {
-            let Some(run) = lookup(ns, pod) else {
-                return respond(
-                    reader.get_mut(),
-                    "404 Not Found",
-                    format!("pod {ns}/{pod} is not running on this node").as_bytes(),
-                )
-                .await;
+            let run = match running(&lookup, ns, pod, container) {
+                Ok(run) => run,
+                Err(msg) => {
+                    return respond(reader.get_mut(), "404 Not Found", msg.as_bytes()).await;
+                }
             };
-            if run.container(container).is_none() {
-                let msg = format!("pod {ns}/{pod} has no container {container}");
-                return respond(reader.get_mut(), "404 Not Found", msg.as_bytes()).await;
-            }
             let mut text = run.logs(container);
             if let Some(n) = req
                 .query
@@ -223,6 +217,16 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             respond(reader.get_mut(), "404 Not Found", msg.as_bytes()).await
         }
     }
+}
+
+/// The running pod `ns/pod` that has container `container`, or why not.
+fn running(lookup: &Lookup, ns: &str, pod: &str, container: &str) -> Result<Arc<PodRun>, String> {
+    let run =
+        lookup(ns, pod).ok_or_else(|| format!("pod {ns}/{pod} is not running on this node"))?;
+    if run.container(container).is_none() {
+        return Err(format!("pod {ns}/{pod} has no container {container}"));
+    }
+    Ok(run)
 }
 
 /// A frame to write: bytes, already encoded.
@@ -360,46 +364,33 @@ async fn exec<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         .filter(|(k, _)| k == "command")
         .map(|(_, v)| v.clone())
         .collect();
-    let refuse = |msg: String| async move { (msg, "400 Bad Request") };
-    let problem = if command.is_empty() {
-        Some(refuse("no command given".into()).await)
+    let bad_request = if command.is_empty() {
+        Some("no command given".to_string())
     } else if req.flag("tty") {
-        Some(refuse("tty=1: this kubelet runs no terminal".into()).await)
+        Some("tty=1: this kubelet runs no terminal".to_string())
     } else if !req
         .header_values("Upgrade")
         .iter()
         .any(|u| u.eq_ignore_ascii_case("SPDY/3.1"))
     {
-        Some(refuse("exec needs an Upgrade to SPDY/3.1".into()).await)
+        Some("exec needs an Upgrade to SPDY/3.1".to_string())
     } else if !req
         .header_values("X-Stream-Protocol-Version")
         .contains(&PROTOCOL)
     {
-        Some(
-            refuse(format!(
-                "no remote-command protocol this kubelet speaks ({PROTOCOL}) was offered"
-            ))
-            .await,
-        )
+        Some(format!(
+            "no remote-command protocol this kubelet speaks ({PROTOCOL}) was offered"
+        ))
     } else {
         None
     };
-    let run = lookup(ns, pod);
-    let problem = problem.or_else(|| match &run {
-        None => Some((
-            format!("pod {ns}/{pod} is not running on this node"),
-            "404 Not Found",
-        )),
-        Some(r) if r.container(container).is_none() => Some((
-            format!("pod {ns}/{pod} has no container {container}"),
-            "404 Not Found",
-        )),
-        _ => None,
-    });
-    if let Some((msg, status)) = problem {
-        return respond(reader.get_mut(), status, msg.as_bytes()).await;
+    if let Some(msg) = bad_request {
+        return respond(reader.get_mut(), "400 Bad Request", msg.as_bytes()).await;
     }
-    let Some(run) = run else { return Ok(()) };
+    let run = match running(&lookup, ns, pod, container) {
+        Ok(run) => run,
+        Err(msg) => return respond(reader.get_mut(), "404 Not Found", msg.as_bytes()).await,
+    };
     let head = format!(
         "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: {PROTOCOL}\r\n\r\n"
     );

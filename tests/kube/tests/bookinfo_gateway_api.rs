@@ -26,15 +26,9 @@ fn gateway_address(c: &Cluster, service: &str) -> Option<String> {
     svc.status?.load_balancer?.ingress?.first()?.ip.clone()
 }
 
-/// One request from the node (outside the mesh, as a user's browser) to `url`.
+/// One request from the node to `url` (`bookinfo::node_get`).
 fn get(url: &str) -> (u16, String) {
-    let out = std::process::Command::new("curl")
-        .args(["-s", "-m", "10", "-w", "\n%{http_code}", url])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+    cluster::bookinfo::node_get(url).unwrap()
 }
 
 /// How many of `n` product pages show reviews `v1`, `v2`, `v3`.

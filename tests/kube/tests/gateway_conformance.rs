@@ -29,12 +29,12 @@ const ISTIO_PROFILES: &str = "GATEWAY-HTTP,GATEWAY-TLS,GATEWAY-GRPC,GATEWAY-TCP,
 /// The short form in the suite: one test per route kind and the status-only basics.
 const SHORT: &str = "TestConformance/^(GatewayClassObservedGenerationBump|HTTPRouteSimpleSameNamespace|HTTPRouteExactPathMatching|HTTPRouteHeaderMatching|HTTPRouteRequestHeaderModifier|HTTPRouteWeight|GRPCExactMethodMatching|TLSRouteSimpleSameNamespace|TCPRouteSimple|HTTPRouteHTTPSListener)$";
 
-fn istio_flags(profiles: &str) -> Vec<String> {
+fn istio_flags(profiles: &str, exempt: &str) -> Vec<String> {
     [
         "-gateway-class=istio".to_string(),
         format!("-conformance-profiles={profiles}"),
         "-all-features".into(),
-        format!("-exempt-features={ISTIO_EXEMPT}"),
+        format!("-exempt-features={exempt}"),
         format!("-skip-tests={ISTIO_SKIPS}"),
         "-namespace-labels=istio-injection=enabled".into(),
         "-usable-address=infra-backend-v1.gateway-conformance-infra.svc.cluster.local".into(),
@@ -67,13 +67,9 @@ impl Controller {
 
 /// Runs the suite against `controller`: the short form `short`, or, with
 /// GATEWAY_CONFORMANCE_FULL=1, every test (GATEWAY_CONFORMANCE_RUN selects others); the report
-/// goes to GATEWAY_CONFORMANCE_REPORT with `.CONTROLLER.yaml` when that is set.
-fn conformance(
-    controller: Controller,
-    short: &str,
-    default_profiles: &str,
-    extra_flags: &[String],
-) {
+/// goes to GATEWAY_CONFORMANCE_REPORT with `.CONTROLLER.yaml` when that is set. `exempt`: the
+/// features not claimed.
+fn conformance(controller: Controller, short: &str, default_profiles: &str, exempt: &str) {
     let test = format!("gateway_api_conformance_with_{}", controller.name());
     if !harness::require_root(&test) || !harness::require_envoy(&test) {
         return;
@@ -104,8 +100,7 @@ fn conformance(
     let report = c
         .dir
         .join(format!("gateway-conformance-{}.yaml", controller.name()));
-    let mut flags = istio_flags(&profiles);
-    flags.extend(extra_flags.iter().cloned());
+    let flags = istio_flags(&profiles, exempt);
     let result = gateway_api::run_suite(
         &c,
         &SuiteRun {
@@ -150,7 +145,7 @@ fn gateway_api_conformance_with_istiod() {
     if std::env::var("GATEWAY_CONFORMANCE_CONTROLLER").is_ok_and(|c| c != "istiod") {
         return;
     }
-    conformance(Controller::Istiod, SHORT, ISTIO_PROFILES, &[]);
+    conformance(Controller::Istiod, SHORT, ISTIO_PROFILES, ISTIO_EXEMPT);
 }
 
 /// istiod-core as the controller: Istio's flags, less the mesh profile and feature (istiod-core
@@ -165,7 +160,7 @@ fn gateway_api_conformance_with_istiod_core() {
         Controller::IstiodCore,
         SHORT_ISTIOD_CORE,
         "GATEWAY-HTTP,GATEWAY-TLS,GATEWAY-GRPC,GATEWAY-TCP",
-        &[format!("-exempt-features={ISTIO_EXEMPT},Mesh")],
+        &format!("{ISTIO_EXEMPT},Mesh"),
     );
 }
 
