@@ -153,6 +153,7 @@ impl AutoRegistration {
                 namespace: Some(proxy.namespace.clone()),
                 labels: meta_labels,
                 warnings: Vec::new(),
+                ..Default::default()
             },
             WorkloadEntrySpec {
                 address: address.to_string(),

@@ -62,6 +62,14 @@ pub struct Metadata {
     pub namespace: Option<String>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// When the API server created the object (RFC 3339, so it sorts as text): the Gateway
+    /// API orders conflicting routes oldest first.
+    #[serde(
+        default,
+        rename = "creationTimestamp",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub creation_timestamp: Option<Box<str>>,
     /// What was accepted but is not acted on (unknown fields, fields not applied), each naming
     /// the field: logged on load and shown by /debug/configz, never silently dropped.
     #[serde(skip)]

@@ -50,11 +50,14 @@ pub fn translate(resources: &[Resource], domain_suffix: &str) -> (Vec<Resource>,
     if world.gateways.is_empty() && world.routes.is_empty() {
         return (out, problems);
     }
-    let mut http: BTreeMap<(String, String, String), Vec<Entry>> = BTreeMap::new();
+    // Keyed by (namespace, Gateway, listener, ...): each listener is its own Istio Gateway,
+    // so a route serves only the listeners it attached to (listener isolation).
+    let mut http: BTreeMap<(String, String, String, String), Vec<Entry>> = BTreeMap::new();
     let mut mesh: BTreeMap<(String, String), Vec<Entry>> = BTreeMap::new();
-    let mut l4: BTreeMap<(String, String), (Vec<Value>, Vec<Value>)> = BTreeMap::new();
+    let mut l4: BTreeMap<ListenerKey, (Vec<Value>, Vec<Value>)> = BTreeMap::new();
+    let mut terminated: BTreeMap<(String, String, String, String), Vec<Value>> = BTreeMap::new();
     for gw in &world.gateways {
-        out.push(istio_gateway(gw, &mut problems));
+        out.extend(istio_gateways(&world, gw, &mut problems));
     }
     for (order, route) in world.routes.iter().enumerate() {
         for parent in route.parents() {
@@ -103,14 +106,23 @@ pub fn translate(resources: &[Resource], domain_suffix: &str) -> (Vec<Resource>,
                 };
                 let port = many_ports.then_some(l.port);
                 match &route.object {
+                    GatewayApiObject::TlsRoute(r) if terminates(l) => {
+                        // TLS ends at the listener: the route's hostnames pick the chain (one
+                        // VirtualService per hostname), then the connection is TCP.
+                        let entry = l4_entry(&world, route, r, l.port, None);
+                        for h in hosts {
+                            terminated
+                                .entry((gw.ns.clone(), gw.name.clone(), l.name.clone(), h))
+                                .or_default()
+                                .push(entry.clone());
+                        }
+                    }
                     GatewayApiObject::TcpRoute(r) | GatewayApiObject::TlsRoute(r) => {
                         let tls = matches!(route.object, GatewayApiObject::TlsRoute(_));
-                        // No usable backend: no route, the connection is closed.
-                        let Some(entry) = l4_entry(&world, route, r, l.port, tls.then_some(&hosts))
-                        else {
-                            continue;
-                        };
-                        let slot = l4.entry((gw.ns.clone(), gw.name.clone())).or_default();
+                        let entry = l4_entry(&world, route, r, l.port, tls.then_some(&hosts));
+                        let slot = l4
+                            .entry((gw.ns.clone(), gw.name.clone(), l.name.clone()))
+                            .or_default();
                         if tls {
                             slot.1.push(entry);
                         } else {
@@ -118,8 +130,10 @@ pub fn translate(resources: &[Resource], domain_suffix: &str) -> (Vec<Resource>,
                         }
                     }
                     _ => {
-                        for h in hosts {
-                            let key = (gw.ns.clone(), gw.name.clone(), h);
+                        // A host a more specific listener on the port holds is that
+                        // listener's alone (listener isolation).
+                        for h in hosts.into_iter().filter(|h| !held_elsewhere(gw, l, h)) {
+                            let key = (gw.ns.clone(), gw.name.clone(), l.name.clone(), h);
                             http.entry(key)
                                 .or_default()
                                 .extend(route.http_entries(&world, order, port));
@@ -134,15 +148,15 @@ pub fn translate(resources: &[Resource], domain_suffix: &str) -> (Vec<Resource>,
         Ok(None) => {}
         Err(e) => problems.push(format!("{what}: {e}")),
     };
-    for ((ns, name, host), mut entries) in http {
+    for ((ns, name, listener, host), mut entries) in http {
         entries.sort_by_key(|e| e.key);
-        let vs_name = format!("{name}-{}-{GENERATED}", dns_label(&host));
+        let vs_name = format!("{name}-{listener}-{}-{GENERATED}", dns_label(&host));
         let doc = json!({
             "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
             "metadata": {"name": vs_name, "namespace": ns},
             "spec": {
                 "hosts": [host],
-                "gateways": [format!("{ns}/{name}-{GENERATED}")],
+                "gateways": [listener_gateway(&ns, &name, &listener)],
                 "http": entries.into_iter().map(|e| e.route).collect::<Vec<_>>(),
             },
         });
@@ -166,13 +180,13 @@ pub fn translate(resources: &[Resource], domain_suffix: &str) -> (Vec<Resource>,
         });
         push(doc, &format!("the mesh routes of {host}"));
     }
-    for ((ns, name), (tcp, tls)) in l4 {
+    for ((ns, name, listener), (tcp, tls)) in l4 {
         let doc = json!({
             "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
-            "metadata": {"name": format!("{name}-l4-{GENERATED}"), "namespace": ns},
+            "metadata": {"name": format!("{name}-{listener}-l4-{GENERATED}"), "namespace": ns},
             "spec": {
                 "hosts": ["*"],
-                "gateways": [format!("{ns}/{name}-{GENERATED}")],
+                "gateways": [listener_gateway(&ns, &name, &listener)],
                 "tcp": tcp,
                 "tls": tls,
             },
@@ -182,8 +196,69 @@ pub fn translate(resources: &[Resource], domain_suffix: &str) -> (Vec<Resource>,
             &format!("the TCP and TLS routes of Gateway {ns}/{name}"),
         );
     }
+    for ((ns, name, listener, host), tcp) in terminated {
+        let doc = json!({
+            "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+            "metadata": {"name": format!("{name}-{listener}-{}-tls-{GENERATED}", dns_label(&host)), "namespace": ns},
+            "spec": {
+                "hosts": [host],
+                "gateways": [listener_gateway(&ns, &name, &listener)],
+                "tcp": tcp,
+            },
+        });
+        push(
+            doc,
+            &format!("the TLS routes of Gateway {ns}/{name} for {host}"),
+        );
+    }
     (out, problems)
 }
+
+/// Whether route host `h` on listener `l` belongs to another listener of `gw` on the same port
+/// whose hostname is more specific than `l`'s and covers `h`: requests for it are that
+/// listener's (the Gateway API's listener isolation), so `l`'s routes must not serve them.
+fn held_elsewhere(gw: &Gateway, l: &Listener, h: &str) -> bool {
+    let mine = l.hostname.as_deref().unwrap_or("*");
+    gw.spec.listeners.iter().any(|other| {
+        let theirs = other.hostname.as_deref().unwrap_or("*");
+        other.name != l.name
+            && other.port == l.port
+            && theirs != mine
+            && covers(mine, theirs)
+            && covers(theirs, h)
+    })
+}
+
+/// Whether every host `inner` matches is matched by `outer` (`*` matches all, `*.x` the
+/// names ending in `.x`).
+fn covers(outer: &str, inner: &str) -> bool {
+    if outer == "*" || outer == inner {
+        return true;
+    }
+    match outer.strip_prefix('*') {
+        Some(suffix) => inner.ends_with(suffix) && inner.len() > suffix.len(),
+        None => false,
+    }
+}
+
+/// The Istio Gateway (`namespace/name`) of listener `listener` of Gateway `ns/name`.
+fn listener_gateway(ns: &str, name: &str, listener: &str) -> String {
+    format!("{ns}/{}", listener_gateway_name(name, listener))
+}
+
+/// The name of the Istio Gateway of listener `listener` of Gateway `name`.
+fn listener_gateway_name(name: &str, listener: &str) -> String {
+    format!("{name}-{GENERATED}-{listener}")
+}
+
+/// Whether TLS ends at listener `l` (a TLS listener whose mode is not Passthrough).
+fn terminates(l: &Listener) -> bool {
+    l.protocol.eq_ignore_ascii_case("TLS")
+        && l.tls.as_ref().and_then(|t| t.mode.as_deref()) != Some("Passthrough")
+}
+
+/// (namespace, Gateway, listener).
+type ListenerKey = (String, String, String);
 
 /// A Gateway of a class served here.
 struct Gateway<'a> {
@@ -450,24 +525,24 @@ fn http_action(
                 let mut redirect = json!({});
                 if let Some(s) = &r.scheme {
                     redirect["scheme"] = json!(s);
-                    // A scheme change without a port goes to the scheme's default port.
-                    if r.port.is_none() {
-                        redirect["port"] = json!(if s == "https" { 443 } else { 80 });
-                    }
                 }
                 if let Some(h) = &r.hostname {
                     redirect["authority"] = json!(h);
                 }
-                if let Some(p) = r.port {
-                    redirect["port"] = json!(p);
+                // No port: the scheme's default port when the scheme changes, else the
+                // request's (the API's rule; Istio's derivePort).
+                match r.port {
+                    Some(p) => redirect["port"] = json!(p),
+                    None if r.scheme.is_some() => {
+                        redirect["derivePort"] = json!("FROM_PROTOCOL_DEFAULT")
+                    }
+                    None => redirect["derivePort"] = json!("FROM_REQUEST_PORT"),
                 }
                 if let Some(p) = &r.path {
-                    let v = p
-                        .replace_full_path
-                        .as_ref()
-                        .or(p.replace_prefix_match.as_ref());
-                    if let Some(v) = v {
-                        redirect["uri"] = json!(v);
+                    if let Some(full) = &p.replace_full_path {
+                        redirect["uri"] = json!(full);
+                    } else if let Some(prefix) = &p.replace_prefix_match {
+                        redirect["prefixRewrite"] = json!(prefix_replacement(prefix, exact_half));
                     }
                 }
                 redirect["redirectCode"] = json!(r.status_code.unwrap_or(302));
@@ -483,12 +558,7 @@ fn http_action(
                     if let Some(full) = &p.replace_full_path {
                         rewrite["uriRegexRewrite"] = json!({"match": "/.*", "rewrite": full});
                     } else if let Some(prefix) = &p.replace_prefix_match {
-                        let v = if exact_half || prefix.ends_with('/') {
-                            prefix.clone()
-                        } else {
-                            format!("{prefix}/")
-                        };
-                        rewrite["uri"] = json!(v);
+                        rewrite["uri"] = json!(prefix_replacement(prefix, exact_half));
                     }
                 }
                 route["rewrite"] = rewrite;
@@ -532,8 +602,44 @@ fn http_action(
         }
         route["headers"] = h;
     }
-    if let Some(t) = rule.timeouts.as_ref().and_then(|t| t.request.as_ref()) {
+    if let Some(r) = &rule.retry {
+        // Connection errors are always retried, and the codes listed (Istio's translation).
+        let attempts = r.attempts.unwrap_or(2);
+        let mut retries = json!({"attempts": attempts});
+        if attempts > 0 {
+            let on: Vec<String> = [
+                "connect-failure",
+                "refused-stream",
+                "unavailable",
+                "cancelled",
+            ]
+            .into_iter()
+            .map(String::from)
+            .chain(r.codes.iter().map(u32::to_string))
+            .collect();
+            retries["retryOn"] = json!(on.join(","));
+        }
+        if let Some(b) = &r.backoff {
+            retries["backoff"] = json!(b);
+        }
+        route["retries"] = retries;
+    }
+    let timeouts = rule.timeouts.as_ref();
+    if let Some(t) = timeouts
+        .and_then(|t| t.request.as_ref())
+        .filter(|t| !is_zero(t))
+    {
         route["timeout"] = json!(t);
+    }
+    if let Some(t) = timeouts
+        .and_then(|t| t.backend_request.as_ref())
+        .filter(|t| !is_zero(t))
+    {
+        // Each try's timeout when the rule retries, else the request's.
+        match route.get_mut("retries") {
+            Some(r) => r["perTryTimeout"] = json!(t),
+            None => route["timeout"] = json!(t),
+        }
     }
     if unsupported {
         // A filter this implementation does not support: the rule answers 500 (the API's rule).
@@ -582,6 +688,23 @@ fn http_action(
     route
 }
 
+/// A Gateway API duration that is zero (`0s`, `0ms`): no timeout.
+fn is_zero(d: &str) -> bool {
+    d.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+        .chars()
+        .all(|c| c == '0' || c == '.')
+}
+
+/// The replacement of a path prefix matched by whole segments: the exact half of a split
+/// prefix match (`/foo`) is replaced whole, the prefix half (`/foo/`) keeps its slash.
+fn prefix_replacement(prefix: &str, exact_half: bool) -> String {
+    if exact_half || prefix.ends_with('/') {
+        prefix.to_string()
+    } else {
+        format!("{prefix}/")
+    }
+}
+
 /// Istio's corsPolicy of a Gateway API CORS filter: an origin with `*` is a regex (`*` alone:
 /// any origin), the max age in seconds, unmatched preflights answered by the gateway.
 fn cors_policy(c: &crate::config_store::gateway_api::CorsFilter) -> Value {
@@ -617,13 +740,14 @@ fn cors_policy(c: &crate::config_store::gateway_api::CorsFilter) -> Value {
     p
 }
 
+/// The Istio tcp or tls route (with `sni`) of an L4 route on listener port `port`.
 fn l4_entry(
     world: &World,
     route: &Route,
     r: &L4RouteSpec,
     port: u16,
     sni: Option<&Vec<String>>,
-) -> Option<Value> {
+) -> Value {
     let ns = route.meta_ns();
     let mut dests = Vec::new();
     for rule in &r.rules {
@@ -634,18 +758,26 @@ fn l4_entry(
         }
     }
     if dests.is_empty() {
-        return None;
+        // No usable backend: the listener still takes the connection and closes it (the
+        // API's rule, as Istio does it: a destination no cluster serves).
+        dests.push(json!({"destination": {
+            "host": format!("invalid-backend.{ns}.svc.{}", world.domain_suffix),
+            "port": {"number": 65535},
+        }}));
     }
     let mut m = json!({"port": port});
     if let Some(hosts) = sni {
         m["sniHosts"] = json!(hosts);
     }
-    Some(json!({"match": [m], "route": dests}))
+    json!({"match": [m], "route": dests})
 }
 
-/// The Istio Gateway of a Gateway API Gateway.
-fn istio_gateway(gw: &Gateway, problems: &mut Vec<String>) -> Resource {
-    let mut servers = Vec::new();
+/// The Istio Gateways of a Gateway API Gateway: one per listener (named
+/// `NAME-istio-autogenerated-k8s-gateway-LISTENER`, as istiod names them), each with that
+/// listener as its one server, so the routes bound to one listener are never served by another
+/// on the same port (listener isolation: a host goes to the most specific listener's routes).
+fn istio_gateways(world: &World, gw: &Gateway, problems: &mut Vec<String>) -> Vec<Resource> {
+    let mut out = Vec::new();
     for l in &gw.spec.listeners {
         let host = l.hostname.clone().unwrap_or_else(|| "*".into());
         let mut server = crate::config_store::gateway::Server {
@@ -666,38 +798,33 @@ fn istio_gateway(gw: &Gateway, problems: &mut Vec<String>) -> Resource {
                 t.mode = crate::config_store::gateway::TlsMode::Passthrough;
             } else {
                 t.mode = crate::config_store::gateway::TlsMode::Simple;
-                match tls.certificate_refs.first() {
-                    Some(c) if c.namespace.as_deref().is_none_or(|n| n == gw.ns) => {
-                        t.credential_name = Some(c.name.clone());
+                if let Some(c) = tls.certificate_refs.first() {
+                    match world.credential(&gw.ns, c) {
+                        Ok(name) => t.credential_name = Some(name),
+                        Err((_, why)) => problems.push(format!(
+                            "Gateway {}/{} listener {}: {why}",
+                            gw.ns, gw.name, l.name
+                        )),
                     }
-                    Some(c) => problems.push(format!(
-                        "Gateway {}/{} listener {}: certificateRef {}/{} in another namespace is not supported yet",
-                        gw.ns,
-                        gw.name,
-                        l.name,
-                        c.namespace.as_deref().unwrap_or_default(),
-                        c.name
-                    )),
-                    None => {}
                 }
             }
             server.tls = Some(t);
         }
-        servers.push(server);
+        let spec = crate::config_store::gateway::GatewaySpec {
+            selector: BTreeMap::from([(GATEWAY_NAME_LABEL.to_string(), gw.name.clone())]),
+            servers: vec![server],
+            own_namespace_only: true,
+        };
+        out.push(Resource::Gateway(
+            Metadata {
+                name: listener_gateway_name(&gw.name, &l.name),
+                namespace: Some(gw.ns.clone()),
+                ..Default::default()
+            },
+            spec,
+        ));
     }
-    let spec = crate::config_store::gateway::GatewaySpec {
-        selector: BTreeMap::from([(GATEWAY_NAME_LABEL.to_string(), gw.name.clone())]),
-        servers,
-        own_namespace_only: true,
-    };
-    Resource::Gateway(
-        Metadata {
-            name: format!("{}-{GENERATED}", gw.name),
-            namespace: Some(gw.ns.clone()),
-            ..Default::default()
-        },
-        spec,
-    )
+    out
 }
 
 /// The route hostnames a listener serves: the route's that match the listener's (wildcards
@@ -862,8 +989,14 @@ impl<'a> World<'a> {
                 _ => {}
             }
         }
+        // The Gateway API's order of routes that conflict: the oldest first, then by
+        // namespace/name (an object without a creation time, from a file, sorts first).
         routes.sort_by(|a, b| {
-            (a.meta.namespace(), &a.meta.name).cmp(&(b.meta.namespace(), &b.meta.name))
+            (&a.meta.creation_timestamp, a.meta.namespace(), &a.meta.name).cmp(&(
+                &b.meta.creation_timestamp,
+                b.meta.namespace(),
+                &b.meta.name,
+            ))
         });
         World {
             gateways,
@@ -936,20 +1069,88 @@ impl<'a> World<'a> {
 
     /// Whether a ReferenceGrant in `to_ns` lets a `kind` of `from_ns` reference Service `name`.
     fn granted(&self, from_ns: &str, kind: &str, to_ns: &str, name: &str) -> bool {
-        self.grants.iter().any(|(m, g)| {
-            m.namespace() == to_ns
-                && g.from.iter().any(|f| {
-                    f.group == crate::config_store::gateway_api::GROUP
-                        && f.kind == kind
-                        && f.namespace == from_ns
-                })
-                && g.to.iter().any(|t| {
-                    t.group.is_empty()
-                        && t.kind == "Service"
-                        && t.name.as_deref().is_none_or(|n| n == name)
-                })
+        self.grants
+            .iter()
+            .any(|(m, g)| grants(m, g, from_ns, kind, to_ns, "Service", name))
+    }
+
+    /// The credentialName of a Gateway's certificateRef `c` (a Secret of the Gateway's
+    /// namespace by name, another namespace's as `kubernetes-gateway://NS/NAME`), or the
+    /// listener's ResolvedRefs reason and message when it may not be used. Whether the Secret
+    /// exists is the listener status's business (a credentialName whose Secret is missing
+    /// leaves its server out until the Secret comes).
+    pub(crate) fn credential(
+        &self,
+        gw_ns: &str,
+        c: &crate::config_store::gateway_api::ObjectRef,
+    ) -> Result<String, (&'static str, String)> {
+        let kind = c.kind.as_deref().unwrap_or("Secret");
+        if kind != "Secret" || !c.group.as_deref().unwrap_or("").is_empty() {
+            return Err((
+                "InvalidCertificateRef",
+                format!("certificateRef {} is a {kind}, not a Secret", c.name),
+            ));
+        }
+        let ns = c.namespace.as_deref().unwrap_or(gw_ns);
+        if ns != gw_ns
+            && !self
+                .grants
+                .iter()
+                .any(|(m, g)| grants(m, g, gw_ns, "Gateway", ns, "Secret", &c.name))
+        {
+            return Err((
+                "RefNotPermitted",
+                format!(
+                    "certificateRef {ns}/{} is not permitted by a ReferenceGrant in {ns}",
+                    c.name
+                ),
+            ));
+        }
+        Ok(if ns == gw_ns {
+            c.name.clone()
+        } else {
+            format!("{GATEWAY_CREDENTIAL_PREFIX}{ns}/{}", c.name)
         })
     }
+}
+
+pub use crate::config_store::gateway::GATEWAY_CREDENTIAL_PREFIX;
+
+/// Whether ReferenceGrant `g` (metadata `m`) lets a Gateway API `kind` of `from_ns` reference
+/// the core object `to_kind` named `name` in `to_ns`.
+fn grants(
+    m: &Metadata,
+    g: &crate::config_store::gateway_api::ReferenceGrantSpec,
+    from_ns: &str,
+    kind: &str,
+    to_ns: &str,
+    to_kind: &str,
+    name: &str,
+) -> bool {
+    m.namespace() == to_ns
+        && g.from.iter().any(|f| {
+            f.group == crate::config_store::gateway_api::GROUP
+                && f.kind == kind
+                && f.namespace == from_ns
+        })
+        && g.to.iter().any(|t| {
+            t.group.is_empty() && t.kind == to_kind && t.name.as_deref().is_none_or(|n| n == name)
+        })
+}
+
+/// Whether the config lets the Gateways of `from_ns` use Secret `name` of `to_ns` (their own
+/// namespace's, or another's by a ReferenceGrant): what a router of `from_ns` may read.
+pub fn secret_granted(resources: &[Resource], from_ns: &str, to_ns: &str, name: &str) -> bool {
+    from_ns == to_ns
+        || resources.iter().any(|r| match r {
+            Resource::GatewayApi(m, o) => match o.as_ref() {
+                GatewayApiObject::ReferenceGrant(g) => {
+                    grants(m, g, from_ns, "Gateway", to_ns, "Secret", name)
+                }
+                _ => false,
+            },
+            _ => false,
+        })
 }
 
 pub mod status;

@@ -117,6 +117,7 @@ impl ConfigStore for MeshConfigFile {
                 namespace: None,
                 labels: Default::default(),
                 warnings: Vec::new(),
+                ..Default::default()
             },
             Box::new(spec),
         )])

@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use super::traffic::{check_port, is_dns1123_label};
 
+/// The credentialName form of a Secret in another namespace than the Gateway's (Istio's:
+/// what the Gateway API's cross-namespace certificateRefs become).
+pub const GATEWAY_CREDENTIAL_PREFIX: &str = "kubernetes-gateway://";
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewaySpec {
@@ -263,12 +267,20 @@ fn check_tls(at: &str, protocol: ServerProtocol, tls: &ServerTls) -> Result<(), 
     if tls.mode == TlsMode::AutoPassthrough && protocol != ServerProtocol::Tls {
         return Err(format!("{at}.mode: AUTO_PASSTHROUGH needs protocol TLS"));
     }
-    if let Some(c) = &tls.credential_name
-        && !is_dns1123_subdomain(c)
-    {
-        return Err(format!(
-            "{at}.credentialName: {c:?} is not a Secret name (a DNS-1123 subdomain)"
-        ));
+    if let Some(c) = &tls.credential_name {
+        // A Secret name, or another namespace's Secret as `kubernetes-gateway://NS/NAME` (what
+        // the Gateway API's cross-namespace certificateRefs become, as in Istio).
+        let ok = match c.strip_prefix(GATEWAY_CREDENTIAL_PREFIX) {
+            Some(rest) => rest
+                .split_once('/')
+                .is_some_and(|(ns, name)| is_dns1123_subdomain(ns) && is_dns1123_subdomain(name)),
+            None => is_dns1123_subdomain(c),
+        };
+        if !ok {
+            return Err(format!(
+                "{at}.credentialName: {c:?} is not a Secret name (a DNS-1123 subdomain) or kubernetes-gateway://NAMESPACE/NAME"
+            ));
+        }
     }
     if let (Some(min), Some(max)) = (tls.min_protocol_version, tls.max_protocol_version)
         && min != TlsVersion::Auto

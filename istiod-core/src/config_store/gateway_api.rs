@@ -88,6 +88,31 @@ pub struct GatewaySpec {
     pub listeners: Vec<Listener>,
     #[serde(default)]
     pub addresses: Vec<GatewayAddress>,
+    #[serde(default)]
+    pub infrastructure: Option<GatewayInfrastructure>,
+}
+
+/// What a Gateway asks of its deployment.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayInfrastructure {
+    /// Labels and annotations for every object deployed for the Gateway.
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub parameters_ref: Option<ParametersRef>,
+}
+
+/// A Gateway's implementation-specific parameters (Istio's: a ConfigMap).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ParametersRef {
+    #[serde(default)]
+    pub group: String,
+    pub kind: String,
+    pub name: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -220,6 +245,21 @@ pub struct HttpRouteRule {
     pub backend_refs: Vec<BackendRef>,
     #[serde(default)]
     pub timeouts: Option<HttpRouteTimeouts>,
+    #[serde(default)]
+    pub retry: Option<HttpRouteRetry>,
+}
+
+/// A rule's retries: on connection errors and on `codes`, `attempts` times (the
+/// implementation's default when unset), `backoff` between them.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteRetry {
+    #[serde(default)]
+    pub codes: Vec<u32>,
+    #[serde(default)]
+    pub attempts: Option<i64>,
+    #[serde(default)]
+    pub backoff: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]

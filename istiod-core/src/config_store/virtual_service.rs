@@ -131,6 +131,9 @@ pub struct HttpRedirect {
     pub port: Option<Port>,
     #[serde(default)]
     pub derive_port: Option<String>,
+    /// Replaces the matched prefix of the path (the Gateway API's `ReplacePrefixMatch`).
+    #[serde(default)]
+    pub prefix_rewrite: Option<String>,
     #[serde(default)]
     pub scheme: Option<String>,
     #[serde(default)]
@@ -190,6 +193,9 @@ pub struct HttpRetry {
     pub retry_on: Option<String>,
     #[serde(default)]
     pub retry_remote_localities: Option<bool>,
+    /// The base interval of the exponential back-off between retries.
+    #[serde(default)]
+    pub backoff: Option<GoDuration>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -510,6 +516,11 @@ fn check_rewrite(at: &str, rw: &HttpRewrite, redirects: bool) -> Result<(), Stri
 }
 
 fn check_redirect(at: &str, red: &HttpRedirect) -> Result<(), String> {
+    if red.uri.is_some() && red.prefix_rewrite.is_some() {
+        return Err(format!(
+            "{at}.redirect: uri and prefixRewrite exclude each other"
+        ));
+    }
     if red.port.is_some() && red.derive_port.is_some() {
         return Err(format!(
             "{at}.redirect: port and derivePort exclude each other"

@@ -72,7 +72,7 @@ pub fn statuses(
             name: gw.name.clone(),
             status: json!({
                 "addresses": addrs.iter().map(|a| json!({"type": "IPAddress", "value": a})).collect::<Vec<_>>(),
-                "conditions": [condition("Accepted", true, "Accepted", "Resource accepted"), programmed],
+                "conditions": [accepted(gw.spec), programmed],
                 "listeners": listeners,
             }),
         });
@@ -118,6 +118,27 @@ fn kinds_for(l: &Listener) -> &'static [&'static str] {
         "TLS" => &["TLSRoute", "TCPRoute"],
         "TCP" => &["TCPRoute"],
         _ => &[],
+    }
+}
+
+/// A Gateway's `Accepted`: its parametersRef, when it has one, must be a ConfigMap (the only
+/// kind Istio takes; its content is not applied here).
+fn accepted(spec: &crate::config_store::gateway_api::GatewaySpec) -> Value {
+    match spec
+        .infrastructure
+        .as_ref()
+        .and_then(|i| i.parameters_ref.as_ref())
+    {
+        Some(p) if !(p.group.is_empty() && p.kind == "ConfigMap") => condition(
+            "Accepted",
+            false,
+            "InvalidParameters",
+            &format!(
+                "infrastructure.parametersRef {}/{} {}: only a ConfigMap is supported",
+                p.group, p.kind, p.name
+            ),
+        ),
+        _ => condition("Accepted", true, "Accepted", "Resource accepted"),
     }
 }
 
@@ -178,22 +199,19 @@ fn listener_status(world: &World, gw: &super::Gateway, l: &Listener, programmed:
     if let Some(tls) = &l.tls
         && tls.mode.as_deref().unwrap_or("Terminate") == "Terminate"
     {
-        let bad = tls.certificate_refs.iter().find(|c| {
-            let kind_ok = c.kind.as_deref().unwrap_or("Secret") == "Secret"
-                && c.group.as_deref().unwrap_or("").is_empty();
-            let ns = c.namespace.clone().unwrap_or_else(|| gw.ns.clone());
-            !kind_ok || ns != gw.ns || !world.secrets.contains(&(ns, c.name.clone()))
-        });
-        if let Some(c) = bad {
-            resolved = condition(
-                "ResolvedRefs",
-                false,
-                "InvalidCertificateRef",
-                &format!(
-                    "certificateRef {} is not a TLS Secret of the Gateway's namespace",
-                    c.name
-                ),
-            );
+        let unusable = |c: &crate::config_store::gateway_api::ObjectRef| {
+            world.credential(&gw.ns, c).err().or_else(|| {
+                let ns = c.namespace.as_deref().unwrap_or(&gw.ns);
+                (!world.secrets.contains(&(ns.to_string(), c.name.clone()))).then(|| {
+                    (
+                        "InvalidCertificateRef",
+                        format!("certificateRef {ns}/{} is not a TLS Secret", c.name),
+                    )
+                })
+            })
+        };
+        if let Some((reason, why)) = tls.certificate_refs.iter().find_map(unusable) {
+            resolved = condition("ResolvedRefs", false, reason, &why);
         }
     }
     let accepted = if possible.is_empty() {

@@ -66,7 +66,7 @@ fn routes_of<'a>(out: &'a [Resource], gateway: &str) -> Vec<&'a VirtualServiceSp
         .filter(|(_, s)| {
             s.gateways
                 .iter()
-                .any(|g| g.ends_with(&format!("/{gateway}-{GENERATED}")))
+                .any(|g| g.contains(&format!("/{gateway}-{GENERATED}-")))
         })
         .map(|(_, s)| s)
         .collect()
@@ -119,7 +119,8 @@ fn a_gateway_is_an_istio_gateway_of_its_namespace_routers() {
     let gw = out
         .iter()
         .find_map(|r| match r {
-            Resource::Gateway(m, s) if m.name == format!("same-namespace-{GENERATED}") => {
+            // One Istio Gateway per listener (the base Gateway's one listener is `http`).
+            Resource::Gateway(m, s) if m.name == format!("same-namespace-{GENERATED}-http") => {
                 Some((m, s))
             }
             _ => None,
@@ -363,4 +364,323 @@ fn a_cors_filter_is_a_cors_policy() {
         format!("{:?}", first.allow_origins[1]).contains("bar"),
         "{first:?}"
     );
+}
+
+/// The http routes of every VirtualService of `out`, by their first URI match.
+fn http_by_uri(out: &[Resource]) -> Vec<(String, crate::config_store::virtual_service::HttpRoute)> {
+    virtual_services(out)
+        .into_iter()
+        .flat_map(|(_, s)| s.http.clone())
+        .map(|h| {
+            let uri = h
+                .matches
+                .first()
+                .and_then(|m| m.uri.as_ref())
+                .map(|u| format!("{u:?}"))
+                .unwrap_or_default();
+            (uri, h)
+        })
+        .collect()
+}
+
+fn route_for<'a>(
+    http: &'a [(String, crate::config_store::virtual_service::HttpRoute)],
+    needle: &str,
+) -> &'a crate::config_store::virtual_service::HttpRoute {
+    &http
+        .iter()
+        .find(|(u, _)| u.contains(needle))
+        .unwrap_or_else(|| panic!("no route matches {needle}: {http:#?}"))
+        .1
+}
+
+#[test]
+fn a_prefix_redirect_replaces_the_matched_prefix_keeping_the_segment_boundary() {
+    let (out, problems) = translated("httproute-redirect-path.yaml");
+    assert!(problems.is_empty(), "{problems:?}");
+    let http = http_by_uri(&out);
+    // `/original-prefix` is split into the exact path and the `/original-prefix/` prefix.
+    let exact = route_for(&http, "\"/original-prefix\"");
+    let prefix = route_for(&http, "\"/original-prefix/\"");
+    let r = exact.redirect.as_ref().unwrap();
+    assert_eq!(r.prefix_rewrite.as_deref(), Some("/replacement-prefix"));
+    assert_eq!(r.uri, None);
+    let r = prefix.redirect.as_ref().unwrap();
+    assert_eq!(r.prefix_rewrite.as_deref(), Some("/replacement-prefix/"));
+    // A full-path replacement is the whole path.
+    let full = route_for(&http, "\"/full/\"").redirect.as_ref().unwrap();
+    assert_eq!(full.uri.as_deref(), Some("/full-path-replacement"));
+    assert_eq!(full.prefix_rewrite, None);
+}
+
+#[test]
+fn a_redirect_without_a_port_keeps_the_requests_port_unless_the_scheme_changes() {
+    let (out, problems) = translated("httproute-redirect-port-and-scheme.yaml");
+    assert!(problems.is_empty(), "{problems:?}");
+    let http = http_by_uri(&out);
+    let red = |path: &str| route_for(&http, path).redirect.clone().unwrap();
+    let nil = red("/scheme-nil-and-port-nil/");
+    assert_eq!(nil.derive_port.as_deref(), Some("FROM_REQUEST_PORT"));
+    assert_eq!(nil.port, None);
+    let https = red("/scheme-https-and-port-nil/");
+    assert_eq!(https.derive_port.as_deref(), Some("FROM_PROTOCOL_DEFAULT"));
+    assert_eq!(https.scheme.as_deref(), Some("https"));
+    let explicit = red("/scheme-nil-and-port-8080/");
+    assert_eq!(explicit.port.map(|p| p.0), Some(8080));
+    assert_eq!(explicit.derive_port, None);
+}
+
+#[test]
+fn retries_retry_connection_errors_and_the_codes_and_a_backend_timeout_is_per_try() {
+    let (out, problems) = translated("httproute-retry.yaml");
+    assert!(problems.is_empty(), "{problems:?}");
+    let http = http_by_uri(&out);
+    let r = route_for(&http, "/retry/code-500-attempts-3/")
+        .retries
+        .clone()
+        .unwrap();
+    assert_eq!(r.attempts, 3);
+    let on = r.retry_on.unwrap();
+    assert!(
+        on.contains("connect-failure") && on.ends_with(",500"),
+        "{on}"
+    );
+    let (out, problems) = translated("httproute-retry-with-timeouts.yaml");
+    assert!(problems.is_empty(), "{problems:?}");
+    let http = http_by_uri(&out);
+    let both = route_for(&http, "/retry/request-timeout-200ms/");
+    let retries = both.retries.clone().unwrap();
+    assert_eq!(
+        retries.per_try_timeout.map(|t| t.value),
+        Some(std::time::Duration::from_millis(200))
+    );
+    assert_eq!(
+        both.timeout.as_ref().map(|t| t.value),
+        Some(std::time::Duration::from_millis(400))
+    );
+    // Without a retry stanza a backend timeout is the request's.
+    let (out, _) = translated("httproute-timeout-backend-request.yaml");
+    let http = http_by_uri(&out);
+    assert!(
+        http.iter()
+            .any(|(_, h)| h.timeout.is_some() && h.retries.is_none()),
+        "{http:#?}"
+    );
+}
+
+#[test]
+fn a_tls_route_on_a_terminating_listener_is_tcp_after_tls_per_hostname() {
+    let (out, problems) = translated("tlsroute-mixed-termination-same-namespace.yaml");
+    assert!(problems.is_empty(), "{problems:?}");
+    let vs = routes_of(&out, "gateway-tlsroute-mixed-termination");
+    let terminated = vs
+        .iter()
+        .find(|v| v.hosts == ["tls.example.com"])
+        .unwrap_or_else(|| panic!("{vs:#?}"));
+    assert_eq!(terminated.tcp.len(), 1, "{terminated:#?}");
+    assert!(terminated.tls.is_empty());
+    // The passthrough listener's route stays an SNI route.
+    assert!(
+        vs.iter().any(|v| v
+            .tls
+            .iter()
+            .any(|t| format!("{t:?}").contains("abc.example.com"))),
+        "{vs:#?}"
+    );
+}
+
+#[test]
+fn conflicting_tcp_routes_go_oldest_first() {
+    let yaml = |name: &str, created: &str, backend: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\nmetadata: {{name: {name}, namespace: {INFRA}, creationTimestamp: \"{created}\"}}\nspec:\n  parentRefs: [{{name: tcp-multi-route-attach-gateway, sectionName: tcp}}]\n  rules: [{{backendRefs: [{{name: {backend}, port: 3000}}]}}]\n"
+        )
+    };
+    let manifests = shared("tests/tcproute-multiple-routes-attachment.yaml");
+    // Only the Gateway and Services of the suite's file: the routes are written here with
+    // their creation times (the newer sorts first by name).
+    let without_routes: String = manifests
+        .split("\n---")
+        .filter(|d| !d.lines().any(|l| l == "kind: TCPRoute"))
+        .collect::<Vec<_>>()
+        .join("\n---");
+    let (resources, refused) = load(&[
+        shared("base-manifests.yaml"),
+        without_routes,
+        yaml(
+            "tcproute-attach-older",
+            "2026-11-25T10:00:00Z",
+            "tcp-attach-backend-1",
+        ),
+        yaml(
+            "tcproute-attach-newer",
+            "2026-11-25T10:00:01Z",
+            "tcp-attach-backend-2",
+        ),
+    ]);
+    assert!(refused.is_empty(), "{refused:?}");
+    let (out, problems) = translate(&resources, "cluster.local");
+    assert!(problems.is_empty(), "{problems:?}");
+    let vs = routes_of(&out, "tcp-multi-route-attach-gateway");
+    let tcp: Vec<_> = vs.iter().flat_map(|v| v.tcp.clone()).collect();
+    assert_eq!(tcp.len(), 2, "{tcp:#?}");
+    assert!(
+        format!("{:?}", tcp[0].route).contains("tcp-attach-backend-1"),
+        "{tcp:#?}"
+    );
+}
+
+#[test]
+fn a_certificate_of_another_namespace_needs_a_reference_grant() {
+    let pair = rcgen::generate_simple_self_signed(vec!["gw.example".to_string()]).unwrap();
+    let (crt, key) = (pair.cert.pem(), pair.signing_key.serialize_pem());
+    let secret = |ns: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: certificate, namespace: {ns}}}\ntype: kubernetes.io/tls\nstringData: {{tls.crt: {crt:?}, tls.key: {key:?}}}\n"
+        )
+    };
+    let gateway = format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: {INFRA}}}\nspec:\n  gatewayClassName: istio\n  listeners:\n  - name: https\n    port: 443\n    protocol: HTTPS\n    tls: {{certificateRefs: [{{name: certificate, namespace: web}}]}}\n"
+    );
+    let grant = format!(
+        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {{name: g, namespace: web}}\nspec:\n  from: [{{group: gateway.networking.k8s.io, kind: Gateway, namespace: {INFRA}}}]\n  to: [{{group: \"\", kind: Secret}}]\n"
+    );
+    let credential = |texts: &[String]| {
+        let mut resources = Vec::new();
+        for t in texts {
+            for doc in serde_yaml_ng::Deserializer::from_str(t) {
+                use serde::Deserialize as _;
+                let v = serde_json::Value::deserialize(doc).unwrap();
+                if let Some(r) = crate::config_store::parse_document(v).unwrap() {
+                    resources.push(r);
+                }
+            }
+        }
+        let (out, problems) = translate(&resources, "cluster.local");
+        let gw = out.iter().find_map(|r| match r {
+            Resource::Gateway(_, g) => Some(g.clone()),
+            _ => None,
+        });
+        let none = |_: &str, _: &str| Vec::new();
+        let listener = status::statuses(&resources, "cluster.local", &none)
+            .into_iter()
+            .find(|s| s.kind == "KubernetesGateway")
+            .map(|s| s.status["listeners"][0]["conditions"].clone())
+            .unwrap();
+        (
+            gw.unwrap().servers[0]
+                .tls
+                .as_ref()
+                .and_then(|t| t.credential_name.clone()),
+            problems,
+            condition(&listener, "ResolvedRefs").1.to_string(),
+            resources,
+        )
+    };
+    let (name, problems, reason, _) = credential(&[secret("web"), gateway.clone()]);
+    assert_eq!(name, None);
+    assert!(problems[0].contains("not permitted"), "{problems:?}");
+    assert_eq!(reason, "RefNotPermitted");
+    let (name, problems, reason, resources) =
+        credential(&[secret("web"), gateway.clone(), grant.clone()]);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(
+        name.as_deref(),
+        Some("kubernetes-gateway://web/certificate")
+    );
+    assert_eq!(reason, "ResolvedRefs");
+    // What a router of the Gateway's namespace may read: the granted Secret, not another
+    // namespace's without a grant.
+    assert!(secret_granted(&resources, INFRA, "web", "certificate"));
+    assert!(!secret_granted(&resources, "other", "web", "certificate"));
+}
+
+#[test]
+fn each_listener_serves_only_the_routes_attached_to_it() {
+    // The shape of the suite's GatewayHTTPListenerIsolation (v1.6.0): listeners on one port,
+    // without a hostname and for `*.example.com`, each with its own route.
+    let route = |listener: &str| {
+        format!(
+            "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: attaches-to-{listener}, namespace: {INFRA}}}\nspec:\n  parentRefs: [{{name: http-listener-isolation, sectionName: {listener}}}]\n  rules: [{{matches: [{{path: {{type: PathPrefix, value: /{listener}}}}}], backendRefs: [{{name: infra-backend-v1, port: 8080}}]}}]\n"
+        )
+    };
+    let manifests = format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: http-listener-isolation, namespace: {INFRA}}}\nspec:\n  gatewayClassName: istio\n  listeners:\n  - {{name: empty-hostname, port: 80, protocol: HTTP}}\n  - {{name: wildcard-example-com, port: 80, protocol: HTTP, hostname: '*.example.com'}}\n  - {{name: wildcard-foo-example-com, port: 80, protocol: HTTP, hostname: '*.foo.example.com'}}\n  - {{name: abc-foo-example-com, port: 80, protocol: HTTP, hostname: abc.foo.example.com}}\n{}{}",
+        route("empty-hostname"),
+        route("wildcard-example-com")
+    );
+    let (resources, refused) = load(&[shared("base-manifests.yaml"), manifests]);
+    assert!(refused.is_empty(), "{refused:?}");
+    let (out, problems) = translate(&resources, "cluster.local");
+    assert!(problems.is_empty(), "{problems:?}");
+    let gateways: Vec<_> = out
+        .iter()
+        .filter_map(|r| match r {
+            Resource::Gateway(m, s) if m.name.starts_with("http-listener-isolation-") => {
+                Some((m.name.clone(), s.servers.len()))
+            }
+            _ => None,
+        })
+        .collect();
+    // Four listeners, four Istio Gateways of one server each.
+    assert_eq!(gateways.len(), 4, "{gateways:?}");
+    assert!(gateways.iter().all(|(_, n)| *n == 1));
+    // The route on the listener without a hostname is bound to that listener alone, so a
+    // server of `*.example.com` never takes it.
+    let vs = virtual_services(&out);
+    let empty = vs
+        .iter()
+        .find(|(_, s)| format!("{:?}", s.http).contains("/empty-hostname"))
+        .unwrap();
+    assert_eq!(
+        empty.1.gateways,
+        [format!(
+            "{INFRA}/http-listener-isolation-{GENERATED}-empty-hostname"
+        )]
+    );
+}
+
+#[test]
+fn a_route_host_a_more_specific_listener_covers_is_left_to_that_listener() {
+    let l = |name: &str, hostname: Option<&str>| crate::config_store::gateway_api::Listener {
+        name: name.into(),
+        port: 80,
+        protocol: "HTTP".into(),
+        hostname: hostname.map(Into::into),
+        ..Default::default()
+    };
+    let spec = GatewaySpec {
+        gateway_class_name: "istio".into(),
+        listeners: vec![
+            l("empty", None),
+            l("wild", Some("*.example.com")),
+            l("wild-foo", Some("*.foo.example.com")),
+            l("abc", Some("abc.foo.example.com")),
+        ],
+        ..Default::default()
+    };
+    let gw = Gateway {
+        ns: INFRA.into(),
+        name: "g".into(),
+        spec: &spec,
+    };
+    let held = |listener: usize, h: &str| held_elsewhere(&gw, &spec.listeners[listener], h);
+    // The listener without a hostname keeps only what no other listener covers.
+    assert!(!held(0, "bar.com"));
+    for h in [
+        "*.example.com",
+        "*.foo.example.com",
+        "abc.foo.example.com",
+        "x.example.com",
+    ] {
+        assert!(held(0, h), "{h}");
+    }
+    // `*.example.com` keeps its own wildcard, not the more specific listeners' names.
+    assert!(!held(1, "*.example.com"));
+    assert!(held(1, "*.foo.example.com"));
+    assert!(held(1, "abc.foo.example.com"));
+    assert!(!held(2, "*.foo.example.com"));
+    assert!(held(2, "abc.foo.example.com"));
+    // The most specific listener keeps everything of its own.
+    assert!(!held(3, "abc.foo.example.com"));
 }

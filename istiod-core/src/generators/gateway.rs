@@ -512,7 +512,9 @@ fn terminating_chains(
 ) -> Vec<FilterChain> {
     let verifies = matches!(server_tls.mode, TlsMode::Mutual | TlsMode::OptionalMutual);
     if let Some(c) = &server_tls.credential_name
-        && !(proxy.reads_secrets && has_secret(push, &proxy.namespace, c, verifies))
+        && !(proxy.reads_secrets
+            && credential_secret(push, &proxy.namespace, c)
+                .is_some_and(|(ns, name)| has_secret(push, ns, name, verifies)))
     {
         tracing::warn!(
             gateway = %gs.gateway(),
@@ -550,6 +552,23 @@ fn sni_pattern(host: &str) -> String {
     } else {
         format!("*.{host}")
     }
+}
+
+/// The Secret (namespace, name) a router of `namespace` reads for credentialName `c`: `NAME`
+/// of its own namespace, or `kubernetes-gateway://NS/NAME` when NS is its own or a
+/// ReferenceGrant of NS lets its Gateways read that Secret (as istiod allows); `None` when not
+/// permitted.
+fn credential_secret<'a>(
+    push: &PushContext,
+    namespace: &'a str,
+    c: &'a str,
+) -> Option<(&'a str, &'a str)> {
+    let Some(rest) = c.strip_prefix(crate::gateway_api::GATEWAY_CREDENTIAL_PREFIX) else {
+        return Some((namespace, c));
+    };
+    let (ns, name) = rest.split_once('/')?;
+    crate::gateway_api::secret_granted(&push.config.resources, namespace, ns, name)
+        .then_some((ns, name))
 }
 
 /// Whether the Secrets of `namespace` serve `kubernetes://name` (and, with `ca`, a CA for
@@ -791,18 +810,38 @@ pub fn secrets(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> 
     let mut out = Vec::new();
     for n in names {
         let n = n.as_ref();
-        let Some(credential) = n.strip_prefix(CREDENTIAL_PREFIX) else {
-            continue;
+        // `kubernetes://NAME` of the router's namespace, or `kubernetes-gateway://NS/NAME`
+        // where a ReferenceGrant permits it.
+        let (ns, credential) = match n.strip_prefix(CREDENTIAL_PREFIX) {
+            Some(c) => (proxy.namespace.as_str(), c.to_string()),
+            None if n.starts_with(crate::gateway_api::GATEWAY_CREDENTIAL_PREFIX) => {
+                let (base, suffix) = match n.strip_suffix(CACERT_SUFFIX) {
+                    Some(b) => (b, CACERT_SUFFIX),
+                    None => (n, ""),
+                };
+                match credential_secret(push, &proxy.namespace, base) {
+                    Some((ns, name)) => (ns, format!("{name}{suffix}")),
+                    None => {
+                        tracing::warn!(
+                            proxy = %proxy.id,
+                            secret = n,
+                            "Secret of another namespace refused: no ReferenceGrant there lets this namespace's Gateways read it"
+                        );
+                        continue;
+                    }
+                }
+            }
+            None => continue,
         };
         let kind = if let Some(base) = credential.strip_suffix(CACERT_SUFFIX) {
-            credential_ca(push, &proxy.namespace, base).map(|ca| {
+            credential_ca(push, ns, base).map(|ca| {
                 secret::Type::ValidationContext(CertificateValidationContext {
                     trusted_ca: Some(bytes(ca)),
                     ..Default::default()
                 })
             })
         } else {
-            find_secret(push, &proxy.namespace, credential).and_then(|s| {
+            find_secret(push, ns, &credential).and_then(|s| {
                 Some(secret::Type::TlsCertificate(TlsCertificate {
                     certificate_chain: Some(bytes(s.cert.as_ref()?)),
                     private_key: Some(bytes(s.key.as_ref()?)),
@@ -865,6 +904,37 @@ mod tests {
         // Sidecars get no gateway listeners.
         let sidecar = Proxy::from_node_id("sidecar~10.0.0.8~s.gw~gw.svc.cluster.local").unwrap();
         assert!(!is_router(&sidecar));
+    }
+
+    #[test]
+    fn another_namespaces_secret_only_where_a_reference_grant_permits_it() {
+        let ca = rcgen::generate_simple_self_signed(vec!["ca.test".to_string()])
+            .unwrap()
+            .cert
+            .pem();
+        let secret = format!(
+            "kind: Secret\nmetadata: {{name: cert, namespace: web}}\nstringData: {{cacert: {ca:?}}}\n"
+        );
+        let grant = "---\napiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: g, namespace: web}\nspec: {from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: gw}], to: [{group: '', kind: Secret, name: cert}]}\n";
+        let names = ["kubernetes-gateway://web/cert-cacert"];
+        let without = push(&secret);
+        assert_eq!(secrets(&without, &router("gw", &[], true), &names).len(), 0);
+        let with = push(&format!("{secret}{grant}"));
+        let got = secrets(&with, &router("gw", &[], true), &names);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].name, names[0]);
+        // The grant is for the Gateways of `gw` only.
+        assert_eq!(secrets(&with, &router("other", &[], true), &names).len(), 0);
+        // A plain name is still the router's own namespace's.
+        assert_eq!(
+            secrets(
+                &with,
+                &router("gw", &[], true),
+                &["kubernetes://cert-cacert"]
+            )
+            .len(),
+            0
+        );
     }
 
     #[test]

@@ -124,6 +124,11 @@ pub(super) fn hcm(
         // Istio's default path normalization (BASE): paths are normalized (RFC 3986, `.`
         // and `..` resolved) before routes and authorization policies see them.
         normalize_path: Some(BoolValue { value: true }),
+        // WebSocket upgrades pass through, as every HTTP connection manager of Istio's allows.
+        upgrade_configs: vec![http_connection_manager::UpgradeConfig {
+            upgrade_type: "websocket".to_string(),
+            ..Default::default()
+        }],
         ..Default::default()
     }
 }

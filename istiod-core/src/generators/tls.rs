@@ -287,10 +287,16 @@ pub fn gateway_socket(t: &ServerTls, http: bool) -> TransportSocket {
         common(&[], alpn)
     } else {
         let (cert, ca) = match &t.credential_name {
-            Some(c) => (
-                sds_ads(format!("kubernetes://{c}")),
-                sds_ads(format!("kubernetes://{c}-cacert")),
-            ),
+            Some(c) => {
+                // `kubernetes-gateway://NS/NAME` is an SDS name as written; a bare name is the
+                // router's namespace's `kubernetes://NAME`.
+                let sds = if c.starts_with(crate::gateway_api::GATEWAY_CREDENTIAL_PREFIX) {
+                    c.clone()
+                } else {
+                    format!("kubernetes://{c}")
+                };
+                (sds_ads(sds.clone()), sds_ads(format!("{sds}-cacert")))
+            }
             None => (
                 sds_file(format!(
                     "file-cert:{}~{}",

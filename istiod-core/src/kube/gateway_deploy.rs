@@ -8,9 +8,12 @@
 //! complete as rendered; the proxy image and its settings come from the injector's `values`
 //! (ConfigMap `istio-sidecar-injector`), as Istio's template reads them.
 //!
+//! The Gateway's `spec.infrastructure` labels and annotations go on every object and on the
+//! pods (the controller's own labels over them), as the Gateway API asks.
+//!
 //! Also as istiod: the GatewayClass `istio` is created when the Gateway API CRDs are installed
 //! and it does not exist. Not done: the HorizontalPodAutoscaler and PodDisruptionBudget
-//! (istiod renders them only when asked), `spec.infrastructure` labels and annotations, the
+//! (istiod renders them only when asked), the
 //! Gateway's customization annotations and ConfigMap parameters, leader election (every
 //! replica applies the same objects; the applies are idempotent).
 
@@ -226,15 +229,30 @@ impl GatewayRef<'_> {
         }])
     }
 
+    /// The labels of every deployed object: the Gateway's `spec.infrastructure.labels`, then
+    /// the controller's own over them.
     fn labels(&self, managed: bool) -> Value {
-        let mut l = json!({
-            GATEWAY_NAME_LABEL: self.name,
-            CLASS_LABEL: self.spec.gateway_class_name,
-        });
+        let mut l = json!(self.infrastructure(|i| &i.labels));
+        l[GATEWAY_NAME_LABEL] = json!(self.name);
+        l[CLASS_LABEL] = json!(self.spec.gateway_class_name);
         if managed {
             l[MANAGED_LABEL] = json!(MANAGED_VALUE);
         }
         l
+    }
+
+    /// A map of the Gateway's `spec.infrastructure` (empty without one).
+    fn infrastructure(
+        &self,
+        field: impl Fn(
+            &crate::config_store::gateway_api::GatewayInfrastructure,
+        ) -> &BTreeMap<String, String>,
+    ) -> BTreeMap<String, String> {
+        self.spec
+            .infrastructure
+            .as_ref()
+            .map(|i| field(i).clone())
+            .unwrap_or_default()
     }
 }
 
@@ -291,6 +309,7 @@ pub fn render(gw: &GatewayRef, t: &ProxyTemplate) -> Rendered {
             "name": name,
             "namespace": gw.namespace,
             "labels": gw.labels(managed),
+            "annotations": gw.infrastructure(|i| &i.annotations),
             "ownerReferences": gw.owner(),
         })
     };
@@ -321,6 +340,15 @@ pub fn render(gw: &GatewayRef, t: &ProxyTemplate) -> Rendered {
     if let (Some(into), Value::Object(from)) = (pod_labels.as_object_mut(), gw.labels(true)) {
         into.extend(from);
     }
+    let mut pod_annotations = json!(gw.infrastructure(|i| &i.annotations));
+    for (k, v) in [
+        ("istio.io/rev", t.revision.as_str()),
+        ("prometheus.io/path", "/stats/prometheus"),
+        ("prometheus.io/port", "15020"),
+        ("prometheus.io/scrape", "true"),
+    ] {
+        pod_annotations[k] = json!(v);
+    }
     let deployment = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -329,12 +357,7 @@ pub fn render(gw: &GatewayRef, t: &ProxyTemplate) -> Rendered {
             "selector": {"matchLabels": {GATEWAY_NAME_LABEL: gw.name}},
             "template": {
                 "metadata": {
-                    "annotations": {
-                        "istio.io/rev": t.revision,
-                        "prometheus.io/path": "/stats/prometheus",
-                        "prometheus.io/port": "15020",
-                        "prometheus.io/scrape": "true",
-                    },
+                    "annotations": pod_annotations,
                     "labels": pod_labels,
                 },
                 "spec": pod_spec(&name, gw.namespace, t),
@@ -771,6 +794,7 @@ mod tests {
                 listener("tcp", 9000, "TCP"),
             ],
             addresses: Vec::new(),
+            infrastructure: None,
         }
     }
 
@@ -921,6 +945,33 @@ mod tests {
             value: "ingress.istio-system.svc.cluster.local".into(),
         }];
         assert!(!is_managed(&hostname));
+    }
+
+    #[test]
+    fn infrastructure_labels_and_annotations_go_on_every_object_and_the_pods() {
+        let mut s = spec();
+        s.infrastructure = Some(crate::config_store::gateway_api::GatewayInfrastructure {
+            labels: BTreeMap::from([
+                ("key2".to_string(), "value2".to_string()),
+                // The controller's own label wins.
+                (GATEWAY_NAME_LABEL.to_string(), "not-this".to_string()),
+            ]),
+            annotations: BTreeMap::from([("key1".to_string(), "value1".to_string())]),
+            parameters_ref: None,
+        });
+        let r = rendered(&s);
+        let pod = &r.deployment["spec"]["template"]["metadata"];
+        for meta in [
+            &r.service_account["metadata"],
+            &r.deployment["metadata"],
+            &r.service["metadata"],
+            pod,
+        ] {
+            assert_eq!(meta["labels"]["key2"], "value2", "{meta}");
+            assert_eq!(meta["labels"][GATEWAY_NAME_LABEL], "bookinfo-gateway");
+            assert_eq!(meta["annotations"]["key1"], "value1", "{meta}");
+        }
+        assert_eq!(pod["annotations"]["prometheus.io/port"], "15020");
     }
 
     #[test]

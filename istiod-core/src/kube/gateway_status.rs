@@ -74,7 +74,8 @@ pub async fn run(
 ) {
     let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
     let mut changes = source.subscribe();
-    let mut written: BTreeMap<(&'static str, String, String), (i64, Value)> = BTreeMap::new();
+    let mut written: BTreeMap<(&'static str, String, String), (super::source::Version, Value)> =
+        BTreeMap::new();
     loop {
         let leader = match hold_lease(&leases, &identity, k8s_openapi::jiff::Timestamp::now()).await
         {
@@ -100,7 +101,7 @@ async fn write_changed(
     client: &kube::Client,
     source: &KubeSource,
     domain_suffix: &str,
-    written: &mut BTreeMap<(&'static str, String, String), (i64, Value)>,
+    written: &mut BTreeMap<(&'static str, String, String), (super::source::Version, Value)>,
 ) {
     let resources = match crate::store::ConfigStore::list(source) {
         Ok(r) => r,
@@ -135,16 +136,17 @@ async fn write_changed(
         } else {
             o.namespace.clone()
         };
-        let generation = generations
+        let version = generations
             .get(&(o.kind.to_string(), key_ns, o.name.clone()))
-            .copied()
-            .unwrap_or(0);
+            .cloned()
+            .unwrap_or_default();
         let key = (o.kind, o.namespace.clone(), o.name.clone());
-        if written.get(&key) == Some(&(generation, o.status.clone())) {
+        // Written already for this object (an object created again has another uid).
+        if written.get(&key) == Some(&(version.clone(), o.status.clone())) {
             continue;
         }
         let mut status = o.status.clone();
-        stamp(&mut status, generation, &now);
+        stamp(&mut status, version.generation, &now);
         // The API resource as the source watches the kind.
         let Some(ar) = source.kind_keyed(o.kind).map(|k| k.api_resource()) else {
             continue;
@@ -165,7 +167,7 @@ async fn write_changed(
             .await
         {
             Ok(_) => {
-                written.insert(key, (generation, o.status));
+                written.insert(key, (version, o.status));
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => tracing::warn!(

@@ -125,8 +125,9 @@ struct State {
     /// The resources in force, by the object they came from, in a stable order.
     objects: BTreeMap<ObjectKey, Resource>,
     rejected: BTreeMap<ObjectKey, Rejection>,
-    /// `metadata.generation` of each object seen (refused ones too), for the status writer.
-    generations: BTreeMap<ObjectKey, i64>,
+    /// `metadata.generation` and `uid` of each object seen (refused ones too), for the status
+    /// writers (the uid tells an object deleted and created again from the one before).
+    generations: BTreeMap<ObjectKey, Version>,
 }
 
 /// Config from the Kubernetes API server (`serve --kubeconfig`).
@@ -371,7 +372,10 @@ fn apply(
 ) {
     let key = object_key(kind, &obj);
     if let Some(g) = obj.metadata.generation {
-        state.generations.insert(key.clone(), g);
+        let uid = obj.metadata.uid.clone().unwrap_or_default();
+        state
+            .generations
+            .insert(key.clone(), Version { generation: g, uid });
     }
     // Listed items carry no apiVersion and kind: they are the watched kind's.
     let mut value = match serde_json::to_value(&obj) {
@@ -423,8 +427,15 @@ pub struct ObjectStatus {
     pub kind: Kind,
     pub namespace: String,
     pub name: String,
-    pub generation: i64,
+    pub version: Version,
     pub refused: Option<String>,
+}
+
+/// Which object, in which generation: `metadata.generation` and `metadata.uid`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Version {
+    pub generation: i64,
+    pub uid: String,
 }
 
 impl KubeSource {
@@ -434,7 +445,7 @@ impl KubeSource {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for (key, generation) in &state.generations {
+        for (key, version) in &state.generations {
             // Istio's kinds only: the Gateway API's status is the gateway controller's.
             let Some(kind) = self
                 .kinds
@@ -451,7 +462,7 @@ impl KubeSource {
                 kind: kind.clone(),
                 namespace: key.namespace.clone(),
                 name: key.name.clone(),
-                generation: *generation,
+                version: version.clone(),
                 refused,
             });
         }
@@ -463,15 +474,20 @@ impl KubeSource {
         self.kinds.iter().find(|k| k.key_kind() == key_kind)
     }
 
-    /// `metadata.generation` of every object seen, by (key kind, namespace, name).
-    pub fn generations(&self) -> BTreeMap<(String, String, String), i64> {
+    /// The version of every object seen, by (key kind, namespace, name).
+    pub fn generations(&self) -> BTreeMap<(String, String, String), Version> {
         let Ok(state) = self.state.read() else {
             return BTreeMap::new();
         };
         state
             .generations
             .iter()
-            .map(|(k, g)| ((k.kind.clone(), k.namespace.clone(), k.name.clone()), *g))
+            .map(|(k, v)| {
+                (
+                    (k.kind.clone(), k.namespace.clone(), k.name.clone()),
+                    v.clone(),
+                )
+            })
             .collect()
     }
 

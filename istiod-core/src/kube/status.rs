@@ -88,7 +88,7 @@ fn status_of(o: &ObjectStatus) -> serde_json::Value {
         "apiVersion": o.kind.api_resource_version(),
         "kind": o.kind.kind,
         "status": {
-            "observedGeneration": o.generation,
+            "observedGeneration": o.version.generation,
             "conditions": [{
                 "type": "Reconciled",
                 "status": status,
@@ -110,7 +110,7 @@ pub async fn run(
     let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
     let mut changes = source.subscribe();
     // What was written, so an unchanged object is not written again.
-    let mut written: BTreeMap<(String, String, String), (i64, Option<String>)> = BTreeMap::new();
+    let mut written: Written = BTreeMap::new();
     let mut leader = false;
     loop {
         let now = k8s_openapi::jiff::Timestamp::now();
@@ -144,11 +144,10 @@ pub async fn run(
     }
 }
 
-async fn write_changed(
-    client: &kube::Client,
-    source: &KubeSource,
-    written: &mut BTreeMap<(String, String, String), (i64, Option<String>)>,
-) {
+/// What was written per object: its version and refusal.
+type Written = BTreeMap<(String, String, String), (super::source::Version, Option<String>)>;
+
+async fn write_changed(client: &kube::Client, source: &KubeSource, written: &mut Written) {
     let now = source.istio_statuses();
     let present: std::collections::BTreeSet<(String, String, String)> = now
         .iter()
@@ -157,7 +156,7 @@ async fn write_changed(
     written.retain(|k, _| present.contains(k));
     for o in now {
         let key = (o.kind.kind.to_string(), o.namespace.clone(), o.name.clone());
-        let want = (o.generation, o.refused.clone());
+        let want = (o.version.clone(), o.refused.clone());
         if written.get(&key) == Some(&want) {
             continue;
         }

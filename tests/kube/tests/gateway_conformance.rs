@@ -20,8 +20,15 @@ const ISTIO_SKIPS: &str = "HTTPRouteHTTPSListenerDetectMisdirectedRequests,MeshH
 /// Features Istio does not claim (its `SupportedFeatures`, and MeshClusterIPMatching in its run).
 const ISTIO_EXEMPT: &str = "GatewayBackendClientCertificate,GatewayHTTPSListenerDetectMisdirectedRequests,UDPRoute,MeshClusterIPMatching";
 
+/// Extended features istiod-core does not implement yet (Istio claims them): the full run
+/// exempts them so their tests skip instead of waiting out their timeouts. ListenerSet: the
+/// kind is not read; BackendTLSPolicy: not read; frontend client-certificate validation
+/// (`spec.tls.frontend`): not translated (needs CA ConfigMaps); static addresses: a Gateway
+/// whose address names an existing Service is not served.
+const ISTIOD_CORE_UNSUPPORTED: &str = "ListenerSet,BackendTLSPolicy,BackendTLSPolicySANValidation,GatewayFrontendClientCertificateValidation,GatewayFrontendClientCertificateValidationInsecureFallback,GatewayStaticAddresses";
+
 /// The short form with istiod-core as the controller.
-const SHORT_ISTIOD_CORE: &str = "TestConformance/^(HTTPRouteSimpleSameNamespace|HTTPRouteExactPathMatching|HTTPRouteHeaderMatching|HTTPRouteHTTPSListener|HTTPRouteCORS|GatewayWithAttachedRoutes)$";
+const SHORT_ISTIOD_CORE: &str = "TestConformance/^(HTTPRouteSimpleSameNamespace|HTTPRouteExactPathMatching|HTTPRouteHeaderMatching|HTTPRouteHTTPSListener|HTTPRouteCORS|GatewayWithAttachedRoutes|HTTPRouteRedirectPortAndScheme|TLSRouteMixedTerminationSameNamespace)$";
 
 /// The profiles of Istio's run.
 const ISTIO_PROFILES: &str = "GATEWAY-HTTP,GATEWAY-TLS,GATEWAY-GRPC,GATEWAY-TCP,MESH-HTTP";
@@ -115,6 +122,8 @@ fn conformance(controller: Controller, short: &str, default_profiles: &str, exem
         let out = format!("{out}/{}.yaml", controller.name());
         std::fs::write(&out, &result.report).unwrap();
         std::fs::write(format!("{out}.tests"), tests_text(&result.tests)).unwrap();
+        // The suite's own output (why a test failed); not kept in the repository.
+        std::fs::write(format!("{out}.log"), &result.output).unwrap();
     }
     let failed: Vec<&str> = result
         .tests
@@ -160,7 +169,7 @@ fn gateway_api_conformance_with_istiod_core() {
         Controller::IstiodCore,
         SHORT_ISTIOD_CORE,
         "GATEWAY-HTTP,GATEWAY-TLS,GATEWAY-GRPC,GATEWAY-TCP",
-        &format!("{ISTIO_EXEMPT},Mesh"),
+        &format!("{ISTIO_EXEMPT},Mesh,{ISTIOD_CORE_UNSUPPORTED}"),
     );
 }
 

@@ -282,6 +282,12 @@ fn retry_policy(r: &HttpRoute, hashed: bool) -> Option<RetryPolicy> {
     if let Some(t) = &retries.per_try_timeout {
         policy.per_try_timeout = Some(t.proto());
     }
+    if let Some(b) = &retries.backoff {
+        policy.retry_back_off = Some(retry_policy::RetryBackOff {
+            base_interval: Some(b.proto()),
+            ..Default::default()
+        });
+    }
     if retries.retry_remote_localities == Some(true) {
         policy.retry_priority = Some(retry_policy::RetryPriority {
             name: "envoy.retry_priorities.previous_priorities".to_string(),
@@ -502,25 +508,31 @@ fn redirect(red: &crate::config_store::virtual_service::HttpRedirect, port: u16)
     if red.derive_port.as_deref() == Some("FROM_REQUEST_PORT") {
         port_redirect = u32::from(port);
     }
-    let mut scheme = red.scheme.clone();
-    if port_redirect != 0 && scheme.is_none() {
-        scheme = Some("http".to_string());
-    }
+    // No explicit :80 for http or :443 for https (a redirect without a scheme keeps the
+    // request's, taken as http here, as Istio does).
     if matches!(
-        (scheme.as_deref(), port_redirect),
-        (Some("http"), 80) | (Some("https"), 443)
+        (red.scheme.as_deref().unwrap_or("http"), port_redirect),
+        ("http", 80) | ("https", 443)
     ) {
         port_redirect = 0;
     }
+    let path = match (&red.prefix_rewrite, &red.uri) {
+        (Some(p), _) => Some(redirect_action::PathRewriteSpecifier::PrefixRewrite(
+            p.clone(),
+        )),
+        (None, Some(u)) => Some(redirect_action::PathRewriteSpecifier::PathRedirect(
+            u.clone(),
+        )),
+        (None, None) => None,
+    };
     RedirectAction {
         host_redirect: red.authority.clone().unwrap_or_default(),
         port_redirect,
-        scheme_rewrite_specifier: scheme
-            .map(redirect_action::SchemeRewriteSpecifier::SchemeRedirect),
-        path_rewrite_specifier: red
-            .uri
+        scheme_rewrite_specifier: red
+            .scheme
             .clone()
-            .map(redirect_action::PathRewriteSpecifier::PathRedirect),
+            .map(redirect_action::SchemeRewriteSpecifier::SchemeRedirect),
+        path_rewrite_specifier: path,
         response_code: match red.redirect_code.unwrap_or(301) {
             302 => redirect_action::RedirectResponseCode::Found,
             303 => redirect_action::RedirectResponseCode::SeeOther,
@@ -655,4 +667,41 @@ pub fn routes(ctx: Ctx, vs: &MeshRoute) -> Vec<Route> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config_store::virtual_service::HttpRedirect;
+
+    #[test]
+    fn a_redirect_keeps_the_request_port_replaces_a_prefix_and_leaves_the_scheme_alone() {
+        let red = |json: &str| redirect(&serde_json::from_str::<HttpRedirect>(json).unwrap(), 8080);
+        let r = red(r#"{"prefixRewrite": "/new/", "derivePort": "FROM_REQUEST_PORT"}"#);
+        assert_eq!(r.port_redirect, 8080);
+        assert_eq!(
+            r.path_rewrite_specifier,
+            Some(redirect_action::PathRewriteSpecifier::PrefixRewrite(
+                "/new/".into()
+            ))
+        );
+        // No scheme given: the request's stays (none is written).
+        assert_eq!(r.scheme_rewrite_specifier, None);
+        let r =
+            red(r#"{"uri": "/full", "scheme": "https", "derivePort": "FROM_PROTOCOL_DEFAULT"}"#);
+        assert_eq!(r.port_redirect, 0);
+        assert_eq!(
+            r.path_rewrite_specifier,
+            Some(redirect_action::PathRewriteSpecifier::PathRedirect(
+                "/full".into()
+            ))
+        );
+        // No explicit default port.
+        assert_eq!(red(r#"{"port": 443, "scheme": "https"}"#).port_redirect, 0);
+        assert_eq!(red(r#"{"port": 80}"#).port_redirect, 0);
+        assert_eq!(
+            red(r#"{"port": 8443, "scheme": "https"}"#).port_redirect,
+            8443
+        );
+    }
 }
