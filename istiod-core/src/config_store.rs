@@ -16,6 +16,7 @@ pub mod authorization;
 pub mod destination_rule;
 pub mod dir;
 pub mod discovery;
+pub mod envoy_filter;
 pub mod gateway;
 pub mod gateway_api;
 pub mod providers;
@@ -406,6 +407,8 @@ pub enum Resource {
     AuthorizationPolicy(Metadata, Box<AuthorizationPolicySpec>),
     RequestAuthentication(Metadata, Box<RequestAuthenticationSpec>),
     Telemetry(Metadata, Box<telemetry::TelemetrySpec>),
+    /// networking.istio.io EnvoyFilter: patches to the generated Envoy config (`crate::envoy_filter`).
+    EnvoyFilter(Metadata, Box<envoy_filter::EnvoyFilterSpec>),
     Namespace(Metadata),
     /// core/v1 Pod: what an endpoint takes from its pod (labels, service account, node).
     Pod(Metadata, PodInfo),
@@ -640,6 +643,7 @@ impl Resource {
             Resource::AuthorizationPolicy(..) => "AuthorizationPolicy",
             Resource::RequestAuthentication(..) => "RequestAuthentication",
             Resource::Telemetry(..) => "Telemetry",
+            Resource::EnvoyFilter(..) => "EnvoyFilter",
             Resource::Namespace(..) => "Namespace",
             Resource::Pod(..) => "Pod",
             Resource::Node(..) => "Node",
@@ -665,6 +669,7 @@ impl Resource {
             | Resource::AuthorizationPolicy(m, _)
             | Resource::RequestAuthentication(m, _)
             | Resource::Telemetry(m, _)
+            | Resource::EnvoyFilter(m, _)
             | Resource::WorkloadGroup(m, _)
             | Resource::MeshConfig(m, _)
             | Resource::Pod(m, _)
@@ -697,6 +702,7 @@ impl Resource {
                 ("RequestAuthentication", m, serde_json::to_value(s))
             }
             Resource::Telemetry(m, s) => ("Telemetry", m, serde_json::to_value(s)),
+            Resource::EnvoyFilter(m, s) => ("EnvoyFilter", m, serde_json::to_value(s)),
             Resource::Namespace(m) => ("Namespace", m, Ok(serde_json::Value::Null)),
             Resource::Pod(m, s) => ("Pod", m, serde_json::to_value(s)),
             Resource::Node(m) => ("Node", m, Ok(serde_json::Value::Null)),
@@ -845,6 +851,15 @@ pub(crate) fn parse_document(value: serde_json::Value) -> Result<Option<Resource
             warn_if_targeted(spec.targeted(), &mut meta);
             Resource::Telemetry(meta, Box::new(spec))
         }
+        "EnvoyFilter" => {
+            let spec: envoy_filter::EnvoyFilterSpec =
+                checked_spec(spec, &typed, |_| Ok(()), &mut meta)?;
+            let mut warnings = Vec::new();
+            envoy_filter::validate(&spec, &mut warnings)
+                .map_err(|e| format!("{}: spec.{e}", typed("spec")))?;
+            meta.warnings.extend(warnings);
+            Resource::EnvoyFilter(meta, Box::new(spec))
+        }
         "Namespace" => Resource::Namespace(meta),
         "Pod" => Resource::Pod(meta, pod_info(&spec, status.as_ref(), &typed)?),
         "Node" => Resource::Node(meta),
@@ -905,6 +920,7 @@ fn served_in(kind: &str) -> Option<(&'static str, &'static [&'static str])> {
             ("security.istio.io", &["v1", "v1beta1"])
         }
         "Telemetry" => ("telemetry.istio.io", &["v1", "v1alpha1"]),
+        "EnvoyFilter" => ("networking.istio.io", &["v1alpha3"]),
         "Service" | "Endpoints" | "Namespace" | "Secret" | "ConfigMap" | "Pod" | "Node" => {
             ("", &["v1"])
         }

@@ -11,6 +11,8 @@ pub mod ca_server;
 pub mod config;
 pub mod config_store;
 pub mod debug;
+pub mod envoy_filter;
+pub mod envoy_proto;
 pub mod gateway_api;
 pub mod generators;
 pub mod intern;

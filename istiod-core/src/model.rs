@@ -201,6 +201,9 @@ pub struct Proxy {
     /// The proxy's own ProxyConfig `tracing.sampling` (node metadata `PROXY_CONFIG`), over the
     /// mesh's `defaultConfig` for its connection managers.
     pub tracing_sampling: Option<crate::config_store::values::Percentage>,
+    /// The node metadata's string fields (`ISTIO_VERSION`, ...): what an EnvoyFilter's proxy
+    /// match reads.
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -234,6 +237,7 @@ impl Proxy {
             auto_register_group: None,
             reads_secrets: false,
             tracing_sampling: None,
+            metadata: BTreeMap::new(),
         })
     }
 

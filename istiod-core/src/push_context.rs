@@ -68,6 +68,8 @@ pub struct PushContext {
     pub clusters: HashMap<String, ClusterRef>,
     /// Encoded resources that are the same for every proxy of this snapshot.
     pub cache: GenCache,
+    /// Every EnvoyFilter, its patch values decoded (`crate::envoy_filter`).
+    pub envoy_filters: Vec<crate::envoy_filter::Compiled>,
 }
 
 /// What an outbound cluster name stands for (indices into the snapshot's services, their
@@ -304,6 +306,7 @@ impl Default for PushContext {
             warnings: Vec::new(),
             mesh: Default::default(),
             cache: GenCache::default(),
+            envoy_filters: Vec::new(),
         }
     }
 }
@@ -432,7 +435,9 @@ impl PushContext {
             Resource::Secret(m, s) => Some((m, s)),
             _ => None,
         });
+        let envoy_filters = crate::envoy_filter::compile(&config.resources);
         Ok(PushContext {
+            envoy_filters,
             gateways,
             secrets,
             scope_gateway_to_namespace: false,

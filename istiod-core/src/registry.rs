@@ -229,6 +229,7 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
             | Resource::AuthorizationPolicy(..)
             | Resource::RequestAuthentication(..)
             | Resource::Telemetry(..)
+            | Resource::EnvoyFilter(..)
             | Resource::Namespace(..)
             | Resource::Pod(..)
             | Resource::Node(..)

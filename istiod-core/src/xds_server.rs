@@ -238,7 +238,7 @@ fn generate(
     type_url: &str,
     names: &[Arc<str>],
 ) -> Option<Vec<generators::Named>> {
-    Some(match type_url {
+    let mut out = match type_url {
         CLUSTER_TYPE => generators::cds::generate(push, proxy),
         ENDPOINT_TYPE => generators::eds::generate(push, names),
         LISTENER_TYPE => generators::lds::generate(push, proxy),
@@ -246,7 +246,9 @@ fn generate(
         istio_proto::nds::TYPE_URL => generators::nds::generate(push, proxy),
         generators::gateway::SECRET_TYPE => generators::gateway::secrets(push, proxy, names),
         _ => return None,
-    })
+    };
+    crate::envoy_filter::apply(push, proxy, type_url, &mut out);
+    Some(out)
 }
 
 impl Connection {
@@ -750,6 +752,7 @@ fn identify(
         p.labels = node_labels(node);
         p.auto_register_group = node_string(node, "AUTO_REGISTER_GROUP");
         p.tracing_sampling = node_tracing_sampling(node);
+        p.metadata = node_strings(node);
         // Istio's checkConnectionIdentity: a client certificate speaks for its namespace only,
         // so a workload of namespace A cannot ask for B's config (and B's Secrets) by naming B
         // in its node id.
@@ -822,6 +825,21 @@ fn node_string(node: &envoy_types::pb::envoy::config::core::v3::Node, key: &str)
         Some(Kind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
         _ => None,
     }
+}
+
+/// Every string field of the node metadata.
+fn node_strings(
+    node: &envoy_types::pb::envoy::config::core::v3::Node,
+) -> std::collections::BTreeMap<String, String> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    node.metadata
+        .iter()
+        .flat_map(|m| &m.fields)
+        .filter_map(|(k, v)| match &v.kind {
+            Some(Kind::StringValue(s)) => Some((k.clone(), s.clone())),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The workload labels the agent puts in its node metadata (`LABELS`, a map of strings).

@@ -213,8 +213,8 @@ async fn the_watch_survives_hostile_files_and_takes_the_next_good_edit() {
     }
 }
 
-/// Issue #29: one refused document must not freeze the directory. A new EnvoyFilter (a kind not
-/// served here), a Gateway API Gateway (a Gateway of another group, once misread as Istio's), an
+/// Issue #29: one refused document must not freeze the directory. An EnvoyFilter whose patch is
+/// not the Envoy config it patches, a Gateway API Gateway (a Gateway of another group, once misread as Istio's), an
 /// invalid VirtualService, a WorkloadEntry the registry cannot use and a broken edit of a
 /// served ServiceEntry each stay refused, named with their file; the edit keeps the last good
 /// version in force, and every other change applies meanwhile.
@@ -231,7 +231,7 @@ async fn a_refused_document_is_refused_alone_and_every_other_edit_applies() {
     let refused: &[(&str, String)] = &[
         (
             "envoyfilter.yaml",
-            "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: ratelimit, namespace: shop}\nspec: {configPatches: []}\n".into(),
+            "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: ratelimit, namespace: shop}\nspec: {configPatches: [{applyTo: HTTP_ROUTE, patch: {operation: MERGE, value: {route: {timeuot: 4s}}}}]}\n".into(),
         ),
         (
             "gateway-api.yaml",
@@ -268,9 +268,14 @@ async fn a_refused_document_is_refused_alone_and_every_other_edit_applies() {
             .find(|s| s.contains(needle))
             .unwrap_or_else(|| panic!("no rejection with {needle:?} in {said:#?}"))
     };
-    assert!(find("envoyfilter.yaml: document 1: ").contains(
-        "unsupported kind \"EnvoyFilter\" (networking.istio.io/v1alpha3); refused, not applied"
-    ));
+    let ef = find("envoyfilter.yaml: document 1: ");
+    assert!(
+        ef.contains("EnvoyFilter ratelimit")
+            && ef.contains("spec.configPatches[0].patch.value (envoy.config.route.v3.Route)")
+            && ef.contains("timeuot")
+            && ef.ends_with("refused, not applied"),
+        "{ef}"
+    );
     assert!(find("gateway-api.yaml: document 1: ").contains(
         "Gateway gw: spec.listeners[1].name: \"http\" names two listeners; refused, not applied"
     ));

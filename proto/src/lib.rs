@@ -20,3 +20,9 @@ pub mod nds {
 pub mod otlp_logs {
     tonic::include_proto!("opentelemetry.proto.collector.logs.v1");
 }
+
+/// Envoy's v3 API as an encoded `FileDescriptorSet` (every `envoy/**/v3` message and what it
+/// imports, the TypedStruct messages; no source info), compiled at build time from the protos
+/// the `envoy-types` package ships: what typed Envoy config written as JSON (an EnvoyFilter's
+/// patch values) is decoded and checked against.
+pub const ENVOY_DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/envoy.bin"));

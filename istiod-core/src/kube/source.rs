@@ -66,7 +66,7 @@ fn kind(kind: &'static str, group: &'static str, plural: &'static str) -> Kind {
 /// What istiod watches: the registry's kinds (Services, EndpointSlices, Pods, Nodes,
 /// Namespaces), the TLS Secrets of gateways, the mesh ConfigMap `mesh_config_map` of
 /// `istio_namespace`, Istio's networking, security and telemetry kinds (their `v1`, which
-/// every stored version of Istio's CRDs is served as), and the Gateway API's kinds.
+/// every stored version of Istio's CRDs is served as; EnvoyFilter's v1alpha3), and the Gateway API's kinds.
 pub fn kinds(istio_namespace: &str, mesh_config_map: &str) -> Vec<Kind> {
     vec![
         kind("Service", "", "services"),
@@ -103,6 +103,11 @@ pub fn kinds(istio_namespace: &str, mesh_config_map: &str) -> Vec<Kind> {
             "requestauthentications",
         ),
         kind("Telemetry", "telemetry.istio.io", "telemetries"),
+        // EnvoyFilter is served as v1alpha3 only.
+        Kind {
+            version: "v1alpha3",
+            ..kind("EnvoyFilter", "networking.istio.io", "envoyfilters")
+        },
         // The Kubernetes Gateway API (v1 of each kind; a CRD not installed is an empty kind).
         kind("GatewayClass", GATEWAY_API, "gatewayclasses"),
         kind("Gateway", GATEWAY_API, "gateways"),

@@ -35,6 +35,7 @@ impl PushContext {
             && self.secrets == other.secrets
             && self.scope_gateway_to_namespace == other.scope_gateway_to_namespace
             && self.trust_domain == other.trust_domain
+            && self.envoy_filters == other.envoy_filters
     }
 
     /// Classifies the change from `old` to `self`: endpoint-only when every service is the same
