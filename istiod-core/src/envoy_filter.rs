@@ -343,5 +343,13 @@ fn adds_to(add: PatchContext, list: PatchContext) -> bool {
             && matches!(list, PatchContext::SidecarOutbound | PatchContext::Gateway))
 }
 
+/// The patches of an EnvoyFilter spec written as YAML (namespace `ns`), for the tests.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+fn compiled_for_tests(yaml: &str) -> Vec<CompiledPatch> {
+    let spec: EnvoyFilterSpec = serde_yaml_ng::from_str(yaml).unwrap();
+    compile_one("ns", "f", None, &spec).patches
+}
+
 #[cfg(test)]
 mod tests;

@@ -116,3 +116,40 @@ fn merge_cluster(c: &mut Cluster, p: &CompiledPatch) {
         _ => c.transport_socket = Some(src.clone()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn cluster_matches_by_name_alone_or_by_its_parts() {
+        let c = crate::envoy_filter::compiled_for_tests(
+            "configPatches:\n- {applyTo: CLUSTER, match: {cluster: {subset: v1, portNumber: 9080}}, patch: {operation: REMOVE}}\n- {applyTo: CLUSTER, match: {cluster: {name: exact, service: ignored}}, patch: {operation: REMOVE}}\n",
+        );
+        let (parts, name) = (&c[0], &c[1]);
+        assert!(cluster_matches(
+            "outbound|9080|v1|r.ns.svc.cluster.local",
+            parts
+        ));
+        assert!(!cluster_matches(
+            "outbound|9080|v2|r.ns.svc.cluster.local",
+            parts
+        ));
+        assert!(!cluster_matches(
+            "outbound|9081|v1|r.ns.svc.cluster.local",
+            parts
+        ));
+        assert!(cluster_matches("exact", name));
+        assert!(!cluster_matches("outbound|9080||ignored", name));
+        assert_eq!(
+            context(false, "inbound|9080||"),
+            PatchContext::SidecarInbound
+        );
+        assert_eq!(
+            context(false, "outbound|9080||x"),
+            PatchContext::SidecarOutbound
+        );
+        assert_eq!(context(true, "inbound|9080||"), PatchContext::Gateway);
+    }
+}

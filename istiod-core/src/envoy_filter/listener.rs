@@ -435,3 +435,116 @@ fn filter_list<F: TypedFilter>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use envoy_types::pb::envoy::config::listener::v3::FilterChainMatch;
+    use envoy_types::pb::google::protobuf::UInt32Value;
+
+    use super::*;
+    use crate::envoy_filter::compiled_for_tests as compiled;
+
+    fn chain(name: &str, sni: &[&str], transport: &str, alpn: &[&str], port: u32) -> FilterChain {
+        FilterChain {
+            name: name.into(),
+            filter_chain_match: Some(FilterChainMatch {
+                server_names: sni.iter().map(|s| s.to_string()).collect(),
+                transport_protocol: transport.into(),
+                application_protocols: alpn.iter().map(|s| s.to_string()).collect(),
+                destination_port: (port > 0).then_some(UInt32Value { value: port }),
+                ..Default::default()
+            }),
+            filters: vec![Filter {
+                name: "envoy.filters.network.tcp_proxy".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn listener() -> Listener {
+        Listener {
+            name: VIRTUAL_INBOUND.into(),
+            filter_chains: vec![
+                chain("tls-a", &["a.example"], "tls", &["h2", "http/1.1"], 8443),
+                chain("plain", &[], "raw_buffer", &[], 8080),
+            ],
+            listener_filters: vec![ListenerFilter {
+                name: "envoy.filters.listener.tls_inspector".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// The names of the chains a FILTER_CHAIN MERGE renaming them to `hit` reached.
+    fn hit_by(filter_chain: &str) -> Vec<String> {
+        let patches = compiled(&format!(
+            "configPatches: [{{applyTo: FILTER_CHAIN, match: {{listener: {filter_chain}}}, patch: {{operation: MERGE, value: {{name: hit}}}}}}]"
+        ));
+        let refs: Vec<&CompiledPatch> = patches.iter().collect();
+        let mut l = listener();
+        assert!(patch_listener(&mut l, PatchContext::SidecarInbound, &refs));
+        l.filter_chains.iter().map(|c| c.name.clone()).collect()
+    }
+
+    #[test]
+    fn filter_chain_matches() {
+        assert_eq!(hit_by("{filterChain: {sni: a.example}}"), ["hit", "plain"]);
+        assert_eq!(
+            hit_by("{filterChain: {sni: b.example}}"),
+            ["tls-a", "plain"]
+        );
+        assert_eq!(
+            hit_by("{filterChain: {transportProtocol: raw_buffer}}"),
+            ["tls-a", "hit"]
+        );
+        assert_eq!(
+            hit_by("{filterChain: {applicationProtocols: 'h2,http/1.1'}}"),
+            ["hit", "plain"]
+        );
+        assert_eq!(
+            hit_by("{filterChain: {applicationProtocols: 'h2,h3'}}"),
+            ["tls-a", "plain"]
+        );
+        assert_eq!(
+            hit_by("{filterChain: {destinationPort: 8080}}"),
+            ["tls-a", "hit"]
+        );
+        assert_eq!(hit_by("{filterChain: {name: plain}}"), ["tls-a", "hit"]);
+        // On a virtual listener the port is the chain's destination port.
+        assert_eq!(hit_by("{portNumber: 8443}"), ["hit", "plain"]);
+        assert_eq!(hit_by("{name: virtualOutbound}"), ["tls-a", "plain"]);
+    }
+
+    #[test]
+    fn listener_filter_operations() {
+        let patches = compiled(
+            "configPatches:\n- {applyTo: LISTENER_FILTER, match: {listener: {listenerFilter: envoy.filters.listener.tls_inspector}}, patch: {operation: INSERT_AFTER, value: {name: envoy.filters.listener.http_inspector, typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.listener.http_inspector.v3.HttpInspector}}}}\n- {applyTo: LISTENER_FILTER, match: {listener: {listenerFilter: envoy.filters.listener.tls_inspector}}, patch: {operation: REMOVE}}\n",
+        );
+        let refs: Vec<&CompiledPatch> = patches.iter().collect();
+        let mut l = listener();
+        patch_listener(&mut l, PatchContext::SidecarInbound, &refs);
+        let names: Vec<&str> = l.listener_filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["envoy.filters.listener.http_inspector"]);
+    }
+
+    #[test]
+    fn a_patch_of_another_context_does_nothing() {
+        let patches = compiled(
+            "configPatches: [{applyTo: LISTENER, match: {context: SIDECAR_OUTBOUND}, patch: {operation: REMOVE}}]",
+        );
+        let refs: Vec<&CompiledPatch> = patches.iter().collect();
+        assert!(patch_listener(
+            &mut listener(),
+            PatchContext::SidecarInbound,
+            &refs
+        ));
+        assert!(!patch_listener(
+            &mut listener(),
+            PatchContext::SidecarOutbound,
+            &refs
+        ));
+    }
+}

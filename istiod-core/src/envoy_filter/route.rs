@@ -218,3 +218,101 @@ fn patch_vhost(vh: &mut VirtualHost, patches: &[&CompiledPatch]) -> bool {
     vh.routes = routes;
     true
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use envoy_types::pb::envoy::config::route::v3::{DirectResponseAction, RouteAction as Forward};
+
+    use super::*;
+    use crate::envoy_filter::compiled_for_tests as compiled;
+
+    fn config(name: &str) -> RouteConfiguration {
+        let r = |name: &str, action: route::Action| Route {
+            name: name.into(),
+            action: Some(action),
+            ..Default::default()
+        };
+        RouteConfiguration {
+            name: name.into(),
+            virtual_hosts: vec![VirtualHost {
+                name: "a.example:80".into(),
+                domains: vec!["a.example".into(), "a.example:80".into()],
+                routes: vec![
+                    r("fwd", route::Action::Route(Forward::default())),
+                    r(
+                        "direct",
+                        route::Action::DirectResponse(DirectResponseAction::default()),
+                    ),
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// The routes left after a REMOVE matching `route_configuration` on `name` (router or not).
+    fn left(route_configuration: &str, name: &str, gateway: bool) -> Vec<String> {
+        let patches = compiled(&format!(
+            "configPatches: [{{applyTo: HTTP_ROUTE, match: {{routeConfiguration: {route_configuration}}}, patch: {{operation: REMOVE}}}}]"
+        ));
+        let refs: Vec<&CompiledPatch> = patches.iter().collect();
+        let mut rc = config(name);
+        let ctx = if gateway {
+            PatchContext::Gateway
+        } else {
+            PatchContext::SidecarOutbound
+        };
+        patch_config(&mut rc, ctx, gateway.then_some(()), &refs);
+        rc.virtual_hosts[0]
+            .routes
+            .iter()
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
+    #[test]
+    fn route_configuration_vhost_and_route_matches() {
+        assert_eq!(
+            left("{vhost: {route: {action: DIRECT_RESPONSE}}}", "80", false),
+            ["fwd"]
+        );
+        assert_eq!(
+            left("{vhost: {route: {action: ROUTE}}}", "80", false),
+            ["direct"]
+        );
+        assert_eq!(
+            left("{vhost: {route: {name: fwd}}}", "80", false),
+            ["direct"]
+        );
+        assert_eq!(
+            left("{vhost: {domainName: a.example}}", "80", false),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            left("{vhost: {domainName: b.example}}", "80", false),
+            ["fwd", "direct"]
+        );
+        assert_eq!(left("{portNumber: 81}", "80", false), ["fwd", "direct"]);
+        assert_eq!(
+            left("{portNumber: 9080}", "inbound|9080||", false),
+            Vec::<String>::new()
+        );
+        assert_eq!(left("{name: other}", "80", false), ["fwd", "direct"]);
+        // A router's HTTPS routes carry the port name and the Gateway.
+        let https = "https.443.web.gw.istio-system";
+        assert_eq!(
+            left(
+                "{gateway: istio-system/gw, portName: web, portNumber: 443}",
+                https,
+                true
+            ),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            left("{gateway: istio-system/other}", https, true),
+            ["fwd", "direct"]
+        );
+        assert_eq!(left("{portName: other}", https, true), ["fwd", "direct"]);
+    }
+}

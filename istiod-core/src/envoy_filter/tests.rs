@@ -504,3 +504,19 @@ spec:
     // Other ports' chains are untouched.
     assert!(vi.filter_chains.iter().any(|fc| fc.name != "merged-chain"));
 }
+
+#[test]
+fn target_refs_select_the_routers_of_the_named_gateway_only() {
+    let push = from_yaml(
+        "kind: EnvoyFilter\nmetadata: {name: t, namespace: default}\nspec:\n  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: g}]\n  configPatches: [{applyTo: CLUSTER, patch: {operation: REMOVE}}]\n",
+    );
+    let with = |labels: &[(&str, &str)]| {
+        let p = proxy(labels);
+        let labels = p.labels.clone();
+        for_proxy(&push.envoy_filters, &p, &labels, push.root_namespace()).len()
+    };
+    assert_eq!(with(&[(GATEWAY_NAME_LABEL, "g")]), 1);
+    assert_eq!(with(&[(GATEWAY_NAME_LABEL, "other")]), 0);
+    // A sidecar (no Gateway label) ignores a targeted filter, as in istiod.
+    assert_eq!(with(&[("app", "productpage")]), 0);
+}
