@@ -608,3 +608,68 @@ fn the_gateway_api_from_a_config_directory() {
     // A backend that does not exist answers 500, as the Gateway API requires.
     assert_eq!(get("/gone", "api.example").code, 500);
 }
+
+/// An EnvoyFilter in the GATEWAY context, attached to the Gateway API Gateway by `targetRefs`:
+/// a Lua filter before the router answers /teapot at the gateway; the routes still serve, and
+/// a sidecar (not a router of `edge`) is untouched.
+#[test]
+fn an_envoy_filter_patches_the_gateway_it_targets() {
+    let test = "an_envoy_filter_patches_the_gateway_it_targets";
+    let routing = format!(
+        r#"{}---
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {{name: teapot, namespace: {GATEWAY_NS}}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: Gateway, name: edge}}]
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match:
+      context: GATEWAY
+      listener:
+        filterChain:
+          filter:
+            name: envoy.filters.network.http_connection_manager
+            subFilter: {{name: envoy.filters.http.router}}
+    patch:
+      operation: INSERT_BEFORE
+      value:
+        name: teapot.lua
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+          default_source_code:
+            inline_string: |
+              function envoy_on_request(h)
+                if h:headers():get(":path") == "/teapot" then
+                  h:respond({{[":status"] = "418"}}, "short and stout")
+                end
+              end
+"#,
+        gateway_api_routing()
+    );
+    let Some((m, gw)) = gateway_mesh(test, BACKENDS, &routing, &[]) else {
+        return;
+    };
+    let gw_ip = m.net.pods[gw].ip.to_string();
+    let get = |path: &str| {
+        m.send_from(
+            outside(&m),
+            &format!("http://{gw_ip}{path}"),
+            1,
+            &[("host", "api.example")],
+            1,
+        )[0]
+        .clone()
+    };
+    let r = get("/teapot");
+    assert_eq!(
+        (r.code, r.body.as_str()),
+        (418, "short and stout"),
+        "{r:?}\n{}",
+        m.net.logs()
+    );
+    assert_eq!(get("/reviews/1").code, 200);
+    // The mesh client's sidecar is no router of `edge`: its calls are not answered by Lua.
+    let r = &m.send(&format!("http://{VIP}:{PORT}/teapot"), 1, &[], 1)[0];
+    assert_eq!(r.code, 200, "{r:?}");
+}
