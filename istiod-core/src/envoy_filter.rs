@@ -30,6 +30,7 @@ use crate::config_store::Resource;
 use crate::config_store::envoy_filter::{
     ApplyTo, EnvoyFilterSpec, Operation, PatchContext, PatchMatch,
 };
+use crate::gateway_api::GATEWAY_NAME_LABEL;
 use crate::generators::{CLUSTER_TYPE, LISTENER_TYPE, Named, ROUTE_TYPE};
 use crate::model::Proxy;
 use crate::push_context::PushContext;
@@ -188,9 +189,6 @@ fn compile_one(
     }
 }
 
-/// The label a Gateway API router carries.
-const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
-
 /// The patches for `proxy` (workload labels `labels`), in istiod's order.
 pub fn for_proxy<'a>(
     filters: &'a [Compiled],
@@ -323,6 +321,22 @@ fn merge_typed_config(
             p.skipped(&e);
             None
         }
+    }
+}
+
+/// A transport socket MERGE: the typed config of the patch's socket `src` merged into `dst`'s
+/// (the same socket by name; istiod applies nothing else of such a patch).
+fn merge_transport_socket(
+    dst: &mut envoy_types::pb::envoy::config::core::v3::TransportSocket,
+    src: &envoy_types::pb::envoy::config::core::v3::TransportSocket,
+    p: &CompiledPatch,
+) {
+    use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType;
+    if let (Some(ConfigType::TypedConfig(s)), Some(ConfigType::TypedConfig(d))) =
+        (&src.config_type, &dst.config_type)
+        && let Some(m) = merge_typed_config(d, s, p)
+    {
+        dst.config_type = Some(ConfigType::TypedConfig(m));
     }
 }
 

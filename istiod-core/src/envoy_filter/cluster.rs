@@ -2,7 +2,7 @@
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 
-use super::{CompiledPatch, Named, adds_to, merge_into, merge_typed_config, patch_named};
+use super::{CompiledPatch, Named, adds_to, merge_into, merge_transport_socket, patch_named};
 use crate::config_store::envoy_filter::{ApplyTo, Operation, PatchContext};
 use crate::generators::INBOUND_PASSTHROUGH_CLUSTER;
 
@@ -86,18 +86,9 @@ fn patch_cluster(c: &mut Cluster, ctx: PatchContext, patches: &[&CompiledPatch])
 /// A cluster MERGE: a transport socket in the patch merges into the socket of that name (the
 /// rest of the patch is not applied, as in istiod); otherwise the whole value is merged.
 fn merge_cluster(c: &mut Cluster, p: &CompiledPatch) {
-    use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType;
     let Some(src) = p.value_as::<Cluster>().and_then(|v| v.transport_socket) else {
         merge_into(c, CLUSTER, p);
         return;
-    };
-    let merge_socket = |dst: &mut envoy_types::pb::envoy::config::core::v3::TransportSocket| {
-        if let (Some(ConfigType::TypedConfig(s)), Some(ConfigType::TypedConfig(d))) =
-            (&src.config_type, &dst.config_type)
-            && let Some(m) = merge_typed_config(d, s, p)
-        {
-            dst.config_type = Some(ConfigType::TypedConfig(m));
-        }
     };
     if !c.transport_socket_matches.is_empty() {
         match c
@@ -106,13 +97,13 @@ fn merge_cluster(c: &mut Cluster, p: &CompiledPatch) {
             .filter_map(|m| m.transport_socket.as_mut())
             .find(|ts| ts.name == src.name)
         {
-            Some(ts) => merge_socket(ts),
+            Some(ts) => merge_transport_socket(ts, &src, p),
             None => p.skipped("no transport socket of that name in the cluster's matches"),
         }
         return;
     }
     match &mut c.transport_socket {
-        Some(ts) if ts.name == src.name => merge_socket(ts),
+        Some(ts) if ts.name == src.name => merge_transport_socket(ts, &src, p),
         _ => c.transport_socket = Some(src.clone()),
     }
 }

@@ -12,7 +12,10 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use envoy_types::pb::google::protobuf::Any;
 use prost::Message;
 
-use super::{CompiledPatch, Named, adds_to, merge_into, merge_typed_config, patch_named};
+use super::{
+    CompiledPatch, Named, adds_to, merge_into, merge_transport_socket, merge_typed_config,
+    patch_named,
+};
 use crate::config_store::envoy_filter::{ApplyTo, HCM, Operation, PatchContext};
 use crate::generators::{VIRTUAL_INBOUND, VIRTUAL_OUTBOUND};
 
@@ -266,7 +269,7 @@ fn patch_chain(
         if let Some(http_connection_manager::RouteSpecifier::RouteConfig(rc)) =
             &mut hcm.route_specifier
         {
-            super::route::patch_config(rc, ctx, None, &routes);
+            super::route::patch_config(rc, ctx, false, &routes);
         }
         f.config_type = Some(filter::ConfigType::TypedConfig(
             envoy_types::util::pack_any(hcm),
@@ -278,17 +281,11 @@ fn patch_chain(
 /// A chain MERGE: a transport socket of the same name has its typed config merged (and nothing
 /// else of the patch applied, as in istiod); otherwise the whole value is merged.
 fn merge_chain(fc: &mut FilterChain, p: &CompiledPatch) {
-    use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType;
     let patch_ts = p.value_as::<FilterChain>().and_then(|v| v.transport_socket);
     if let (Some(src), Some(dst)) = (&patch_ts, &mut fc.transport_socket)
         && src.name == dst.name
     {
-        if let (Some(ConfigType::TypedConfig(s)), Some(ConfigType::TypedConfig(d))) =
-            (&src.config_type, &dst.config_type)
-            && let Some(m) = merge_typed_config(d, s, p)
-        {
-            dst.config_type = Some(ConfigType::TypedConfig(m));
-        }
+        merge_transport_socket(dst, src, p);
         return;
     }
     merge_into(fc, FILTER_CHAIN, p);

@@ -17,10 +17,9 @@ pub(super) fn apply_rds(router: bool, patches: &[&CompiledPatch], resources: &mu
     } else {
         PatchContext::SidecarOutbound
     };
-    let gateway = router.then_some(());
     for named in resources.iter_mut() {
         if let Some(p) = patch_named::<RouteConfiguration>(named, |rc| {
-            patch_config(rc, ctx, gateway, patches);
+            patch_config(rc, ctx, router, patches);
             true
         }) {
             *named = p;
@@ -125,10 +124,9 @@ fn has_route_match(p: &CompiledPatch) -> bool {
 pub(super) fn patch_config(
     rc: &mut RouteConfiguration,
     ctx: PatchContext,
-    gateway: Option<()>,
+    gateway: bool,
     patches: &[&CompiledPatch],
 ) {
-    let gateway = gateway.is_some();
     let mine: Vec<&CompiledPatch> = patches
         .iter()
         .copied()
@@ -263,7 +261,7 @@ mod tests {
         } else {
             PatchContext::SidecarOutbound
         };
-        patch_config(&mut rc, ctx, gateway.then_some(()), &refs);
+        patch_config(&mut rc, ctx, gateway, &refs);
         rc.virtual_hosts[0]
             .routes
             .iter()
