@@ -35,10 +35,15 @@
 //! byte, fields unknown to our generated types included. A response with nothing to remove is
 //! found by a scan of its bytes and forwarded as it came.
 //!
+//! A removed filter that carries settings beyond what istiod writes for it (an EnvoyFilter MERGE
+//! into `istio.stats` or `istio.alpn`, an EnvoyFilter that adds an Istio-only filter) loses them
+//! with it: the agent logs them by name and lists them in `/debug/xds_adapt` (`lost`).
+//!
 //! Security filters (RBAC, jwt_authn, ext_authz) are never dropped: one whose type upstream Envoy
 //! cannot load makes the agent NACK the response to the control plane (Envoy keeps its last good
 //! config). Other unknown types are kept and reported by name (Envoy then rejects the resource).
 
+mod lost;
 mod wire;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -195,6 +200,9 @@ pub struct Findings {
     pub metrics_added: Vec<String>,
     /// Resources whose RBAC principals on `io.istio.peer_principal` became `authenticated`.
     pub principals_rewritten: Vec<String>,
+    /// Removed filters that carried settings beyond istiod's own (an EnvoyFilter patch on them):
+    /// the filter, and the settings lost with it (`lost`).
+    pub settings_lost: Vec<(Finding, Vec<String>)>,
 }
 
 /// The editing of one response: the resource being walked and what was found.
@@ -419,9 +427,11 @@ impl Pass {
         let name = wire::string_field(filter, 1)?;
         let mut types = Vec::new();
         let mut optional = false;
+        let mut typed_config = None;
         for field in wire::fields(filter) {
             let field = field?;
             if field.number == shape.typed_config && field.is_len() {
+                typed_config = Some(field.value);
                 let t = extension_type(field.value)?;
                 if t == ISTIO_STATS {
                     // Any.value (2): the stats.PluginConfig.
@@ -454,6 +464,12 @@ impl Pass {
         if types.iter().all(|t| istio_only(t)) {
             for t in &types {
                 self.found.removed.push(self.finding(name, t));
+                if let Some(any) = typed_config {
+                    let lost = lost::settings(t, any);
+                    if !lost.is_empty() {
+                        self.found.settings_lost.push((self.finding(name, t), lost));
+                    }
+                }
             }
             return Ok(Decision::Remove);
         }
@@ -874,6 +890,9 @@ pub struct Report {
     principals_rewritten: Seen,
     /// The last refused responses.
     refused: VecDeque<Refusal>,
+    /// Removed filters whose settings beyond istiod's own were lost with them, by type, filter
+    /// and settings.
+    settings_lost: BTreeMap<String, BTreeMap<String, Seen>>,
 }
 
 #[derive(Debug, Default, serde::Serialize)]
@@ -955,6 +974,22 @@ impl Adapter {
         }
         for r in &found.principals_rewritten {
             report.principals_rewritten.add(r);
+        }
+        for (f, lost) in &found.settings_lost {
+            let key = format!("{} ({})", f.filter, lost.join(", "));
+            let seen = report
+                .settings_lost
+                .entry(f.type_name.clone())
+                .or_default()
+                .entry(key)
+                .or_default();
+            // Said once per resource (the first RESOURCES_KEPT of them), not on every push.
+            if !seen.resources.contains(&f.resource) && seen.resources.len() < RESOURCES_KEPT {
+                tracing::warn!(resource = %f.resource, filter = %f.filter, r#type = %f.type_name,
+                    settings = %lost.join(", "),
+                    "an Istio-only filter carrying settings istiod does not write (an EnvoyFilter patch on it?) was removed for upstream Envoy; those settings are not applied");
+            }
+            seen.add(&f.resource);
         }
     }
 

@@ -3,7 +3,9 @@
 //!   last NACK's error;
 //! - `/debug/configz`: the config resources in force (kind, metadata, spec, and `origin`: the
 //!   source it came from, `kubernetes`, `file:DIR`, `memory`), then what the last load refused
-//!   (`{"rejected": {file, document, object, reason, last_good_kept}, "message"}`);
+//!   (`{"rejected": {file, document, object, reason, last_good_kept}, "message"}`); an
+//!   EnvoyFilter whose patches a proxy rejects now carries `rejected_by_proxies` (proxy, type,
+//!   Envoy's error);
 //! - `/debug/registryz`: the services and endpoints built from them;
 //! - `/debug/endpointz`: each service's endpoints (address, ports, labels, service account, TLS
 //!   mode, locality), by host.
@@ -17,8 +19,8 @@ use http_body_util::Full;
 use hyper::{Response, StatusCode};
 use tokio::net::TcpListener;
 
-use crate::ControlPlane;
 use crate::xds_server::XdsServer;
+use crate::{ControlPlane, config_store};
 
 fn json(value: serde_json::Value) -> Response<Full<Bytes>> {
     let body = serde_json::to_vec_pretty(&value).unwrap_or_default();
@@ -36,6 +38,7 @@ fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>
         "/debug/syncz" => json(serde_json::to_value(xds.syncz()).unwrap_or_default()),
         // Each resource with the warnings about it: what it asks for and is not acted on.
         "/debug/configz" => {
+            let rejections = envoy_filter_rejections(xds);
             let mut all: Vec<serde_json::Value> = push
                 .config
                 .resources
@@ -54,6 +57,12 @@ fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>
                         .collect();
                     if !warnings.is_empty() {
                         v["warnings"] = serde_json::json!(warnings);
+                    }
+                    if let config_store::Resource::EnvoyFilter(..) = r
+                        && let Some(nacks) =
+                            rejections.get(&format!("{}/{}", m.namespace(), m.name))
+                    {
+                        v["rejected_by_proxies"] = serde_json::json!(nacks);
                     }
                     v
                 })
@@ -90,6 +99,26 @@ fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>
             resp
         }
     }
+}
+
+/// The proxies that reject what an EnvoyFilter patched, by `namespace/name`: proxy, type and
+/// Envoy's error.
+fn envoy_filter_rejections(
+    xds: &XdsServer,
+) -> std::collections::BTreeMap<String, Vec<serde_json::Value>> {
+    let mut out: std::collections::BTreeMap<String, Vec<serde_json::Value>> = Default::default();
+    for p in xds.syncz() {
+        for (type_url, t) in &p.types {
+            for f in &t.nacked_envoy_filters {
+                out.entry(f.clone()).or_default().push(serde_json::json!({
+                    "proxy": p.proxy,
+                    "type": type_url,
+                    "error": t.nacked,
+                }));
+            }
+        }
+    }
+    out
 }
 
 /// Serves on the side-port server (its limits, and no spin on accept errors) until `shutdown`

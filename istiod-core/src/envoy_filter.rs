@@ -18,6 +18,7 @@
 //! it was and is logged with the EnvoyFilter's name.
 
 mod cluster;
+mod extension;
 mod listener;
 mod route;
 
@@ -31,7 +32,7 @@ use crate::config_store::envoy_filter::{
     ApplyTo, EnvoyFilterSpec, Operation, PatchContext, PatchMatch,
 };
 use crate::gateway_api::GATEWAY_NAME_LABEL;
-use crate::generators::{CLUSTER_TYPE, LISTENER_TYPE, Named, ROUTE_TYPE};
+use crate::generators::{CLUSTER_TYPE, EXTENSION_CONFIG_TYPE, LISTENER_TYPE, Named, ROUTE_TYPE};
 use crate::model::Proxy;
 use crate::push_context::PushContext;
 
@@ -40,6 +41,8 @@ use crate::push_context::PushContext;
 pub struct CompiledPatch {
     /// `namespace/name configPatches[i]`: what logs name.
     pub from: Arc<str>,
+    /// `namespace/name` of its EnvoyFilter.
+    pub filter: Arc<str>,
     pub apply_to: ApplyTo,
     pub matches: PatchMatch,
     /// INSERT_* rewritten to ADD where istiod does.
@@ -86,7 +89,8 @@ pub struct Compiled {
     gateways: Vec<String>,
     targeted: bool,
     priority: i32,
-    patches: Vec<CompiledPatch>,
+    /// Shared: a snapshot built after this one reuses them when the object is unchanged.
+    patches: Arc<[CompiledPatch]>,
     /// What it was compiled from (two snapshots hold the same filters when these are equal).
     source: Arc<EnvoyFilterSpec>,
 }
@@ -100,19 +104,25 @@ impl PartialEq for Compiled {
     }
 }
 
-/// Every EnvoyFilter of `resources`, compiled (values decoded once per snapshot).
-pub fn compile(resources: &[Resource]) -> Vec<Compiled> {
+/// Every EnvoyFilter of `resources`, compiled. One that `previous` (the last snapshot's)
+/// holds unchanged is taken from there, so values are decoded once per change of the object,
+/// not once per snapshot (endpoint changes build snapshots too).
+pub fn compile(resources: &[Resource], previous: &[Compiled]) -> Vec<Compiled> {
     let mut out = Vec::new();
     for r in resources {
         let Resource::EnvoyFilter(m, spec) = r else {
             continue;
         };
-        out.push(compile_one(
-            m.namespace(),
-            &m.name,
-            m.creation_timestamp.clone(),
-            spec,
-        ));
+        let unchanged = previous.iter().find(|c| {
+            c.namespace == m.namespace()
+                && c.name == m.name
+                && c.created == m.creation_timestamp
+                && *c.source == **spec
+        });
+        out.push(match unchanged {
+            Some(c) => c.clone(),
+            None => compile_one(m.namespace(), &m.name, m.creation_timestamp.clone(), spec),
+        });
     }
     out
 }
@@ -124,6 +134,7 @@ fn compile_one(
     spec: &EnvoyFilterSpec,
 ) -> Compiled {
     let mut patches = Vec::new();
+    let filter: Arc<str> = format!("{namespace}/{name}").into();
     for (i, p) in spec.config_patches.iter().enumerate() {
         let from: Arc<str> = format!("{namespace}/{name} configPatches[{i}]").into();
         let Some(patch) = &p.patch else { continue };
@@ -162,6 +173,7 @@ fn compile_one(
             .and_then(|v| regex::Regex::new(v).ok());
         patches.push(CompiledPatch {
             from,
+            filter: filter.clone(),
             apply_to: p.apply_to,
             matches,
             operation,
@@ -184,7 +196,7 @@ fn compile_one(
             .collect(),
         targeted: !spec.target_refs.is_empty(),
         priority: spec.priority,
-        patches,
+        patches: patches.into(),
         source: Arc::new(spec.clone()),
     }
 }
@@ -229,7 +241,7 @@ pub fn for_proxy<'a>(
     });
     chosen
         .into_iter()
-        .flat_map(|f| &f.patches)
+        .flat_map(|f| f.patches.iter())
         .filter(|p| proxy_matches(p, proxy))
         .collect()
 }
@@ -265,11 +277,69 @@ pub fn apply(push: &PushContext, proxy: &Proxy, type_url: &str, resources: &mut 
         return;
     }
     let router = crate::generators::gateway::is_router(proxy);
+    apply_patches(router, &patches, type_url, resources);
+}
+
+fn apply_patches(
+    router: bool,
+    patches: &[&CompiledPatch],
+    type_url: &str,
+    resources: &mut Vec<Named>,
+) {
     match type_url {
-        LISTENER_TYPE => listener::apply(router, &patches, resources),
-        CLUSTER_TYPE => cluster::apply(router, &patches, resources),
-        _ => route::apply_rds(router, &patches, resources),
+        LISTENER_TYPE => listener::apply(router, patches, resources),
+        CLUSTER_TYPE => cluster::apply(router, patches, resources),
+        ROUTE_TYPE => route::apply_rds(router, patches, resources),
+        _ => {}
     }
+}
+
+/// The EnvoyFilters (`namespace/name`) that change what `proxy` is sent of `type_url`, given
+/// `generated` (the resources before any patch, of the names it asked for): whom a rejection
+/// of that type by the proxy is reported against. Each filter is tried on its own, so this is
+/// only done when a proxy rejects a response.
+pub fn blame(
+    push: &PushContext,
+    proxy: &Proxy,
+    type_url: &str,
+    names: &[Arc<str>],
+    generated: &[Named],
+) -> Vec<String> {
+    if push.envoy_filters.is_empty() {
+        return Vec::new();
+    }
+    let labels = proxy.workload_labels(&push.services);
+    let patches = for_proxy(&push.envoy_filters, proxy, &labels, push.root_namespace());
+    let router = crate::generators::gateway::is_router(proxy);
+    let mut filters: Vec<&Arc<str>> = patches.iter().map(|p| &p.filter).collect();
+    filters.dedup();
+    filters
+        .into_iter()
+        .filter(|f| {
+            let own: Vec<&CompiledPatch> = patches
+                .iter()
+                .copied()
+                .filter(|p| p.filter == **f)
+                .collect();
+            if type_url == EXTENSION_CONFIG_TYPE {
+                return !extension::generate(&own, names).is_empty();
+            }
+            let mut patched = generated.to_vec();
+            apply_patches(router, &own, type_url, &mut patched);
+            patched != generated
+        })
+        .map(|f| f.to_string())
+        .collect()
+}
+
+/// The extension configs (ECDS) among `names` that the EnvoyFilters selecting `proxy` add.
+pub fn extension_configs(push: &PushContext, proxy: &Proxy, names: &[Arc<str>]) -> Vec<Named> {
+    if push.envoy_filters.is_empty() || names.is_empty() {
+        return Vec::new();
+    }
+    let labels = proxy.workload_labels(&push.services);
+    let patches = for_proxy(&push.envoy_filters, proxy, &labels, push.root_namespace());
+    extension::generate(&patches, names)
 }
 
 /// `resource` (an Any of `M`) decoded, patched by `f` (`None`: removed), encoded again.
@@ -362,7 +432,7 @@ fn adds_to(add: PatchContext, list: PatchContext) -> bool {
 #[allow(clippy::unwrap_used)]
 fn compiled_for_tests(yaml: &str) -> Vec<CompiledPatch> {
     let spec: EnvoyFilterSpec = serde_yaml_ng::from_str(yaml).unwrap();
-    compile_one("ns", "f", None, &spec).patches
+    compile_one("ns", "f", None, &spec).patches.to_vec()
 }
 
 #[cfg(test)]

@@ -1139,18 +1139,21 @@ fn grants(
 }
 
 /// Whether the config lets the Gateways of `from_ns` use Secret `name` of `to_ns` (their own
-/// namespace's, or another's by a ReferenceGrant): what a router of `from_ns` may read.
-pub fn secret_granted(resources: &[Resource], from_ns: &str, to_ns: &str, name: &str) -> bool {
+/// namespace's, or another's by one of the ReferenceGrants `grants`): what a router of `from_ns`
+/// may read.
+pub fn secret_granted(
+    reference_grants: &[(
+        Metadata,
+        crate::config_store::gateway_api::ReferenceGrantSpec,
+    )],
+    from_ns: &str,
+    to_ns: &str,
+    name: &str,
+) -> bool {
     from_ns == to_ns
-        || resources.iter().any(|r| match r {
-            Resource::GatewayApi(m, o) => match o.as_ref() {
-                GatewayApiObject::ReferenceGrant(g) => {
-                    grants(m, g, from_ns, "Gateway", to_ns, "Secret", name)
-                }
-                _ => false,
-            },
-            _ => false,
-        })
+        || reference_grants
+            .iter()
+            .any(|(m, g)| grants(m, g, from_ns, "Gateway", to_ns, "Secret", name))
 }
 
 pub mod status;

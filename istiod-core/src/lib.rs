@@ -257,7 +257,12 @@ fn build(
     let mut reverted: Vec<(String, String, String)> = Vec::new();
     let mut set = Arc::new(set);
     let mut push = loop {
-        let e = match PushContext::build(set.clone(), &settings.domain_suffix, version.clone()) {
+        let e = match PushContext::build_after(
+            set.clone(),
+            &settings.domain_suffix,
+            version.clone(),
+            previous,
+        ) {
             Ok(push) => break push,
             Err(e) => e,
         };

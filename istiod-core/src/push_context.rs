@@ -47,6 +47,12 @@ pub struct PushContext {
     pub gateways: Vec<(Metadata, crate::config_store::GatewaySpec)>,
     /// Every Secret holding TLS material, by (namespace, name): `kubernetes://NAME` over SDS.
     pub secrets: Vec<(Metadata, crate::config_store::TlsSecret)>,
+    /// Every ReferenceGrant, by (namespace, name): which Secrets a router of another namespace
+    /// may read (`gateway_api::secret_granted`), looked up here rather than in every resource.
+    pub reference_grants: Vec<(
+        Metadata,
+        crate::config_store::gateway_api::ReferenceGrantSpec,
+    )>,
     /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE: a Gateway selects routers of its own namespace only.
     pub scope_gateway_to_namespace: bool,
     /// Identities are `spiffe://<trust_domain>/ns/<ns>/sa/<sa>`.
@@ -307,6 +313,7 @@ impl Default for PushContext {
             mesh: Default::default(),
             cache: GenCache::default(),
             envoy_filters: Vec::new(),
+            reference_grants: Vec::new(),
         }
     }
 }
@@ -396,6 +403,17 @@ impl PushContext {
         domain_suffix: &str,
         version: String,
     ) -> Result<Self, RegistryError> {
+        Self::build_after(config, domain_suffix, version, None)
+    }
+
+    /// `build`, reusing what `previous` compiled from objects that have not changed (the
+    /// EnvoyFilters' decoded patch values).
+    pub fn build_after(
+        config: std::sync::Arc<ConfigSet>,
+        domain_suffix: &str,
+        version: String,
+        previous: Option<&PushContext>,
+    ) -> Result<Self, RegistryError> {
         // Istio resolves conflicts at one level by the oldest policy; without creation times,
         // by name, so the outcome does not depend on file order.
         let peer_authentications = by_name(&config, |r| match r {
@@ -435,9 +453,22 @@ impl PushContext {
             Resource::Secret(m, s) => Some((m, s)),
             _ => None,
         });
-        let envoy_filters = crate::envoy_filter::compile(&config.resources);
+        let reference_grants = by_name(&config, |r| match r {
+            Resource::GatewayApi(m, o) => match o.as_ref() {
+                crate::config_store::gateway_api::GatewayApiObject::ReferenceGrant(g) => {
+                    Some((m, g))
+                }
+                _ => None,
+            },
+            _ => None,
+        });
+        let envoy_filters = crate::envoy_filter::compile(
+            &config.resources,
+            previous.map_or(&[][..], |p| &p.envoy_filters),
+        );
         Ok(PushContext {
             envoy_filters,
+            reference_grants,
             gateways,
             secrets,
             scope_gateway_to_namespace: false,
@@ -479,6 +510,24 @@ mod tests {
 
     fn push(yaml: &str) -> PushContext {
         from_yaml(yaml)
+    }
+
+    /// A ReferenceGrant changes which Secrets routers may read: a new one is a change to push.
+    #[test]
+    fn a_reference_grant_is_a_change() {
+        let grant = "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: g, namespace: web}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: infra}]\n  to: [{group: \"\", kind: Secret}]\n";
+        let without = push("apiVersion: v1\nkind: Namespace\nmetadata: {name: web}\n");
+        let with = push(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: web}}\n---\n{grant}"
+        ));
+        assert_eq!(with.reference_grants.len(), 1);
+        assert!(!with.same_content(&without));
+        assert!(crate::gateway_api::secret_granted(
+            &with.reference_grants,
+            "infra",
+            "web",
+            "any"
+        ));
     }
 
     #[test]

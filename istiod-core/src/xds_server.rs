@@ -25,12 +25,13 @@ use crate::push_context::{Change, PushContext};
 use crate::wire::Outgoing;
 
 /// Order in which types are pushed, so Envoy never sees a reference before its target.
-const PUSH_ORDER: [&str; 6] = [
+const PUSH_ORDER: [&str; 7] = [
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
     generators::gateway::SECRET_TYPE,
     LISTENER_TYPE,
     ROUTE_TYPE,
+    generators::EXTENSION_CONFIG_TYPE,
     istio_proto::nds::TYPE_URL,
 ];
 
@@ -117,22 +118,40 @@ pub struct TypeSync {
     pub acked: Option<String>,
     /// Error detail of the last rejection, if the proxy ever rejected one.
     pub nacked: Option<String>,
+    /// The EnvoyFilters (`namespace/name`) that patched what the proxy rejects now (cleared by
+    /// its next ACK).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nacked_envoy_filters: Vec<String>,
 }
 
 impl TypeSync {
     /// Records (and counts, and logs a rejection of) the proxy's answer to our last response
-    /// of `type_url`; false when the request is to be ignored (stale, or a NACK).
-    fn record(&mut self, answer: &Answer, type_url: &str, stats: &XdsStats) -> bool {
+    /// of `type_url`; false when the request is to be ignored (stale, or a NACK). A rejection
+    /// is reported against the EnvoyFilters `blame` names.
+    fn record(
+        &mut self,
+        answer: &Answer,
+        type_url: &str,
+        stats: &XdsStats,
+        blame: impl FnOnce() -> Vec<String>,
+    ) -> bool {
         match answer {
             Answer::Fresh => true,
             Answer::Ack => {
                 stats.acks.fetch_add(1, Ordering::Relaxed);
                 self.acked = self.sent.clone();
+                self.nacked_envoy_filters.clear();
                 true
             }
             Answer::Nack(why) => {
                 stats.nacks.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(type_url, error = %why, "proxy rejected config (NACK)");
+                self.nacked_envoy_filters = blame();
+                if self.nacked_envoy_filters.is_empty() {
+                    tracing::warn!(type_url, error = %why, "proxy rejected config (NACK)");
+                } else {
+                    tracing::warn!(envoy_filters = ?self.nacked_envoy_filters, type_url, error = %why,
+                        "proxy rejected config patched by EnvoyFilters (NACK); it keeps its last accepted config");
+                }
                 self.nacked = Some(why.clone());
                 false
             }
@@ -238,17 +257,45 @@ fn generate(
     type_url: &str,
     names: &[Arc<str>],
 ) -> Option<Vec<generators::Named>> {
-    let mut out = match type_url {
+    let mut out = generate_unpatched(push, proxy, type_url, names)?;
+    crate::envoy_filter::apply(push, proxy, type_url, &mut out);
+    Some(out)
+}
+
+/// `generate` before the EnvoyFilters are applied.
+fn generate_unpatched(
+    push: &PushContext,
+    proxy: &Proxy,
+    type_url: &str,
+    names: &[Arc<str>],
+) -> Option<Vec<generators::Named>> {
+    Some(match type_url {
         CLUSTER_TYPE => generators::cds::generate(push, proxy),
         ENDPOINT_TYPE => generators::eds::generate(push, names),
         LISTENER_TYPE => generators::lds::generate(push, proxy),
         ROUTE_TYPE => generators::route::generate(push, proxy, names),
         istio_proto::nds::TYPE_URL => generators::nds::generate(push, proxy),
         generators::gateway::SECRET_TYPE => generators::gateway::secrets(push, proxy, names),
+        generators::EXTENSION_CONFIG_TYPE => {
+            crate::envoy_filter::extension_configs(push, proxy, names)
+        }
         _ => return None,
+    })
+}
+
+/// The EnvoyFilters that patch what `proxy` gets of `type_url` (`names`): whom its rejection
+/// is reported against.
+fn blame(
+    push: &PushContext,
+    proxy: Option<&Proxy>,
+    type_url: &str,
+    names: &[Arc<str>],
+) -> Vec<String> {
+    let Some(proxy) = proxy else {
+        return Vec::new();
     };
-    crate::envoy_filter::apply(push, proxy, type_url, &mut out);
-    Some(out)
+    let generated = generate_unpatched(push, proxy, type_url, names).unwrap_or_default();
+    crate::envoy_filter::blame(push, proxy, type_url, names, &generated)
 }
 
 impl Connection {
@@ -871,7 +918,11 @@ fn handle_request(
     let error = req.error.as_ref().map(|e| e.message.as_str());
     let step = watch.sub.on_request(&req.nonce, error, req.names);
     let (SotwStep::Ignore(answer) | SotwStep::Respond(answer)) = &step;
-    watch.sync.record(answer, &req.type_url, stats);
+    let names = &watch.sub.names;
+    let proxy = conn.proxy.as_ref();
+    watch.sync.record(answer, &req.type_url, stats, || {
+        blame(push, proxy, &req.type_url, names)
+    });
     match step {
         SotwStep::Respond(_) => Ok(conn.response(push, &req.type_url, None)),
         SotwStep::Ignore(_) => Ok(None),
@@ -932,7 +983,12 @@ impl DeltaConnection {
         }
         let error = req.error.as_ref().map(|e| e.message.as_str());
         let answer = answer(&req.nonce, &watch.nonce_sent, error);
-        if !watch.sync.record(&answer, &req.type_url, stats) {
+        let proxy = self.proxy.as_ref();
+        let subscribed = &watch.names;
+        if !watch.sync.record(&answer, &req.type_url, stats, || {
+            let names: Vec<Arc<str>> = subscribed.iter().cloned().collect();
+            blame(push, proxy, &req.type_url, &names)
+        }) {
             return Ok(Vec::new());
         }
         let mut changed = first;

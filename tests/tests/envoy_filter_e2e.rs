@@ -1,7 +1,10 @@
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 //! EnvoyFilter as traffic: a client pod calls `reviews` through real Envoys, the embedded
 //! control plane applying the EnvoyFilters as written (istio.io's local rate limit task as
-//! published, a Lua filter, an HTTP_ROUTE MERGE, a CLUSTER MERGE, a REMOVE).
+//! published, a Lua filter, an HTTP_ROUTE MERGE, a CLUSTER MERGE, a REMOVE, an ECDS extension
+//! config), and a patch Envoy rejects named in the log.
+
+use std::time::Duration;
 
 use harness::{require_envoy, require_root};
 
@@ -148,4 +151,101 @@ spec:
     let r = &m.send(&format!("http://{MIRROR_VIP}:{PORT}/removed"), 1, &[], 1)[0];
     assert_eq!(r.code, 503, "{r:?}");
     assert!(!m.app_log("m1").contains("/removed"));
+}
+
+/// An ECDS Lua filter (EXTENSION_CONFIG, and an HTTP filter whose `config_discovery` names it).
+const ECDS_LUA: &str = r#"apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: ecds-lua, namespace: book}
+spec:
+  configPatches:
+  - applyTo: EXTENSION_CONFIG
+    patch:
+      operation: ADD
+      value:
+        name: hello-lua
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+          default_source_code:
+            inline_string: |
+              function envoy_on_request(request_handle)
+                request_handle:headers():add("x-lua-ecds", "from ECDS")
+              end
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_OUTBOUND
+      listener:
+        filterChain:
+          filter:
+            name: envoy.filters.network.http_connection_manager
+            subFilter: {name: envoy.filters.http.router}
+    patch:
+      operation: INSERT_BEFORE
+      value:
+        name: hello-lua
+        config_discovery:
+          config_source: {ads: {}}
+          type_urls: [type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua]
+"#;
+
+/// A patch every field of which decodes, and which Envoy rejects (a cluster's connect timeout
+/// must be above zero).
+const REJECTED: &str = r#"---
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: zero-timeout, namespace: book}
+spec:
+  configPatches:
+  - applyTo: CLUSTER
+    match: {context: SIDECAR_OUTBOUND, cluster: {service: reviews.book.svc.cluster.local}}
+    patch: {operation: MERGE, value: {connect_timeout: 0s}}
+"#;
+
+#[test]
+fn an_extension_config_is_served_over_ecds_and_a_rejected_patch_is_named() {
+    if !require_root("envoy_filter_ecds") || !require_envoy("envoy_filter_ecds") {
+        return;
+    }
+    let Some(m) = mesh("envoy_filter_ecds", ONE_VERSION, ECDS_LUA) else {
+        return;
+    };
+    // ECDS: the Lua config reached the client's Envoy on its own and runs.
+    let r = &m.get("/", 1, &[("x-echo", "x-lua-ecds")])[0];
+    assert!(
+        r.body.contains("x-lua-ecds=from ECDS"),
+        "{r:?}\n{}",
+        m.client().logs_of("pilot-agent")
+    );
+    assert!(
+        m.client()
+            .envoy_stat("extension_config_discovery.http_filter.hello-lua.config_reload")
+            .unwrap_or(0)
+            >= 1,
+        "{}",
+        m.net.logs()
+    );
+    // A patch Envoy rejects: the rejection is logged with the EnvoyFilter's name, and Envoy
+    // keeps its last accepted clusters, so reviews still answers.
+    let rejected_before = m
+        .client()
+        .envoy_stat("cluster_manager.cds.update_rejected")
+        .unwrap_or(0);
+    std::fs::write(m.dir.join("routing.yaml"), format!("{ECDS_LUA}{REJECTED}")).unwrap();
+    assert!(
+        m.client().wait_log(
+            "pilot-agent",
+            "envoy_filters=[\"book/zero-timeout\"]",
+            Duration::from_secs(20)
+        ),
+        "{}",
+        m.client().logs_of("pilot-agent")
+    );
+    assert!(
+        m.client()
+            .envoy_stat("cluster_manager.cds.update_rejected")
+            .unwrap_or(0)
+            > rejected_before
+    );
+    let r = &m.get("/", 1, &[])[0];
+    assert_eq!(r.code, 200, "{r:?}");
 }

@@ -375,6 +375,9 @@ fn check_patch(at: &str, p: &ConfigPatch, warnings: &mut Vec<String>) -> Result<
     if let Some(value) = &patch.value {
         crate::envoy_proto::from_json(message, value)
             .map_err(|e| format!("{at}.patch.value ({message}): {e}"))?;
+        if p.apply_to == ApplyTo::ExtensionConfig {
+            check_extension_config(at, value)?;
+        }
     }
     // What istiod accepts but never acts on: said once, not refused.
     let inert = match (p.apply_to, patch.operation) {
@@ -390,7 +393,15 @@ fn check_patch(at: &str, p: &ConfigPatch, warnings: &mut Vec<String>) -> Result<
             ApplyTo::NetworkFilter | ApplyTo::HttpFilter | ApplyTo::ListenerFilter,
             Operation::MergeAndReplaceList,
         ) => Some("MERGE_AND_REPLACE_LIST does nothing for filters (as in Istio)"),
-        (ApplyTo::ExtensionConfig, op) if op != Operation::Add => {
+        (ApplyTo::ExtensionConfig, op)
+            if !matches!(
+                op,
+                Operation::Add
+                    | Operation::InsertBefore
+                    | Operation::InsertAfter
+                    | Operation::InsertFirst
+            ) =>
+        {
             Some("EXTENSION_CONFIG takes ADD only; other operations do nothing (as in Istio)")
         }
         _ => None,
@@ -411,6 +422,27 @@ fn check_patch(at: &str, p: &ConfigPatch, warnings: &mut Vec<String>) -> Result<
     if m.listener.as_ref().is_some_and(|l| l.port_name.is_some()) {
         warnings.push(format!(
             "{at}.match.listener.portName: not applied (as in Istio)"
+        ));
+    }
+    Ok(())
+}
+
+/// An extension config is served by its name, and is nothing without its config (Envoy would
+/// reject it; istiod sends it anyway).
+fn check_extension_config(at: &str, value: &serde_json::Value) -> Result<(), String> {
+    let field = |a: &str, b: &str| value.get(a).or_else(|| value.get(b)).cloned();
+    if field("name", "name")
+        .as_ref()
+        .and_then(serde_json::Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        return Err(format!(
+            "{at}.patch.value.name: an extension config needs the name a filter's configDiscovery asks for"
+        ));
+    }
+    if field("typed_config", "typedConfig").is_none() {
+        return Err(format!(
+            "{at}.patch.value.typed_config: an extension config needs its typed_config"
         ));
     }
     Ok(())
@@ -451,6 +483,26 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("envoy.Nope"), "{e}");
         check("configPatches:\n- applyTo: HTTP_ROUTE\n  patch: {operation: MERGE, value: {route: {timeout: 4s}}}\n").unwrap();
+    }
+
+    #[test]
+    fn an_extension_config_needs_its_name_and_config() {
+        let e = check(
+            "configPatches:\n- applyTo: EXTENSION_CONFIG\n  patch: {operation: ADD, value: {typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua}}}\n",
+        )
+        .unwrap_err();
+        assert!(e.starts_with("configPatches[0].patch.value.name"), "{e}");
+        let e = check(
+            "configPatches:\n- applyTo: EXTENSION_CONFIG\n  patch: {operation: ADD, value: {name: x}}\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("configPatches[0].patch.value.typed_config"),
+            "{e}"
+        );
+        // INSERT_* is ADD for extension configs: applied, so no warning.
+        let w = check("configPatches:\n- applyTo: EXTENSION_CONFIG\n  patch: {operation: INSERT_FIRST, value: {name: x, typedConfig: {'@type': type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua}}}\n").unwrap();
+        assert!(w.is_empty(), "{w:?}");
     }
 
     #[test]

@@ -520,3 +520,149 @@ fn target_refs_select_the_routers_of_the_named_gateway_only() {
     // A sidecar (no Gateway label) ignores a targeted filter, as in istiod.
     assert_eq!(with(&[("app", "productpage")]), 0);
 }
+
+/// An ECDS Lua filter: the config on its own, and an HTTP filter that asks for it by name.
+const ECDS_LUA: &str = r#"
+kind: EnvoyFilter
+metadata: {name: ecds-lua, namespace: default}
+spec:
+  workloadSelector: {labels: {app: productpage}}
+  configPatches:
+  - applyTo: EXTENSION_CONFIG
+    patch:
+      operation: ADD
+      value:
+        name: hello-lua
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+          default_source_code: {inline_string: "function envoy_on_request(h) h:headers():add('x-lua', 'ecds') end"}
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_OUTBOUND
+      listener: {filterChain: {filter: {name: envoy.filters.network.http_connection_manager, subFilter: {name: envoy.filters.http.router}}}}
+    patch:
+      operation: INSERT_BEFORE
+      value:
+        name: hello-lua
+        config_discovery:
+          config_source: {ads: {}}
+          type_urls: [type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua]
+"#;
+
+#[test]
+fn extension_configs_are_served_by_name_to_the_selected_proxies() {
+    use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
+    let push = from_yaml(&format!("{MESH}---\n{ECDS_LUA}"));
+    let p = proxy(&[("app", "productpage")]);
+    let asked: Vec<Arc<str>> = vec!["hello-lua".into(), "unknown".into()];
+    let served = extension_configs(&push, &p, &asked);
+    assert_eq!(served.len(), 1);
+    assert_eq!(served[0].name, "hello-lua");
+    let config = TypedExtensionConfig::decode(served[0].resource.value.as_slice()).unwrap();
+    assert_eq!(config.name, "hello-lua");
+    assert!(
+        config
+            .typed_config
+            .unwrap()
+            .type_url
+            .ends_with("filters.http.lua.v3.Lua")
+    );
+    // Only what is asked for, only to the workloads the filter selects.
+    assert!(extension_configs(&push, &p, &["unknown".into()]).is_empty());
+    assert!(extension_configs(&push, &proxy(&[("app", "reviews")]), &asked).is_empty());
+    // The listener side: the HTTP filter referring to it, before the router.
+    let ls = listeners(ECDS_LUA, &p);
+    let chains = http_filters(&ls, "0.0.0.0_9080");
+    assert!(
+        chains
+            .iter()
+            .all(|c| c.ends_with(&["hello-lua".to_string(), "envoy.filters.http.router".into()])),
+        "{chains:?}"
+    );
+}
+
+#[test]
+fn of_two_extension_configs_of_one_name_the_later_is_served() {
+    use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
+    let second = ECDS_LUA
+        .replace("name: ecds-lua", "name: ecds-lua-2")
+        .replace("'ecds'", "'second'");
+    let push = from_yaml(&format!("{MESH}---\n{ECDS_LUA}---\n{second}"));
+    let served = extension_configs(
+        &push,
+        &proxy(&[("app", "productpage")]),
+        &["hello-lua".into()],
+    );
+    assert_eq!(served.len(), 1);
+    let config = TypedExtensionConfig::decode(served[0].resource.value.as_slice()).unwrap();
+    let lua = String::from_utf8_lossy(&config.typed_config.unwrap().value).to_string();
+    assert!(lua.contains("second"), "{lua}");
+}
+
+#[test]
+fn an_unchanged_envoy_filter_is_not_compiled_again() {
+    let push = from_yaml(&format!("{MESH}---\n{ECDS_LUA}"));
+    let again = compile(&push.config.resources, &push.envoy_filters);
+    assert!(Arc::ptr_eq(
+        &again[0].patches,
+        &push.envoy_filters[0].patches
+    ));
+    // A changed spec is compiled anew.
+    let changed = from_yaml(&format!(
+        "{MESH}---\n{}",
+        ECDS_LUA.replace("'ecds'", "'new'")
+    ));
+    let recompiled = compile(&changed.config.resources, &push.envoy_filters);
+    assert!(!Arc::ptr_eq(
+        &recompiled[0].patches,
+        &push.envoy_filters[0].patches
+    ));
+    assert_ne!(recompiled[0], push.envoy_filters[0]);
+}
+
+#[test]
+fn a_rejection_is_blamed_on_the_filters_that_changed_that_type() {
+    let filters = "\
+kind: EnvoyFilter
+metadata: {name: clusters, namespace: default}
+spec:
+  configPatches:
+  - applyTo: CLUSTER
+    match: {cluster: {service: reviews.default.svc.cluster.local}}
+    patch: {operation: MERGE, value: {connect_timeout: 0s}}
+---
+kind: EnvoyFilter
+metadata: {name: no-op, namespace: default}
+spec:
+  configPatches:
+  - applyTo: CLUSTER
+    match: {cluster: {service: nowhere.default.svc.cluster.local}}
+    patch: {operation: REMOVE}
+---
+kind: EnvoyFilter
+metadata: {name: listeners, namespace: default}
+spec:
+  configPatches:
+  - applyTo: LISTENER
+    match: {listener: {portNumber: 9080}}
+    patch: {operation: MERGE, value: {per_connection_buffer_limit_bytes: 1024}}
+";
+    let push = from_yaml(&format!("{MESH}---\n{filters}"));
+    let p = proxy(&[("app", "productpage")]);
+    let blamed = |type_url: &str, names: &[Arc<str>]| {
+        let generated = match type_url {
+            CLUSTER_TYPE => crate::generators::cds::generate(&push, &p),
+            LISTENER_TYPE => crate::generators::lds::generate(&push, &p),
+            _ => crate::generators::route::generate(&push, &p, names),
+        };
+        blame(&push, &p, type_url, names, &generated)
+    };
+    assert_eq!(blamed(CLUSTER_TYPE, &[]), ["default/clusters"]);
+    assert_eq!(blamed(LISTENER_TYPE, &[]), ["default/listeners"]);
+    assert!(blamed(ROUTE_TYPE, &["9080".into()]).is_empty());
+    let ecds = from_yaml(&format!("{MESH}---\n{ECDS_LUA}"));
+    assert_eq!(
+        blame(&ecds, &p, EXTENSION_CONFIG_TYPE, &["hello-lua".into()], &[]),
+        ["default/ecds-lua"]
+    );
+}

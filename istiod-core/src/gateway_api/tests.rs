@@ -591,8 +591,18 @@ fn a_certificate_of_another_namespace_needs_a_reference_grant() {
     assert_eq!(reason, "ResolvedRefs");
     // What a router of the Gateway's namespace may read: the granted Secret, not another
     // namespace's without a grant.
-    assert!(secret_granted(&resources, INFRA, "web", "certificate"));
-    assert!(!secret_granted(&resources, "other", "web", "certificate"));
+    let grants: Vec<_> = resources
+        .iter()
+        .filter_map(|r| match r {
+            Resource::GatewayApi(m, o) => match o.as_ref() {
+                GatewayApiObject::ReferenceGrant(g) => Some((m.clone(), g.clone())),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert!(secret_granted(&grants, INFRA, "web", "certificate"));
+    assert!(!secret_granted(&grants, "other", "web", "certificate"));
 }
 
 #[test]

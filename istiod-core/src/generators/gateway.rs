@@ -567,7 +567,7 @@ fn credential_secret<'a>(
         return Some((namespace, c));
     };
     let (ns, name) = rest.split_once('/')?;
-    crate::gateway_api::secret_granted(&push.config.resources, namespace, ns, name)
+    crate::gateway_api::secret_granted(&push.reference_grants, namespace, ns, name)
         .then_some((ns, name))
 }
 

@@ -26,6 +26,9 @@ pub const ENDPOINT_TYPE: &str =
     "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+/// ECDS: a filter's config served on its own (EnvoyFilter EXTENSION_CONFIG).
+pub const EXTENSION_CONFIG_TYPE: &str =
+    "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
 
 /// Istio's well-known cluster names.
 pub const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";

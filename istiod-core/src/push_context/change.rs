@@ -36,6 +36,7 @@ impl PushContext {
             && self.scope_gateway_to_namespace == other.scope_gateway_to_namespace
             && self.trust_domain == other.trust_domain
             && self.envoy_filters == other.envoy_filters
+            && self.reference_grants == other.reference_grants
     }
 
     /// Classifies the change from `old` to `self`: endpoint-only when every service is the same

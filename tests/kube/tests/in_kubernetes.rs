@@ -202,6 +202,7 @@ fn bookinfo_through_istios_injector() {
     eprintln!("STEP certificates from istiod's CA ({serial}); STRICT mTLS in effect in {took:?}");
     metric_labels(&c);
     metrics_shaped_by_istiod(&c);
+    envoy_filters(&c);
     routing_samples(&c).unwrap();
     scaling(&c).unwrap();
     deletion_drains(&c);
@@ -432,6 +433,110 @@ spec:
         started.elapsed()
     );
     c.block_on(apply::delete_yaml(&c.client, telemetry, Some("default")))
+        .unwrap();
+}
+
+/// An EnvoyFilter applied by istiod reaches Envoy through our agent's adaptation: a Lua filter
+/// istiod inserts answers with its header; a MERGE into `istio.alpn`, a filter the agent removes
+/// for upstream Envoy, is not applied and the agent says so by name.
+fn envoy_filters(c: &Cluster) {
+    let filter = r#"apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata:
+  name: productpage-lua
+spec:
+  workloadSelector:
+    labels:
+      app: productpage
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_INBOUND
+      listener:
+        filterChain:
+          filter:
+            name: envoy.filters.network.http_connection_manager
+            subFilter:
+              name: envoy.filters.http.router
+    patch:
+      operation: INSERT_BEFORE
+      value:
+        name: envoy.lua
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+          inlineCode: |
+            function envoy_on_response(response_handle)
+              response_handle:headers():add("x-envoy-filter", "applied-by-istiod")
+            end
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_OUTBOUND
+      listener:
+        filterChain:
+          filter:
+            name: envoy.filters.network.http_connection_manager
+            subFilter:
+              name: istio.alpn
+    patch:
+      operation: MERGE
+      value:
+        typed_config:
+          "@type": type.googleapis.com/istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig
+          alpn_override:
+          - upstream_protocol: HTTP2
+            alpn_override: [h2]
+"#;
+    apply_text(c, filter, "default").unwrap();
+    let started = Instant::now();
+    let curl_pod = pod_named(c, "default", "curl-").unwrap();
+    let mut last = String::new();
+    let applied = harness::wait_until(Duration::from_secs(30), || {
+        last = c
+            .kubelet
+            .exec(
+                "default",
+                &curl_pod,
+                "curl",
+                &[
+                    "curl",
+                    "-s",
+                    "-m",
+                    "10",
+                    "-o",
+                    "/dev/null",
+                    "-D",
+                    "-",
+                    "http://productpage:9080/productpage",
+                ],
+            )
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        last.to_ascii_lowercase()
+            .contains("x-envoy-filter: applied-by-istiod")
+    });
+    assert!(applied, "istiod's Lua patch not in effect: {last}");
+    let pp = productpage(c).unwrap();
+    let run = c.kubelet.pod("default", &pp).unwrap();
+    let mut log = String::new();
+    let reported = harness::wait_until(Duration::from_secs(10), || {
+        log = run.logs("istio-proxy");
+        log.lines().any(|l| {
+            l.contains("settings istiod does not write")
+                && l.contains("istio.alpn")
+                && l.contains("alpn_override")
+        })
+    });
+    assert!(
+        reported,
+        "the agent did not report the lost istio.alpn patch:\n{}",
+        harness::tail(&log, 20)
+    );
+    no_update_rejected(c, "default", &pods(c, "default")).unwrap();
+    eprintln!(
+        "STEP EnvoyFilter: istiod's Lua patch in effect through the agent in {:?}; its istio.alpn MERGE reported as not applied",
+        started.elapsed()
+    );
+    c.block_on(apply::delete_yaml(&c.client, filter, Some("default")))
         .unwrap();
 }
 
