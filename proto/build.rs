@@ -53,6 +53,9 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
     .map(|d| root.join(d))
     .chain([PathBuf::from("protos")])
     .collect();
+    // Found first: the package's files that do not compile as shipped, with their type names
+    // made absolute.
+    let includes: Vec<PathBuf> = std::iter::once(mended(&api)?).chain(includes).collect();
     // One compiler per directory, the files merged by name: protox resolves a relative type
     // name against every package it has seen, so a file compiled beside an unrelated package
     // that shares a prefix (`envoy.extensions.clusters.common`) resolves wrongly, where protoc,
@@ -104,6 +107,30 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?).join("envoy.bin");
     std::fs::write(out, prost::Message::encode_to_vec(&set))?;
     Ok(())
+}
+
+/// Files of the package's Envoy API that name a type by a relative name protoc and protox both
+/// resolve in the wrong package (the innermost scope with a matching first component wins), and
+/// the absolute name meant, as Envoy's own build has it.
+const MENDS: [(&str, &str, &str); 1] = [(
+    "envoy/extensions/clusters/dynamic_forward_proxy/v3/cluster.proto",
+    " common.dynamic_forward_proxy.v3.DnsCacheConfig ",
+    " .envoy.extensions.common.dynamic_forward_proxy.v3.DnsCacheConfig ",
+)];
+
+/// `OUT_DIR/mended`: `MENDS` applied to copies of those files. A mend that no longer matches
+/// (a newer package fixed the file) copies the file as it is.
+fn mended(api: &Path) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let dir = PathBuf::from(std::env::var("OUT_DIR")?).join("mended");
+    for (file, from, to) in MENDS {
+        let text = std::fs::read_to_string(api.join(file))?;
+        let out = dir.join(file);
+        if let Some(parent) = out.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(out, text.replace(from, to))?;
+    }
+    Ok(dir)
 }
 
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {

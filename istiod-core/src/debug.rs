@@ -1,6 +1,13 @@
 //! The debug HTTP port of `istiod-core serve` (istiod's 15014 `/debug/*`):
 //! - `/debug/syncz`: per connected proxy and type, the version last sent and last ACKed, and the
-//!   last NACK's error;
+//!   last NACK's error; with istiod's fields beside them (`cluster_id`, `proxy_type`,
+//!   `istio_version`, `cluster_sent`/`_acked` and the other types', `resources` by type URL with
+//!   `sent`, `acked`, `sentTime`, `lastError`);
+//! - `/debug/config_dump?proxyID=POD.NAMESPACE`: what that proxy is sent now, as Envoy's admin
+//!   `ConfigDump` in istiod's sections (`xds_debug`; secrets' keys redacted); 400 without a
+//!   proxyID, 404 when it is not connected here;
+//! - `/debug/adsz`: the connected proxies (`totalClients`, `clients` with `connectionId`,
+//!   `address`, `labels`, `metadata` and `watches`: the names subscribed, by type URL);
 //! - `/debug/configz`: the config resources in force (kind, metadata, spec, and `origin`: the
 //!   source it came from, `kubernetes`, `file:DIR`, `memory`), then what the last load refused
 //!   (`{"rejected": {file, document, object, reason, last_good_kept}, "message"}`); an
@@ -32,10 +39,52 @@ fn json(value: serde_json::Value) -> Response<Full<Bytes>> {
     resp
 }
 
-fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>> {
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(format!("{body}\n"))));
+    *resp.status_mut() = status;
+    resp
+}
+
+/// One query parameter's value.
+fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
+    query?
+        .split('&')
+        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+fn route(uri: &hyper::Uri, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>> {
     let push = cp.snapshot();
-    match path {
-        "/debug/syncz" => json(serde_json::to_value(xds.syncz()).unwrap_or_default()),
+    match uri.path() {
+        "/debug/syncz" => json(serde_json::Value::Array(
+            xds.syncz().iter().map(syncz_entry).collect(),
+        )),
+        "/debug/config_dump" => match query_param(uri.query(), "proxyID").filter(|p| !p.is_empty())
+        {
+            None => text(
+                StatusCode::BAD_REQUEST,
+                "You must provide a proxyID in the query string",
+            ),
+            Some(id) => match xds.config_dump(id) {
+                None => text(
+                    StatusCode::NOT_FOUND,
+                    "Proxy not connected to this Pilot instance. It may be connected to another instance.",
+                ),
+                Some(sections) => {
+                    let configs: Result<Vec<serde_json::Value>, String> =
+                        sections.iter().map(crate::envoy_proto::any_json).collect();
+                    match configs {
+                        Ok(configs) => json(serde_json::json!({ "configs": configs })),
+                        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &e),
+                    }
+                }
+            },
+        },
+        "/debug/adsz" => {
+            let clients: Vec<serde_json::Value> = xds.syncz().iter().map(adsz_client).collect();
+            json(serde_json::json!({ "totalClients": clients.len(), "clients": clients }))
+        }
         // Each resource with the warnings about it: what it asks for and is not acted on.
         "/debug/configz" => {
             let rejections = envoy_filter_rejections(xds);
@@ -93,12 +142,94 @@ fn route(path: &str, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>
         )),
         _ => {
             let mut resp = Response::new(Full::new(Bytes::from_static(
-                b"not found: /debug/syncz, /debug/configz, /debug/registryz, /debug/endpointz\n",
+                b"not found: /debug/syncz, /debug/config_dump?proxyID=, /debug/adsz, /debug/configz, /debug/registryz, /debug/endpointz\n",
             )));
             *resp.status_mut() = StatusCode::NOT_FOUND;
             resp
         }
     }
+}
+
+/// The short names istiod's syncz gives the four main types (`cluster_sent` ...).
+const SYNCZ_SHORT: [(&str, &str); 5] = [
+    (crate::generators::CLUSTER_TYPE, "cluster"),
+    (crate::generators::LISTENER_TYPE, "listener"),
+    (crate::generators::ROUTE_TYPE, "route"),
+    (crate::generators::ENDPOINT_TYPE, "endpoint"),
+    (crate::generators::EXTENSION_CONFIG_TYPE, "extensionconfig"),
+];
+
+/// One proxy of `/debug/syncz`: ours (`proxy`, `delta`, `types`) and istiod's fields.
+fn syncz_entry(p: &crate::xds_server::ProxySync) -> serde_json::Value {
+    let mut v = serde_json::to_value(p).unwrap_or_default();
+    let Some(obj) = v.as_object_mut() else {
+        return v;
+    };
+    if let Some(node) = &p.node {
+        if let Some(c) = node.metadata.get("CLUSTER_ID") {
+            obj.insert("cluster_id".into(), c.clone().into());
+        }
+        if let Some(ver) = node.metadata.get("ISTIO_VERSION") {
+            obj.insert("istio_version".into(), ver.clone().into());
+        }
+        obj.insert("proxy_type".into(), node.kind.clone().into());
+    }
+    for (type_url, short) in SYNCZ_SHORT {
+        if let Some(t) = p.types.get(type_url) {
+            for (suffix, value) in [("sent", &t.sent), ("acked", &t.acked)] {
+                if let Some(value) = value {
+                    obj.insert(format!("{short}_{suffix}"), value.clone().into());
+                }
+            }
+        }
+    }
+    let resources: serde_json::Map<String, serde_json::Value> = p
+        .types
+        .iter()
+        .map(|(type_url, t)| {
+            let mut r = serde_json::Map::new();
+            r.insert("sent".into(), t.sent.clone().unwrap_or_default().into());
+            r.insert("acked".into(), t.acked.clone().unwrap_or_default().into());
+            if let Some(at) = t.sent_at {
+                r.insert("sentTime".into(), rfc3339(at).into());
+            }
+            if let Some(e) = t.nacked.as_ref().filter(|_| t.rejecting) {
+                r.insert("lastError".into(), e.clone().into());
+            }
+            (type_url.clone(), serde_json::Value::Object(r))
+        })
+        .collect();
+    obj.insert("resources".into(), serde_json::Value::Object(resources));
+    v
+}
+
+/// One connected proxy of `/debug/adsz`, in istiod's shape.
+fn adsz_client(p: &crate::xds_server::ProxySync) -> serde_json::Value {
+    let watches: serde_json::Map<String, serde_json::Value> = p
+        .types
+        .iter()
+        .map(|(t, s)| {
+            (
+                t.clone(),
+                serde_json::json!(s.names.iter().map(|n| &**n).collect::<Vec<_>>()),
+            )
+        })
+        .collect();
+    let node = p.node.as_deref();
+    serde_json::json!({
+        "connectionId": p.proxy,
+        "address": node.and_then(|n| n.ip_addresses.first()).map(|a| a.to_string()),
+        "labels": node.map(|n| &n.labels),
+        "metadata": node.map(|n| &n.metadata),
+        "watches": watches,
+    })
+}
+
+/// `t` as RFC 3339 UTC (`2026-11-27T07:01:02.123Z`).
+fn rfc3339(t: std::time::SystemTime) -> String {
+    k8s_openapi::jiff::Timestamp::try_from(t)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
 }
 
 /// The proxies that reject what an EnvoyFilter patched, by `namespace/name`: proxy, type and
@@ -134,7 +265,7 @@ pub async fn serve(
         listener,
         mesh_common::side_port::Limits::default(),
         move |_, req| {
-            let resp = route(req.uri().path(), &cp, &xds);
+            let resp = route(req.uri(), &cp, &xds);
             async move { resp }
         },
         shutdown,

@@ -24,6 +24,7 @@ pub mod serve;
 pub mod store;
 pub mod transport;
 pub mod wire;
+pub mod xds_debug;
 pub mod xds_server;
 
 use std::path::{Path, PathBuf};

@@ -271,12 +271,7 @@ pub async fn serve(
                 reason,
             })?;
         tracing::info!(%server, took = ?started.elapsed(), "Kubernetes config listed; watching");
-        let identity = env.pod_name.clone().unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_else(|_| "istiod-core".into());
-            format!("{host}-{}", std::process::id())
-        });
+        let identity = instance_name(&env);
         // The Gateway API's status is always written, as istiod's gateway controller does.
         tasks.spawn_forever(
             "gateway-api-status",
@@ -347,7 +342,8 @@ pub async fn serve(
     let connections = mesh_common::conn_slots::Slots::new("xDS port", transport.slots);
     let xds = cp
         .xds_with_limits(args.max_streams, env.push_throttle)
-        .with_send_timeout(args.send_timeout, Some(connections.clone()));
+        .with_send_timeout(args.send_timeout, Some(connections.clone()))
+        .with_identifier(&instance_name(&env));
     let stop = shutdown.boxed().shared();
     let debug = match args.debug_addr {
         Some(addr) => {
@@ -420,6 +416,16 @@ pub async fn serve(
 /// proxy's config by naming it in a node id (every namespace's services, and a router's
 /// Secrets are only withheld because no caller is verified). Said at start, where an operator
 /// looks, not buried in the info line.
+/// This instance's name: POD_NAME, else the host name and process id.
+fn instance_name(env: &PilotEnv) -> String {
+    env.pod_name.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "istiod-core".into());
+        format!("{host}-{}", std::process::id())
+    })
+}
+
 fn warn_unauthenticated(grpc: SocketAddr) {
     tracing::warn!(
         addr = %grpc,

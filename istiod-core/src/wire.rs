@@ -23,6 +23,8 @@ const RESOURCES: u32 = 2;
 const TYPE_URL: u32 = 4;
 const NONCE: u32 = 5;
 const REMOVED: u32 = 6;
+/// `DiscoveryResponse.control_plane` (state of the world; its `identifier` is field 1).
+const CONTROL_PLANE: u32 = 6;
 /// `Resource` (Delta): version 1, resource 2, name 3.
 const RESOURCE_VERSION: u32 = 1;
 const RESOURCE_ANY: u32 = 2;
@@ -90,6 +92,20 @@ impl Outgoing {
         string_field(TYPE_URL, type_url, &mut tail);
         string_field(NONCE, nonce, &mut tail);
         Outgoing::new(head.freeze(), resources, Vec::new(), tail.freeze())
+    }
+
+    /// This state-of-the-world response with `control_plane.identifier` set (what istiod
+    /// puts on its debug responses).
+    pub fn with_control_plane(mut self, identifier: &str) -> Self {
+        let mut inner = BytesMut::new();
+        string_field(1, identifier, &mut inner);
+        let mut tail = BytesMut::from(&self.tail[..]);
+        encoding::encode_key(CONTROL_PLANE, WireType::LengthDelimited, &mut tail);
+        encoding::encode_varint(inner.len() as u64, &mut tail);
+        tail.extend_from_slice(&inner);
+        self.len += tail.len() - self.tail.len();
+        self.tail = tail.freeze();
+        self
     }
 
     /// A `DeltaDiscoveryResponse`; `resources` are (name, version, resource).

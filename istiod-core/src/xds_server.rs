@@ -23,6 +23,7 @@ use crate::intern;
 use crate::model::Proxy;
 use crate::push_context::{Change, PushContext};
 use crate::wire::Outgoing;
+pub use crate::xds_debug::{ProxySync, TypeSync};
 
 /// Order in which types are pushed, so Envoy never sees a reference before its target.
 const PUSH_ORDER: [&str; 7] = [
@@ -67,6 +68,8 @@ pub struct XdsServer {
     send_timeout: std::time::Duration,
     /// The xDS port's connections, to close the one of a stream whose proxy stopped reading.
     connections: Option<Arc<mesh_common::conn_slots::Slots>>,
+    /// `control_plane.identifier` of debug responses (`xds_debug::identifier`).
+    identifier: Arc<str>,
 }
 
 /// How long a response may wait for its proxy to take it before the stream and its connection
@@ -109,21 +112,6 @@ struct Watch {
     sync: TypeSync,
 }
 
-/// One type's sync state with one proxy, as /debug/syncz shows it.
-#[derive(Debug, Default, Clone, serde::Serialize, PartialEq, Eq)]
-pub struct TypeSync {
-    /// Version (snapshot) of the last response sent.
-    pub sent: Option<String>,
-    /// Version of the last response the proxy accepted.
-    pub acked: Option<String>,
-    /// Error detail of the last rejection, if the proxy ever rejected one.
-    pub nacked: Option<String>,
-    /// The EnvoyFilters (`namespace/name`) that patched what the proxy rejects now (cleared by
-    /// its next ACK).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub nacked_envoy_filters: Vec<String>,
-}
-
 impl TypeSync {
     /// Records (and counts, and logs a rejection of) the proxy's answer to our last response
     /// of `type_url`; false when the request is to be ignored (stale, or a NACK). A rejection
@@ -140,6 +128,7 @@ impl TypeSync {
             Answer::Ack => {
                 stats.acks.fetch_add(1, Ordering::Relaxed);
                 self.acked = self.sent.clone();
+                self.rejecting = false;
                 self.nacked_envoy_filters.clear();
                 true
             }
@@ -153,19 +142,12 @@ impl TypeSync {
                         "proxy rejected config patched by EnvoyFilters (NACK); it keeps its last accepted config");
                 }
                 self.nacked = Some(why.clone());
+                self.rejecting = true;
                 false
             }
             Answer::Stale => false,
         }
     }
-}
-
-/// One connected proxy's sync state.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ProxySync {
-    pub proxy: String,
-    pub delta: bool,
-    pub types: std::collections::BTreeMap<String, TypeSync>,
 }
 
 /// A state-of-the-world request as a stream keeps it: its names interned (`crate::intern`)
@@ -223,7 +205,7 @@ impl From<DeltaDiscoveryRequest> for DeltaRequest {
 }
 
 struct Connection {
-    proxy: Option<Proxy>,
+    proxy: Option<Arc<Proxy>>,
     /// Who is on the other end (`CallerScope::of`).
     scope: CallerScope,
     watches: HashMap<String, Watch>,
@@ -333,6 +315,7 @@ impl Connection {
         );
         watch.sub.nonce_sent = nonce;
         watch.sync.sent = Some(push.version.clone());
+        watch.sync.sent_at = Some(std::time::SystemTime::now());
         Some(out)
     }
 }
@@ -353,6 +336,7 @@ impl XdsServer {
             max_response: MAX_RESPONSE_BYTES,
             send_timeout: DEFAULT_SEND_TIMEOUT,
             connections: None,
+            identifier: crate::xds_debug::identifier("istiod-core").into(),
             stats: Arc::default(),
             shared: Arc::new(Shared {
                 syncs: Default::default(),
@@ -381,6 +365,12 @@ impl XdsServer {
         self
     }
 
+    /// Names this control plane `id` in debug responses (istioctl's ISTIOD column).
+    pub fn with_identifier(mut self, id: &str) -> Self {
+        self.identifier = crate::xds_debug::identifier(id).into();
+        self
+    }
+
     /// Lets proxies register their own WorkloadEntry (`autoregister`).
     pub fn with_auto_registration(mut self, registration: Arc<AutoRegistration>) -> Self {
         self.autoregister = Some(registration);
@@ -397,6 +387,37 @@ impl XdsServer {
             .unwrap_or_default();
         out.sort_by(|a, b| a.proxy.cmp(&b.proxy));
         out
+    }
+
+    /// What the connected proxy `proxy_id` (`POD.NAMESPACE`) is sent now, as Envoy's admin
+    /// config dump sections (`xds_debug`), or `None` when it is not connected here.
+    pub fn config_dump(
+        &self,
+        proxy_id: &str,
+    ) -> Option<Vec<envoy_types::pb::google::protobuf::Any>> {
+        let push = self.push.borrow().clone();
+        let syncs = self.syncz();
+        syncs.iter().find(|s| s.proxy == proxy_id)?;
+        let names: [Arc<str>; 1] = [proxy_id.into()];
+        let generate = |proxy: &Proxy, t: &str, names: &[Arc<str>]| {
+            generate(&push, proxy, t, names).map(|v| v.into_iter().map(|n| n.resource).collect())
+        };
+        let out = crate::xds_debug::answer(
+            crate::xds_debug::CONFIG_DUMP_TYPE,
+            &names,
+            &crate::xds_debug::Viewer::All,
+            &syncs,
+            crate::xds_debug::Stamp {
+                version: &push.version,
+                nonce: "",
+                identifier: "",
+            },
+            &generate,
+        )
+        .ok()?;
+        let resp: envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse =
+            out.decode().ok()?;
+        Some(resp.resources)
     }
 
     pub fn stats(&self) -> Arc<XdsStats> {
@@ -460,6 +481,11 @@ trait StreamState: Send + 'static {
         only: Option<&Names>,
     ) -> Option<Outgoing>;
     fn proxy(&self) -> Option<&Proxy>;
+    /// A request of an `istio.io/debug` type: its type and names. Answered apart
+    /// (`xds_debug`), never subscribed to.
+    fn debug_ask(&self, req: &Self::Request) -> Option<(String, Vec<Arc<str>>)>;
+    /// Who is on the other end.
+    fn scope(&self) -> &CallerScope;
     /// Whether the proxy holds or asked for any of `names` of `type_url`.
     fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool;
     fn sync(&self) -> Option<ProxySync>;
@@ -486,7 +512,13 @@ impl StreamState for Connection {
         self.response(push, type_url, only)
     }
     fn proxy(&self) -> Option<&Proxy> {
-        self.proxy.as_ref()
+        self.proxy.as_deref()
+    }
+    fn debug_ask(&self, req: &SotwRequest) -> Option<(String, Vec<Arc<str>>)> {
+        crate::xds_debug::is_debug(&req.type_url).then(|| (req.type_url.clone(), req.names.clone()))
+    }
+    fn scope(&self) -> &CallerScope {
+        &self.scope
     }
     fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool {
         self.watches
@@ -494,7 +526,9 @@ impl StreamState for Connection {
             .is_some_and(|w| w.sub.names.iter().any(|n| names.contains(&**n)))
     }
     fn sync(&self) -> Option<ProxySync> {
-        proxy_sync(self.proxy.as_ref(), false, &self.watches, |w| &w.sync)
+        proxy_sync(self.proxy.as_ref(), false, &self.watches, |w| {
+            (&w.sync, w.sub.names.clone())
+        })
     }
 }
 
@@ -518,7 +552,14 @@ impl StreamState for DeltaConnection {
         self.response(push, type_url, false)
     }
     fn proxy(&self) -> Option<&Proxy> {
-        self.proxy.as_ref()
+        self.proxy.as_deref()
+    }
+    /// istioctl asks its debug types over state of the world only.
+    fn debug_ask(&self, _: &DeltaRequest) -> Option<(String, Vec<Arc<str>>)> {
+        None
+    }
+    fn scope(&self) -> &CallerScope {
+        &self.scope
     }
     fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool {
         self.watches.get(type_url).is_some_and(|w| {
@@ -529,7 +570,9 @@ impl StreamState for DeltaConnection {
         })
     }
     fn sync(&self) -> Option<ProxySync> {
-        proxy_sync(self.proxy.as_ref(), true, &self.watches, |w| &w.sync)
+        proxy_sync(self.proxy.as_ref(), true, &self.watches, |w| {
+            (&w.sync, w.names.iter().cloned().collect())
+        })
     }
 }
 
@@ -607,6 +650,8 @@ where
     let shared = server.shared.clone();
     let autoregister = server.autoregister.clone();
     let max_response = server.max_response;
+    let identifier = server.identifier.clone();
+    let mut debug_nonce = 0u64;
     let (send_timeout, connections) = (server.send_timeout, server.connections.clone());
     let (tx, rx) = mpsc::channel(1);
     let Ok(permit) = shared.streams.clone().try_acquire_owned() else {
@@ -660,23 +705,46 @@ where
                     // Not marked seen: a snapshot that arrived meanwhile is still pushed in
                     // full later, even if this request was answered from it.
                     let push = push_rx.borrow().clone();
-                    let mut handled = conn.on_request(&push, req, &stats);
-                    if let (Ok(_), None, Some(proxy)) = (&handled, &registration, conn.proxy()) {
-                        let registered = match &autoregister {
-                            Some(reg) => reg.connect(&push, proxy, &caller),
-                            None => Ok(None),
-                        };
-                        match registered {
-                            Ok(r) => registration = Some(r),
-                            Err(status) => handled = Err(status),
+                    if let Some((type_url, names)) = conn.debug_ask(&req) {
+                        debug_nonce += 1;
+                        let nonce = format!("{}-debug-{debug_nonce}", push.version);
+                        match debug_answer(
+                            &shared,
+                            conn.scope(),
+                            &push,
+                            &type_url,
+                            &names,
+                            &nonce,
+                            &identifier,
+                        ) {
+                            Ok(resp) => out.push(resp),
+                            Err(status) => {
+                                tracing::info!(peer = ?remote, type_url, error = %status, "debug request refused");
+                                drop(throttle);
+                                let _ = tx.send(Err(status)).await;
+                                break;
+                            }
                         }
-                    }
-                    match handled {
-                        Ok(resp) => out.extend(resp),
-                        Err(status) => {
-                            drop(throttle);
-                            let _ = tx.send(Err(status)).await;
-                            break;
+                    } else {
+                        let mut handled = conn.on_request(&push, req, &stats);
+                        if let (Ok(_), None, Some(proxy)) = (&handled, &registration, conn.proxy())
+                        {
+                            let registered = match &autoregister {
+                                Some(reg) => reg.connect(&push, proxy, &caller),
+                                None => Ok(None),
+                            };
+                            match registered {
+                                Ok(r) => registration = Some(r),
+                                Err(status) => handled = Err(status),
+                            }
+                        }
+                        match handled {
+                            Ok(resp) => out.extend(resp),
+                            Err(status) => {
+                                drop(throttle);
+                                let _ = tx.send(Err(status)).await;
+                                break;
+                            }
                         }
                     }
                 }
@@ -713,6 +781,44 @@ where
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// The answer to an `istio.io/debug` request (`xds_debug`) from the caller of `scope`.
+fn debug_answer(
+    shared: &Shared,
+    scope: &CallerScope,
+    push: &PushContext,
+    type_url: &str,
+    names: &[Arc<str>],
+    nonce: &str,
+    identifier: &str,
+) -> Result<Outgoing, Status> {
+    let viewer = match scope {
+        CallerScope::InProcess => crate::xds_debug::Viewer::All,
+        CallerScope::Verified(id) => {
+            crate::xds_debug::Viewer::of(id.as_ref(), false, push.root_namespace())?
+        }
+    };
+    let syncs: Vec<ProxySync> = shared
+        .syncs
+        .lock()
+        .map(|m| m.values().cloned().collect())
+        .unwrap_or_default();
+    let generate = |proxy: &Proxy, t: &str, names: &[Arc<str>]| {
+        generate(push, proxy, t, names).map(|v| v.into_iter().map(|n| n.resource).collect())
+    };
+    crate::xds_debug::answer(
+        type_url,
+        names,
+        &viewer,
+        &syncs,
+        crate::xds_debug::Stamp {
+            version: &push.version,
+            nonce,
+            identifier,
+        },
+        &generate,
+    )
 }
 
 /// How [`send_all`] ended.
@@ -771,24 +877,31 @@ async fn send_all(
 
 /// A stream's sync state for /debug/syncz, once the proxy is known.
 fn proxy_sync<W>(
-    proxy: Option<&Proxy>,
+    proxy: Option<&Arc<Proxy>>,
     delta: bool,
     watches: &HashMap<String, W>,
-    sync: impl Fn(&W) -> &TypeSync,
+    sync: impl Fn(&W) -> (&TypeSync, Vec<Arc<str>>),
 ) -> Option<ProxySync> {
+    let proxy = proxy?;
     Some(ProxySync {
-        proxy: proxy?.id.clone(),
+        proxy: proxy.id.clone(),
         delta,
         types: watches
             .iter()
-            .map(|(t, w)| (t.clone(), sync(w).clone()))
+            .map(|(t, w)| {
+                let (sync, names) = sync(w);
+                let mut sync = sync.clone();
+                sync.names = names;
+                (t.clone(), sync)
+            })
             .collect(),
+        node: Some(proxy.clone()),
     })
 }
 
 /// On a stream's first request, learns which proxy is on the other end from its node id.
 fn identify(
-    proxy: &mut Option<Proxy>,
+    proxy: &mut Option<Arc<Proxy>>,
     node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
     scope: &CallerScope,
 ) -> Result<(), Status> {
@@ -823,7 +936,7 @@ fn identify(
             CallerScope::Verified(id) => id.is_some(),
         };
         tracing::info!(proxy = %node.id, "xds stream connected");
-        *proxy = Some(p);
+        *proxy = Some(Arc::new(p));
     }
     Ok(())
 }
@@ -919,7 +1032,7 @@ fn handle_request(
     let step = watch.sub.on_request(&req.nonce, error, req.names);
     let (SotwStep::Ignore(answer) | SotwStep::Respond(answer)) = &step;
     let names = &watch.sub.names;
-    let proxy = conn.proxy.as_ref();
+    let proxy = conn.proxy.as_deref();
     watch.sync.record(answer, &req.type_url, stats, || {
         blame(push, proxy, &req.type_url, names)
     });
@@ -961,7 +1074,7 @@ struct DeltaWatch {
 
 #[derive(Default)]
 struct DeltaConnection {
-    proxy: Option<Proxy>,
+    proxy: Option<Arc<Proxy>>,
     scope: CallerScope,
     watches: HashMap<String, DeltaWatch>,
     next_nonce: u64,
@@ -983,7 +1096,7 @@ impl DeltaConnection {
         }
         let error = req.error.as_ref().map(|e| e.message.as_str());
         let answer = answer(&req.nonce, &watch.nonce_sent, error);
-        let proxy = self.proxy.as_ref();
+        let proxy = self.proxy.as_deref();
         let subscribed = &watch.names;
         if !watch.sync.record(&answer, &req.type_url, stats, || {
             let names: Vec<Arc<str>> = subscribed.iter().cloned().collect();
@@ -1081,6 +1194,7 @@ impl DeltaConnection {
         let out = Outgoing::delta(&push.version, type_url, &nonce, resources, &removed);
         watch.nonce_sent = nonce;
         watch.sync.sent = Some(push.version.clone());
+        watch.sync.sent_at = Some(std::time::SystemTime::now());
         Some(out)
     }
 }

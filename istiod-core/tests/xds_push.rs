@@ -54,12 +54,13 @@ struct Client {
 
 impl Client {
     fn new(server: &istiod_core::xds_server::XdsServer, ip: &str) -> Client {
+        Client::of(server, ip, Caller::InProcess)
+    }
+
+    fn of(server: &istiod_core::xds_server::XdsServer, ip: &str, caller: Caller) -> Client {
         let (tx, rx) = mpsc::channel(16);
         let responses = server
-            .open(
-                Requests::Sotw(Box::pin(ReceiverStream::new(rx))),
-                Caller::InProcess,
-            )
+            .open(Requests::Sotw(Box::pin(ReceiverStream::new(rx))), caller)
             .map(|r| {
                 r.and_then(|out| {
                     out.decode::<DiscoveryResponse>()
@@ -344,6 +345,36 @@ async fn debug_port_serves_syncz_configz_and_registryz() {
     let syncz = get("/debug/syncz").await;
     assert_eq!(syncz[0]["proxy"], "p-10.1.0.50.shop");
     assert!(syncz[0]["types"][CLUSTER_TYPE]["acked"].is_string());
+    // istiod's fields beside ours.
+    assert_eq!(syncz[0]["proxy_type"], "sidecar");
+    assert_eq!(syncz[0]["cluster_acked"], syncz[0]["cluster_sent"]);
+    assert!(syncz[0]["resources"][CLUSTER_TYPE]["sentTime"].is_string());
+    let dump = get("/debug/config_dump?proxyID=p-10.1.0.50.shop").await;
+    let clusters = dump["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["@type"] == "type.googleapis.com/envoy.admin.v3.ClustersConfigDump")
+        .unwrap();
+    let names: Vec<&str> = clusters["dynamicActiveClusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["cluster"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"outbound|80||web.shop.svc.cluster.local"),
+        "{names:?}"
+    );
+    assert_eq!(
+        clusters["dynamicActiveClusters"][0]["cluster"]["@type"],
+        "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+    );
+    let adsz = get("/debug/adsz").await;
+    assert_eq!(adsz["totalClients"], 1);
+    assert_eq!(adsz["clients"][0]["connectionId"], "p-10.1.0.50.shop");
+    assert_eq!(adsz["clients"][0]["address"], "10.1.0.50");
+    assert!(adsz["clients"][0]["watches"][ENDPOINT_TYPE].is_array());
     let configz = get("/debug/configz").await;
     assert_eq!(configz.as_array().unwrap().len(), 3);
     assert_eq!(configz[0]["kind"], "ServiceEntry");
@@ -586,4 +617,129 @@ async fn only_the_groups_identity_may_register_over_the_network() {
     }
     cp.reload().unwrap();
     assert_eq!(vm_endpoints(&cp).len(), 1);
+}
+
+/// The `istio.io/debug` types istioctl asks over xDS (`proxy-status --xds-address`): refused
+/// to a caller without a verified identity, limited to its namespace for one of another
+/// namespace, whole for the root namespace's; a config dump is what the proxy is sent.
+#[tokio::test]
+async fn debug_types_over_xds_need_an_identity_and_see_its_namespace() {
+    use envoy_types::pb::envoy::service::status::v3::{ClientConfig, ConfigStatus};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), mesh(&["10.1.0.1"])).unwrap();
+    let cp = checked(dir.path());
+    let server = cp.xds();
+    let mut proxy = Client::new(&server, "10.1.0.50");
+    proxy
+        .subscribe(&["outbound|80||web.shop.svc.cluster.local"])
+        .await;
+    let identity = |ns: &str| istiod_core::ca::Identity {
+        trust_domain: "cluster.local".into(),
+        namespace: ns.into(),
+        service_account: "default".into(),
+    };
+    // istioctl's node and request.
+    let ask = |caller: Caller, type_url: &'static str, names: &'static [&'static str]| {
+        let server = server.clone();
+        async move {
+            let mut c = Client::of(&server, "10.1.0.99", caller);
+            c.node.id = "sidecar~10.1.0.99~test-1.default~default.svc.cluster.local".into();
+            c.request(type_url, names, "").await;
+            tokio::time::timeout(Duration::from_secs(2), c.rx.next())
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let refused = ask(Caller::Peer(None), "istio.io/debug/syncz", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+
+    let listed = |resp: DiscoveryResponse| -> Vec<ClientConfig> {
+        assert_eq!(resp.type_url, "istio.io/debug/syncz");
+        resp.resources
+            .iter()
+            .map(|a| ClientConfig::decode(a.value.as_slice()).unwrap())
+            .collect()
+    };
+    let other = ask(
+        Caller::Peer(Some(identity("default"))),
+        "istio.io/debug/syncz",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(listed(other).is_empty(), "a proxy of shop shown to default");
+    let root = ask(
+        Caller::Peer(Some(identity("istio-system"))),
+        "istio.io/debug/syncz",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(root.control_plane.unwrap().identifier.contains("\"ID\""));
+    let all = listed(
+        ask(
+            Caller::Peer(Some(identity("istio-system"))),
+            "istio.io/debug/syncz",
+            &[],
+        )
+        .await
+        .unwrap(),
+    );
+    // The debug callers themselves are not proxies.
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].node.as_ref().unwrap().id, "p-10.1.0.50.shop");
+    for g in &all[0].generic_xds_configs {
+        assert_eq!(
+            g.config_status,
+            ConfigStatus::Synced as i32,
+            "{}",
+            g.type_url
+        );
+    }
+    // The proxy's own namespace, as its node id names it.
+    let own = istiod_core::model::Proxy::from_node_id(&proxy.node.id)
+        .unwrap()
+        .namespace;
+    let shop = listed(
+        ask(
+            Caller::Peer(Some(identity(&own))),
+            "istio.io/debug/syncz",
+            &[],
+        )
+        .await
+        .unwrap(),
+    );
+    assert_eq!(shop.len(), 1);
+
+    let dump = ask(
+        Caller::InProcess,
+        "istio.io/debug/config_dump",
+        &["p-10.1.0.50.shop"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(dump.resources.len(), 7);
+    let clusters = envoy_types::pb::envoy::admin::v3::ClustersConfigDump::decode(
+        dump.resources[1].value.as_slice(),
+    )
+    .unwrap();
+    let generated = istiod_core::generators::cds::generate(
+        &cp.snapshot(),
+        &istiod_core::model::Proxy::from_node_id(&proxy.node.id).unwrap(),
+    );
+    assert_eq!(clusters.dynamic_active_clusters.len(), generated.len());
+    let none = ask(
+        Caller::Peer(Some(identity("default"))),
+        "istio.io/debug/config_dump",
+        &["p-10.1.0.50.shop"],
+    )
+    .await
+    .unwrap();
+    assert!(
+        none.resources.is_empty(),
+        "shop's config dump shown to default"
+    );
 }

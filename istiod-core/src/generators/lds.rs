@@ -197,6 +197,23 @@ fn inbound_match(port: Option<u16>, transport: &str, protocols: &[&str]) -> Filt
     }
 }
 
+/// `LISTENER-blackhole`: a connection to the capture port itself (not redirected there) goes
+/// nowhere, rather than looping through the listener, as in Istio.
+fn blackhole_chain(listener: &str, port: u16) -> FilterChain {
+    FilterChain {
+        filter_chain_match: Some(FilterChainMatch {
+            destination_port: Some(UInt32Value {
+                value: u32::from(port),
+            }),
+            ..Default::default()
+        }),
+        ..chain(
+            &format!("{listener}-blackhole"),
+            vec![tcp_proxy_filter(BLACKHOLE_CLUSTER, BLACKHOLE_CLUSTER)],
+        )
+    }
+}
+
 pub(super) fn chain(name: &str, filters: Vec<Filter>) -> FilterChain {
     FilterChain {
         name: name.to_string(),
@@ -422,17 +439,22 @@ fn virtual_outbound(registry_only: bool) -> Listener {
             VIRTUAL_OUTBOUND.to_string(),
             WILDCARD,
             VIRTUAL_OUTBOUND_PORT,
-            vec![chain(
-                "virtualOutbound-catchall-tcp",
-                vec![tcp_proxy_filter(fallback, fallback)],
-            )],
+            vec![
+                blackhole_chain(VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT),
+                chain(
+                    "virtualOutbound-catchall-tcp",
+                    vec![tcp_proxy_filter(fallback, fallback)],
+                ),
+            ],
             true,
         )
     }
 }
 
-/// One inbound filter chain per accepted transport: mutual TLS (matched by the Istio ALPN the
-/// peer sidecar offers), plaintext, or both under PERMISSIVE.
+/// One inbound filter chain per accepted transport: mutual TLS, plaintext, or both under
+/// PERMISSIVE, where mutual TLS is told from a client's own TLS by the Istio ALPN the peer
+/// sidecar offers. Under STRICT any TLS is taken for mutual TLS, as istiod matches it (a client
+/// without a mesh certificate fails the handshake).
 fn inbound_chains(
     name: &str,
     port: Option<u16>,
@@ -441,10 +463,14 @@ fn inbound_chains(
     alpn: &[&str],
 ) -> Vec<FilterChain> {
     let matching = |transport: &str, alpn: &[&str]| inbound_match(port, transport, alpn);
+    let peer_alpn: &[&str] = match mode {
+        MtlsMode::Strict => &[],
+        _ => &tls::ALPN_INBOUND_MATCH,
+    };
     let mtls = || FilterChain {
-        filter_chain_match: Some(matching("tls", &tls::ALPN_INBOUND_MATCH)),
+        filter_chain_match: Some(matching("tls", peer_alpn)),
         transport_socket: Some(tls::inbound_mtls_socket(alpn)),
-        ..chain(&format!("{name}-mtls"), filters(true))
+        ..chain(name, filters(true))
     };
     let plain = |transport: &str| FilterChain {
         filter_chain_match: Some(matching(transport, &[])),
@@ -476,15 +502,20 @@ fn sniffed_inbound_chains(
             FilterChain {
                 filter_chain_match: Some(matching("tls", &MTLS_HTTP)),
                 transport_socket: Some(tls::inbound_mtls_socket(&["h2", "http/1.1"])),
-                ..chain(
-                    &format!("{name}-mtls-http"),
-                    vec![inbound_hcm(port, cluster, true, authz)],
-                )
+                ..chain(name, vec![inbound_hcm(port, cluster, true, authz)])
             },
             FilterChain {
-                filter_chain_match: Some(matching("tls", &tls::ALPN_ISTIO)),
+                // Under STRICT, any TLS that is not HTTP (as istiod matches it).
+                filter_chain_match: Some(matching(
+                    "tls",
+                    if mode == MtlsMode::Strict {
+                        &[]
+                    } else {
+                        &tls::ALPN_ISTIO
+                    },
+                )),
                 transport_socket: Some(tls::inbound_mtls_socket(&[])),
-                ..chain(&format!("{name}-mtls"), tcp())
+                ..chain(name, tcp())
             },
         ]
     };
@@ -492,10 +523,7 @@ fn sniffed_inbound_chains(
         vec![
             FilterChain {
                 filter_chain_match: Some(matching(transport, &SNIFFED_HTTP)),
-                ..chain(
-                    &format!("{name}-http"),
-                    vec![inbound_hcm(port, cluster, false, authz)],
-                )
+                ..chain(name, vec![inbound_hcm(port, cluster, false, authz)])
             },
             FilterChain {
                 filter_chain_match: Some(matching(transport, &[])),
@@ -566,7 +594,7 @@ fn virtual_inbound(
     let ports = push.inbound_ports(proxy);
     let mtls = push.inbound_mtls(&proxy.namespace, labels);
     let authz = super::authz::inbound(push, proxy, labels);
-    let mut chains: Vec<FilterChain> = Vec::new();
+    let mut chains = vec![blackhole_chain(VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT)];
     let mut sniffed = Vec::new();
     for (port, (protocol, _)) in ports {
         if protocol == Protocol::Unknown {
@@ -639,14 +667,10 @@ fn catchall_chains(default: MtlsMode, authz: &InboundFilters) -> Vec<FilterChain
     };
     match default {
         // Under STRICT, ports no service names also take mutual TLS only.
-        MtlsMode::Strict => inbound_chains(
-            "virtualInbound-catchall-tcp",
-            None,
-            MtlsMode::Strict,
-            &passthrough,
-            &[],
-        ),
-        _ => vec![chain("virtualInbound-catchall-tcp", passthrough(false))],
+        MtlsMode::Strict => {
+            inbound_chains(VIRTUAL_INBOUND, None, MtlsMode::Strict, &passthrough, &[])
+        }
+        _ => vec![chain(VIRTUAL_INBOUND, passthrough(false))],
     }
 }
 

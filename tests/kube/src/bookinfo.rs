@@ -595,3 +595,150 @@ pub fn scaling(c: &Cluster) -> Result<Timings> {
     }
     Ok(timings)
 }
+
+/// A Lua EnvoyFilter on productpage's inbound HTTP (before the router), as Istio's users write
+/// them: every answer of productpage carries `x-envoy-filter: lua`.
+pub const PRODUCTPAGE_LUA: &str = r#"apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata:
+  name: productpage-lua
+spec:
+  workloadSelector:
+    labels:
+      app: productpage
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_INBOUND
+      listener:
+        filterChain:
+          filter:
+            name: envoy.filters.network.http_connection_manager
+            subFilter:
+              name: envoy.filters.http.router
+    patch:
+      operation: INSERT_BEFORE
+      value:
+        name: envoy.lua
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+          inlineCode: |
+            function envoy_on_response(response_handle)
+              response_handle:headers():add("x-envoy-filter", "lua")
+            end
+"#;
+
+/// Applies `PRODUCTPAGE_LUA` in `default` (`kubectl apply`) and returns how long until the curl
+/// sample's answers from productpage carry its header; the filter is deleted again after.
+pub fn productpage_lua(c: &Cluster) -> Result<Duration> {
+    apply_text(c, PRODUCTPAGE_LUA, "default")?;
+    let started = Instant::now();
+    let curl_pod = pod_named(c, "default", "curl-")?;
+    let mut last = String::new();
+    let applied = harness::wait_until(Duration::from_secs(30), || {
+        let args = [
+            "curl",
+            "-s",
+            "-m",
+            "10",
+            "-o",
+            "/dev/null",
+            "-D",
+            "-",
+            PRODUCTPAGE_URL,
+        ];
+        last = c
+            .kubelet
+            .exec("default", &curl_pod, "curl", &args)
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        last.to_ascii_lowercase().contains("x-envoy-filter: lua")
+    });
+    let took = started.elapsed();
+    c.block_on(apply::delete_yaml(
+        &c.client,
+        PRODUCTPAGE_LUA,
+        Some("default"),
+    ))?;
+    ensure!(applied, "the Lua EnvoyFilter is not in effect: {last}");
+    Ok(took)
+}
+
+/// The names of what productpage's Envoy holds (dynamic listeners with their filter chains,
+/// clusters, route configurations), beside those Istio's istiod 1.31 gave the same sidecar of
+/// the same sample (`tests/fixtures/istiod-1.31/bookinfo-productpage`), limited to Bookinfo's
+/// own (the control plane's services and the cluster's addresses differ by install):
+/// `(missing, extra)`, the recorded names productpage's Envoy lacks and the ones it has beyond.
+pub fn names_beside_istiod(c: &Cluster) -> Result<(Vec<String>, Vec<String>)> {
+    let pp = productpage(c)?;
+    let dump: serde_json::Value = serde_json::from_str(&pod_local(
+        c,
+        "default",
+        &pp,
+        "http://127.0.0.1:15000/config_dump",
+    )?)?;
+    let mut ours = BTreeSet::new();
+    for config in dump["configs"].as_array().into_iter().flatten() {
+        for key in [
+            "dynamic_listeners",
+            "dynamic_active_clusters",
+            "dynamic_route_configs",
+        ] {
+            for r in config[key].as_array().into_iter().flatten() {
+                let any = ["active_state", "cluster", "route_config"]
+                    .iter()
+                    .map(|k| &r[k])
+                    .find(|v| !v.is_null())
+                    .unwrap_or(&serde_json::Value::Null);
+                let inner = if any["listener"].is_object() {
+                    &any["listener"]
+                } else {
+                    any
+                };
+                names_of(key, inner, &mut ours);
+            }
+        }
+    }
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/istiod-1.31/bookinfo-productpage/sotw");
+    let mut theirs = BTreeSet::new();
+    for (file, key) in [
+        ("lds.json", "dynamic_listeners"),
+        ("cds.json", "dynamic_active_clusters"),
+        ("rds.json", "dynamic_route_configs"),
+    ] {
+        let path = fixtures.join(file);
+        let recorded: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(&path).with_context(|| path.display().to_string())?,
+        )?;
+        for r in recorded["resources"].as_array().into_iter().flatten() {
+            names_of(key, r, &mut theirs);
+        }
+    }
+    let bookinfo = |n: &&String| {
+        !n.contains("istio-system")
+            && !n.contains("kubernetes.default")
+            && !n.starts_with("10.")
+            && !["0.0.0.0_15010", "0.0.0.0_15014", "15010", "15014"].contains(&n.as_str())
+            // Subsets come and go with the DestinationRules the routing samples apply.
+            && n.split('|').nth(2).is_none_or(str::is_empty)
+    };
+    let missing = theirs.difference(&ours).filter(bookinfo).cloned().collect();
+    let extra = ours.difference(&theirs).filter(bookinfo).cloned().collect();
+    Ok((missing, extra))
+}
+
+/// `kind name`, and for a listener `listener NAME chain CHAIN` for each named filter chain.
+fn names_of(key: &str, r: &serde_json::Value, out: &mut BTreeSet<String>) {
+    let Some(name) = r["name"].as_str() else {
+        return;
+    };
+    out.insert(name.to_string());
+    if key == "dynamic_listeners" {
+        for fc in r["filter_chains"].as_array().into_iter().flatten() {
+            if let Some(chain) = fc["name"].as_str() {
+                out.insert(format!("{name} chain {chain}"));
+            }
+        }
+    }
+}

@@ -10,7 +10,6 @@
 
 use std::fs;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -157,9 +156,6 @@ impl IstiodCore {
     }
 }
 
-/// The longest `istioctl kube-inject` may take (it retries an API server it cannot reach).
-const INJECT_LIMIT: Duration = Duration::from_secs(60);
-
 /// `istioctl kube-inject` of `yaml` as a user runs it when istiod-core is the control plane:
 /// the injector's template and values and the mesh config taken from the cluster's
 /// `istio-sidecar-injector` and `istio` ConfigMaps (`kubectl get cm -o jsonpath`) into files,
@@ -185,49 +181,27 @@ pub fn kube_inject(cluster: &Cluster, yaml: &str) -> Result<String> {
     }
     let input = dir.join("in.yaml");
     let output = dir.join("out.yaml");
-    let errors = dir.join("stderr.txt");
     fs::write(&input, yaml)?;
     let _ = fs::remove_file(&output);
-    let istioctl = harness::istio::istio_bin("istioctl")?;
-    let mut child = Command::new(&istioctl)
-        .arg("kube-inject")
-        .arg("--kubeconfig")
-        .arg(&cluster.kubeconfig)
-        .arg("--injectConfigFile")
-        .arg(dir.join("inject-config.yaml"))
-        .arg("--valuesFile")
-        .arg(dir.join("inject-values.json"))
-        .arg("--meshConfigFile")
-        .arg(dir.join("mesh.yaml"))
-        .arg("-f")
-        .arg(&input)
-        .arg("-o")
-        .arg(&output)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&errors)?)
-        .spawn()
-        .context("run istioctl kube-inject")?;
-    let deadline = Instant::now() + INJECT_LIMIT;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!(
-                "istioctl kube-inject still running after {INJECT_LIMIT:?}: {}",
-                fs::read_to_string(&errors).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    if !status.success() {
-        bail!(
-            "istioctl kube-inject: {status}: {}",
-            fs::read_to_string(&errors).unwrap_or_default()
-        );
+    let path = |f: &str| dir.join(f).display().to_string();
+    let out = crate::istioctl::run(
+        cluster,
+        &[
+            "kube-inject",
+            "--injectConfigFile",
+            &path("inject-config.yaml"),
+            "--valuesFile",
+            &path("inject-values.json"),
+            "--meshConfigFile",
+            &path("mesh.yaml"),
+            "-f",
+            &input.display().to_string(),
+            "-o",
+            &output.display().to_string(),
+        ],
+    )?;
+    if !out.success {
+        bail!("istioctl kube-inject: {}", out.stderr);
     }
     fs::read_to_string(&output).context("istioctl kube-inject wrote no output")
 }

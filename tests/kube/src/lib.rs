@@ -15,6 +15,7 @@ pub mod cluster;
 pub mod gateway_api;
 pub mod images;
 pub mod istio;
+pub mod istioctl;
 pub mod istiod_core;
 pub mod kubelet;
 pub mod streaming;

@@ -22,7 +22,7 @@ use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
 use super::{BLACKHOLE_CLUSTER, Named, PASSTHROUGH_CLUSTER, seconds};
-use crate::model::{Proxy, Service, ServicePort, outbound_cluster_name};
+use crate::model::{Proxy, Service, outbound_cluster_name};
 use crate::push_context::PushContext;
 
 /// The per-proxy part of a route's match (Istio's sourceMatchHTTP / matchTCP): named gateways
@@ -98,18 +98,26 @@ fn default_route(push: &PushContext, svc: &Service, port: u16) -> Route {
     r
 }
 
-/// The names a client may use for `svc` on `port`: the FQDN, its short forms within the
-/// namespace, and the VIPs, each with and without the port. Built without `format!`: this runs
-/// for every service of every HTTP port.
-fn domains(svc: &Service, port: &ServicePort) -> Vec<String> {
-    let mut names = Vec::with_capacity(2 * (4 + svc.addresses.len()));
+/// The names a client may use for `svc`, as istiod 1.31 writes them for a sidecar (its
+/// `generateVirtualHostDomains` with `ignore_port_in_host_matching`, so no `:PORT` forms): the
+/// FQDN, the FQDN with a trailing dot (`PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN`, on by
+/// default), for a Kubernetes service its short forms `NAME`, `NAME.NS.svc`, `NAME.NS`, then
+/// the VIPs. istiod gives `NAME` only to proxies of the service's namespace; the route
+/// configurations here are shared by every proxy, so it is there for all (the first service by
+/// name claims it, `claim_domains`). Built without `format!`: this runs for every service of
+/// every HTTP port.
+fn domains(svc: &Service) -> Vec<String> {
+    let mut names = Vec::with_capacity(5 + svc.addresses.len());
     names.push(svc.hostname.clone());
+    if svc.hostname.parse::<std::net::IpAddr>().is_err() {
+        names.push([svc.hostname.as_str(), "."].concat());
+    }
     let ns = svc.namespace.as_str();
     if let Some(idx) = svc.hostname.find(&[".", ns, ".svc."].concat()) {
         let short = &svc.hostname[..idx];
         names.push(short.to_string());
-        names.push([short, ".", ns].concat());
         names.push([short, ".", ns, ".svc"].concat());
+        names.push([short, ".", ns].concat());
     }
     for a in &svc.addresses {
         names.push(match a {
@@ -125,13 +133,6 @@ fn domains(svc: &Service, port: &ServicePort) -> Vec<String> {
                 out
             }
         });
-    }
-    let mut suffix = String::with_capacity(6);
-    suffix.push(':');
-    push_decimal(&mut suffix, port.port);
-    for i in 0..names.len() {
-        let name = [names[i].as_str(), suffix.as_str()].concat();
-        names.push(name);
     }
     names
 }
@@ -237,7 +238,7 @@ fn route_config(
                 ..Default::default()
             });
         }
-        return route_configuration(name, virtual_hosts);
+        return sidecar_route_configuration(name, virtual_hosts);
     }
     if let Ok(port_number) = name.parse::<u16>() {
         let ctx = http::Ctx {
@@ -252,11 +253,13 @@ fn route_config(
                 .iter()
                 .filter(|p| p.port == port_number && p.protocol.is_http())
             {
-                let domains = domains(svc, port);
+                let mut name = String::with_capacity(svc.hostname.len() + 6);
+                name.push_str(&svc.hostname);
+                name.push(':');
+                push_decimal(&mut name, port.port);
                 virtual_hosts.push(VirtualHost {
-                    // The first name with the port: `FQDN:PORT`.
-                    name: domains[domains.len() / 2].clone(),
-                    domains,
+                    name,
+                    domains: domains(svc),
                     routes: service_routes(ctx, svc),
                     ..Default::default()
                 });
@@ -285,7 +288,17 @@ fn route_config(
             ..Default::default()
         }
     });
-    route_configuration(name, virtual_hosts)
+    sidecar_route_configuration(name, virtual_hosts)
+}
+
+/// A sidecar's outbound route configuration: as `route_configuration`, and the port of the
+/// Host header is not part of the match (istiod's `ignore_port_in_host_matching`), so the
+/// domains need no `:PORT` forms.
+fn sidecar_route_configuration(name: &str, virtual_hosts: Vec<VirtualHost>) -> RouteConfiguration {
+    RouteConfiguration {
+        ignore_port_in_host_matching: true,
+        ..route_configuration(name, virtual_hosts)
+    }
 }
 
 /// Virtual hosts for VirtualService hosts that are no service on this port (an external name
@@ -447,23 +460,18 @@ mod tests {
                     "cart.shop.svc.cluster.local:8080",
                     vec![
                         "cart.shop.svc.cluster.local",
+                        "cart.shop.svc.cluster.local.",
                         "cart",
-                        "cart.shop",
                         "cart.shop.svc",
+                        "cart.shop",
                         "240.0.0.1",
                         "[fd00::1]",
-                        "cart.shop.svc.cluster.local:8080",
-                        "cart:8080",
-                        "cart.shop:8080",
-                        "cart.shop.svc:8080",
-                        "240.0.0.1:8080",
-                        "[fd00::1]:8080",
                     ]
                 ),
                 // The shared VIP stays with the first service (by name).
                 (
                     "other.example.com:8080",
-                    vec!["other.example.com", "other.example.com:8080"]
+                    vec!["other.example.com", "other.example.com."]
                 ),
                 // A VirtualService host that is a service gets no second virtual host; one that
                 // is not gets its own, as it routes a service on this port.
