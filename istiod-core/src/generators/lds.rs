@@ -226,6 +226,7 @@ fn outbound_listeners(
     push: &PushContext,
     visible: &dyn Fn(&Service, u16) -> bool,
     proxy: Option<&Proxy>,
+    registry_only: bool,
 ) -> Vec<Listener> {
     let mut out = Vec::new();
     let mut http_ports = BTreeSet::new();
@@ -266,7 +267,7 @@ fn outbound_listeners(
         out.push(tls_wildcard_listener(push, port, services, proxy));
     }
     for port in http_ports {
-        out.push(http_outbound_listener(port, route_filters));
+        out.push(http_outbound_listener(port, route_filters, registry_only));
     }
     out
 }
@@ -362,24 +363,51 @@ fn tls_wildcard_listener(
     sni_listener(name, WILDCARD, port, chains)
 }
 
-/// The wildcard listener `0.0.0.0_PORT` of an HTTP port: RDS route configuration `PORT`.
-fn http_outbound_listener(port: u16, route_filters: RouteFilters) -> Listener {
+/// The wildcard listener `0.0.0.0_PORT` of an HTTP port, as istiod lays it out: what Envoy's
+/// http_inspector finds to be HTTP/1.1 or h2c goes to RDS route configuration `PORT`; anything
+/// else (TLS, another protocol) to the default chain `PassthroughFilterChain`, out as it came
+/// (`PassthroughCluster`), or nowhere under REGISTRY_ONLY (`BlackHoleCluster`).
+fn http_outbound_listener(port: u16, route_filters: RouteFilters, registry_only: bool) -> Listener {
     let name = format!("{WILDCARD}_{port}");
     let rds = http_connection_manager::RouteSpecifier::Rds(Rds {
         config_source: Some(ads_config_source()),
         route_config_name: port.to_string(),
     });
-    listener(
-        name.clone(),
-        WILDCARD,
-        port,
-        vec![chain(
+    let http = FilterChain {
+        filter_chain_match: Some(FilterChainMatch {
+            transport_protocol: "raw_buffer".to_string(),
+            application_protocols: vec!["http/1.1".to_string(), "h2c".to_string()],
+            ..Default::default()
+        }),
+        ..chain(
             &name,
             vec![hcm_filter(format!("outbound_{name}"), rds, route_filters)],
+        )
+    };
+    let fallback = if registry_only {
+        BLACKHOLE_CLUSTER
+    } else {
+        PASSTHROUGH_CLUSTER
+    };
+    Listener {
+        listener_filters: vec![listener_filter(
+            "envoy.filters.listener.http_inspector",
+            pack_any(HttpInspector::default()),
         )],
-        false,
-    )
+        continue_on_listener_filters_timeout: true,
+        // As istiod (PROTOCOL_DETECTION_TIMEOUT 0s): the inspector waits for the client's
+        // first bytes, so a server-first protocol on an HTTP port waits too (Istio's caveat).
+        listener_filters_timeout: Some(super::seconds(0)),
+        default_filter_chain: Some(chain(
+            PASSTHROUGH_FILTER_CHAIN,
+            vec![tcp_proxy_filter(fallback, fallback)],
+        )),
+        ..listener(name, WILDCARD, port, vec![http], false)
+    }
 }
+
+/// The default chain of an outbound HTTP listener (istiod's name).
+const PASSTHROUGH_FILTER_CHAIN: &str = "PassthroughFilterChain";
 
 /// A TLS route: SNI names (empty: any), where to, stat prefix.
 type SniRoute = (Vec<String>, tcp_proxy::ClusterSpecifier, String);
@@ -658,21 +686,45 @@ fn inbound_port_chains(
 
 /// The chains of ports no service declares: passthrough, mutual TLS only under STRICT.
 fn catchall_chains(default: MtlsMode, authz: &InboundFilters) -> Vec<FilterChain> {
-    // Ports no service declares are authorized too (as TCP): a policy has no unguarded way in.
-    let passthrough = |_: bool| {
+    // Ports no service declares are authorized too: a policy has no unguarded way in.
+    let tcp = || {
         guarded(
             authz,
             tcp_proxy_filter(INBOUND_PASSTHROUGH_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER),
         )
     };
+    // HTTP over mutual TLS (the ALPN a peer sidecar offers for HTTP), as istiod's
+    // `virtualInbound-catchall-http`: an HTTP connection manager, with the HTTP authorization
+    // filters, to the original destination.
+    let mtls_http = || FilterChain {
+        filter_chain_match: Some(inbound_match(None, "tls", &MTLS_HTTP)),
+        transport_socket: Some(tls::inbound_mtls_socket(&["h2", "http/1.1"])),
+        ..chain(
+            VIRTUAL_INBOUND_CATCHALL_HTTP,
+            vec![inbound_hcm(0, INBOUND_PASSTHROUGH_CLUSTER, true, authz)],
+        )
+    };
+    let mtls_tcp = |alpn: &[&str]| FilterChain {
+        filter_chain_match: Some(inbound_match(None, "tls", alpn)),
+        transport_socket: Some(tls::inbound_mtls_socket(&[])),
+        ..chain(VIRTUAL_INBOUND, tcp())
+    };
     match default {
-        // Under STRICT, ports no service names also take mutual TLS only.
-        MtlsMode::Strict => {
-            inbound_chains(VIRTUAL_INBOUND, None, MtlsMode::Strict, &passthrough, &[])
-        }
-        _ => vec![chain(VIRTUAL_INBOUND, passthrough(false))],
+        // Under STRICT, ports no service names also take mutual TLS only (any TLS that is not
+        // HTTP is taken for mutual TLS, as istiod matches it).
+        MtlsMode::Strict => vec![mtls_http(), mtls_tcp(&[])],
+        MtlsMode::Disable => vec![chain(VIRTUAL_INBOUND, tcp())],
+        // PERMISSIVE: mutual TLS from peer sidecars, anything else as it came.
+        MtlsMode::Permissive | MtlsMode::Unset => vec![
+            mtls_http(),
+            mtls_tcp(&tls::ALPN_ISTIO),
+            chain(VIRTUAL_INBOUND, tcp()),
+        ],
     }
 }
+
+/// istiod's name of the catch-all chain for HTTP over mutual TLS.
+const VIRTUAL_INBOUND_CATCHALL_HTTP: &str = "virtualInbound-catchall-http";
 
 /// The HTTP inspector, on the `sniffed` ports only: it waits for the client's first bytes, so
 /// a server-first protocol on a declared port is never held up.
@@ -735,31 +787,37 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     let mut out = match scope {
         // Routes that depend on the proxy: its listeners are its own.
         None if push.routing.per_proxy || !telemetry_shared => {
-            let mut own: Vec<Named> = outbound_listeners(push, &|_, _| true, Some(proxy))
-                .into_iter()
-                .map(named)
-                .collect();
+            let mut own: Vec<Named> =
+                outbound_listeners(push, &|_, _| true, Some(proxy), push.mesh_registry_only())
+                    .into_iter()
+                    .map(named)
+                    .collect();
             own.push(named(virtual_outbound(push.mesh_registry_only())));
             own
         }
         None => push
             .cache
             .get(&push.cache.outbound_listeners, "outbound listeners", || {
-                let mut shared: Vec<Named> = outbound_listeners(push, &|_, _| true, None)
-                    .into_iter()
-                    .map(named)
-                    .collect();
+                let mut shared: Vec<Named> =
+                    outbound_listeners(push, &|_, _| true, None, push.mesh_registry_only())
+                        .into_iter()
+                        .map(named)
+                        .collect();
                 shared.push(named(virtual_outbound(push.mesh_registry_only())));
                 shared
             })
             .clone(),
         // Under a Sidecar resource: only its egress hosts (generated for this proxy).
         Some(scope) => {
-            let mut own: Vec<Named> =
-                outbound_listeners(push, &|s, p| scope.sees_port(s, p), Some(proxy))
-                    .into_iter()
-                    .map(named)
-                    .collect();
+            let mut own: Vec<Named> = outbound_listeners(
+                push,
+                &|s, p| scope.sees_port(s, p),
+                Some(proxy),
+                scope.registry_only,
+            )
+            .into_iter()
+            .map(named)
+            .collect();
             own.push(named(virtual_outbound(scope.registry_only)));
             own
         }

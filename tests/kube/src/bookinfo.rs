@@ -728,14 +728,16 @@ pub fn names_beside_istiod(c: &Cluster) -> Result<(Vec<String>, Vec<String>)> {
     Ok((missing, extra))
 }
 
-/// `kind name`, and for a listener `listener NAME chain CHAIN` for each named filter chain.
+/// `kind name`, and for a listener `listener NAME chain CHAIN` for each named filter chain
+/// (the default chain among them).
 fn names_of(key: &str, r: &serde_json::Value, out: &mut BTreeSet<String>) {
     let Some(name) = r["name"].as_str() else {
         return;
     };
     out.insert(name.to_string());
     if key == "dynamic_listeners" {
-        for fc in r["filter_chains"].as_array().into_iter().flatten() {
+        let chains = r["filter_chains"].as_array().into_iter().flatten();
+        for fc in chains.chain(Some(&r["default_filter_chain"])) {
             if let Some(chain) = fc["name"].as_str() {
                 out.insert(format!("{name} chain {chain}"));
             }

@@ -124,7 +124,11 @@ impl Instruments {
         listener
             .access_log
             .extend(self.listener_logs.iter().cloned());
-        for chain in &mut listener.filter_chains {
+        let chains = listener
+            .filter_chains
+            .iter_mut()
+            .chain(listener.default_filter_chain.as_mut());
+        for chain in chains {
             for f in &mut chain.filters {
                 let Some(filter::ConfigType::TypedConfig(any)) = &mut f.config_type else {
                     continue;
