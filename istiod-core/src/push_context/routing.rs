@@ -621,6 +621,41 @@ fn virtual_service_not_applied(
             }
         }
     }
+    // A subset no DestinationRule of the host defines (istioctl analyze's IST0101): requests
+    // routed to it fail with 503 (no such cluster).
+    let mut destinations: Vec<(String, &crate::config_store::virtual_service::Destination)> =
+        Vec::new();
+    for (i, r) in spec.http.iter().enumerate() {
+        for (j, d) in r.route.iter().enumerate() {
+            destinations.push((format!("spec.http[{i}].route[{j}]"), &d.destination));
+        }
+    }
+    for (kind, routes) in [
+        ("tcp", spec.tcp.iter().map(|r| &r.route).collect::<Vec<_>>()),
+        ("tls", spec.tls.iter().map(|r| &r.route).collect()),
+    ] {
+        for (i, r) in routes.into_iter().enumerate() {
+            for (j, d) in r.iter().enumerate() {
+                destinations.push((format!("spec.{kind}[{i}].route[{j}]"), &d.destination));
+            }
+        }
+    }
+    for (at, d) in destinations {
+        let Some(subset) = d.subset.as_deref().filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        let host = resolve_host(&d.host, ns, domain_suffix);
+        let defined = config.resources.iter().any(|r| {
+            matches!(r, Resource::DestinationRule(m, dr)
+                if resolve_host(&dr.host, m.namespace(), domain_suffix) == host
+                    && dr.subsets.iter().any(|s| s.name == subset))
+        });
+        if !defined {
+            out.push(format!(
+                "{at}.destination: subset {subset:?} of {host:?} is in no DestinationRule: requests routed to it fail (503)"
+            ));
+        }
+    }
     for (i, g) in spec.gateways.iter().enumerate() {
         let name = resolve_gateway(g, ns);
         if name == MESH_GATEWAY {
