@@ -134,13 +134,21 @@ pub fn istiod_dump(dir: &Path) -> Result<PathBuf> {
 /// The rows of `istioctl proxy-config KIND --file F` (header left out), as lines of their
 /// columns joined by a single space.
 pub fn proxy_config_rows(c: &Cluster, kind: &str, file: &Path) -> Result<BTreeSet<String>> {
-    let out = ok(
-        c,
-        &["proxy-config", kind, "--file", &file.display().to_string()],
-    )?;
-    Ok(table(&out)
+    let file = file.display().to_string();
+    Ok(rows(&ok(c, &["proxy-config", kind, "--file", &file])?))
+}
+
+/// The rows of `istioctl proxy-config KIND POD.NAMESPACE` (the pod's admin port reached through
+/// the API server's `pods/portforward`), as [`proxy_config_rows`] gives them.
+pub fn proxy_config_rows_of(c: &Cluster, kind: &str, pod: &str) -> Result<BTreeSet<String>> {
+    Ok(rows(&ok(c, &["proxy-config", kind, pod])?))
+}
+
+/// A table's rows but its header, each its columns joined by a single space.
+fn rows(out: &str) -> BTreeSet<String> {
+    table(out)
         .into_iter()
         .skip(1)
         .map(|cols| cols.join(" "))
-        .collect())
+        .collect()
 }

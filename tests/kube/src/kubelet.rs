@@ -1108,8 +1108,10 @@ async fn run_to_completion(inner: &Inner, run: &PodRun, p: &Prepared) -> Result<
         "{}/{}: init container {} exited {code}",
         run.namespace, run.name, p.state.name
     ));
+    // A kubelet's prober marks an init container that completed successfully ready.
     run.with(&p.state.name, |c| {
         c.pid = None;
+        c.ready = code == 0;
         c.state = terminated(code, &started);
     });
     run.changed.notify_one();

@@ -8,8 +8,15 @@
 //!   [`PodRun::exec`] runs it, its output goes back on the streams, and its exit status on the
 //!   error stream as a `Status`.
 //!
-//! Not served: a TTY (`tty=1`), `attach`, `portForward`, following a log (`follow=true` returns
-//! what is there).
+//! - `POST /portForward/NS/POD`, upgraded to SPDY/3.1 with `portforward.k8s.io` (what the API
+//!   server's `pods/portforward` leads to, for client-go's port forwarder: `kubectl
+//!   port-forward`, `istioctl proxy-config` without `--file`): per connection the client opens
+//!   an error and a data stream with the same `requestID` and a `port`; the data stream is
+//!   joined to a TCP connection to that port on the pod's loopback, made in the pod's network
+//!   namespace, and a failure to connect is written on the error stream.
+//!
+//! Not served: a TTY (`tty=1`), `attach`, following a log (`follow=true` returns what is
+//! there).
 //!
 //! SPDY/3.1 framing (draft-mbelshe-httpbis-spdy-00 with the 3.1 flow-control changes): 8-byte
 //! frame headers, header blocks compressed with zlib over the whole session with the protocol's
@@ -39,6 +46,8 @@ const TYPE_GOAWAY: u16 = 7;
 const FLAG_FIN: u8 = 0x01;
 /// The remote-command protocol this server speaks.
 const PROTOCOL: &str = "v4.channel.k8s.io";
+/// The port-forward protocol this server speaks.
+const PORT_FORWARD_PROTOCOL: &str = "portforward.k8s.io";
 
 /// Finds the running pod `namespace/name`.
 pub type Lookup = Arc<dyn Fn(&str, &str) -> Option<Arc<PodRun>> + Send + Sync>;
@@ -207,6 +216,10 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 text.push('\n');
             }
             respond(reader.get_mut(), "200 OK", text.as_bytes()).await
+        }
+        ("POST" | "GET", ["portForward", ns, pod]) => {
+            let (ns, pod) = (ns.to_string(), pod.to_string());
+            port_forward(reader, req, lookup, &ns, &pod).await
         }
         ("POST" | "GET", ["exec", ns, pod, container]) => {
             let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
@@ -407,17 +420,8 @@ async fn exec<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             wanted.push(ch);
         }
     }
-    let (rd, mut wr) = tokio::io::split(reader);
-    let (tx, mut rx) = mpsc::unbounded_channel::<Frame>();
-    let writer = tokio::spawn(async move {
-        while let Some(f) = rx.recv().await {
-            if wr.write_all(&f).await.is_err() {
-                break;
-            }
-            let _ = wr.flush().await;
-        }
-        let _ = wr.shutdown().await;
-    });
+    let (rd, wr) = tokio::io::split(reader);
+    let (tx, writer) = frame_writer(wr);
     let session = Session {
         rd,
         tx: tx.clone(),
@@ -449,16 +453,7 @@ enum Incoming {
 
 impl<R: AsyncRead + Unpin + Send + 'static> Session<R> {
     async fn read_frame(&mut self) -> Result<Option<([u8; 8], Vec<u8>)>> {
-        let mut h = [0u8; 8];
-        match self.rd.read_exact(&mut h).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-        let len = u32::from_be_bytes([0, h[5], h[6], h[7]]) as usize;
-        let mut payload = vec![0u8; len];
-        self.rd.read_exact(&mut payload).await?;
-        Ok(Some((h, payload)))
+        read_frame(&mut self.rd).await
     }
 
     /// Reads frames, answering control frames, until one the session acts on (`None`: the
@@ -589,18 +584,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> Session<R> {
                 continue;
             };
             let tx = self.tx.clone();
-            pumps.push(tokio::spawn(async move {
-                let mut buf = vec![0u8; 16 * 1024];
-                loop {
-                    match out.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            let _ = tx.send(data_frame(id, 0, &buf[..n]));
-                        }
-                    }
-                }
-                let _ = tx.send(data_frame(id, FLAG_FIN, &[]));
-            }));
+            pumps.push(tokio::spawn(async move { pump(&mut out, id, &tx).await }));
         }
         let mut stdin = child.stdin.take();
         let code = loop {
@@ -644,6 +628,196 @@ impl<R: AsyncRead + Unpin + Send + 'static> Session<R> {
         .await;
         Ok(())
     }
+}
+
+/// Reads one SPDY frame: its 8-byte header and payload (`None` at the end of the connection).
+async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Option<([u8; 8], Vec<u8>)>> {
+    let mut h = [0u8; 8];
+    match rd.read_exact(&mut h).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes([0, h[5], h[6], h[7]]) as usize;
+    let mut payload = vec![0u8; len];
+    rd.read_exact(&mut payload).await?;
+    Ok(Some((h, payload)))
+}
+
+/// The session's writer: frames sent on the channel are written in order; the connection is
+/// shut down once every sender is gone.
+fn frame_writer<W: AsyncWrite + Unpin + Send + 'static>(
+    mut wr: W,
+) -> (mpsc::UnboundedSender<Frame>, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Frame>();
+    let writer = tokio::spawn(async move {
+        while let Some(f) = rx.recv().await {
+            if wr.write_all(&f).await.is_err() {
+                break;
+            }
+            let _ = wr.flush().await;
+        }
+        let _ = wr.shutdown().await;
+    });
+    (tx, writer)
+}
+
+/// Sends what `out` gives as data frames of `stream`, then ends the stream (FIN).
+async fn pump<R: AsyncRead + Unpin>(out: &mut R, stream: u32, tx: &mpsc::UnboundedSender<Frame>) {
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        match out.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let _ = tx.send(data_frame(stream, 0, &buf[..n]));
+            }
+        }
+    }
+    let _ = tx.send(data_frame(stream, FLAG_FIN, &[]));
+}
+
+/// A TCP connection to `port` on the loopback of network namespace `netns`, made from a thread
+/// of its own that enters the namespace and ends (a socket stays in the namespace it was made
+/// in; no thread of the runtime changes namespace).
+async fn connect_in(netns: &str, port: u16) -> Result<tokio::net::TcpStream> {
+    let path = format!("/run/netns/{netns}");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let made = (|| -> Result<std::net::TcpStream> {
+            let file = std::fs::File::open(&path).with_context(|| path.clone())?;
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .with_context(|| format!("enter {path}"))?;
+            let stream = std::net::TcpStream::connect_timeout(
+                &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                std::time::Duration::from_secs(5),
+            )
+            .with_context(|| format!("connect to 127.0.0.1:{port}"))?;
+            stream.set_nonblocking(true)?;
+            Ok(stream)
+        })();
+        let _ = tx.send(made);
+    });
+    let stream = rx.await.context("the connecting thread ended")??;
+    Ok(tokio::net::TcpStream::from_std(stream)?)
+}
+
+async fn port_forward<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    mut reader: BufReader<S>,
+    req: Request,
+    lookup: Lookup,
+    ns: &str,
+    pod: &str,
+) -> Result<()> {
+    if !req
+        .header_values("Upgrade")
+        .iter()
+        .any(|u| u.eq_ignore_ascii_case("SPDY/3.1"))
+        || !req
+            .header_values("X-Stream-Protocol-Version")
+            .contains(&PORT_FORWARD_PROTOCOL)
+    {
+        let msg = format!("port-forward needs an Upgrade to SPDY/3.1 with {PORT_FORWARD_PROTOCOL}");
+        return respond(reader.get_mut(), "400 Bad Request", msg.as_bytes()).await;
+    }
+    let Some(run) = lookup(ns, pod) else {
+        let msg = format!("pod {ns}/{pod} is not running on this node");
+        return respond(reader.get_mut(), "404 Not Found", msg.as_bytes()).await;
+    };
+    let head = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: {PORT_FORWARD_PROTOCOL}\r\n\r\n"
+    );
+    reader.get_mut().write_all(head.as_bytes()).await?;
+    reader.get_mut().flush().await?;
+    let (mut rd, wr) = tokio::io::split(reader);
+    let (tx, writer) = frame_writer(wr);
+    let mut headers = Headers::new();
+    // Per request id: its error stream, and its data stream once open.
+    let mut error_streams: HashMap<String, u32> = HashMap::new();
+    // Per data stream id: where the client's bytes go.
+    let mut sinks: HashMap<u32, tokio::net::tcp::OwnedWriteHalf> = HashMap::new();
+    while let Some((h, payload)) = read_frame(&mut rd).await? {
+        if h[0] & 0x80 == 0 {
+            let stream = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) & 0x7fff_ffff;
+            if let Some(sink) = sinks.get_mut(&stream) {
+                if !payload.is_empty() && sink.write_all(&payload).await.is_err() {
+                    sinks.remove(&stream);
+                } else if h[4] & FLAG_FIN != 0 {
+                    let _ = sink.shutdown().await;
+                    sinks.remove(&stream);
+                }
+            }
+            continue;
+        }
+        match u16::from_be_bytes([h[2], h[3]]) {
+            TYPE_SYN_STREAM => {
+                if payload.len() < 10 {
+                    bail!("SYN_STREAM too short");
+                }
+                let id = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
+                    & 0x7fff_ffff;
+                let pairs = headers.decode(&payload[10..])?;
+                let get = |k: &str| {
+                    pairs
+                        .iter()
+                        .find(|(n, _)| n == k)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or_default()
+                };
+                let (kind, request, port) = (get("streamtype"), get("requestid"), get("port"));
+                let block = headers.encode(&[])?;
+                let mut reply = id.to_be_bytes().to_vec();
+                reply.extend_from_slice(&block);
+                let _ = tx.send(control_frame(TYPE_SYN_REPLY, 0, &reply));
+                match kind.as_str() {
+                    "error" => {
+                        error_streams.insert(request, id);
+                    }
+                    "data" => {
+                        let error_stream = error_streams.get(&request).copied();
+                        let connected = match port.parse::<u16>() {
+                            Ok(p) => connect_in(&run.netns, p).await,
+                            Err(_) => Err(anyhow::anyhow!("invalid port {port:?}")),
+                        };
+                        match connected {
+                            Ok(conn) => {
+                                let (mut from_pod, to_pod) = conn.into_split();
+                                sinks.insert(id, to_pod);
+                                let tx = tx.clone();
+                                tokio::spawn(async move {
+                                    pump(&mut from_pod, id, &tx).await;
+                                    if let Some(e) = error_stream {
+                                        let _ = tx.send(data_frame(e, FLAG_FIN, &[]));
+                                    }
+                                });
+                            }
+                            Err(e) => {
+                                let msg = format!(
+                                    "error forwarding port {port} to pod {ns}/{pod}: {e:#}"
+                                );
+                                if let Some(e) = error_stream {
+                                    let _ = tx.send(data_frame(e, FLAG_FIN, msg.as_bytes()));
+                                }
+                                let _ = tx.send(data_frame(id, FLAG_FIN, &[]));
+                            }
+                        }
+                    }
+                    _ => {
+                        let mut p = id.to_be_bytes().to_vec();
+                        p.extend_from_slice(&3u32.to_be_bytes()); // REFUSED_STREAM
+                        let _ = tx.send(control_frame(TYPE_RST_STREAM, 0, &p));
+                    }
+                }
+            }
+            TYPE_PING => {
+                let _ = tx.send(control_frame(TYPE_PING, 0, &payload));
+            }
+            TYPE_GOAWAY => break,
+            _ => {}
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -414,6 +414,60 @@ fn istioctl_debugging(c: &Cluster, core: &IstiodCore) {
             "{name}: {secrets:#?}"
         );
     }
+    // Without --file: istioctl reaches the pod's admin port through the API server's
+    // pods/portforward (the test kubelet's port forwarding), as against a real cluster.
+    let pod = format!("{pp}.default");
+    let live = istioctl::proxy_config_rows_of(c, "cluster", &pod).unwrap();
+    let filed = istioctl::proxy_config_rows(c, "cluster", &dump).unwrap();
+    assert_eq!(
+        live, filed,
+        "istioctl proxy-config cluster {pod}, live beside --file"
+    );
+    let live_diff = istioctl::ok(c, &["proxy-status", &pod, "--xds-address", &xds]).unwrap();
+    assert!(
+        live_diff.contains("Listeners Match") && live_diff.contains("Routes Match"),
+        "{live_diff}"
+    );
+    // istioctl prints what Envoy's POST /logging answers: every logger's level after the change.
+    let level_of = |out: &str| {
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix("rbac: ").map(str::to_string))
+            .unwrap_or_default()
+    };
+    let levels = istioctl::ok(c, &["proxy-config", "log", &pod, "--level", "rbac:debug"]).unwrap();
+    assert_eq!(level_of(&levels), "debug", "{levels}");
+    let levels =
+        istioctl::ok(c, &["proxy-config", "log", &pod, "--level", "rbac:warning"]).unwrap();
+    assert_eq!(level_of(&levels), "warning", "{levels}");
+    // x describe: the pod, its service and port, the DestinationRule and subset that select
+    // it, its authorization policies and mTLS mode, read from the cluster and its Envoy.
+    let describe = istioctl::ok(c, &["x", "describe", "pod", &pp, "-n", "default"]).unwrap();
+    for line in [
+        format!("Pod: {pp}"),
+        "Service: productpage".to_string(),
+        "Port: http 9080/HTTP targets pod port 9080".to_string(),
+        "DestinationRule: productpage for \"productpage\"".to_string(),
+        "Matching subsets: v1".to_string(),
+        "RBAC policies: ns[default]-policy[deny-legacy]-rule[0]".to_string(),
+        "Workload mTLS mode: STRICT".to_string(),
+    ] {
+        assert!(
+            describe.lines().any(|l| l.trim() == line),
+            "istioctl x describe pod {pp}: no {line:?}:\n{describe}"
+        );
+    }
+    assert!(!describe.contains("NOT READY"), "{describe}");
+    eprintln!("STEP istioctl x describe pod {pp}:\n{describe}");
+    eprintln!(
+        "STEP istioctl through pods/portforward: proxy-config cluster ({} rows, as --file), proxy-status {pod} ({}), proxy-config log --level rbac:debug in Envoy's /logging",
+        live.len(),
+        live_diff
+            .lines()
+            .filter(|l| l.contains("Match"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+
     let bootstrap = istioctl::ok(
         c,
         &[
