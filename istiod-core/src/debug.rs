@@ -7,7 +7,8 @@
 //!   `ConfigDump` in istiod's sections (`xds_debug`; secrets' keys redacted); 400 without a
 //!   proxyID, 404 when it is not connected here;
 //! - `/debug/adsz`: the connected proxies (`totalClients`, `clients` with `connectionId`,
-//!   `address`, `labels`, `metadata` and `watches`: the names subscribed, by type URL);
+//!   `address`, `labels`, `metadata` and `watches`: the names subscribed, by type URL, EDS's left
+//!   out);
 //! - `/debug/configz`: the config resources in force (kind, metadata, spec, and `origin`: the
 //!   source it came from, `kubernetes`, `file:DIR`, `memory`), then what the last load refused
 //!   (`{"rejected": {file, document, object, reason, last_good_kept}, "message"}`); an

@@ -63,7 +63,8 @@ pub struct TypeSync {
     /// accepts one).
     #[serde(skip)]
     pub rejecting: bool,
-    /// The names the proxy subscribed to (what a config dump generates for it).
+    /// The names the proxy subscribed to (what a config dump generates for it); empty for EDS,
+    /// which a dump leaves out.
     #[serde(skip)]
     pub names: Vec<Arc<str>>,
 }

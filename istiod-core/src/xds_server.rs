@@ -526,9 +526,13 @@ impl StreamState for Connection {
             .is_some_and(|w| w.sub.names.iter().any(|n| names.contains(&**n)))
     }
     fn sync(&self) -> Option<ProxySync> {
-        proxy_sync(self.proxy.as_ref(), false, &self.watches, |w| {
-            (&w.sync, w.sub.names.clone())
-        })
+        proxy_sync(
+            self.proxy.as_ref(),
+            false,
+            &self.watches,
+            |w| &w.sync,
+            |w| w.sub.names.clone(),
+        )
     }
 }
 
@@ -570,9 +574,13 @@ impl StreamState for DeltaConnection {
         })
     }
     fn sync(&self) -> Option<ProxySync> {
-        proxy_sync(self.proxy.as_ref(), true, &self.watches, |w| {
-            (&w.sync, w.names.iter().cloned().collect())
-        })
+        proxy_sync(
+            self.proxy.as_ref(),
+            true,
+            &self.watches,
+            |w| &w.sync,
+            |w| w.names.iter().cloned().collect(),
+        )
     }
 }
 
@@ -876,11 +884,15 @@ async fn send_all(
 }
 
 /// A stream's sync state for /debug/syncz, once the proxy is known.
+/// The subscribed names are kept for the types a config dump generates by name (routes,
+/// secrets, extension configs): not for EDS, whose names (a proxy's every cluster) a dump
+/// leaves out, so the sync state costs no copy of them.
 fn proxy_sync<W>(
     proxy: Option<&Arc<Proxy>>,
     delta: bool,
     watches: &HashMap<String, W>,
-    sync: impl Fn(&W) -> (&TypeSync, Vec<Arc<str>>),
+    sync: impl Fn(&W) -> &TypeSync,
+    names: impl Fn(&W) -> Vec<Arc<str>>,
 ) -> Option<ProxySync> {
     let proxy = proxy?;
     Some(ProxySync {
@@ -889,9 +901,10 @@ fn proxy_sync<W>(
         types: watches
             .iter()
             .map(|(t, w)| {
-                let (sync, names) = sync(w);
-                let mut sync = sync.clone();
-                sync.names = names;
+                let mut sync = sync(w).clone();
+                if t != ENDPOINT_TYPE {
+                    sync.names = names(w);
+                }
                 (t.clone(), sync)
             })
             .collect(),
