@@ -176,13 +176,10 @@ pub fn answer(
                     names.len()
                 )));
             };
-            match syncs.iter().find(|s| s.proxy == **name && viewer.sees(s)) {
-                Some(sync) => config_dump(sync, generate),
-                None => {
-                    tracing::info!(proxy = %name, "config_dump asked of a proxy not connected here (or not the caller's to see)");
-                    Vec::new()
-                }
-            }
+            proxy_config_dump(syncs, name, viewer, generate).unwrap_or_else(|| {
+                tracing::info!(proxy = %name, "config_dump asked of a proxy not connected here (or not the caller's to see)");
+                Vec::new()
+            })
         }
         other => {
             return Err(Status::invalid_argument(format!(
@@ -265,6 +262,19 @@ fn client_config(sync: &ProxySync, now: SystemTime) -> ClientConfig {
             .collect(),
         ..Default::default()
     }
+}
+
+/// The config dump of the connected proxy `proxy_id` (`POD.NAMESPACE`) if `viewer` may see it.
+pub fn proxy_config_dump(
+    syncs: &[ProxySync],
+    proxy_id: &str,
+    viewer: &Viewer,
+    generate: Generate<'_>,
+) -> Option<Vec<Any>> {
+    let sync = syncs
+        .iter()
+        .find(|s| s.proxy == proxy_id && viewer.sees(s))?;
+    Some(config_dump(sync, generate))
 }
 
 /// What `sync`'s proxy is sent now of each type it watches, as Envoy's admin config dump

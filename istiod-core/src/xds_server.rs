@@ -396,28 +396,12 @@ impl XdsServer {
         proxy_id: &str,
     ) -> Option<Vec<envoy_types::pb::google::protobuf::Any>> {
         let push = self.push.borrow().clone();
-        let syncs = self.syncz();
-        syncs.iter().find(|s| s.proxy == proxy_id)?;
-        let names: [Arc<str>; 1] = [proxy_id.into()];
-        let generate = |proxy: &Proxy, t: &str, names: &[Arc<str>]| {
-            generate(&push, proxy, t, names).map(|v| v.into_iter().map(|n| n.resource).collect())
-        };
-        let out = crate::xds_debug::answer(
-            crate::xds_debug::CONFIG_DUMP_TYPE,
-            &names,
+        crate::xds_debug::proxy_config_dump(
+            &self.syncz(),
+            proxy_id,
             &crate::xds_debug::Viewer::All,
-            &syncs,
-            crate::xds_debug::Stamp {
-                version: &push.version,
-                nonce: "",
-                identifier: "",
-            },
-            &generate,
+            &|proxy, t, names| dump_resources(&push, proxy, t, names),
         )
-        .ok()?;
-        let resp: envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse =
-            out.decode().ok()?;
-        Some(resp.resources)
     }
 
     pub fn stats(&self) -> Arc<XdsStats> {
@@ -791,6 +775,16 @@ where
     ReceiverStream::new(rx)
 }
 
+/// What a config dump shows of `proxy`'s `type_url`: what it is sent, EnvoyFilters applied.
+fn dump_resources(
+    push: &PushContext,
+    proxy: &Proxy,
+    type_url: &str,
+    names: &[Arc<str>],
+) -> Option<Vec<Arc<envoy_types::pb::google::protobuf::Any>>> {
+    generate(push, proxy, type_url, names).map(|v| v.into_iter().map(|n| n.resource).collect())
+}
+
 /// The answer to an `istio.io/debug` request (`xds_debug`) from the caller of `scope`.
 fn debug_answer(
     shared: &Shared,
@@ -812,9 +806,8 @@ fn debug_answer(
         .lock()
         .map(|m| m.values().cloned().collect())
         .unwrap_or_default();
-    let generate = |proxy: &Proxy, t: &str, names: &[Arc<str>]| {
-        generate(push, proxy, t, names).map(|v| v.into_iter().map(|n| n.resource).collect())
-    };
+    let generate =
+        |proxy: &Proxy, t: &str, names: &[Arc<str>]| dump_resources(push, proxy, t, names);
     crate::xds_debug::answer(
         type_url,
         names,

@@ -30,19 +30,23 @@ struct Verdict {
     other: Vec<String>,
 }
 
-/// `istioctl analyze --use-kube=false FILES`.
-fn analyze(istioctl: &Path, files: &[PathBuf]) -> Verdict {
-    let out = Command::new(istioctl)
-        .args(["analyze", "--use-kube=false"])
-        .args(files)
-        .output()
-        .unwrap();
+/// Runs `cmd`: its exit code, which must be one of `expected`, and its output and errors.
+fn output(cmd: &mut Command, expected: &[i32]) -> (i32, String) {
+    let out = cmd.output().unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     let code = out.status.code().unwrap_or(-1);
-    assert!(
-        [0, 65, 79].contains(&code),
-        "istioctl analyze {files:?}: exit {code}:\n{text}"
+    assert!(expected.contains(&code), "{cmd:?}: exit {code}:\n{text}");
+    (code, text)
+}
+
+/// `istioctl analyze --use-kube=false FILES`.
+fn analyze(istioctl: &Path, files: &[PathBuf]) -> Verdict {
+    let (code, text) = output(
+        Command::new(istioctl)
+            .args(["analyze", "--use-kube=false"])
+            .args(files),
+        &[0, 65, 79],
     );
     let mut missing_subsets = BTreeSet::new();
     let mut other = Vec::new();
@@ -76,17 +80,11 @@ fn validate(files: &[PathBuf]) -> Verdict {
     for f in files {
         std::fs::copy(f, dir.path().join(f.file_name().unwrap())).unwrap();
     }
-    let out = Command::new(binary("istiod-core"))
-        .arg("validate")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    let code = out.status.code().unwrap_or(-1);
-    assert!(
-        [0, 1].contains(&code),
-        "istiod-core validate: exit {code}:\n{text}"
+    let (code, text) = output(
+        Command::new(binary("istiod-core"))
+            .arg("validate")
+            .arg(dir.path()),
+        &[0, 1],
     );
     let mut missing_subsets = BTreeSet::new();
     let mut other = Vec::new();

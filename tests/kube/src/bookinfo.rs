@@ -699,20 +699,14 @@ pub fn names_beside_istiod(c: &Cluster) -> Result<(Vec<String>, Vec<String>)> {
             }
         }
     }
-    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/istiod-1.31/bookinfo-productpage/sotw");
     let mut theirs = BTreeSet::new();
     for (file, key) in [
         ("lds.json", "dynamic_listeners"),
         ("cds.json", "dynamic_active_clusters"),
         ("rds.json", "dynamic_route_configs"),
     ] {
-        let path = fixtures.join(file);
-        let recorded: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(&path).with_context(|| path.display().to_string())?,
-        )?;
-        for r in recorded["resources"].as_array().into_iter().flatten() {
-            names_of(key, r, &mut theirs);
+        for r in istiod_recorded(file)? {
+            names_of(key, &r, &mut theirs);
         }
     }
     let bookinfo = |n: &&String| {
@@ -726,6 +720,21 @@ pub fn names_beside_istiod(c: &Cluster) -> Result<(Vec<String>, Vec<String>)> {
     let missing = theirs.difference(&ours).filter(bookinfo).cloned().collect();
     let extra = ours.difference(&theirs).filter(bookinfo).cloned().collect();
     Ok((missing, extra))
+}
+
+/// The resources of one response Istio's istiod 1.31 sent Bookinfo's productpage sidecar
+/// (`tests/fixtures/istiod-1.31/bookinfo-productpage/sotw/FILE`: `cds.json`, `lds.json`, ...).
+pub fn istiod_recorded(file: &str) -> Result<Vec<serde_json::Value>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/istiod-1.31/bookinfo-productpage/sotw")
+        .join(file);
+    let recorded: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&path).with_context(|| path.display().to_string())?,
+    )?;
+    Ok(recorded["resources"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default())
 }
 
 /// `kind name`, and for a listener `listener NAME chain CHAIN` for each named filter chain

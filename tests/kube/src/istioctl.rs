@@ -104,15 +104,7 @@ pub fn admin_file(c: &Cluster, namespace: &str, pod: &str, path: &str) -> Result
 /// An Envoy config dump made of what Istio's istiod 1.31 sent Bookinfo's productpage sidecar
 /// (the recorded CDS, LDS and RDS responses), for `proxy-config --file`.
 pub fn istiod_dump(dir: &Path) -> Result<PathBuf> {
-    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/istiod-1.31/bookinfo-productpage/sotw");
-    let read = |file: &str| -> Result<Vec<serde_json::Value>> {
-        let path = fixtures.join(file);
-        let v: serde_json::Value = serde_json::from_str(
-            &fs::read_to_string(&path).with_context(|| path.display().to_string())?,
-        )?;
-        Ok(v["resources"].as_array().cloned().unwrap_or_default())
-    };
+    let read = crate::bookinfo::istiod_recorded;
     let dump = serde_json::json!({"configs": [
         {"@type": "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
          "dynamic_active_clusters": read("cds.json")?.into_iter()
