@@ -7,7 +7,8 @@
 # VirtualService and the policies of tests/fixtures/istiod-1.31/policy.yaml; plays kubelet for the
 # pods (binds them, writes their status); makes the productpage sidecar's node with Istio's own
 # pilot-agent; then `record-xds` asks istiod's plaintext port 15010 as that node for CDS, EDS,
-# LDS and RDS, over state of the world and Delta, and writes the responses as they came.
+# LDS and RDS, over state of the world and Delta, and writes the responses as they came; then
+# istiod's /debug/endpointz, endpointShardz, push_status and registryz (OUT_DIR/debug/).
 #
 #   scripts/record-istiod.sh [OUT_DIR]   (default tests/fixtures/istiod-1.31/bookinfo-productpage)
 #
@@ -201,6 +202,12 @@ python3 "$HELPER" proxy-node "$ISTIO_BIN/pilot-agent" "$ISTIO_HOME/envoy_bootstr
 mkdir -p "$OUT"
 "$RECORD_XDS" --addr 127.0.0.1:15010 --node node.json --out "$OUT" | tee record.txt
 cp node.json "$OUT/node.json"
+# istiod's debug endpoints once the node has been served: the endpoint shards, and the last push's
+# status (what its generation for that node reported), for istiod-core's to be compared with.
+mkdir -p "$OUT/debug"
+for path in endpointz endpointShardz push_status registryz; do
+  curl -sf "http://127.0.0.1:15014/debug/$path" >"$OUT/debug/$path.json"
+done
 {
   echo "date: $(date -u +%FT%TZ)"
   echo "command: scripts/record-istiod.sh ${OUT#"$ROOT"/}"

@@ -33,6 +33,9 @@ pub mod env {
     pub const PILOT_ENABLE_STATUS: &str = "PILOT_ENABLE_STATUS";
     /// This replica's name (its Deployment's downward API): its identity in leader election.
     pub const POD_NAME: &str = "POD_NAME";
+    /// The cluster this control plane's registry reads (istiod's `CLUSTER_ID`, default
+    /// `Kubernetes`): endpoints' `topology.istio.io/cluster` and shards in `/debug/endpointz`.
+    pub const CLUSTER_ID: &str = "CLUSTER_ID";
     /// `false`: do not deploy Gateway API Gateways (ServiceAccount, Deployment, Service per
     /// Gateway; Kubernetes source only). Default `true`.
     pub const PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER: &str =
@@ -156,6 +159,8 @@ pub struct PilotEnv {
     pub injector_config_map: String,
     /// ISTIO_RS_PROXY_IMAGE.
     pub proxy_image: Option<String>,
+    /// CLUSTER_ID, else `Kubernetes`.
+    pub cluster_id: String,
 }
 
 impl PilotEnv {
@@ -197,6 +202,9 @@ impl PilotEnv {
             },
             enable_status: flag(lookup, env::PILOT_ENABLE_STATUS)?,
             pod_name: lookup(env::POD_NAME).filter(|v| !v.is_empty()),
+            cluster_id: lookup(env::CLUSTER_ID)
+                .filter(|v| !v.trim().is_empty())
+                .unwrap_or_else(|| crate::model::DEFAULT_CLUSTER_ID.into()),
             gateway_deployment: flag_or(
                 lookup,
                 env::PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER,
@@ -384,6 +392,7 @@ mod tests {
                 gateway_deployment: true,
                 injector_config_map: "istio-sidecar-injector".into(),
                 proxy_image: None,
+                cluster_id: "Kubernetes".into(),
             }
         );
     }
@@ -403,6 +412,7 @@ mod tests {
             (env::POD_NAME, "istiod-7f9c"),
             (env::PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER, "false"),
             (env::ISTIO_RS_PROXY_IMAGE, "registry.example/proxyv2:1.0"),
+            (env::CLUSTER_ID, "east"),
         ]))
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
@@ -423,6 +433,7 @@ mod tests {
                 gateway_deployment: false,
                 injector_config_map: "istio-sidecar-injector-canary".into(),
                 proxy_image: Some("registry.example/proxyv2:1.0".into()),
+                cluster_id: "east".into(),
             }
         );
         let zero = PilotEnv::from_lookup(&env(&[(env::PILOT_PUSH_THROTTLE, "0")]));

@@ -576,6 +576,44 @@ pub struct PodInfo {
     /// `status.podIP` first, then the rest of `status.podIPs`.
     pub ips: Vec<String>,
     pub phase: Option<String>,
+    /// The workload the pod belongs to ([`pod_workload_name`]).
+    #[serde(default)]
+    pub workload_name: String,
+}
+
+/// The workload a pod belongs to, by istiod's heuristic (`GetDeployMetaFromPod`): a pod whose
+/// name was generated is named after its controller, a ReplicaSet's Deployment when the
+/// ReplicaSet's name ends in the pod's `pod-template-hash`; any other pod by its own name.
+pub fn pod_workload_name(raw_meta: &serde_json::Value, meta: &Metadata) -> String {
+    let generated = raw_meta
+        .get("generateName")
+        .and_then(|g| g.as_str())
+        .is_some_and(|g| !g.is_empty());
+    let controller = raw_meta
+        .get("ownerReferences")
+        .and_then(|o| o.as_array())
+        .into_iter()
+        .flatten()
+        .find(|r| r.get("controller").and_then(|c| c.as_bool()) == Some(true));
+    let name = match controller {
+        Some(r) if generated => {
+            let owner = r.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+            let kind = r.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+            match meta.labels.get("pod-template-hash") {
+                Some(hash) if kind == "ReplicaSet" && !hash.is_empty() => owner
+                    .strip_suffix(hash.as_str())
+                    .and_then(|o| o.strip_suffix('-'))
+                    .unwrap_or(owner),
+                _ => owner,
+            }
+        }
+        _ => "",
+    };
+    if name.is_empty() {
+        meta.name.clone()
+    } else {
+        name.to_string()
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
@@ -861,7 +899,11 @@ pub(crate) fn parse_document(value: serde_json::Value) -> Result<Option<Resource
             Resource::EnvoyFilter(meta, Box::new(spec))
         }
         "Namespace" => Resource::Namespace(meta),
-        "Pod" => Resource::Pod(meta, pod_info(&spec, status.as_ref(), &typed)?),
+        "Pod" => {
+            let mut pod = pod_info(&spec, status.as_ref(), &typed)?;
+            pod.workload_name = pod_workload_name(&raw_meta, &meta);
+            Resource::Pod(meta, pod)
+        }
         "Node" => Resource::Node(meta),
         // Secrets with TLS material (a Gateway's credentialName); other Secrets are not ours.
         "Secret" => {
@@ -985,6 +1027,7 @@ fn pod_info(
         node_name: text(spec, "nodeName")?,
         ips,
         phase: text(status, "phase")?,
+        workload_name: String::new(),
     })
 }
 
@@ -1661,6 +1704,39 @@ data: {mesh: "whatever: 1"}
     }
 
     /// A tracer's or logger's field this control plane does not apply is named, not fatal.
+    /// A pod is named after its workload as istiod names it: a Deployment's pod (generated
+    /// name, controlled by a ReplicaSet ending in its `pod-template-hash`) by the Deployment;
+    /// another controller's by the controller; a pod of its own by itself.
+    #[test]
+    fn a_pods_workload_is_named_as_istiod_names_it() {
+        let pod = |meta: &str| -> String {
+            let yaml = format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {meta}\nspec: {{serviceAccountName: s}}\n"
+            );
+            match &parse_file(Path::new("p.yaml"), &yaml).unwrap()[0] {
+                Resource::Pod(_, p) => p.workload_name.clone(),
+                other => panic!("{other:?}"),
+            }
+        };
+        let owned = |kind: &str, owner: &str| {
+            format!(
+                "{{name: reviews-v1-5d9f-x7k2p, generateName: reviews-v1-5d9f-, labels: {{pod-template-hash: 5d9f}}, ownerReferences: [{{apiVersion: apps/v1, kind: {kind}, name: {owner}, uid: u, controller: true}}]}}"
+            )
+        };
+        assert_eq!(pod(&owned("ReplicaSet", "reviews-v1-5d9f")), "reviews-v1");
+        assert_eq!(pod(&owned("StatefulSet", "db")), "db");
+        // A ReplicaSet not named after the hash is the workload itself.
+        assert_eq!(pod(&owned("ReplicaSet", "other")), "other");
+        assert_eq!(pod("{name: solo}"), "solo");
+        // Not generated: its own name, whatever controls it.
+        assert_eq!(
+            pod(
+                "{name: fixed, ownerReferences: [{apiVersion: apps/v1, kind: StatefulSet, name: db, uid: u, controller: true}]}"
+            ),
+            "fixed"
+        );
+    }
+
     #[test]
     fn unknown_provider_fields_are_warnings() {
         let cm = "kind: ConfigMap\nmetadata: {name: istio, namespace: istio-system}\ndata:\n  mesh: |-\n    extensionProviders:\n    - name: zipkin\n      zipkin: {service: z.istio-system.svc.cluster.local, port: 9411, timeout: 5s}\n";

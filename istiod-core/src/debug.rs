@@ -15,8 +15,10 @@
 //!   EnvoyFilter whose patches a proxy rejects now carries `rejected_by_proxies` (proxy, type,
 //!   Envoy's error);
 //! - `/debug/registryz`: the services and endpoints built from them;
-//! - `/debug/endpointz`: each service's endpoints (address, ports, labels, service account, TLS
-//!   mode, locality), by host.
+//! - `/debug/endpointz` (and `/debug/endpointShardz`, the same): istiod's endpoint shards, host →
+//!   namespace → `Shards` (`PROVIDER/CLUSTER` → one endpoint per workload and service port, in
+//!   istiod's field names) and `ServiceAccounts`;
+//! - `/debug/push_status`: istiod's push status, metric → key → `{message}` (`{}`: nothing wrong).
 //!
 //! JSON only, read only; bind it to loopback unless the network is trusted.
 
@@ -55,7 +57,12 @@ fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-fn route(uri: &hyper::Uri, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>> {
+fn route(
+    uri: &hyper::Uri,
+    cp: &ControlPlane,
+    xds: &XdsServer,
+    cluster_id: &str,
+) -> Response<Full<Bytes>> {
     let push = cp.snapshot();
     match uri.path() {
         "/debug/syncz" => json(serde_json::Value::Array(
@@ -130,25 +137,103 @@ fn route(uri: &hyper::Uri, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<
             "version": push.version,
             "services": push.services,
         })),
-        "/debug/endpointz" => json(serde_json::Value::Object(
-            push.services
-                .iter()
-                .map(|s| {
-                    (
-                        s.hostname.clone(),
-                        serde_json::to_value(&s.endpoints).unwrap_or_default(),
-                    )
-                })
-                .collect(),
-        )),
+        "/debug/endpointz" | "/debug/endpointShardz" => {
+            json(endpoint_shards(&push, &push.trust_domain, cluster_id))
+        }
+        "/debug/push_status" => json(push_status(&push)),
         _ => {
             let mut resp = Response::new(Full::new(Bytes::from_static(
-                b"not found: /debug/syncz, /debug/config_dump?proxyID=, /debug/adsz, /debug/configz, /debug/registryz, /debug/endpointz\n",
+                b"not found: /debug/syncz, /debug/config_dump?proxyID=, /debug/adsz, /debug/configz, /debug/registryz, /debug/endpointz, /debug/endpointShardz, /debug/push_status\n",
             )));
             *resp.status_mut() = StatusCode::NOT_FOUND;
             resp
         }
     }
+}
+
+/// istiod's `/debug/endpointz` (= `endpointShardz`): service host → namespace → `Shards`
+/// (`PROVIDER/CLUSTER` → one endpoint per workload and service port, in istiod's field names)
+/// and `ServiceAccounts` (a set, as Go writes one: name → `{}`). A service without endpoints has
+/// no shard, so no entry.
+fn endpoint_shards(
+    push: &crate::push_context::PushContext,
+    trust_domain: &str,
+    cluster_id: &str,
+) -> serde_json::Value {
+    use crate::model::{Registry, TlsMode};
+    let mut out = serde_json::Map::new();
+    for svc in push.services.iter().filter(|s| !s.endpoints.is_empty()) {
+        let provider = match svc.registry {
+            Registry::Kubernetes => "Kubernetes",
+            Registry::External => "External",
+        };
+        let mut accounts = serde_json::Map::new();
+        let mut endpoints = Vec::new();
+        for ep in &svc.endpoints {
+            // A Kubernetes endpoint without its pod has no identity.
+            let account =
+                if ep.workload.namespace.is_empty() && svc.registry == Registry::Kubernetes {
+                    String::new()
+                } else {
+                    let ns = if ep.workload.namespace.is_empty() {
+                        &svc.namespace
+                    } else {
+                        &ep.workload.namespace
+                    };
+                    crate::model::spiffe_id(trust_domain, ns, &ep.service_account)
+                };
+            if !account.is_empty() {
+                accounts.insert(account.clone(), serde_json::json!({}));
+            }
+            for port in &svc.ports {
+                endpoints.push(serde_json::json!({
+                    "Labels": crate::model::endpoint_labels(ep, cluster_id),
+                    "Addresses": [ep.address.to_string()],
+                    "ServicePortName": port.name,
+                    "LegacyClusterPortKey": 0,
+                    "ServiceAccount": account,
+                    "Network": "",
+                    "Locality": {"Label": ep.locality, "ClusterID": cluster_id},
+                    "EndpointPort": ep.target_port(port),
+                    "LbWeight": 0,
+                    "TLSMode": match ep.tls_mode {
+                        TlsMode::Istio => "istio",
+                        TlsMode::Disabled => "disabled",
+                    },
+                    "Namespace": ep.workload.namespace,
+                    "WorkloadName": ep.workload.name,
+                    "HostName": "",
+                    "SubDomain": "",
+                    // Only ready endpoints are kept: each is healthy (istiod's `Healthy`, 1).
+                    "HealthStatus": 1,
+                    "SendUnhealthyEndpoints": false,
+                    "NodeName": ep.workload.node,
+                }));
+            }
+        }
+        let shard = serde_json::json!({
+            "Shards": { format!("{provider}/{cluster_id}"): endpoints },
+            "ServiceAccounts": accounts,
+        });
+        let by_ns = out
+            .entry(svc.hostname.clone())
+            .or_insert_with(|| serde_json::json!({}));
+        by_ns[&svc.namespace] = shard;
+    }
+    serde_json::Value::Object(out)
+}
+
+/// istiod's `/debug/push_status`: what the last push found wrong, by istiod's metric name, then
+/// by key: `{proxy, message}` (`{}` when nothing is).
+fn push_status(push: &crate::push_context::PushContext) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for st in &push.status {
+        let by_key = out
+            .entry(st.metric.to_string())
+            .or_insert_with(|| serde_json::json!({}));
+        by_key[&st.key] = serde_json::json!({ "message": st.message });
+    }
+    serde_json::Value::Object(out)
 }
 
 /// The short names istiod's syncz gives the four main types (`cluster_sent` ...).
@@ -259,6 +344,7 @@ pub async fn serve(
     listener: TcpListener,
     cp: Arc<ControlPlane>,
     xds: XdsServer,
+    cluster_id: String,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     mesh_common::side_port::serve(
@@ -266,7 +352,7 @@ pub async fn serve(
         listener,
         mesh_common::side_port::Limits::default(),
         move |_, req| {
-            let resp = route(req.uri(), &cp, &xds);
+            let resp = route(req.uri(), &cp, &xds, &cluster_id);
             async move { resp }
         },
         shutdown,
@@ -296,7 +382,13 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let xds = cp.xds();
-        tokio::spawn(serve(listener, cp, xds, std::future::pending()));
+        tokio::spawn(serve(
+            listener,
+            cp,
+            xds,
+            crate::model::DEFAULT_CLUSTER_ID.into(),
+            std::future::pending(),
+        ));
 
         let head = format!(
             "GET /debug/syncz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",

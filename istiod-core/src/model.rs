@@ -65,6 +65,19 @@ pub struct Endpoint {
     /// `region/zone/subzone` (empty: unknown): a Kubernetes endpoint's from its pod's
     /// `istio-locality` label or its node's topology labels, a WorkloadEntry's `locality`.
     pub locality: String,
+    /// Where the workload is, as istiod's endpoints name it (`/debug/endpointz`): its
+    /// namespace, its workload (a pod's Deployment or other controller, by istiod's heuristic;
+    /// a WorkloadEntry's name) and a pod's node; empty when not known (an endpoint without its
+    /// pod, a ServiceEntry's inline endpoint).
+    pub workload: WorkloadRef,
+}
+
+/// The workload behind an endpoint (see [`Endpoint::workload`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct WorkloadRef {
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
 }
 
 /// Label Istio's injector puts on workloads with a sidecar (`istio` or `disabled`).
@@ -113,6 +126,47 @@ pub struct Service {
     /// DNS resolution: the names (or addresses) Envoy resolves, from the entry's endpoints,
     /// else its own host.
     pub dns_targets: Vec<DnsTarget>,
+    /// Which registry it comes from (istiod's provider: a Kubernetes Service, a ServiceEntry).
+    pub registry: Registry,
+}
+
+/// istiod's service registry providers, as its endpoint shards are keyed (`PROVIDER/CLUSTER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum Registry {
+    #[default]
+    Kubernetes,
+    External,
+}
+
+/// The SPIFFE identity of service account `sa` in `namespace`.
+pub fn spiffe_id(trust_domain: &str, namespace: &str, sa: &str) -> String {
+    format!("spiffe://{trust_domain}/ns/{namespace}/sa/{sa}")
+}
+
+/// istiod's `CLUSTER_ID` when none is set: the cluster istiod runs in.
+pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
+
+/// The labels istiod gives an endpoint (`AugmentLabels`): the workload's own, then its
+/// locality's region, zone and subzone, the cluster, the node as `kubernetes.io/hostname`, and
+/// the network (none here: `topology.istio.io/network` is empty) unless the workload names one.
+pub fn endpoint_labels(ep: &Endpoint, cluster_id: &str) -> BTreeMap<String, String> {
+    let mut out = ep.labels.clone();
+    let mut parts = ep.locality.splitn(3, '/');
+    for key in [
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+        "topology.istio.io/subzone",
+    ] {
+        if let Some(v) = parts.next().filter(|v| !v.is_empty()) {
+            out.insert(key.to_string(), v.to_string());
+        }
+    }
+    out.insert("topology.istio.io/cluster".into(), cluster_id.to_string());
+    if !ep.workload.node.is_empty() {
+        out.insert("kubernetes.io/hostname".into(), ep.workload.node.clone());
+    }
+    out.entry("topology.istio.io/network".into()).or_default();
+    out
 }
 
 /// ServiceEntry `resolution`, as the cluster type Istio gives it.

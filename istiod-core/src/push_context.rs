@@ -27,6 +27,15 @@ pub const ROOT_NAMESPACE: &str = "istio-system";
 /// The trust domain of workload identities unless the mesh config says otherwise.
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
 
+/// One finding of istiod's push status: its metric (`pilot_destrule_subsets`, ...), the key it
+/// is about (a host, a cluster) and what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushStatus {
+    pub metric: &'static str,
+    pub key: String,
+    pub message: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushContext {
     /// Changes on every rebuild; sent as the xDS `version_info`.
@@ -70,6 +79,8 @@ pub struct PushContext {
     /// What the config asks for that is not acted on, each naming the resource and field
     /// (logged on load, shown by /debug/configz).
     pub warnings: Vec<String>,
+    /// What istiod's push status (`/debug/push_status`) would report of this config.
+    pub status: Vec<PushStatus>,
     /// `outbound|PORT|SUBSET|HOST` → which service, port and subset, for EDS lookups.
     pub clusters: HashMap<String, ClusterRef>,
     /// Encoded resources that are the same for every proxy of this snapshot.
@@ -310,6 +321,7 @@ impl Default for PushContext {
             destination_rules: Default::default(),
             routing: Default::default(),
             warnings: Vec::new(),
+            status: Vec::new(),
             mesh: Default::default(),
             cache: GenCache::default(),
             envoy_filters: Vec::new(),
@@ -423,8 +435,14 @@ impl PushContext {
         let services = registry::services(&config, domain_suffix)?;
         let mesh = merged_mesh(&config);
         let root_namespace = mesh.root_namespace.as_deref().unwrap_or(ROOT_NAMESPACE);
-        let destination_rules =
-            routing::destination_rules(&config, domain_suffix, root_namespace, &services);
+        let mut status = Vec::new();
+        let destination_rules = routing::destination_rules(
+            &config,
+            domain_suffix,
+            root_namespace,
+            &services,
+            &mut status,
+        );
         let subsets = routing::subsets(&destination_rules);
         let routing = Routing::build(&config, domain_suffix);
         let warnings = warnings(&config, &mesh, &services, domain_suffix);
@@ -485,6 +503,7 @@ impl PushContext {
             destination_rules,
             routing,
             warnings,
+            status,
             cache: GenCache::default(),
             services,
             peer_authentications,
@@ -510,6 +529,31 @@ mod tests {
 
     fn push(yaml: &str) -> PushContext {
         from_yaml(yaml)
+    }
+
+    /// Two DestinationRules for one host in one namespace are merged as istiod merges them: a
+    /// subset the earlier one (by name) has is not taken from the later, and the push status
+    /// says so under istiod's metric `pilot_destrule_subsets`, keyed by the host.
+    #[test]
+    fn a_subset_defined_twice_for_a_host_is_in_the_push_status() {
+        let rule = |name: &str, version: &str| {
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: shop}}\nspec:\n  host: reviews\n  subsets: [{{name: v1, labels: {{version: {version}}}}}]\n"
+            )
+        };
+        let clean = push(&rule("a", "v1"));
+        assert!(clean.status.is_empty(), "{:?}", clean.status);
+        let twice = push(&format!("{}---\n{}", rule("a", "v1"), rule("b", "one")));
+        assert_eq!(
+            twice.status,
+            vec![PushStatus {
+                metric: "pilot_destrule_subsets",
+                key: "reviews.shop.svc.cluster.local".into(),
+                message: "Duplicate subset v1 found while merging destination rules for reviews.shop.svc.cluster.local".into(),
+            }]
+        );
+        let applied = &twice.destination_rules;
+        assert!(applied.is_empty(), "no such service, no applied rule");
     }
 
     /// A ReferenceGrant changes which Secrets routers may read: a new one is a change to push.

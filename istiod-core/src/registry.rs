@@ -9,7 +9,9 @@ use crate::config_store::{
     ConfigSet, EndpointPort, EndpointSliceSpec, EndpointSubset, Metadata, PodInfo, Resource,
     SERVICE_NAME_LABEL, ServiceEntrySpec, ServiceSpec, SliceEndpoint, WorkloadEntrySpec,
 };
-use crate::model::{DnsTarget, Endpoint, Protocol, Resolution, Service, ServicePort, TlsMode};
+use crate::model::{
+    DnsTarget, Endpoint, Protocol, Registry, Resolution, Service, ServicePort, TlsMode, WorkloadRef,
+};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{kind} {namespace}/{name}: {reason}")]
@@ -49,8 +51,25 @@ fn workload_endpoint(
             .unwrap_or_else(|| "default".to_string()),
         tls_mode: TlsMode::of_workload(&we.labels, we.service_account.is_some()),
         locality: we.locality.clone().unwrap_or_default(),
+        workload: WorkloadRef {
+            namespace: meta.namespace().to_string(),
+            // A WorkloadEntry is a workload of its own; an entry's inline endpoint is not one.
+            name: if kind == SERVICE_ENTRY {
+                String::new()
+            } else {
+                we.labels
+                    .get(WORKLOAD_NAME_LABEL)
+                    .cloned()
+                    .unwrap_or_else(|| meta.name.clone())
+            },
+            node: String::new(),
+        },
     })
 }
+
+/// The label that names a workload over what its controller says (istiod's
+/// `service.istio.io/workload-name`).
+pub const WORKLOAD_NAME_LABEL: &str = "service.istio.io/workload-name";
 
 /// The pod label that sets a workload's locality (`region.zone.subzone`), over its node's.
 pub const LOCALITY_LABEL: &str = "istio-locality";
@@ -142,8 +161,13 @@ impl<'a> KubeIndex<'a> {
             return String::new();
         };
         let get = |k: &str| node.labels.get(k).map(String::as_str).unwrap_or("");
+        // As istiod: `region/zone/subzone` with every part (`us/us-1a/`), none when all three
+        // are unset.
         let parts = [get(REGION_LABEL), get(ZONE_LABEL), get(SUBZONE_LABEL)];
-        parts.join("/").trim_end_matches('/').to_string()
+        if parts.iter().all(|p| p.is_empty()) {
+            return String::new();
+        }
+        parts.join("/")
     }
 }
 
@@ -178,6 +202,15 @@ fn kube_endpoint(
             service_account: pod.service_account.clone(),
             tls_mode: TlsMode::of_workload(&meta.labels, false),
             locality: index.locality(pod, &meta.labels),
+            workload: WorkloadRef {
+                namespace: meta.namespace().to_string(),
+                name: meta
+                    .labels
+                    .get(WORKLOAD_NAME_LABEL)
+                    .unwrap_or(&pod.workload_name)
+                    .clone(),
+                node: pod.node_name.clone().unwrap_or_default(),
+            },
         },
         None => Endpoint {
             address,
@@ -187,6 +220,7 @@ fn kube_endpoint(
             // Without the pod (its tlsMode label) the sidecar is not known.
             tls_mode: TlsMode::Disabled,
             locality: String::new(),
+            workload: WorkloadRef::default(),
         },
     }
 }
@@ -299,6 +333,7 @@ fn service_entry_services(
                 resolution,
                 mesh_external: spec.location.as_deref() == Some("MESH_EXTERNAL"),
                 dns_targets: targets,
+                registry: Registry::External,
             }
         })
         .collect();
@@ -650,7 +685,15 @@ metadata: {name: node-a, labels: {topology.kubernetes.io/region: us, topology.ku
         assert_eq!(eps[0].labels.get("version").map(String::as_str), Some("v2"));
         assert_eq!(eps[0].service_account, "bookinfo-reviews");
         assert_eq!(eps[0].tls_mode, TlsMode::Istio);
-        assert_eq!(eps[0].locality, "us/us-1a");
+        assert_eq!(eps[0].locality, "us/us-1a/");
+        assert_eq!(
+            eps[0].workload,
+            WorkloadRef {
+                namespace: "shop".into(),
+                name: "reviews-v2-abc".into(),
+                node: "node-a".into(),
+            }
+        );
         assert_eq!(eps[1].labels.get("version").map(String::as_str), Some("v3"));
         assert_eq!(eps[1].service_account, "default");
         assert_eq!(eps[1].tls_mode, TlsMode::Disabled);

@@ -352,7 +352,13 @@ pub async fn serve(
             tracing::info!(addr = %bound, "serving /debug");
             tasks.spawn_forever(
                 "debug",
-                debug::serve(listener, cp.clone(), xds.clone(), stop.clone()),
+                debug::serve(
+                    listener,
+                    cp.clone(),
+                    xds.clone(),
+                    env.cluster_id.clone(),
+                    stop.clone(),
+                ),
             );
             Some(bound)
         }

@@ -136,10 +136,7 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<
                 // Outside the mesh: no auto mTLS (Istio's MESH_EXTERNAL).
                 .filter(|ep| !svc.mesh_external && push.endpoint_mtls(svc, ep, port))
                 .map(|ep| {
-                    format!(
-                        "spiffe://{}/ns/{}/sa/{}",
-                        push.trust_domain, svc.namespace, ep.service_account
-                    )
+                    crate::model::spiffe_id(&push.trust_domain, &svc.namespace, &ep.service_account)
                 })
                 .collect();
             let sans: Vec<String> = sans.into_iter().collect();

@@ -65,12 +65,15 @@ impl AppliedRule {
     }
 }
 
-/// The applied rule of each service, by hostname.
+/// The applied rule of each service, by hostname; and each subset a merge dropped because an
+/// earlier rule for the host in that namespace has one of that name (istiod's
+/// `pilot_destrule_subsets`).
 pub fn destination_rules(
     config: &ConfigSet,
     domain_suffix: &str,
     root_namespace: &str,
     services: &[Service],
+    status: &mut Vec<super::PushStatus>,
 ) -> HashMap<String, Arc<AppliedRule>> {
     let mut rules: Vec<_> = config
         .resources
@@ -88,7 +91,7 @@ pub fn destination_rules(
     for (meta, spec) in rules {
         let host = resolve_host(&spec.host, meta.namespace(), domain_suffix);
         let merged = by_host
-            .entry((host, meta.namespace().to_string()))
+            .entry((host.clone(), meta.namespace().to_string()))
             .or_insert_with(|| AppliedRule {
                 config: config_path("destination-rule", meta),
                 policy: None,
@@ -100,6 +103,15 @@ pub fn destination_rules(
         for s in &spec.subsets {
             if merged.subset(&s.name).is_none() {
                 merged.subsets.push(s.clone());
+            } else {
+                status.push(super::PushStatus {
+                    metric: "pilot_destrule_subsets",
+                    key: host.clone(),
+                    message: format!(
+                        "Duplicate subset {} found while merging destination rules for {host}",
+                        s.name
+                    ),
+                });
             }
         }
     }

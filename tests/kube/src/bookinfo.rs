@@ -753,3 +753,67 @@ fn names_of(key: &str, r: &serde_json::Value, out: &mut BTreeSet<String>) {
         }
     }
 }
+
+/// istiod 1.31's `/debug/endpointz` for the recorded Bookinfo mesh
+/// (`tests/fixtures/istiod-1.31/bookinfo-productpage/debug/FILE`).
+pub fn istiod_debug_recorded(file: &str) -> Result<serde_json::Value> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/istiod-1.31/bookinfo-productpage/debug")
+        .join(file);
+    Ok(serde_json::from_str(
+        &std::fs::read_to_string(&path).with_context(|| path.display().to_string())?,
+    )?)
+}
+
+/// `ours` (a control plane's `/debug/endpointz`) beside istiod 1.31's for the same Bookinfo
+/// (the recorded one), for each Bookinfo host istiod's has: the differences, each naming the
+/// host and what differs. Addresses are the cluster's and left out, as is the
+/// `pod-template-hash` label's value (a hash of the pod template, which names the image).
+/// `SendUnhealthyEndpoints` is left out: istiod 1.31 sends not-ready endpoints as UNHEALTHY
+/// (`PILOT_AUTO_SEND_UNHEALTHY_ENDPOINTS`, on by default) and says `true`; istiod-core leaves
+/// them out and says `false`. `kubernetes.default` is left out: the test cluster's API server
+/// runs without an endpoint reconciler, so the Service has no endpoints here. Everything else
+/// (the shards' keys, service accounts, and per endpoint every field istiod writes: labels,
+/// locality, ports, identity, TLS mode, workload, node) must be the same.
+pub fn endpointz_beside_istiod(ours: &serde_json::Value) -> Result<Vec<String>> {
+    let theirs = istiod_debug_recorded("endpointz.json")?;
+    let normal = |shard: &serde_json::Value| -> serde_json::Value {
+        let mut shard = shard.clone();
+        for eps in shard["Shards"]
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|s| s.values_mut())
+        {
+            if let Some(list) = eps.as_array_mut() {
+                for ep in list.iter_mut() {
+                    ep["Addresses"] = serde_json::json!(["*"]);
+                    if ep["Labels"].get("pod-template-hash").is_some() {
+                        ep["Labels"]["pod-template-hash"] = "*".into();
+                    }
+                    ep["SendUnhealthyEndpoints"] = "*".into();
+                }
+                list.sort_by_key(|ep| ep.to_string());
+            }
+        }
+        shard
+    };
+    let mut diffs = Vec::new();
+    let bookinfo = |host: &&String| !host.starts_with("kubernetes.");
+    for (host, by_ns) in theirs
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(h, _)| bookinfo(h))
+    {
+        for (ns, shard) in by_ns.as_object().into_iter().flatten() {
+            let want = normal(shard);
+            let got = normal(&ours[host][ns]);
+            if got != want {
+                diffs.push(format!(
+                    "{host} in {ns}:\n  istiod:      {want}\n  ours:        {got}"
+                ));
+            }
+        }
+    }
+    Ok(diffs)
+}

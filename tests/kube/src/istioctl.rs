@@ -37,6 +37,9 @@ pub fn run(c: &Cluster, args: &[&str]) -> Result<Output> {
         .args(args)
         .arg("--kubeconfig")
         .arg(&c.kubeconfig)
+        // `bug-report` has a `--kubeconfig` of its own and looks the control plane's versions
+        // up through the root command's client, which reads only the environment.
+        .env("KUBECONFIG", &c.kubeconfig)
         .stdin(Stdio::null())
         .stdout(fs::File::create(&out)?)
         .stderr(fs::File::create(&err)?)
@@ -143,4 +146,31 @@ fn rows(out: &str) -> BTreeSet<String> {
         .skip(1)
         .map(|cols| cols.join(" "))
         .collect()
+}
+
+/// `istioctl bug-report` over the whole cluster (its default namespaces) with `extra` flags,
+/// bounded by `LIMIT`; the archive it writes, unpacked: the directory `bug-report/` holds
+/// (`cluster/`, `proxies/NS/POD/`, `bug-report.log`, ...). Its standard output comes back too.
+pub fn bug_report(c: &Cluster, extra: &[&str]) -> Result<(PathBuf, String)> {
+    let dir = c.dir.join("bug-report");
+    if dir.exists() {
+        fs::remove_dir_all(&dir)?;
+    }
+    fs::create_dir_all(&dir)?;
+    let dir_arg = dir.display().to_string();
+    let mut args = vec!["bug-report", "--output-dir", &dir_arg, "--timeout", "50s"];
+    args.extend_from_slice(extra);
+    let out = ok(c, &args)?;
+    let archive = dir.join("bug-report.tar.gz");
+    let status = Command::new("tar")
+        .arg("-xzf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&dir)
+        .status()
+        .context("run tar")?;
+    if !status.success() {
+        bail!("tar -xzf {}: {status}", archive.display());
+    }
+    Ok((dir.join("bug-report"), out))
 }

@@ -315,6 +315,27 @@ fn istioctl_debugging(c: &Cluster, core: &IstiodCore) {
         "the recorded mesh's config not in productpage's Envoy"
     );
 
+    // istiod's HTTP debug endpoints in istiod's shapes, beside what istiod 1.31 answered for
+    // the same mesh: the endpoint shards (every field but the cluster's addresses) and the
+    // last push's status (nothing wrong with this config: `{}`).
+    let endpointz = core.debug(c, "/debug/endpointz").unwrap();
+    let diffs = bookinfo::endpointz_beside_istiod(&endpointz).unwrap();
+    assert!(
+        diffs.is_empty(),
+        "/debug/endpointz beside istiod 1.31's:\n{}",
+        diffs.join("\n")
+    );
+    assert_eq!(core.debug(c, "/debug/endpointShardz").unwrap(), endpointz);
+    let push_status = core.debug(c, "/debug/push_status").unwrap();
+    assert_eq!(
+        push_status,
+        bookinfo::istiod_debug_recorded("push_status.json").unwrap()
+    );
+    eprintln!(
+        "STEP /debug/endpointz: Bookinfo's hosts as istiod 1.31 shows them ({} hosts with endpoints in all); /debug/push_status {push_status}",
+        endpointz.as_object().map_or(0, |o| o.len())
+    );
+
     // One proxy: istiod-core's config dump of it beside its Envoy's.
     let dump = istioctl::admin_file(c, "default", &pp, "config_dump").unwrap();
     let diff = istioctl::ok(
@@ -484,6 +505,7 @@ fn istioctl_debugging(c: &Cluster, core: &IstiodCore) {
         "STEP istioctl proxy-config endpoint/secret/bootstrap --file: {} endpoints, secrets {secrets:?}, bootstrap {bootstrap:?}",
         endpoints.len()
     );
+    bug_report(c);
     for text in &recorded {
         c.block_on(cluster::apply::delete_yaml(
             &c.client,
@@ -492,4 +514,84 @@ fn istioctl_debugging(c: &Cluster, core: &IstiodCore) {
         ))
         .unwrap();
     }
+}
+
+/// `istioctl bug-report` as a user runs it to file an issue: it finishes, and its archive holds,
+/// for every sidecar, what it takes from the Envoy through the API server's port forwarding
+/// (`config_dump?include_eds`, `clusters`, `certs`, `server_info`, `stats/prometheus`), the
+/// proxy container's log (the agent's own lines) and `netstat` run in that container by
+/// `pods/exec`; the cluster's resources; and its log says no error but one. Core dumps are skipped
+/// (`--skip-coredumps`): what bug-report runs for them, `find /var/lib/istio/data` in the proxy
+/// container, finds no such directory under the test kubelet, which gives the proxy its volumes
+/// relative to its working directory rather than at their absolute paths (our image has the
+/// directory). The one error: `unable to find any Istiod instances`. istiod's own section
+/// (`istiod/`: `pilot-discovery request GET debug/...` exec'd in the `discovery` container of
+/// an `app=istiod` pod in istio-system) is not there: istiod-core runs on the node, not as a
+/// pod of the test cluster.
+fn bug_report(c: &Cluster) {
+    let t = Instant::now();
+    let (root, out) = istioctl::bug_report(c, &["--skip-coredumps"]).unwrap();
+    let pods = bookinfo::pods(c, "default");
+    assert_eq!(pods.len(), 7, "{out}");
+    for pod in &pods {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let dir = root.join("proxies/default").join(&name);
+        let read = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .unwrap_or_else(|e| panic!("bug-report: {name}/{f}: {e}\n{out}"))
+        };
+        let dump: serde_json::Value = serde_json::from_str(&read("config_dump?include_eds"))
+            .unwrap_or_else(|e| panic!("{name} config_dump: {e}"));
+        let types: Vec<&str> = dump["configs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["@type"].as_str())
+            .collect();
+        assert!(
+            types.iter().any(|t| t.ends_with("EndpointsConfigDump"))
+                && types.iter().any(|t| t.ends_with("ListenersConfigDump")),
+            "{name}: {types:?}"
+        );
+        assert!(read("clusters").contains("outbound|9080||reviews.default.svc.cluster.local"));
+        assert!(
+            read("certs").contains("bookinfo-") || name.starts_with("curl"),
+            "{name} certs"
+        );
+        assert!(
+            read("stats/prometheus").contains("envoy_server_live"),
+            "{name} stats"
+        );
+        assert!(
+            read("server_info").contains("\"state\": \"LIVE\""),
+            "{name} server_info"
+        );
+        assert!(
+            read("istio-proxy.log").contains("pilot_agent"),
+            "{name} log"
+        );
+        assert!(
+            read("netstat")
+                .lines()
+                .any(|l| l.contains(":15001") && l.contains("LISTEN")),
+            "{name} netstat"
+        );
+    }
+    let resources = std::fs::read_to_string(root.join("cluster/k8s-resources")).unwrap();
+    assert!(
+        resources.contains("productpage-v1"),
+        "cluster/k8s-resources"
+    );
+    let log = std::fs::read_to_string(root.join("bug-report.log")).unwrap();
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("\terror\t") && !l.ends_with("unable to find any Istiod instances"))
+        .collect();
+    assert!(errors.is_empty(), "bug-report's errors: {errors:#?}");
+    assert!(!root.join("istiod").exists());
+    eprintln!(
+        "STEP istioctl bug-report: {} sidecars' Envoy config, clusters, certs, stats, logs and netstat, the cluster's resources, no error but no istiod pod, in {:.1} s",
+        pods.len(),
+        t.elapsed().as_secs_f64()
+    );
 }

@@ -44,12 +44,15 @@ fn wait_debug(c: &Cluster, path: &str, what: &str, check: impl Fn(&Value) -> boo
     }
 }
 
-/// The endpoint of `HOST` at `ip`, as /debug/endpointz shows it.
+/// The endpoint of `HOST` at `ip`, as /debug/endpointz shows it (istiod's shape: host →
+/// namespace → `Shards` → `PROVIDER/CLUSTER` → endpoints).
 fn endpoint(v: &Value, ip: &str) -> Option<Value> {
-    v[HOST]
-        .as_array()?
-        .iter()
-        .find(|e| e["address"] == ip)
+    v[HOST]["shop"]["Shards"]
+        .as_object()?
+        .values()
+        .filter_map(Value::as_array)
+        .flatten()
+        .find(|e| e["Addresses"][0] == ip)
         .cloned()
 }
 
@@ -218,10 +221,11 @@ fn istiod_core_follows_the_api_server() {
     // The pod is the endpoint: its labels, service account, tlsMode and its node's locality.
     let took = wait_debug(&c, "/debug/endpointz", "reviews-v1 as its pod", |v| {
         endpoint(v, "10.244.9.11").is_some_and(|e| {
-            e["labels"]["version"] == "v1"
-                && e["service_account"] == "bookinfo-reviews"
-                && e["tls_mode"] == "Istio"
-                && e["locality"] == "region-2/zone-2/rack-7"
+            e["Labels"]["version"] == "v1"
+                && e["ServiceAccount"] == "spiffe://cluster.local/ns/shop/sa/bookinfo-reviews"
+                && e["TLSMode"] == "istio"
+                && e["Locality"]["Label"] == "region-2/zone-2/rack-7"
+                && e["WorkloadName"] == "reviews-v1"
         })
     });
     eprintln!(
@@ -241,7 +245,7 @@ fn istiod_core_follows_the_api_server() {
     let t = Instant::now();
     create_pod(&c, "reviews-v2", "v2", "10.244.9.12");
     wait_debug(&c, "/debug/endpointz", "reviews-v2 added", |v| {
-        endpoint(v, "10.244.9.12").is_some_and(|e| e["labels"]["version"] == "v2")
+        endpoint(v, "10.244.9.12").is_some_and(|e| e["Labels"]["version"] == "v2")
     });
     let scale = t.elapsed();
     eprintln!("STEP a new pod is an endpoint {scale:?} after its Ready status was written");
@@ -256,7 +260,7 @@ fn istiod_core_follows_the_api_server() {
     ))
     .unwrap();
     wait_debug(&c, "/debug/endpointz", "the label edit", |v| {
-        endpoint(v, "10.244.9.12").is_some_and(|e| e["labels"]["version"] == "v3")
+        endpoint(v, "10.244.9.12").is_some_and(|e| e["Labels"]["version"] == "v3")
     });
     let relabel = t.elapsed();
     eprintln!("STEP a pod's label edit is in its endpoint after {relabel:?}");
@@ -424,7 +428,7 @@ fn istiod_core_follows_the_api_server() {
     ))
     .unwrap();
     let resumed = wait_debug(&c, "/debug/endpointz", "a change after the restart", |v| {
-        endpoint(v, "10.244.9.11").is_some_and(|e| e["labels"]["version"] == "v4")
+        endpoint(v, "10.244.9.11").is_some_and(|e| e["Labels"]["version"] == "v4")
     });
     eprintln!("STEP after an API server restart, a label edit was seen in {resumed:?}");
 
