@@ -110,6 +110,7 @@ fn start_control_plane(
                 trust_domain: cfg.identity.identity.trust_domain.clone(),
                 scope_gateway_to_namespace: cfg.scope_gateway_to_namespace,
                 cache_check: cfg.cache_check,
+                ..istiod_core::Settings::default()
             })?;
             tasks.spawn_forever("config-watch", cp.clone().watch(cfg.debounce));
             Ok(xds_proxy::Upstream::Embedded(cp.xds()))

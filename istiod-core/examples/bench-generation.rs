@@ -355,7 +355,7 @@ fn main() {
         let clusters: Vec<String> = push.clusters.keys().cloned().collect();
         let (d, e) = time(|| {
             push.cache = GenCache::default();
-            eds::generate(&push, &clusters)
+            eds::generate(&push, proxy, &clusters)
         });
         row(name, "EDS (all clusters)", &d, Some(&e), "-");
     }
@@ -374,7 +374,7 @@ fn main() {
         let clusters: Vec<String> = push.clusters.keys().cloned().collect();
         let (d, e) = time(|| {
             push.cache = GenCache::default();
-            eds::generate(&push, &clusters)
+            eds::generate(&push, &proxy, &clusters)
         });
         row(&format!("EDS {eps}/{svcs}"), "EDS", &d, Some(&e), istio);
     }

@@ -161,6 +161,7 @@ impl AutoRegistration {
                 labels,
                 service_account: Some(account),
                 locality: None,
+                weight: None,
             },
         );
         let key = (proxy.namespace.clone(), name);

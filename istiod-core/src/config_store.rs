@@ -19,6 +19,7 @@ pub mod discovery;
 pub mod envoy_filter;
 pub mod gateway;
 pub mod gateway_api;
+pub mod locality;
 pub mod providers;
 pub mod request_authentication;
 pub mod telemetry;
@@ -153,6 +154,9 @@ pub struct WorkloadEntrySpec {
     /// `region/zone/subzone`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locality: Option<String>,
+    /// The endpoint's load-balancing weight (unset or 0: 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
 }
 
 /// networking.istio.io WorkloadGroup: the template of the WorkloadEntries that proxies of the
@@ -229,6 +233,10 @@ pub struct MeshConfigSpec {
     /// The namespaces the control plane sees (`config_store::discovery`); none: all.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub discovery_selectors: Vec<discovery::NamespaceSelector>,
+    /// Locality load balancing for every service no DestinationRule sets it for (unset: Istio's
+    /// default, on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality_lb_setting: Option<locality::LocalityLbSetting>,
     #[serde(flatten)]
     pub rest: BTreeMap<String, serde_json::Value>,
 }
@@ -276,6 +284,10 @@ impl MeshConfigSpec {
             self.discovery_selectors
                 .clone_from(&other.discovery_selectors);
         }
+        if other.locality_lb_setting.is_some() {
+            self.locality_lb_setting
+                .clone_from(&other.locality_lb_setting);
+        }
         self.rest
             .extend(other.rest.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
@@ -289,6 +301,9 @@ impl MeshConfigSpec {
         for (i, s) in self.discovery_selectors.iter().enumerate() {
             s.check()
                 .map_err(|e| format!("discoverySelectors[{i}].{e}"))?;
+        }
+        if let Some(l) = &self.locality_lb_setting {
+            l.check("localityLbSetting")?;
         }
         if let Some(ns) = &self.root_namespace
             && !traffic::is_dns1123_label(ns)

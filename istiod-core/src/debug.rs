@@ -57,12 +57,7 @@ fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-fn route(
-    uri: &hyper::Uri,
-    cp: &ControlPlane,
-    xds: &XdsServer,
-    cluster_id: &str,
-) -> Response<Full<Bytes>> {
+fn route(uri: &hyper::Uri, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<Bytes>> {
     let push = cp.snapshot();
     match uri.path() {
         "/debug/syncz" => json(serde_json::Value::Array(
@@ -137,9 +132,7 @@ fn route(
             "version": push.version,
             "services": push.services,
         })),
-        "/debug/endpointz" | "/debug/endpointShardz" => {
-            json(endpoint_shards(&push, &push.trust_domain, cluster_id))
-        }
+        "/debug/endpointz" | "/debug/endpointShardz" => json(endpoint_shards(&push)),
         "/debug/push_status" => json(push_status(&push)),
         _ => {
             let mut resp = Response::new(Full::new(Bytes::from_static(
@@ -155,11 +148,8 @@ fn route(
 /// (`PROVIDER/CLUSTER` → one endpoint per workload and service port, in istiod's field names)
 /// and `ServiceAccounts` (a set, as Go writes one: name → `{}`). A service without endpoints has
 /// no shard, so no entry.
-fn endpoint_shards(
-    push: &crate::push_context::PushContext,
-    trust_domain: &str,
-    cluster_id: &str,
-) -> serde_json::Value {
+fn endpoint_shards(push: &crate::push_context::PushContext) -> serde_json::Value {
+    let (trust_domain, cluster_id) = (push.trust_domain.as_str(), push.cluster_id.as_str());
     use crate::model::{Registry, TlsMode};
     let mut out = serde_json::Map::new();
     for svc in push.services.iter().filter(|s| !s.endpoints.is_empty()) {
@@ -344,7 +334,6 @@ pub async fn serve(
     listener: TcpListener,
     cp: Arc<ControlPlane>,
     xds: XdsServer,
-    cluster_id: String,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     mesh_common::side_port::serve(
@@ -352,7 +341,7 @@ pub async fn serve(
         listener,
         mesh_common::side_port::Limits::default(),
         move |_, req| {
-            let resp = route(req.uri(), &cp, &xds, &cluster_id);
+            let resp = route(req.uri(), &cp, &xds);
             async move { resp }
         },
         shutdown,
@@ -382,13 +371,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let xds = cp.xds();
-        tokio::spawn(serve(
-            listener,
-            cp,
-            xds,
-            crate::model::DEFAULT_CLUSTER_ID.into(),
-            std::future::pending(),
-        ));
+        tokio::spawn(serve(listener, cp, xds, std::future::pending()));
 
         let head = format!(
             "GET /debug/syncz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",

@@ -180,6 +180,8 @@ pub struct Settings {
     /// ISTIOD_CACHE_CHECK: every snapshot's generator cache runs in the checked mode
     /// (`GenCache::checked`).
     pub cache_check: bool,
+    /// CLUSTER_ID: the cluster the registry's endpoints are in.
+    pub cluster_id: String,
 }
 
 impl Default for Settings {
@@ -191,6 +193,7 @@ impl Default for Settings {
             trust_domain: push_context::DEFAULT_TRUST_DOMAIN.to_string(),
             scope_gateway_to_namespace: false,
             cache_check: false,
+            cluster_id: model::DEFAULT_CLUSTER_ID.to_string(),
         }
     }
 }
@@ -306,6 +309,7 @@ fn build(
     }
     push.trust_domain = settings.trust_domain.clone();
     push.scope_gateway_to_namespace = settings.scope_gateway_to_namespace;
+    push.cluster_id.clone_from(&settings.cluster_id);
     if settings.cache_check {
         push.cache = push_context::GenCache::checked();
     }

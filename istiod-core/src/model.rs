@@ -70,6 +70,9 @@ pub struct Endpoint {
     /// a WorkloadEntry's name) and a pod's node; empty when not known (an endpoint without its
     /// pod, a ServiceEntry's inline endpoint).
     pub workload: WorkloadRef,
+    /// Its load-balancing weight among the service's endpoints (a WorkloadEntry's `weight`;
+    /// Kubernetes endpoints 1).
+    pub weight: u32,
 }
 
 /// The workload behind an endpoint (see [`Endpoint::workload`]).
@@ -138,6 +141,24 @@ pub enum Registry {
     External,
 }
 
+/// The topology labels of a locality, as Kubernetes and Istio name them.
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+pub const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
+/// The labels that set a workload's locality (`region.zone.subzone` or with slashes), Istio's
+/// current name first.
+pub const LOCALITY_LABELS: [&str; 2] = ["topology.istio.io/locality", "istio-locality"];
+
+/// Istio's `SanitizeLocalityLabel`: `region.zone.subzone` becomes `region/zone/subzone` unless
+/// it has slashes already.
+pub fn sanitize_locality(label: &str) -> String {
+    if label.contains('/') {
+        label.to_string()
+    } else {
+        label.replace('.', "/")
+    }
+}
+
 /// The SPIFFE identity of service account `sa` in `namespace`.
 pub fn spiffe_id(trust_domain: &str, namespace: &str, sa: &str) -> String {
     format!("spiffe://{trust_domain}/ns/{namespace}/sa/{sa}")
@@ -150,20 +171,27 @@ pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
 /// locality's region, zone and subzone, the cluster, the node as `kubernetes.io/hostname`, and
 /// the network (none here: `topology.istio.io/network` is empty) unless the workload names one.
 pub fn endpoint_labels(ep: &Endpoint, cluster_id: &str) -> BTreeMap<String, String> {
-    let mut out = ep.labels.clone();
-    let mut parts = ep.locality.splitn(3, '/');
-    for key in [
-        "topology.kubernetes.io/region",
-        "topology.kubernetes.io/zone",
-        "topology.istio.io/subzone",
-    ] {
+    augmented_labels(&ep.labels, &ep.locality, cluster_id, &ep.workload.node)
+}
+
+/// `labels` with istiod's topology labels added (`AugmentLabels`; see [`endpoint_labels`]):
+/// what subsets and `failoverPriority` match, for endpoints and proxies alike.
+pub fn augmented_labels(
+    labels: &BTreeMap<String, String>,
+    locality: &str,
+    cluster_id: &str,
+    node: &str,
+) -> BTreeMap<String, String> {
+    let mut out = labels.clone();
+    let mut parts = locality.splitn(3, '/');
+    for key in [REGION_LABEL, ZONE_LABEL, SUBZONE_LABEL] {
         if let Some(v) = parts.next().filter(|v| !v.is_empty()) {
             out.insert(key.to_string(), v.to_string());
         }
     }
     out.insert("topology.istio.io/cluster".into(), cluster_id.to_string());
-    if !ep.workload.node.is_empty() {
-        out.insert("kubernetes.io/hostname".into(), ep.workload.node.clone());
+    if !node.is_empty() {
+        out.insert("kubernetes.io/hostname".into(), node.to_string());
     }
     out.entry("topology.istio.io/network".into()).or_default();
     out
@@ -258,6 +286,10 @@ pub struct Proxy {
     /// The node metadata's string fields (`ISTIO_VERSION`, ...): what an EnvoyFilter's proxy
     /// match reads.
     pub metadata: BTreeMap<String, String>,
+    /// Where the proxy says it is (`region/zone/subzone`, empty: unknown): from its labels'
+    /// topology, else its locality label, else the node's `locality` ([`Proxy::stated_locality`]).
+    /// The registry's word on its workload comes first (`PushContext::proxy_locality`).
+    pub locality: String,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -292,7 +324,29 @@ impl Proxy {
             reads_secrets: false,
             tracing_sampling: None,
             metadata: BTreeMap::new(),
+            locality: String::new(),
         })
+    }
+
+    /// istiod's locality of a proxy from what it sends (`localityFromProxyLabels`, then the
+    /// node): any of the topology labels (`topology.kubernetes.io/region`, `zone`,
+    /// `topology.istio.io/subzone`) make `region/zone/subzone`; else the locality label
+    /// (`topology.istio.io/locality`, `istio-locality`, dots for slashes); else the node's
+    /// `locality` (`region`, `zone`, `sub_zone`).
+    pub fn stated_locality(labels: &BTreeMap<String, String>, node: [&str; 3]) -> String {
+        let topology = [REGION_LABEL, ZONE_LABEL, SUBZONE_LABEL].map(|k| labels.get(k));
+        if topology.iter().any(Option::is_some) {
+            return topology
+                .map(|v| v.map(String::as_str).unwrap_or_default())
+                .join("/");
+        }
+        if let Some(l) = LOCALITY_LABELS.iter().find_map(|k| labels.get(*k)) {
+            return sanitize_locality(l);
+        }
+        if node.iter().all(|p| p.is_empty()) {
+            return String::new();
+        }
+        node.join("/")
     }
 
     /// The workload's labels: the node's own, else those of the endpoints it owns.

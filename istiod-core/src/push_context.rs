@@ -64,6 +64,8 @@ pub struct PushContext {
     )>,
     /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE: a Gateway selects routers of its own namespace only.
     pub scope_gateway_to_namespace: bool,
+    /// The cluster the registry's endpoints are in (istiod's `CLUSTER_ID`).
+    pub cluster_id: String,
     /// Identities are `spiffe://<trust_domain>/ns/<ns>/sa/<sa>`.
     pub trust_domain: String,
     /// The config this snapshot was built from (/debug/configz).
@@ -111,6 +113,9 @@ pub struct GenCache {
     /// Each proxy's Sidecar scope (by proxy id and node labels), worked out once per snapshot
     /// rather than once per generator.
     pub scopes: std::sync::Mutex<ScopeMemo>,
+    /// Assignments under locality load balancing, by cluster and what they depend on (the
+    /// proxy's locality, labels): [`GenCache::localized`].
+    localized: std::sync::Mutex<std::collections::HashMap<String, crate::generators::Named>>,
     /// The checked mode (`Settings::cache_check`, ISTIOD_CACHE_CHECK): every read of a cached
     /// resource generates it again and panics, naming the entry, if the value differs. An
     /// entry's key is (snapshot, name) and its value must depend on the snapshot alone; this
@@ -144,6 +149,33 @@ impl GenCache {
             panic!("generator cache: entry {entry} was written again with a different value");
         }
         value
+    }
+}
+
+impl GenCache {
+    /// The resource cached under `key`, made by `make` on first use (the checked mode makes
+    /// it again on every read and panics, naming the key, if it differs).
+    pub fn localized(
+        &self,
+        key: &str,
+        make: impl FnOnce() -> crate::generators::Named,
+    ) -> crate::generators::Named {
+        let mut map = self
+            .localized
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(v) = map.get(key) {
+            if self.checked && make() != *v {
+                panic!(
+                    "generator cache: entry {} was written again with a different value",
+                    key.replace('\0', " ")
+                );
+            }
+            return v.clone();
+        }
+        let v = make();
+        map.insert(key.to_string(), v.clone());
+        v
     }
 }
 
@@ -314,6 +346,7 @@ impl Default for PushContext {
             gateways: Vec::new(),
             secrets: Vec::new(),
             scope_gateway_to_namespace: false,
+            cluster_id: crate::model::DEFAULT_CLUSTER_ID.to_string(),
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
             config: Default::default(),
             clusters: Default::default(),
@@ -490,6 +523,7 @@ impl PushContext {
             gateways,
             secrets,
             scope_gateway_to_namespace: false,
+            cluster_id: crate::model::DEFAULT_CLUSTER_ID.to_string(),
             authorization_policies,
             request_authentications,
             telemetries,

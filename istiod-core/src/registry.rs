@@ -50,7 +50,17 @@ fn workload_endpoint(
             .clone()
             .unwrap_or_else(|| "default".to_string()),
         tls_mode: TlsMode::of_workload(&we.labels, we.service_account.is_some()),
-        locality: we.locality.clone().unwrap_or_default(),
+        // The entry's `locality`, else its locality label (Istio's serviceentry conversion).
+        locality: we
+            .locality
+            .clone()
+            .or_else(|| {
+                LOCALITY_LABELS
+                    .iter()
+                    .find_map(|k| we.labels.get(*k))
+                    .map(|l| sanitize_locality(l))
+            })
+            .unwrap_or_default(),
         workload: WorkloadRef {
             namespace: meta.namespace().to_string(),
             // A WorkloadEntry is a workload of its own; an entry's inline endpoint is not one.
@@ -64,6 +74,7 @@ fn workload_endpoint(
             },
             node: String::new(),
         },
+        weight: we.weight.filter(|w| *w > 0).unwrap_or(1),
     })
 }
 
@@ -71,12 +82,7 @@ fn workload_endpoint(
 /// `service.istio.io/workload-name`).
 pub const WORKLOAD_NAME_LABEL: &str = "service.istio.io/workload-name";
 
-/// The pod label that sets a workload's locality (`region.zone.subzone`), over its node's.
-pub const LOCALITY_LABEL: &str = "istio-locality";
-/// The node labels of a locality, as Kubernetes and Istio name them.
-pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-pub const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
+use crate::model::{LOCALITY_LABELS, REGION_LABEL, SUBZONE_LABEL, ZONE_LABEL, sanitize_locality};
 
 /// A pod as the index holds it.
 type PodRef<'a> = (&'a Metadata, &'a PodInfo);
@@ -154,8 +160,8 @@ impl<'a> KubeIndex<'a> {
 
     /// A pod's locality: its `istio-locality` label, else its node's topology labels.
     fn locality(&self, pod: &PodInfo, labels: &BTreeMap<String, String>) -> String {
-        if let Some(l) = labels.get(LOCALITY_LABEL) {
-            return l.replace('.', "/");
+        if let Some(l) = LOCALITY_LABELS.iter().find_map(|k| labels.get(*k)) {
+            return sanitize_locality(l);
         }
         let Some(node) = pod.node_name.as_deref().and_then(|n| self.nodes.get(n)) else {
             return String::new();
@@ -211,6 +217,7 @@ fn kube_endpoint(
                     .clone(),
                 node: pod.node_name.clone().unwrap_or_default(),
             },
+            weight: 1,
         },
         None => Endpoint {
             address,
@@ -221,6 +228,7 @@ fn kube_endpoint(
             tls_mode: TlsMode::Disabled,
             locality: String::new(),
             workload: WorkloadRef::default(),
+            weight: 1,
         },
     }
 }

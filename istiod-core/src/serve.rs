@@ -320,6 +320,7 @@ pub async fn serve(
             trust_domain: trust_domain.clone(),
             scope_gateway_to_namespace: env.scope_gateway_to_namespace,
             cache_check: env.cache_check,
+            cluster_id: env.cluster_id.clone(),
         },
         sources,
     )?;
@@ -352,13 +353,7 @@ pub async fn serve(
             tracing::info!(addr = %bound, "serving /debug");
             tasks.spawn_forever(
                 "debug",
-                debug::serve(
-                    listener,
-                    cp.clone(),
-                    xds.clone(),
-                    env.cluster_id.clone(),
-                    stop.clone(),
-                ),
+                debug::serve(listener, cp.clone(), xds.clone(), stop.clone()),
             );
             Some(bound)
         }

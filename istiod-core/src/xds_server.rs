@@ -253,7 +253,7 @@ fn generate_unpatched(
 ) -> Option<Vec<generators::Named>> {
     Some(match type_url {
         CLUSTER_TYPE => generators::cds::generate(push, proxy),
-        ENDPOINT_TYPE => generators::eds::generate(push, names),
+        ENDPOINT_TYPE => generators::eds::generate(push, proxy, names),
         LISTENER_TYPE => generators::lds::generate(push, proxy),
         ROUTE_TYPE => generators::route::generate(push, proxy, names),
         istio_proto::nds::TYPE_URL => generators::nds::generate(push, proxy),
@@ -916,6 +916,15 @@ fn identify(
         let mut p =
             Proxy::from_node_id(&node.id).map_err(|e| Status::invalid_argument(e.to_string()))?;
         p.labels = node_labels(node);
+        let l = node.locality.as_ref();
+        p.locality = Proxy::stated_locality(
+            &p.labels,
+            [
+                l.map(|l| l.region.as_str()).unwrap_or_default(),
+                l.map(|l| l.zone.as_str()).unwrap_or_default(),
+                l.map(|l| l.sub_zone.as_str()).unwrap_or_default(),
+            ],
+        );
         p.auto_register_group = node_string(node, "AUTO_REGISTER_GROUP");
         p.tracing_sampling = node_tracing_sampling(node);
         p.metadata = node_strings(node);

@@ -116,7 +116,7 @@ fn config_store(data: &[u8]) -> bool {
             .filter_map(|n| Cluster::decode(n.resource.value.as_slice()).ok())
             .map(|c| c.name)
             .collect();
-        let _ = eds::generate(&push, &eds_names);
+        let _ = eds::generate(&push, &proxy, &eds_names);
         let _ = route::generate(&push, &proxy, &push.route_names());
         let _ = nds::generate(&push, &proxy);
     }

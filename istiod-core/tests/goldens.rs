@@ -163,8 +163,8 @@ fn render(yaml_path: &Path) -> String {
     writeln!(out, "### CDS").unwrap();
     out.push_str(&show::<Cluster>(&clusters));
     writeln!(out, "### EDS").unwrap();
-    let assignments = eds::generate(&push, &eds_names);
-    assert_eq!(eds::generate(&push, &eds_names), assignments);
+    let assignments = eds::generate(&push, &proxy, &eds_names);
+    assert_eq!(eds::generate(&push, &proxy, &eds_names), assignments);
     out.push_str(&show::<ClusterLoadAssignment>(&assignments));
     writeln!(out, "### LDS").unwrap();
     out.push_str(&show::<Listener>(&listeners));

@@ -64,7 +64,7 @@ fn warns_about_what_it_accepts_and_does_not_act_on() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("dr.yaml"),
-        "kind: DestinationRule\nmetadata: {name: r, namesapce: book}\nspec: {host: reviews, trafficPolicy: {loadBalancer: {simple: RANDOM, localityLbSetting: {enabled: true}}, fastest: true}}\n",
+        "kind: DestinationRule\nmetadata: {name: r, namesapce: book}\nspec: {host: reviews, trafficPolicy: {loadBalancer: {simple: RANDOM, localityLbSetting: {failover: [{from: r1, to: r2}]}}, fastest: true}}\n",
     )
     .unwrap();
     let (code, _, err) = validate(dir.path());
@@ -72,7 +72,7 @@ fn warns_about_what_it_accepts_and_does_not_act_on() {
     for expected in [
         "warning: DestinationRule default/r: metadata.namesapce: unknown field",
         "warning: DestinationRule default/r: spec.trafficPolicy.fastest: unknown field, ignored",
-        "warning: DestinationRule default/r: spec.trafficPolicy.loadBalancer.localityLbSetting: not applied yet",
+        "warning: DestinationRule default/r: spec.trafficPolicy.loadBalancer.localityLbSetting: failover needs outlierDetection in the same policy: not applied",
     ] {
         assert!(err.contains(expected), "{expected}\n{err}");
     }

@@ -327,7 +327,6 @@ async fn debug_port_serves_syncz_configz_and_registryz() {
         listener,
         cp.clone(),
         server.clone(),
-        istiod_core::model::DEFAULT_CLUSTER_ID.into(),
         std::future::pending(),
     ));
     let get = |path: &'static str| async move {

@@ -64,7 +64,7 @@ pub struct LoadBalancer {
     #[serde(default)]
     pub consistent_hash: Option<ConsistentHash>,
     #[serde(default)]
-    pub locality_lb_setting: Option<serde_json::Value>,
+    pub locality_lb_setting: Option<super::locality::LocalityLbSetting>,
     #[serde(default)]
     pub warmup_duration_secs: Option<GoDuration>,
 }
@@ -301,6 +301,9 @@ fn check_load_balancer(field: &str, lb: &LoadBalancer) -> Result<(), String> {
             "{field}.simple: {simple:?} is not a load balancer \
              (ROUND_ROBIN, LEAST_REQUEST, RANDOM, PASSTHROUGH)"
         ));
+    }
+    if let Some(l) = &lb.locality_lb_setting {
+        l.check(&format!("{field}.localityLbSetting"))?;
     }
     if lb.simple.is_some() && lb.consistent_hash.is_some() {
         return Err(format!(

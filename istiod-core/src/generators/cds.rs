@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
 use envoy_types::util::pack_any;
 
 use super::cluster_policy::{self, HTTP_PROTOCOL_OPTIONS};
+use super::locality;
 use super::{
     BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_BIND_V4, INBOUND_PASSTHROUGH_CLUSTER, Named,
     PASSTHROUGH_CLUSTER, ads_config_source, seconds, tls,
@@ -182,6 +183,18 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<
                         },
                     );
                     cluster.metadata = Some(cluster_policy::metadata(rule, subset_name));
+                }
+                let subset_name = subset.map(|i| subsets[i].name.as_str());
+                if locality::plan(push, svc, port.port, subset_name).is_some_and(|p| p.weighted()) {
+                    use envoy_types::pb::envoy::config::cluster::v3::cluster::common_lb_config;
+                    cluster
+                        .common_lb_config
+                        .get_or_insert_with(Default::default)
+                        .locality_config_specifier = Some(
+                        common_lb_config::LocalityConfigSpecifier::LocalityWeightedLbConfig(
+                            Default::default(),
+                        ),
+                    );
                 }
                 clusters.push(cluster);
             }

@@ -1,15 +1,23 @@
 //! EDS: a ClusterLoadAssignment for each requested `outbound|PORT||HOST` cluster.
 
-use envoy_types::pb::envoy::config::core::v3::Locality;
+use envoy_types::pb::envoy::config::core::v3::HealthStatus;
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
+use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 
-use super::{Named, socket_address, tls};
+use super::{Named, locality, socket_address, tls};
+use crate::model::Proxy;
 use crate::push_context::PushContext;
 
-fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment> {
+/// The endpoints of `cluster` (its service's, or its subset's) as EDS sends them, each with its
+/// weight, `HEALTHY` (only ready endpoints are known) and its TLS metadata; and the cluster's
+/// locality plan (None: the same for every proxy).
+fn members<'a>(
+    push: &'a PushContext,
+    cluster: &str,
+) -> Option<(Vec<locality::Member<'a>>, Option<locality::Plan<'a>>)> {
     let at = push.clusters.get(cluster)?;
     let svc = push.services.get(at.service)?;
     let port = svc.ports.get(at.port)?;
@@ -17,36 +25,39 @@ fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment
         Some(i) => Some(push.subsets.get(&svc.hostname)?.get(i)?),
         None => None,
     };
-    // One group per locality, in locality order (the endpoints' order within each).
-    let mut by_locality: std::collections::BTreeMap<&str, Vec<LbEndpoint>> = Default::default();
-    for ep in svc
+    let members = svc
         .endpoints
         .iter()
         .filter(|ep| subset.is_none_or(|s| s.selects(ep)))
-    {
-        let lb = LbEndpoint {
-            metadata: push
-                .endpoint_mtls(svc, ep, port)
-                .then(tls::istio_endpoint_metadata),
-            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-                address: Some(socket_address(
-                    &ep.address.to_string(),
-                    ep.target_port(port),
-                )),
-                ..Default::default()
-            })),
-            ..Default::default()
-        };
-        by_locality.entry(&ep.locality).or_default().push(lb);
-    }
-    let mut endpoints: Vec<LocalityLbEndpoints> = by_locality
-        .into_iter()
-        .map(|(locality, lb_endpoints)| LocalityLbEndpoints {
-            locality: locality_of(locality),
-            lb_endpoints,
-            ..Default::default()
+        .map(|ep| locality::Member {
+            endpoint: ep,
+            lb: LbEndpoint {
+                metadata: push
+                    .endpoint_mtls(svc, ep, port)
+                    .then(tls::istio_endpoint_metadata),
+                host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                    address: Some(socket_address(
+                        &ep.address.to_string(),
+                        ep.target_port(port),
+                    )),
+                    ..Default::default()
+                })),
+                health_status: HealthStatus::Healthy.into(),
+                load_balancing_weight: Some(UInt32Value {
+                    value: ep.weight.max(1),
+                }),
+            },
         })
         .collect();
+    let plan = locality::plan(push, svc, port.port, subset.map(|s| s.name.as_str()));
+    Some((members, plan))
+}
+
+/// The assignment every proxy gets: one group per locality, in locality order (the endpoints'
+/// order within each), all at priority 0.
+fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment> {
+    let (members, _) = members(push, cluster)?;
+    let mut endpoints = locality::group(members.into_iter().map(|m| (m, 0)).collect());
     if endpoints.is_empty() {
         endpoints.push(LocalityLbEndpoints::default());
     }
@@ -54,20 +65,6 @@ fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment
         cluster_name: cluster.to_string(),
         endpoints,
         ..Default::default()
-    })
-}
-
-/// Envoy's locality of `region/zone/subzone` (none for an empty one).
-fn locality_of(locality: &str) -> Option<Locality> {
-    if locality.is_empty() {
-        return None;
-    }
-    let mut parts = locality.splitn(3, '/');
-    let mut next = || parts.next().unwrap_or_default().to_string();
-    Some(Locality {
-        region: next(),
-        zone: next(),
-        sub_zone: next(),
     })
 }
 
@@ -120,17 +117,35 @@ pub fn carry_over(
     let _ = push.cache.endpoints.set(all);
 }
 
-/// The requested assignments; an unknown cluster gets an empty assignment so Envoy stops waiting.
-pub fn generate(push: &PushContext, names: &[impl AsRef<str>]) -> Vec<Named> {
+/// The requested assignments for `proxy`; an unknown cluster gets an empty assignment so Envoy
+/// stops waiting. A cluster under locality load balancing gets the proxy's own (see
+/// `locality`), cached by what it depends on.
+pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> Vec<Named> {
     let all = push
         .cache
         .get(&push.cache.endpoints, "endpoint assignments", || {
             all_assignments(push)
         });
+    // The proxy's locality and labels, worked out on the first planned cluster.
+    let mut whereabouts: Option<(String, std::collections::BTreeMap<String, String>)> = None;
     names
         .iter()
         .map(|name| {
             let name = name.as_ref();
+            if let Some((members, Some(plan))) = members(push, name) {
+                let (loc, labels) = whereabouts.get_or_insert_with(|| {
+                    let loc = locality::proxy_locality(push, proxy);
+                    let labels = locality::proxy_labels(push, proxy, &loc);
+                    (loc, labels)
+                });
+                let key = format!("{name}\0{}", locality::key(&plan, loc, labels));
+                let make = || {
+                    let cla =
+                        locality::assignment(&plan, name, members, loc, labels, &push.cluster_id);
+                    Named::new(name.to_string(), pack_any(cla))
+                };
+                return push.cache.localized(&key, make);
+            }
             all.get(name).cloned().unwrap_or_else(|| {
                 Named::new(
                     name.to_string(),
@@ -171,14 +186,15 @@ mod tests {
         let old = snapshot("10.1.0.2");
         let a = "outbound|80||a.n.svc.cluster.local";
         let b = "outbound|80||b.n.svc.cluster.local";
-        let before = generate(&old, &[a, b]);
+        let proxy = Proxy::from_node_id("sidecar~10.1.0.50~c.n~n.svc.cluster.local").unwrap();
+        let before = generate(&old, &proxy, &[a, b]);
         let new = snapshot("10.1.0.9");
         let crate::push_context::Change::Endpoints(hosts) = new.change_from(&old) else {
             panic!("not an endpoints-only change");
         };
         assert_eq!(hosts.iter().collect::<Vec<_>>(), ["b.n.svc.cluster.local"]);
         carry_over(&new, &old, &hosts);
-        let after = generate(&new, &[a, b]);
+        let after = generate(&new, &proxy, &[a, b]);
         assert!(
             std::sync::Arc::ptr_eq(&before[0].resource, &after[0].resource),
             "a shared"

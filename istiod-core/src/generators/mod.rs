@@ -10,6 +10,7 @@ pub mod eds;
 pub mod ext_authz;
 pub mod gateway;
 pub mod lds;
+pub mod locality;
 pub mod nds;
 pub mod route;
 pub mod telemetry;

@@ -742,20 +742,23 @@ fn destination_rule_not_applied(spec: &DestinationRuleSpec) -> Vec<String> {
 
 /// The fields of the traffic policy at `at` (and its port-level settings) not applied yet.
 fn traffic_policy_not_applied(at: &str, p: &TrafficPolicy, out: &mut Vec<String>) {
-    let lbs = p.load_balancer.iter().map(|lb| (at.to_string(), lb)).chain(
-        p.port_level_settings
-            .iter()
-            .enumerate()
-            .filter_map(|(j, pl)| {
-                pl.load_balancer
-                    .as_ref()
-                    .map(|lb| (format!("{at}.portLevelSettings[{j}]"), lb))
-            }),
+    let blocks = std::iter::once((at.to_string(), &p.load_balancer, &p.outlier_detection)).chain(
+        p.port_level_settings.iter().enumerate().map(|(j, pl)| {
+            (
+                format!("{at}.portLevelSettings[{j}]"),
+                &pl.load_balancer,
+                &pl.outlier_detection,
+            )
+        }),
     );
-    for (lat, lb) in lbs {
-        if lb.locality_lb_setting.is_some() {
+    // Istio's warning: failover happens only when outlier detection finds endpoints failing.
+    for (lat, lb, od) in blocks {
+        if let Some(l) = lb.as_ref().and_then(|lb| lb.locality_lb_setting.as_ref())
+            && l.fails_over()
+            && od.is_none()
+        {
             out.push(format!(
-                "{lat}.loadBalancer.localityLbSetting: not applied yet"
+                "{lat}.loadBalancer.localityLbSetting: failover needs outlierDetection in the same policy: not applied"
             ));
         }
     }

@@ -20,7 +20,8 @@ pub const TCP_PORT: u16 = 9000;
 /// Each backend: HTTP on PORT answering `instance=NAME path=PATH` plus the request headers
 /// named in `x-echo`, and a TCP line service on TCP_PORT answering `NAME`. Paths:
 /// `/status/N` answers N; `/sleep/MS` waits; `/flaky` fails every other request (503) for
-/// this instance; with FAIL=1 every request fails (503). Each request line goes to stdout.
+/// this instance; `/fail/NAME` fails (503) on instance NAME only; with FAIL=1 every request
+/// fails (503). Each request line goes to stdout.
 pub const APP: &str = r#"
 import os, socketserver, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +42,8 @@ class H(BaseHTTPRequestHandler):
             code = int(self.path.split("/")[2])
         elif self.path.startswith("/sleep/"):
             time.sleep(int(self.path.split("/")[2]) / 1000)
+        elif self.path.startswith("/fail/"):
+            code = 503 if self.path.split("/")[2] == NAME else 200
         elif self.path == "/flaky":
             with lock:
                 count["flaky"] += 1
