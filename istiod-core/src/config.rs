@@ -36,6 +36,9 @@ pub mod env {
     /// The cluster this control plane's registry reads (istiod's `CLUSTER_ID`, default
     /// `Kubernetes`): endpoints' `topology.istio.io/cluster` and shards in `/debug/endpointz`.
     pub const CLUSTER_ID: &str = "CLUSTER_ID";
+    /// `false`: address-less ServiceEntry hosts get no addresses of their own (DNS
+    /// auto-allocation, on by default as in Istio since 1.25).
+    pub const PILOT_ENABLE_IP_AUTOALLOCATE: &str = "PILOT_ENABLE_IP_AUTOALLOCATE";
     /// `false`: do not deploy Gateway API Gateways (ServiceAccount, Deployment, Service per
     /// Gateway; Kubernetes source only). Default `true`.
     pub const PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER: &str =
@@ -161,6 +164,8 @@ pub struct PilotEnv {
     pub proxy_image: Option<String>,
     /// CLUSTER_ID, else `Kubernetes`.
     pub cluster_id: String,
+    /// PILOT_ENABLE_IP_AUTOALLOCATE, default true.
+    pub auto_allocate: bool,
 }
 
 impl PilotEnv {
@@ -205,6 +210,7 @@ impl PilotEnv {
             cluster_id: lookup(env::CLUSTER_ID)
                 .filter(|v| !v.trim().is_empty())
                 .unwrap_or_else(|| crate::model::DEFAULT_CLUSTER_ID.into()),
+            auto_allocate: flag_or(lookup, env::PILOT_ENABLE_IP_AUTOALLOCATE, true)?,
             gateway_deployment: flag_or(
                 lookup,
                 env::PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER,
@@ -393,6 +399,7 @@ mod tests {
                 injector_config_map: "istio-sidecar-injector".into(),
                 proxy_image: None,
                 cluster_id: "Kubernetes".into(),
+                auto_allocate: true,
             }
         );
     }
@@ -413,6 +420,7 @@ mod tests {
             (env::PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER, "false"),
             (env::ISTIO_RS_PROXY_IMAGE, "registry.example/proxyv2:1.0"),
             (env::CLUSTER_ID, "east"),
+            (env::PILOT_ENABLE_IP_AUTOALLOCATE, "false"),
         ]))
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
@@ -434,6 +442,7 @@ mod tests {
                 injector_config_map: "istio-sidecar-injector-canary".into(),
                 proxy_image: Some("registry.example/proxyv2:1.0".into()),
                 cluster_id: "east".into(),
+                auto_allocate: false,
             }
         );
         let zero = PilotEnv::from_lookup(&env(&[(env::PILOT_PUSH_THROTTLE, "0")]));

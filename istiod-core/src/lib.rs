@@ -182,6 +182,9 @@ pub struct Settings {
     pub cache_check: bool,
     /// CLUSTER_ID: the cluster the registry's endpoints are in.
     pub cluster_id: String,
+    /// PILOT_ENABLE_IP_AUTOALLOCATE (default true): address-less ServiceEntry hosts get
+    /// addresses of their own (`push_context::auto_ip`).
+    pub auto_allocate: bool,
 }
 
 impl Default for Settings {
@@ -194,6 +197,7 @@ impl Default for Settings {
             scope_gateway_to_namespace: false,
             cache_check: false,
             cluster_id: model::DEFAULT_CLUSTER_ID.to_string(),
+            auto_allocate: true,
         }
     }
 }
@@ -310,6 +314,12 @@ fn build(
     push.trust_domain = settings.trust_domain.clone();
     push.scope_gateway_to_namespace = settings.scope_gateway_to_namespace;
     push.cluster_id.clone_from(&settings.cluster_id);
+    push.auto_ip_cursor = push_context::auto_ip::allocate(
+        &mut push.services,
+        previous.map(|p| &p.services[..]),
+        previous.map(|p| p.auto_ip_cursor).unwrap_or_default(),
+        settings.auto_allocate,
+    );
     if settings.cache_check {
         push.cache = push_context::GenCache::checked();
     }

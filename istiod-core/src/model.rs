@@ -131,6 +131,35 @@ pub struct Service {
     pub dns_targets: Vec<DnsTarget>,
     /// Which registry it comes from (istiod's provider: a Kubernetes Service, a ServiceEntry).
     pub registry: Registry,
+    /// A ServiceEntry host that may be given addresses of its own (Istio's DNS auto-allocation:
+    /// no `addresses`, resolution not NONE, not a wildcard, not opted out).
+    pub allocatable: bool,
+    /// The addresses given it (`push_context::auto_ip`): one IPv4 from 240.240.0.0/16, one
+    /// IPv6 from 2001:2::/48; what proxies that capture DNS use in place of a VIP.
+    pub auto_addresses: Vec<IpAddr>,
+}
+
+impl Service {
+    /// The addresses `proxy` sends this service's traffic to: its VIPs, else (for a proxy that
+    /// captures DNS) its auto-allocated ones of the proxy's families.
+    pub fn addresses_for(&self, proxy: Option<&Proxy>) -> Vec<IpAddr> {
+        if !self.addresses.is_empty() {
+            return self.addresses.clone();
+        }
+        match proxy {
+            Some(p) if p.uses_auto_addresses() => self
+                .auto_addresses
+                .iter()
+                .filter(|a| {
+                    p.ip_addresses
+                        .iter()
+                        .any(|own| own.is_ipv4() == a.is_ipv4())
+                })
+                .copied()
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// istiod's service registry providers, as its endpoint shards are keyed (`PROVIDER/CLUSTER`).
@@ -326,6 +355,15 @@ impl Proxy {
             metadata: BTreeMap::new(),
             locality: String::new(),
         })
+    }
+
+    /// Whether the proxy uses auto-allocated addresses: it captures DNS (node metadata
+    /// `DNS_CAPTURE`, from `ISTIO_META_DNS_CAPTURE`), as Istio's sidecars with the allocation
+    /// controller (on by default) do.
+    pub fn uses_auto_addresses(&self) -> bool {
+        self.metadata
+            .get("DNS_CAPTURE")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
     }
 
     /// istiod's locality of a proxy from what it sends (`localityFromProxyLabels`, then the

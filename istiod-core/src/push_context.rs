@@ -13,6 +13,7 @@ use crate::model::{Service, Subset};
 use crate::registry::{self, RegistryError};
 
 mod authn;
+pub mod auto_ip;
 mod change;
 pub mod routing;
 mod sidecar_scope;
@@ -66,6 +67,8 @@ pub struct PushContext {
     pub scope_gateway_to_namespace: bool,
     /// The cluster the registry's endpoints are in (istiod's `CLUSTER_ID`).
     pub cluster_id: String,
+    /// Where DNS auto-allocation continues in the next snapshot.
+    pub auto_ip_cursor: auto_ip::Cursor,
     /// Identities are `spiffe://<trust_domain>/ns/<ns>/sa/<sa>`.
     pub trust_domain: String,
     /// The config this snapshot was built from (/debug/configz).
@@ -347,6 +350,7 @@ impl Default for PushContext {
             secrets: Vec::new(),
             scope_gateway_to_namespace: false,
             cluster_id: crate::model::DEFAULT_CLUSTER_ID.to_string(),
+            auto_ip_cursor: auto_ip::Cursor::default(),
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
             config: Default::default(),
             clusters: Default::default(),
@@ -524,6 +528,7 @@ impl PushContext {
             secrets,
             scope_gateway_to_namespace: false,
             cluster_id: crate::model::DEFAULT_CLUSTER_ID.to_string(),
+            auto_ip_cursor: auto_ip::Cursor::default(),
             authorization_policies,
             request_authentications,
             telemetries,

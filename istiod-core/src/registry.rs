@@ -285,6 +285,8 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
 }
 
 const SERVICE_ENTRY: &str = "ServiceEntry";
+/// The ServiceEntry label that opts it out of address auto-allocation (`"false"`).
+pub const AUTO_ALLOCATE_LABEL: &str = "networking.istio.io/enable-autoallocate-ip";
 
 /// One service per host of a ServiceEntry, all with the same addresses, ports and endpoints.
 fn service_entry_services(
@@ -307,6 +309,14 @@ fn service_entry_services(
         })
         .collect();
     let resolution = resolution(meta, spec)?;
+    // Istio's DNS auto-allocation (V2 eligibility): no addresses of its own, resolution not
+    // NONE, and not opted out by the label `networking.istio.io/enable-autoallocate-ip: false`.
+    let allocatable = addresses.is_empty()
+        && resolution != Resolution::Passthrough
+        && !meta
+            .labels
+            .get(AUTO_ALLOCATE_LABEL)
+            .is_some_and(|v| v.eq_ignore_ascii_case("false"));
     let dns = matches!(resolution, Resolution::Dns | Resolution::DnsRoundRobin);
     let (mut endpoints, mut dns_targets) =
         service_entry_endpoints(meta, spec, resolution, workload_entries)?;
@@ -342,6 +352,8 @@ fn service_entry_services(
                 mesh_external: spec.location.as_deref() == Some("MESH_EXTERNAL"),
                 dns_targets: targets,
                 registry: Registry::External,
+                allocatable: allocatable && !host.starts_with('*'),
+                auto_addresses: Vec::new(),
             }
         })
         .collect();

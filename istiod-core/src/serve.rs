@@ -321,6 +321,7 @@ pub async fn serve(
             scope_gateway_to_namespace: env.scope_gateway_to_namespace,
             cache_check: env.cache_check,
             cluster_id: env.cluster_id.clone(),
+            auto_allocate: env.auto_allocate,
         },
         sources,
     )?;

@@ -37,6 +37,9 @@ pub const ALL_ENVOY_STATS: &str = "sidecar.istio.io/statsInclusionRegexps=\".*\"
 
 /// Service VIPs are taken from this range; pods route it to their eth0 (it never leaves the hub).
 pub const VIP_RANGE: &str = "10.234.0.0/16";
+/// Istio's range of auto-allocated ServiceEntry addresses: pods route it to their eth0 too, as a
+/// pod's default route would take it (Envoy catches the connection before it leaves).
+pub const AUTO_ALLOCATED_RANGE: &str = "240.240.0.0/16";
 
 /// The args Istio's sidecar injector gives the istio-init container (its log flag aside).
 pub use istio_init::INJECTOR_ARGS as INJECTOR_INIT_ARGS;
@@ -716,6 +719,18 @@ impl Network {
         )?;
         run("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
         run("ip", &["-n", &ns, "route", "add", VIP_RANGE, "dev", "eth0"])?;
+        run(
+            "ip",
+            &[
+                "-n",
+                &ns,
+                "route",
+                "add",
+                AUTO_ALLOCATED_RANGE,
+                "dev",
+                "eth0",
+            ],
+        )?;
         // The tests read Envoy's counters of the traffic they send (`Pod::envoy_stat`), which
         // Istio's stats inclusion list leaves out: each pod is annotated to keep all of Envoy's
         // stats, as a user debugging a sidecar would. The default list is proven by

@@ -235,16 +235,18 @@ fn outbound_listeners(
     // TLS ports of services with no VIP: one wildcard listener per port, chains by SNI.
     let mut tls_wildcard: std::collections::BTreeMap<u16, Vec<&Service>> = Default::default();
     for svc in &push.services {
+        // Its VIPs, or for a proxy that captures DNS its auto-allocated addresses.
+        let addresses = svc.addresses_for(proxy);
         for port in svc.ports.iter().filter(|p| visible(svc, p.port)) {
             if port.protocol.is_http() {
                 http_ports.insert(port.port);
                 continue;
             }
-            if port.protocol == Protocol::Tls && svc.addresses.is_empty() {
+            if port.protocol == Protocol::Tls && addresses.is_empty() {
                 tls_wildcard.entry(port.port).or_default().push(svc);
                 continue;
             }
-            for vip in &svc.addresses {
+            for vip in &addresses {
                 let ip = vip.to_string();
                 // Two services claiming the same VIP and port: the first (by hostname) wins, as
                 // Envoy rejects a listener set with duplicate names.
@@ -785,8 +787,13 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     };
     let scope = push.sidecar_scope(proxy);
     let mut out = match scope {
-        // Routes that depend on the proxy: its listeners are its own.
-        None if push.routing.per_proxy || !telemetry_shared => {
+        // Routes that depend on the proxy, or addresses of its own (auto-allocated ones for a
+        // proxy that captures DNS): its listeners are its own.
+        None if push.routing.per_proxy
+            || !telemetry_shared
+            || (proxy.uses_auto_addresses()
+                && push.services.iter().any(|s| !s.auto_addresses.is_empty())) =>
+        {
             let mut own: Vec<Named> =
                 outbound_listeners(push, &|_, _| true, Some(proxy), push.mesh_registry_only())
                     .into_iter()
@@ -859,6 +866,31 @@ mod tests {
             names.iter().filter(|n| *n == "10.0.0.1_5432").count(),
             1,
             "{names:?}"
+        );
+    }
+
+    /// Istio's DNS auto-allocation: two address-less TCP ServiceEntries on one port get a
+    /// listener each on their own addresses, for a proxy that captures DNS; another proxy gets
+    /// neither.
+    #[test]
+    fn auto_allocated_addresses_are_listeners_for_dns_capturing_proxies() {
+        let mut push = crate::push_context::from_yaml(
+            "kind: ServiceEntry\nmetadata: {name: one, namespace: ns}\nspec:\n  hosts: [tcp-echo.external-1.svc.cluster.local]\n  ports: [{number: 9000, name: tcp, protocol: TCP}]\n  resolution: DNS\n---\nkind: ServiceEntry\nmetadata: {name: two, namespace: ns}\nspec:\n  hosts: [tcp-echo.external-2.svc.cluster.local]\n  ports: [{number: 9000, name: tcp, protocol: TCP}]\n  resolution: DNS\n",
+        );
+        crate::push_context::auto_ip::allocate(&mut push.services, None, Default::default(), true);
+        let mut proxy = Proxy::from_node_id("sidecar~10.1.1.1~p.ns~ns.svc.cluster.local").unwrap();
+        let names = |push: &PushContext, proxy: &Proxy| -> Vec<String> {
+            generate(push, proxy)
+                .into_iter()
+                .map(|n| n.name)
+                .filter(|n| n.ends_with("_9000"))
+                .collect()
+        };
+        assert!(names(&push, &proxy).is_empty());
+        proxy.metadata.insert("DNS_CAPTURE".into(), "true".into());
+        assert_eq!(
+            names(&push, &proxy),
+            ["240.240.0.1_9000", "240.240.0.2_9000"]
         );
     }
 }

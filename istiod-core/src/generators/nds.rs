@@ -1,5 +1,7 @@
 //! NDS: the DNS name table for the agent's DNS proxy (type
-//! `istio.networking.nds.v1.NameTable`): every service hostname with its virtual IPs, and for
+//! `istio.networking.nds.v1.NameTable`): every service hostname with its virtual IPs (for a
+//! proxy that captures DNS, an address-less ServiceEntry host's auto-allocated ones of the
+//! proxy's families, as `External`), and for
 //! Kubernetes services the short name and namespace so the agent can answer `name`,
 //! `name.namespace` and `name.namespace.svc` within the cluster domain.
 
@@ -15,11 +17,12 @@ use crate::push_context::PushContext;
 pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     let scope = push.sidecar_scope(proxy);
     let mut table = NameTable::default();
-    for svc in push
+    for (svc, ips) in push
         .services
         .iter()
-        .filter(|s| !s.addresses.is_empty())
         .filter(|s| scope.as_ref().is_none_or(|sc| sc.sees(s)))
+        .map(|s| (s, s.addresses_for(Some(proxy))))
+        .filter(|(_, ips)| !ips.is_empty())
     {
         let kube_suffix = format!(".{}.svc.", svc.namespace);
         let (registry, shortname) = match svc.hostname.find(&kube_suffix) {
@@ -29,7 +32,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
         table.table.insert(
             svc.hostname.clone(),
             NameInfo {
-                ips: svc.addresses.iter().map(ToString::to_string).collect(),
+                ips: ips.iter().map(ToString::to_string).collect(),
                 registry: registry.to_string(),
                 shortname,
                 namespace: svc.namespace.clone(),
