@@ -120,6 +120,10 @@ pub struct ServiceEntrySpec {
     pub endpoints: Vec<WorkloadEntrySpec>,
     #[serde(default)]
     pub workload_selector: Option<WorkloadSelector>,
+    /// `status.addresses`: the addresses an allocation controller gave its hosts (host,
+    /// address), as istiod's or istiod-core's writes them.
+    #[serde(skip)]
+    pub status_addresses: Vec<(String, std::net::IpAddr)>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
@@ -856,7 +860,20 @@ pub(crate) fn parse_document(value: serde_json::Value) -> Result<Option<Resource
     let typed = |what: &str| format!("{kind} {meta_name}: invalid {what}");
     let resource = match kind.as_str() {
         "ServiceEntry" => {
-            let spec = plain_spec(spec, &typed, validate_service_entry)?;
+            let mut spec: ServiceEntrySpec = plain_spec(spec, &typed, validate_service_entry)?;
+            // Unparsable entries are left out, as istiod reads them.
+            spec.status_addresses = status
+                .as_ref()
+                .and_then(|s| s.get("addresses"))
+                .and_then(|a| a.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|a| {
+                    let host = a.get("host")?.as_str()?.to_string();
+                    let value = a.get("value")?.as_str()?.parse().ok()?;
+                    Some((host, value))
+                })
+                .collect();
             Resource::ServiceEntry(meta, Box::new(spec))
         }
         "WorkloadEntry" => Resource::WorkloadEntry(meta, plain_spec(spec, &typed, |_| Ok(()))?),

@@ -137,6 +137,11 @@ pub struct Service {
     /// The addresses given it (`push_context::auto_ip`): one IPv4 from 240.240.0.0/16, one
     /// IPv6 from 2001:2::/48; what proxies that capture DNS use in place of a VIP.
     pub auto_addresses: Vec<IpAddr>,
+    /// The addresses its ServiceEntry's `status.addresses` gives this host (the last of each
+    /// family, as istiod reads them), which the allocation keeps.
+    pub claimed_addresses: Vec<IpAddr>,
+    /// The name of the object it comes from (the Service's, the ServiceEntry's).
+    pub source_name: String,
 }
 
 impl Service {

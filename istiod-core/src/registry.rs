@@ -285,6 +285,18 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
 }
 
 const SERVICE_ENTRY: &str = "ServiceEntry";
+
+/// The addresses a ServiceEntry's status gives `host`: the last IPv4 and the last IPv6.
+fn claimed(status: &[(String, IpAddr)], host: &str) -> Vec<IpAddr> {
+    let last = |v4: bool| {
+        status
+            .iter()
+            .rev()
+            .find(|(h, a)| h == host && a.is_ipv4() == v4)
+            .map(|(_, a)| *a)
+    };
+    last(true).into_iter().chain(last(false)).collect()
+}
 /// The ServiceEntry label that opts it out of address auto-allocation (`"false"`).
 pub const AUTO_ALLOCATE_LABEL: &str = "networking.istio.io/enable-autoallocate-ip";
 
@@ -354,6 +366,12 @@ fn service_entry_services(
                 registry: Registry::External,
                 allocatable: allocatable && !host.starts_with('*'),
                 auto_addresses: Vec::new(),
+                claimed_addresses: if allocatable {
+                    claimed(&spec.status_addresses, host)
+                } else {
+                    Vec::new()
+                },
+                source_name: meta.name.clone(),
             }
         })
         .collect();
@@ -462,6 +480,7 @@ fn kube_service(
         addresses,
         ports,
         endpoints,
+        source_name: meta.name.clone(),
         ..Default::default()
     })
 }

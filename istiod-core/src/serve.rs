@@ -256,6 +256,8 @@ pub async fn serve(
     let mut tasks = Supervisor::new();
     // The Kubernetes API server's config, listed in full before anything is served.
     let mut sources: Vec<Arc<dyn crate::store::ConfigStore>> = Vec::new();
+    // Where allocated addresses are recorded, once the control plane exists.
+    let mut address_record = None;
     if let (Some(server), Some(client)) = (&api_server, &client) {
         let source = crate::kube::source::KubeSource::new(crate::kube::source::kinds(
             &env.pod_namespace,
@@ -283,6 +285,9 @@ pub async fn serve(
                 args.domain_suffix.clone(),
             ),
         );
+        if env.auto_allocate {
+            address_record = Some((client.clone(), source.clone(), identity.clone()));
+        }
         if env.enable_status {
             tasks.spawn_forever(
                 "config-status",
@@ -326,6 +331,32 @@ pub async fn serve(
         sources,
     )?;
     tasks.spawn_forever("config-watch", cp.clone().watch(env.debounce));
+    if let Some((client, source, identity)) = address_record {
+        let snapshots = cp.clone();
+        let allocated: crate::kube::ip_allocate::Allocated = Arc::new(move |ns, name| {
+            snapshots
+                .snapshot()
+                .services
+                .iter()
+                .filter(|s| {
+                    s.registry == crate::model::Registry::External
+                        && s.namespace == ns
+                        && s.source_name == name
+                })
+                .flat_map(|s| s.auto_addresses.iter().map(|a| (s.hostname.clone(), *a)))
+                .collect()
+        });
+        tasks.spawn_forever(
+            "ip-autoallocate",
+            crate::kube::ip_allocate::run(
+                client,
+                source,
+                env.pod_namespace.clone(),
+                identity,
+                allocated,
+            ),
+        );
+    }
     if let Some(publisher) = root_publisher {
         tasks.spawn_forever("root-cert-publisher", publisher);
     }

@@ -15,7 +15,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::Value;
 
 use super::source::KubeSource;
-use super::status::{RETRY_PERIOD, hold_lease};
+use super::status::{LEASE_NAME, RETRY_PERIOD, hold_lease};
 use crate::config_store::gateway_api::GATEWAY_KIND;
 use crate::gateway_api::status::{ObjectStatus, statuses};
 
@@ -77,8 +77,8 @@ pub async fn run(
     let mut written: BTreeMap<(&'static str, String, String), (super::source::Version, Value)> =
         BTreeMap::new();
     loop {
-        let leader = match hold_lease(&leases, &identity, k8s_openapi::jiff::Timestamp::now()).await
-        {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let leader = match hold_lease(&leases, LEASE_NAME, &identity, now).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "Gateway API status: cannot read or renew the Lease");

@@ -5,6 +5,7 @@
 pub mod gateway_deploy;
 pub mod gateway_status;
 pub mod identity;
+pub mod ip_allocate;
 pub mod source;
 pub mod status;
 

@@ -24,10 +24,11 @@ pub const RETRY_PERIOD: Duration = Duration::from_secs(2);
 /// The field manager of the status writes.
 const MANAGER: &str = "istiod-core";
 
-/// The Lease of `identity`: whether it holds it now (after creating, renewing or taking it
+/// The Lease `lease_name` of `identity`: whether it holds it now (after creating, renewing or taking it
 /// over), or why it could not tell.
 pub async fn hold_lease(
     leases: &Api<Lease>,
+    lease_name: &str,
     identity: &str,
     now: k8s_openapi::jiff::Timestamp,
 ) -> Result<bool, kube::Error> {
@@ -41,9 +42,9 @@ pub async fn hold_lease(
             "leaseTransitions": transitions,
         })
     };
-    let Some(mut lease) = leases.get_opt(LEASE_NAME).await? else {
+    let Some(mut lease) = leases.get_opt(lease_name).await? else {
         let fresh: Lease = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": LEASE_NAME},
+            "metadata": {"name": lease_name},
             "spec": mine(0, None),
         }))
         .map_err(kube::Error::SerdeError)?;
@@ -69,7 +70,7 @@ pub async fn hold_lease(
         Some(serde_json::from_value(mine(transitions, acquired)).map_err(kube::Error::SerdeError)?);
     // The resourceVersion read makes this a compare-and-swap: of two candidates one wins.
     match leases
-        .replace(LEASE_NAME, &PostParams::default(), &lease)
+        .replace(lease_name, &PostParams::default(), &lease)
         .await
     {
         Ok(_) => Ok(true),
@@ -114,7 +115,7 @@ pub async fn run(
     let mut leader = false;
     loop {
         let now = k8s_openapi::jiff::Timestamp::now();
-        match hold_lease(&leases, &identity, now).await {
+        match hold_lease(&leases, LEASE_NAME, &identity, now).await {
             Ok(true) if !leader => {
                 tracing::info!(lease = LEASE_NAME, %identity, "leading: writing config status");
                 leader = true;

@@ -5,12 +5,13 @@
 //! 2001:2::1, ...), skipping every address in use (another host's, or a ServiceEntry's own
 //! `addresses` inside the ranges).
 //!
-//! An address stays with its host (namespace and hostname) from snapshot to snapshot while the
-//! host is eligible, and the next one handed out continues after the last, so an address freed
-//! by a deleted entry is not given to another at once (an app may still hold it from DNS).
-//! New hosts of one snapshot are served in (namespace, hostname) order. Istio keeps the
-//! addresses in the ServiceEntry's `status.addresses`, across restarts; istiod-core keeps them
-//! for its own lifetime (after a restart the same set of entries gets the same addresses).
+//! An address stays with its host (namespace and hostname): the one the ServiceEntry's
+//! `status.addresses` records for it (in Kubernetes, written by `kube::ip_allocate`, so it holds
+//! across restarts and replicas), else the one it had in the previous snapshot. The next one
+//! handed out continues after the last, so an address freed by a deleted entry is not given to
+//! another at once (an app may still hold it from DNS). New hosts of one snapshot are served in
+//! (namespace, hostname) order; of two hosts claiming one address, the first in that order
+//! keeps it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -105,12 +106,23 @@ pub fn allocate(
         .filter(|i| services[*i].allocatable)
         .collect();
     order.sort_by_key(|i| key(&services[*i]));
-    // Kept addresses first, so new hosts never take one of them.
+    // Kept addresses first, so new hosts never take one of them: what the entry's status
+    // says (the controller's record, shared by every replica), else what the host had; one
+    // taken already (by an entry's own addresses or an earlier host) is not kept.
     let mut fresh = Vec::new();
     for i in order {
-        match kept.get(&key(&services[i])) {
-            Some(addrs) if addrs.iter().all(|a| !own.contains(a)) => {
-                for a in addrs {
+        let claim = Some(&services[i].claimed_addresses)
+            .filter(|c| !c.is_empty())
+            .or_else(|| kept.get(&key(&services[i])))
+            .cloned();
+        let free = |a: &IpAddr| {
+            !own.contains(a)
+                && in_v4(a).is_none_or(|o| !used4.contains(&o))
+                && in_v6(a).is_none_or(|o| !used6.contains(&o))
+        };
+        match claim.filter(|addrs| addrs.iter().all(free)) {
+            Some(addrs) => {
+                for a in &addrs {
                     if let Some(o) = in_v4(a) {
                         used4.insert(o);
                     }
@@ -118,9 +130,9 @@ pub fn allocate(
                         used6.insert(o);
                     }
                 }
-                services[i].auto_addresses.clone_from(addrs);
+                services[i].auto_addresses = addrs;
             }
-            _ => fresh.push(i),
+            None => fresh.push(i),
         }
     }
     let mut cursor = cursor;
@@ -228,6 +240,41 @@ mod tests {
         allocate(&mut third, Some(&second), cursor, true);
         assert_eq!(third[0].auto_addresses[0].to_string(), "240.240.0.4");
         assert_eq!(third[1].auto_addresses, second[1].auto_addresses);
+    }
+
+    /// What a ServiceEntry's status records is kept over what the last snapshot had (another
+    /// replica's record, or this one's before a restart); of two hosts claiming one address,
+    /// the first keeps it and the other gets a new one.
+    #[test]
+    fn the_status_record_is_kept() {
+        let claim = |mut s: Service, a: &[&str]| {
+            s.claimed_addresses = a.iter().map(|a| a.parse().unwrap()).collect();
+            s
+        };
+        let mut s = vec![
+            claim(
+                svc("ns", "a.example.com", &[]),
+                &["240.240.0.7", "2001:2::7"],
+            ),
+            claim(
+                svc("ns", "b.example.com", &[]),
+                &["240.240.0.7", "2001:2::9"],
+            ),
+            svc("ns", "c.example.com", &[]),
+        ];
+        let cursor = allocate(&mut s, None, Cursor::default(), true);
+        assert_eq!(
+            given(&s)
+                .into_iter()
+                .map(|(_, a)| a.join(" "))
+                .collect::<Vec<_>>(),
+            [
+                "240.240.0.7 2001:2::7",
+                "240.240.0.1 2001:2::1",
+                "240.240.0.2 2001:2::2"
+            ]
+        );
+        assert_eq!(cursor, Cursor { v4: 3, v6: 3 });
     }
 
     #[test]

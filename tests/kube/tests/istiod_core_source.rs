@@ -130,6 +130,36 @@ fn reconciled(c: &Cluster) -> Option<Value> {
     Some(json!({"observedGeneration": status["observedGeneration"], "condition": cond}))
 }
 
+/// `status.addresses` of the ServiceEntry `shop/NAME`, as (host, value), once it has the field.
+fn entry_addresses(c: &Cluster, name: &str) -> Option<Vec<(String, String)>> {
+    let ar = kube::api::ApiResource {
+        group: "networking.istio.io".into(),
+        version: "v1".into(),
+        api_version: "networking.istio.io/v1".into(),
+        kind: "ServiceEntry".into(),
+        plural: "serviceentries".into(),
+    };
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(c.client.clone(), "shop", &ar);
+    let se = c.block_on(api.get_opt(name)).ok().flatten()?;
+    let list = se.data.get("status")?.get("addresses")?.as_array()?.clone();
+    Some(
+        list.iter()
+            .map(|a| {
+                (
+                    a["host"].as_str().unwrap_or_default().to_string(),
+                    a["value"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect(),
+    )
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(h, v)| (h.to_string(), v.to_string()))
+        .collect()
+}
+
 fn lease_holder(c: &Cluster) -> Option<String> {
     let api: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(c.client.clone(), "istio-system");
@@ -332,6 +362,28 @@ fn istiod_core_follows_the_api_server() {
         "{refused:#}"
     );
 
+    // DNS auto-allocation recorded as Istio's allocation controller records it: the DNS-proxy
+    // docs' address-less `external-auto` gets the first addresses of both ranges in its
+    // `status.addresses`.
+    apply_retrying(
+        &c,
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: external-auto, namespace: shop}\nspec:\n  hosts: [auto.internal]\n  ports: [{name: http, number: 80, protocol: HTTP}]\n  resolution: DNS\n",
+    );
+    let t = Instant::now();
+    let first = pairs(&[
+        ("auto.internal", "240.240.0.1"),
+        ("auto.internal", "2001:2::1"),
+    ]);
+    wait_for(
+        "external-auto's addresses recorded",
+        Duration::from_secs(10),
+        || entry_addresses(&c, "external-auto").filter(|a| *a == first),
+    );
+    eprintln!(
+        "STEP an address-less ServiceEntry's allocated addresses are in its status {:?} after the apply",
+        t.elapsed()
+    );
+
     // A second replica does not write while the first holds the Lease; when the first stops,
     // it takes the Lease over and writes the next status.
     start_istiod_core(&mut c, "istiod-core-b", 15711, DEBUG_PORT + 1);
@@ -360,6 +412,35 @@ fn istiod_core_follows_the_api_server() {
             reconciled(&c)
                 .filter(|s| s["condition"]["status"] == "True" && s["observedGeneration"] == 3)
         },
+    );
+    // The second replica, which never allocated, keeps what the record says: a new entry gets
+    // the next addresses, and `external-auto` keeps its own.
+    apply_retrying(
+        &c,
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: external-svc-1, namespace: shop}\nspec:\n  hosts: [tcp-echo.external-1.svc.cluster.local]\n  ports: [{name: external-svc-1, number: 9000, protocol: TCP}]\n  resolution: DNS\n",
+    );
+    let second = pairs(&[
+        ("tcp-echo.external-1.svc.cluster.local", "240.240.0.2"),
+        ("tcp-echo.external-1.svc.cluster.local", "2001:2::2"),
+    ]);
+    wait_for(
+        "external-svc-1's addresses from the new holder",
+        Duration::from_secs(30),
+        || entry_addresses(&c, "external-svc-1").filter(|a| *a == second),
+    );
+    assert_eq!(entry_addresses(&c, "external-auto"), Some(first));
+    // Opted out by Istio's label: its addresses are cleared.
+    apply_retrying(
+        &c,
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: external-auto, namespace: shop, labels: {networking.istio.io/enable-autoallocate-ip: \"false\"}}\nspec:\n  hosts: [auto.internal]\n  ports: [{name: http, number: 80, protocol: HTTP}]\n  resolution: DNS\n",
+    );
+    wait_for(
+        "external-auto's addresses cleared",
+        Duration::from_secs(10),
+        || entry_addresses(&c, "external-auto").filter(Vec::is_empty),
+    );
+    eprintln!(
+        "STEP the next replica kept the recorded addresses, gave the next ones, and cleared an opted-out entry's"
     );
 
     // The mesh ConfigMap edited: the new MeshConfig is in force.

@@ -1,0 +1,120 @@
+//! The record of auto-allocated addresses (Istio's IP allocation controller,
+//! `pilot/pkg/controllers/ipallocate`): each ServiceEntry whose hosts were given addresses
+//! (`push_context::auto_ip`) gets them in `status.addresses` (`[{host, value}]`, one per host
+//! and family), so every replica, and this one after a restart, keeps them. One replica writes
+//! at a time: the holder of the Lease `istio-ip-autoallocate` (istiod's election of the same
+//! name). Only `status.addresses` is written (server-side apply, a field manager of its own), so
+//! the `Reconciled` condition `kube::status` writes is left alone; an entry that no longer
+//! qualifies gets its addresses cleared.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, Patch, PatchParams};
+
+use super::source::KubeSource;
+use super::status::{RETRY_PERIOD, hold_lease};
+
+/// istiod's lock for allocating addresses.
+pub const LEASE_NAME: &str = "istio-ip-autoallocate";
+/// The field manager of the writes.
+const MANAGER: &str = "istiod-core-ip-autoallocate";
+
+/// The addresses the current snapshot gives a ServiceEntry's hosts (namespace, name):
+/// `(host, address)`.
+pub type Allocated = Arc<dyn Fn(&str, &str) -> Vec<(String, IpAddr)> + Send + Sync>;
+
+/// `status.addresses` of a ServiceEntry, in istiod's shape.
+fn status_of(api_version: &str, addresses: &[(String, IpAddr)]) -> serde_json::Value {
+    let list: Vec<serde_json::Value> = addresses
+        .iter()
+        .map(|(host, a)| serde_json::json!({"host": host, "value": a.to_string()}))
+        .collect();
+    serde_json::json!({
+        "apiVersion": api_version,
+        "kind": "ServiceEntry",
+        "status": {"addresses": list},
+    })
+}
+
+/// Writes the addresses while holding the Lease; runs until the process ends.
+pub async fn run(
+    client: kube::Client,
+    source: Arc<KubeSource>,
+    namespace: String,
+    identity: String,
+    allocated: Allocated,
+) {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let mut changes = source.subscribe();
+    let mut written: BTreeMap<(String, String), Vec<(String, IpAddr)>> = BTreeMap::new();
+    let mut leader = false;
+    loop {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        match hold_lease(&leases, LEASE_NAME, &identity, now).await {
+            Ok(true) if !leader => {
+                tracing::info!(lease = LEASE_NAME, %identity, "leading: recording allocated addresses");
+                leader = true;
+                written.clear();
+            }
+            Ok(false) if leader => leader = false,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(lease = LEASE_NAME, error = %e, "cannot read or renew the Lease");
+                leader = false;
+            }
+        }
+        if leader {
+            write_changed(&client, &source, &allocated, &mut written).await;
+        }
+        // The next renewal (the snapshot with new addresses follows a change by its debounce),
+        // or sooner when the config changed.
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY_PERIOD) => {}
+            _ = changes.changed(), if leader => {}
+        }
+    }
+}
+
+async fn write_changed(
+    client: &kube::Client,
+    source: &KubeSource,
+    allocated: &Allocated,
+    written: &mut BTreeMap<(String, String), Vec<(String, IpAddr)>>,
+) {
+    let entries: Vec<_> = source
+        .istio_statuses()
+        .into_iter()
+        .filter(|o| o.kind.kind == "ServiceEntry" && o.refused.is_none())
+        .collect();
+    written.retain(|(ns, name), _| {
+        entries
+            .iter()
+            .any(|o| &o.namespace == ns && &o.name == name)
+    });
+    for o in entries {
+        let key = (o.namespace.clone(), o.name.clone());
+        let want = allocated(&o.namespace, &o.name);
+        if written.get(&key) == Some(&want) {
+            continue;
+        }
+        let api = o.kind.api(client.clone(), &o.namespace);
+        let params = PatchParams::apply(MANAGER).force();
+        let body = status_of(&o.kind.api_resource_version(), &want);
+        match api
+            .patch_status(&o.name, &params, &Patch::Apply(body))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(entry = %format!("{}/{}", key.0, key.1), addresses = ?want, "allocated addresses recorded");
+                written.insert(key, want);
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                tracing::warn!(entry = %format!("{}/{}", key.0, key.1), error = %e, "cannot record its addresses");
+            }
+        }
+    }
+}
