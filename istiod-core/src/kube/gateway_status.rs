@@ -9,13 +9,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::Value;
 
 use super::source::KubeSource;
-use super::status::{LEASE_NAME, RETRY_PERIOD, hold_lease};
+use super::status::{LEASE_NAME, Leadership, RETRY_PERIOD};
 use crate::config_store::gateway_api::GATEWAY_KIND;
 use crate::gateway_api::status::{ObjectStatus, statuses};
 
@@ -72,19 +71,18 @@ pub async fn run(
     identity: String,
     domain_suffix: String,
 ) {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let mut lead = Leadership::new(
+        client.clone(),
+        &namespace,
+        LEASE_NAME,
+        identity,
+        "writing Gateway API status",
+    );
     let mut changes = source.subscribe();
     let mut written: BTreeMap<(&'static str, String, String), (super::source::Version, Value)> =
         BTreeMap::new();
     loop {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let leader = match hold_lease(&leases, LEASE_NAME, &identity, now).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(error = %e, "Gateway API status: cannot read or renew the Lease");
-                false
-            }
-        };
+        let (leader, _) = lead.renew().await;
         if leader {
             write_changed(&client, &source, &domain_suffix, &mut written).await;
         } else {

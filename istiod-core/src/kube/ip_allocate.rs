@@ -11,11 +11,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 
 use super::source::KubeSource;
-use super::status::{RETRY_PERIOD, hold_lease};
+use super::status::{Leadership, RETRY_PERIOD};
 
 /// istiod's lock for allocating addresses.
 pub const LEASE_NAME: &str = "istio-ip-autoallocate";
@@ -47,24 +46,19 @@ pub async fn run(
     identity: String,
     allocated: Allocated,
 ) {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let mut lead = Leadership::new(
+        client.clone(),
+        &namespace,
+        LEASE_NAME,
+        identity,
+        "recording allocated addresses",
+    );
     let mut changes = source.subscribe();
     let mut written: BTreeMap<(String, String), Vec<(String, IpAddr)>> = BTreeMap::new();
-    let mut leader = false;
     loop {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        match hold_lease(&leases, LEASE_NAME, &identity, now).await {
-            Ok(true) if !leader => {
-                tracing::info!(lease = LEASE_NAME, %identity, "leading: recording allocated addresses");
-                leader = true;
-                written.clear();
-            }
-            Ok(false) if leader => leader = false,
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(lease = LEASE_NAME, error = %e, "cannot read or renew the Lease");
-                leader = false;
-            }
+        let (leader, fresh) = lead.renew().await;
+        if fresh {
+            written.clear();
         }
         if leader {
             write_changed(&client, &source, &allocated, &mut written).await;

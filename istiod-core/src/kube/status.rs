@@ -101,6 +101,63 @@ fn status_of(o: &ObjectStatus) -> serde_json::Value {
     })
 }
 
+/// One replica's part in a Lease election: renewed (or taken) on each call, saying when it
+/// starts and stops leading.
+pub struct Leadership {
+    leases: Api<Lease>,
+    lease: &'static str,
+    identity: String,
+    /// What the leader does, for the log (`writing config status`).
+    duty: &'static str,
+    leading: bool,
+}
+
+impl Leadership {
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        lease: &'static str,
+        identity: String,
+        duty: &'static str,
+    ) -> Leadership {
+        Leadership {
+            leases: Api::namespaced(client, namespace),
+            lease,
+            identity,
+            duty,
+            leading: false,
+        }
+    }
+
+    /// Renews or takes the Lease: (leading now, this call made it the leader). An API error
+    /// counts as not leading.
+    pub async fn renew(&mut self) -> (bool, bool) {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let was = self.leading;
+        self.leading = match hold_lease(&self.leases, self.lease, &self.identity, now).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(lease = self.lease, error = %e, "cannot read or renew the Lease");
+                false
+            }
+        };
+        match (was, self.leading) {
+            (false, true) => {
+                tracing::info!(lease = self.lease, identity = %self.identity, "leading: {}", self.duty)
+            }
+            (true, false) => {
+                tracing::info!(
+                    lease = self.lease,
+                    "no longer leading: {} left to the holder",
+                    self.duty
+                )
+            }
+            _ => {}
+        }
+        (self.leading, self.leading && !was)
+    }
+}
+
 /// Writes status while holding the Lease; runs until the process ends.
 pub async fn run(
     client: kube::Client,
@@ -108,39 +165,28 @@ pub async fn run(
     namespace: String,
     identity: String,
 ) {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let mut lead = Leadership::new(
+        client.clone(),
+        &namespace,
+        LEASE_NAME,
+        identity,
+        "writing config status",
+    );
     let mut changes = source.subscribe();
     // What was written, so an unchanged object is not written again.
     let mut written: Written = BTreeMap::new();
-    let mut leader = false;
     loop {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        match hold_lease(&leases, LEASE_NAME, &identity, now).await {
-            Ok(true) if !leader => {
-                tracing::info!(lease = LEASE_NAME, %identity, "leading: writing config status");
-                leader = true;
-                written.clear();
-            }
-            Ok(false) if leader => {
-                tracing::info!(
-                    lease = LEASE_NAME,
-                    "no longer leading: status left to the holder"
-                );
-                leader = false;
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(lease = LEASE_NAME, error = %e, "cannot read or renew the Lease");
-                leader = false;
-            }
+        let (leading, fresh) = lead.renew().await;
+        if fresh {
+            written.clear();
         }
-        if leader {
+        if leading {
             write_changed(&client, &source, &mut written).await;
         }
         // The next renewal, or sooner when the config changed (written only while leading).
         tokio::select! {
             _ = tokio::time::sleep(RETRY_PERIOD) => {}
-            _ = changes.changed(), if leader => {}
+            _ = changes.changed(), if leading => {}
         }
     }
 }
