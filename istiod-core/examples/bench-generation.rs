@@ -378,4 +378,59 @@ fn main() {
         });
         row(&format!("EDS {eps}/{svcs}"), "EDS", &d, Some(&e), istio);
     }
+    // Locality failover (ours): 100 services of 10 endpoints spread over four localities in
+    // two regions, each with a DestinationRule setting outlier detection, so every assignment
+    // is the proxy's own: without the rules (shared), for the first proxy of a locality
+    // (generated), for every further proxy of that locality (cached).
+    let base = services_yaml(100, "[{number: 80, name: http, protocol: HTTP}]", 10);
+    let mut spread = String::new();
+    for (k, part) in base.split(", serviceAccount: ").enumerate() {
+        if k > 0 {
+            spread.push_str(&format!(
+                ", locality: region{}/zone{}, serviceAccount: ",
+                k % 2,
+                k % 4
+            ));
+        }
+        spread.push_str(part);
+    }
+    let mut with_rules = spread.clone();
+    for i in 0..100 {
+        with_rules.push_str(&format!(
+            "---\nkind: DestinationRule\nmetadata: {{name: svc{i}, namespace: default}}\nspec:\n  host: svc{i}.example.com\n  trafficPolicy: {{outlierDetection: {{consecutive5xxErrors: 5}}}}\n"
+        ));
+    }
+    let mut located = proxy.clone();
+    located.locality = "region0/zone0".into();
+    for (what, yaml) in [
+        ("no DestinationRule", spread),
+        ("outlier detection", with_rules),
+    ] {
+        let mut push = PushContext::build(
+            std::sync::Arc::new(parsed(&yaml)),
+            "cluster.local",
+            "1".into(),
+        )
+        .expect("build");
+        let clusters: Vec<String> = push.clusters.keys().cloned().collect();
+        let (d, e) = time(|| {
+            push.cache = GenCache::default();
+            eds::generate(&push, &located, &clusters)
+        });
+        row(
+            &format!("EDS 10/100 in 4 localities, {what}"),
+            "EDS, first proxy",
+            &d,
+            Some(&e),
+            "-",
+        );
+        let (d, e) = time(|| eds::generate(&push, &located, &clusters));
+        row(
+            &format!("EDS 10/100 in 4 localities, {what}"),
+            "EDS, cached (every further proxy)",
+            &d,
+            Some(&e),
+            "-",
+        );
+    }
 }

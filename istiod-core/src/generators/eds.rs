@@ -12,12 +12,8 @@ use crate::model::Proxy;
 use crate::push_context::PushContext;
 
 /// The endpoints of `cluster` (its service's, or its subset's) as EDS sends them, each with its
-/// weight, `HEALTHY` (only ready endpoints are known) and its TLS metadata; and the cluster's
-/// locality plan (None: the same for every proxy).
-fn members<'a>(
-    push: &'a PushContext,
-    cluster: &str,
-) -> Option<(Vec<locality::Member<'a>>, Option<locality::Plan<'a>>)> {
+/// weight, `HEALTHY` (only ready endpoints are known) and its TLS metadata.
+fn members<'a>(push: &'a PushContext, cluster: &str) -> Option<Vec<locality::Member<'a>>> {
     let at = push.clusters.get(cluster)?;
     let svc = push.services.get(at.service)?;
     let port = svc.ports.get(at.port)?;
@@ -49,14 +45,25 @@ fn members<'a>(
             },
         })
         .collect();
-    let plan = locality::plan(push, svc, port.port, subset.map(|s| s.name.as_str()));
-    Some((members, plan))
+    Some(members)
+}
+
+/// The locality plan of `cluster` (None: its assignment is the same for every proxy).
+fn plan<'a>(push: &'a PushContext, cluster: &str) -> Option<locality::Plan<'a>> {
+    let at = push.clusters.get(cluster)?;
+    let svc = push.services.get(at.service)?;
+    let port = svc.ports.get(at.port)?;
+    let subset = match at.subset {
+        Some(i) => Some(push.subsets.get(&svc.hostname)?.get(i)?.name.as_str()),
+        None => None,
+    };
+    locality::plan(push, svc, port.port, subset)
 }
 
 /// The assignment every proxy gets: one group per locality, in locality order (the endpoints'
 /// order within each), all at priority 0.
 fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment> {
-    let (members, _) = members(push, cluster)?;
+    let members = members(push, cluster)?;
     let mut endpoints = locality::group(members.into_iter().map(|m| (m, 0)).collect());
     if endpoints.is_empty() {
         endpoints.push(LocalityLbEndpoints::default());
@@ -121,18 +128,15 @@ pub fn carry_over(
 /// stops waiting. A cluster under locality load balancing gets the proxy's own (see
 /// `locality`), cached by what it depends on.
 pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> Vec<Named> {
-    let all = push
-        .cache
-        .get(&push.cache.endpoints, "endpoint assignments", || {
-            all_assignments(push)
-        });
+    // The shared assignments, made on the first cluster that is not the proxy's own.
+    let mut shared = None;
     // The proxy's locality and labels, worked out on the first planned cluster.
     let mut whereabouts: Option<(String, std::collections::BTreeMap<String, String>)> = None;
     names
         .iter()
         .map(|name| {
             let name = name.as_ref();
-            if let Some((members, Some(plan))) = members(push, name) {
+            if let Some(plan) = plan(push, name) {
                 let (loc, labels) = whereabouts.get_or_insert_with(|| {
                     let loc = locality::proxy_locality(push, proxy);
                     let labels = locality::proxy_labels(push, proxy, &loc);
@@ -140,12 +144,19 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
                 });
                 let key = format!("{name}\0{}", locality::key(&plan, loc, labels));
                 let make = || {
+                    let members = members(push, name).unwrap_or_default();
                     let cla =
                         locality::assignment(&plan, name, members, loc, labels, &push.cluster_id);
                     Named::new(name.to_string(), pack_any(cla))
                 };
                 return push.cache.localized(&key, make);
             }
+            let all = shared.get_or_insert_with(|| {
+                push.cache
+                    .get(&push.cache.endpoints, "endpoint assignments", || {
+                        all_assignments(push)
+                    })
+            });
             all.get(name).cloned().unwrap_or_else(|| {
                 Named::new(
                     name.to_string(),
