@@ -13,7 +13,10 @@ use crate::push_context::PushContext;
 
 /// The endpoints of `cluster` (its service's, or its subset's) as EDS sends them, each with its
 /// weight, `HEALTHY` (only ready endpoints are known) and its TLS metadata.
-fn members<'a>(push: &'a PushContext, cluster: &str) -> Option<Vec<locality::Member<'a>>> {
+fn members<'a>(
+    push: &'a PushContext,
+    cluster: &str,
+) -> Option<impl Iterator<Item = locality::Member<'a>> + 'a> {
     let at = push.clusters.get(cluster)?;
     let svc = push.services.get(at.service)?;
     let port = svc.ports.get(at.port)?;
@@ -24,8 +27,8 @@ fn members<'a>(push: &'a PushContext, cluster: &str) -> Option<Vec<locality::Mem
     let members = svc
         .endpoints
         .iter()
-        .filter(|ep| subset.is_none_or(|s| s.selects(ep)))
-        .map(|ep| locality::Member {
+        .filter(move |ep| subset.is_none_or(|s| s.selects(ep)))
+        .map(move |ep| locality::Member {
             endpoint: ep,
             lb: LbEndpoint {
                 metadata: push
@@ -43,8 +46,7 @@ fn members<'a>(push: &'a PushContext, cluster: &str) -> Option<Vec<locality::Mem
                     value: ep.weight.max(1),
                 }),
             },
-        })
-        .collect();
+        });
     Some(members)
 }
 
@@ -63,8 +65,7 @@ fn plan<'a>(push: &'a PushContext, cluster: &str) -> Option<locality::Plan<'a>> 
 /// The assignment every proxy gets: one group per locality, in locality order (the endpoints'
 /// order within each), all at priority 0.
 fn assignment(push: &PushContext, cluster: &str) -> Option<ClusterLoadAssignment> {
-    let members = members(push, cluster)?;
-    let mut endpoints = locality::group(members.into_iter().map(|m| (m, 0)).collect());
+    let mut endpoints = locality::group(members(push, cluster)?.map(|m| (m, 0)));
     if endpoints.is_empty() {
         endpoints.push(LocalityLbEndpoints::default());
     }
@@ -144,7 +145,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
                 });
                 let key = format!("{name}\0{}", locality::key(&plan, loc, labels));
                 let make = || {
-                    let members = members(push, name).unwrap_or_default();
+                    let members = members(push, name).into_iter().flatten().collect();
                     let cla =
                         locality::assignment(&plan, name, members, loc, labels, &push.cluster_id);
                     Named::new(name.to_string(), pack_any(cla))

@@ -151,7 +151,7 @@ pub struct Member<'a> {
 
 /// `members` grouped by locality and priority into `LocalityLbEndpoints`, sorted by locality
 /// then priority; a group's weight is the sum of its endpoints'.
-pub fn group(members: Vec<(Member, u32)>) -> Vec<LocalityLbEndpoints> {
+pub fn group<'a>(members: impl IntoIterator<Item = (Member<'a>, u32)>) -> Vec<LocalityLbEndpoints> {
     let mut groups: BTreeMap<(&str, u32), Vec<_>> = BTreeMap::new();
     for (m, priority) in members {
         groups
@@ -260,7 +260,7 @@ pub fn assignment(
         .iter()
         .find(|d| matches(locality, &d.from));
     let mut endpoints = if !plan.setting.distribute.is_empty() || !plan.failover {
-        group(members.into_iter().map(|m| (m, 0)).collect())
+        group(members.into_iter().map(|m| (m, 0)))
     } else {
         let ranked: Vec<(Member, u32)> = members
             .into_iter()
@@ -272,7 +272,7 @@ pub fn assignment(
         // Numbered from 0 without gaps, in order.
         let order: BTreeSet<u32> = ranked.iter().map(|(_, p)| *p).collect();
         let index: BTreeMap<u32, u32> = order.into_iter().zip(0u32..).collect();
-        group(ranked.into_iter().map(|(m, p)| (m, index[&p])).collect())
+        group(ranked.into_iter().map(|(m, p)| (m, index[&p])))
     };
     if let Some(d) = distribute {
         let mut unmatched: BTreeSet<usize> = (0..endpoints.len()).collect();
