@@ -473,6 +473,11 @@ impl ControlPlane {
         self.tx.borrow().clone()
     }
 
+    /// Each snapshot as it comes into force.
+    pub fn snapshots(&self) -> watch::Receiver<Arc<PushContext>> {
+        self.tx.subscribe()
+    }
+
     pub fn xds(&self) -> xds_server::XdsServer {
         xds_server::XdsServer::new(self.tx.subscribe())
             .with_auto_registration(self.autoregister.clone())

@@ -332,20 +332,6 @@ pub async fn serve(
     )?;
     tasks.spawn_forever("config-watch", cp.clone().watch(env.debounce));
     if let Some((client, source, identity)) = address_record {
-        let snapshots = cp.clone();
-        let allocated: crate::kube::ip_allocate::Allocated = Arc::new(move |ns, name| {
-            snapshots
-                .snapshot()
-                .services
-                .iter()
-                .filter(|s| {
-                    s.registry == crate::model::Registry::External
-                        && s.namespace == ns
-                        && s.source_name == name
-                })
-                .flat_map(|s| s.auto_addresses.iter().map(|a| (s.hostname.clone(), *a)))
-                .collect()
-        });
         tasks.spawn_forever(
             "ip-autoallocate",
             crate::kube::ip_allocate::run(
@@ -353,7 +339,7 @@ pub async fn serve(
                 source,
                 env.pod_namespace.clone(),
                 identity,
-                allocated,
+                cp.snapshots(),
             ),
         );
     }

@@ -12,18 +12,29 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use kube::api::{Patch, PatchParams};
+use tokio::sync::watch;
 
 use super::source::KubeSource;
 use super::status::{Leadership, RETRY_PERIOD};
+use crate::push_context::PushContext;
 
 /// istiod's lock for allocating addresses.
 pub const LEASE_NAME: &str = "istio-ip-autoallocate";
 /// The field manager of the writes.
 const MANAGER: &str = "istiod-core-ip-autoallocate";
 
-/// The addresses the current snapshot gives a ServiceEntry's hosts (namespace, name):
-/// `(host, address)`.
-pub type Allocated = Arc<dyn Fn(&str, &str) -> Vec<(String, IpAddr)> + Send + Sync>;
+/// The addresses `push` gives the hosts of the ServiceEntry `namespace/name`: `(host, address)`.
+fn allocated(push: &PushContext, namespace: &str, name: &str) -> Vec<(String, IpAddr)> {
+    push.services
+        .iter()
+        .filter(|s| {
+            s.registry == crate::model::Registry::External
+                && s.namespace == namespace
+                && s.source_name == name
+        })
+        .flat_map(|s| s.auto_addresses.iter().map(|a| (s.hostname.clone(), *a)))
+        .collect()
+}
 
 /// `status.addresses` of a ServiceEntry, in istiod's shape.
 fn status_of(api_version: &str, addresses: &[(String, IpAddr)]) -> serde_json::Value {
@@ -38,13 +49,14 @@ fn status_of(api_version: &str, addresses: &[(String, IpAddr)]) -> serde_json::V
     })
 }
 
-/// Writes the addresses while holding the Lease; runs until the process ends.
+/// Writes the addresses of each new snapshot (`snapshots`, the control plane's) while holding
+/// the Lease; runs until the process ends.
 pub async fn run(
     client: kube::Client,
     source: Arc<KubeSource>,
     namespace: String,
     identity: String,
-    allocated: Allocated,
+    mut snapshots: watch::Receiver<Arc<PushContext>>,
 ) {
     let mut lead = Leadership::new(
         client.clone(),
@@ -53,7 +65,6 @@ pub async fn run(
         identity,
         "recording allocated addresses",
     );
-    let mut changes = source.subscribe();
     let mut written: BTreeMap<(String, String), Vec<(String, IpAddr)>> = BTreeMap::new();
     loop {
         let (leader, fresh) = lead.renew().await;
@@ -61,13 +72,13 @@ pub async fn run(
             written.clear();
         }
         if leader {
-            write_changed(&client, &source, &allocated, &mut written).await;
+            let push = snapshots.borrow_and_update().clone();
+            write_changed(&client, &source, &push, &mut written).await;
         }
-        // The next renewal (the snapshot with new addresses follows a change by its debounce),
-        // or sooner when the config changed.
+        // The next renewal, or sooner when a new snapshot is in force.
         tokio::select! {
             _ = tokio::time::sleep(RETRY_PERIOD) => {}
-            _ = changes.changed(), if leader => {}
+            _ = snapshots.changed(), if leader => {}
         }
     }
 }
@@ -75,7 +86,7 @@ pub async fn run(
 async fn write_changed(
     client: &kube::Client,
     source: &KubeSource,
-    allocated: &Allocated,
+    push: &PushContext,
     written: &mut BTreeMap<(String, String), Vec<(String, IpAddr)>>,
 ) {
     let entries: Vec<_> = source
@@ -90,7 +101,7 @@ async fn write_changed(
     });
     for o in entries {
         let key = (o.namespace.clone(), o.name.clone());
-        let want = allocated(&o.namespace, &o.name);
+        let want = allocated(push, &o.namespace, &o.name);
         if written.get(&key) == Some(&want) {
             continue;
         }
