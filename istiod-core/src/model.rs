@@ -418,6 +418,41 @@ impl Proxy {
 mod tests {
     use super::*;
 
+    /// A proxy's locality from what it sends, in istiod's order: any topology label, then the
+    /// locality label (dots for slashes unless it has slashes), then the node's `locality`.
+    #[test]
+    fn a_proxys_stated_locality_is_istiods() {
+        let labels = |l: &[(&str, &str)]| -> BTreeMap<String, String> {
+            l.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let node = ["nr", "nz", "ns"];
+        assert_eq!(
+            Proxy::stated_locality(
+                &labels(&[(ZONE_LABEL, "z1"), ("istio-locality", "a.b")]),
+                node
+            ),
+            "/z1/"
+        );
+        assert_eq!(
+            Proxy::stated_locality(&labels(&[("istio-locality", "region1.zone1")]), node),
+            "region1/zone1"
+        );
+        assert_eq!(
+            Proxy::stated_locality(
+                &labels(&[
+                    ("topology.istio.io/locality", "r/z.1"),
+                    ("istio-locality", "x")
+                ]),
+                node
+            ),
+            "r/z.1"
+        );
+        assert_eq!(Proxy::stated_locality(&labels(&[]), node), "nr/nz/ns");
+        assert_eq!(Proxy::stated_locality(&labels(&[]), ["", "", ""]), "");
+    }
+
     #[test]
     fn parses_node_id() {
         let p = Proxy::from_node_id("sidecar~10.1.2.3~app-xyz.default~default.svc.cluster.local")
