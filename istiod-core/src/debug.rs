@@ -160,24 +160,19 @@ fn endpoint_shards(push: &crate::push_context::PushContext) -> serde_json::Value
         let mut accounts = serde_json::Map::new();
         let mut endpoints = Vec::new();
         for ep in &svc.endpoints {
-            // A Kubernetes endpoint without its pod has no identity.
-            let account =
-                if ep.workload.namespace.is_empty() && svc.registry == Registry::Kubernetes {
-                    String::new()
-                } else {
-                    let ns = if ep.workload.namespace.is_empty() {
-                        &svc.namespace
-                    } else {
-                        &ep.workload.namespace
-                    };
-                    crate::model::spiffe_id(trust_domain, ns, &ep.service_account)
-                };
+            // A Kubernetes endpoint without its pod (no workload namespace) has no identity.
+            let account = if ep.workload.namespace.is_empty() {
+                String::new()
+            } else {
+                crate::model::spiffe_id(trust_domain, &ep.workload.namespace, &ep.service_account)
+            };
             if !account.is_empty() {
                 accounts.insert(account.clone(), serde_json::json!({}));
             }
+            let labels = crate::model::endpoint_labels(ep, cluster_id);
             for port in &svc.ports {
                 endpoints.push(serde_json::json!({
-                    "Labels": crate::model::endpoint_labels(ep, cluster_id),
+                    "Labels": labels,
                     "Addresses": [ep.address.to_string()],
                     "ServicePortName": port.name,
                     "LegacyClusterPortKey": 0,

@@ -29,6 +29,36 @@ fn resolve(pod: &harness::Pod, name: &str) -> String {
         .to_string()
 }
 
+/// The app pod (pod 0, 10.233.0.2 in `demo`) with its DNS captured to its agent, whose
+/// embedded control plane reads `mesh_yaml`; returns once it is ready (which includes the DNS
+/// table). Its resolver is the dnsmasq of pod 1 (10.233.0.3).
+fn start_app(net: &mut Network, mesh_yaml: &str) {
+    let app = &net.pods[0];
+    app.set_resolv_conf("nameserver 10.233.0.3\nsearch demo.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n")
+        .unwrap();
+    harness::istio_iptables(app, &["--redirect-dns"]).unwrap();
+    let mesh = net.dir().join("mesh");
+    std::fs::create_dir_all(&mesh).unwrap();
+    std::fs::write(mesh.join("mesh.yaml"), mesh_yaml).unwrap();
+    net.pods[0]
+        .spawn_embedded_agent(
+            &mesh,
+            &[
+                ("POD_NAME", "app"),
+                ("POD_NAMESPACE", "demo"),
+                ("INSTANCE_IP", "10.233.0.2"),
+                ("ISTIO_META_DNS_CAPTURE", "true"),
+                ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
+            ],
+        )
+        .unwrap();
+    let ready = net.pods[0].wait_http_ok(
+        "http://127.0.0.1:15021/healthz/ready",
+        Duration::from_secs(60),
+    );
+    assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
+}
+
 #[test]
 fn app_resolves_mesh_names_through_the_agent() {
     if !require_root("app_resolves_mesh_names_through_the_agent")
@@ -42,32 +72,8 @@ fn app_resolves_mesh_names_through_the_agent() {
     if !net.pods[1].spawn_dnsmasq(&["/upstream.example/10.9.9.9"]) {
         return;
     }
+    start_app(&mut net, MESH);
     let app = &net.pods[0];
-    app.set_resolv_conf("nameserver 10.233.0.3\nsearch demo.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n")
-        .unwrap();
-    harness::istio_iptables(app, &["--redirect-dns"]).unwrap();
-    let mesh = net.dir().join("mesh");
-    std::fs::create_dir_all(&mesh).unwrap();
-    std::fs::write(mesh.join("mesh.yaml"), MESH).unwrap();
-    net.pods[0]
-        .spawn_embedded_agent(
-            &mesh,
-            &[
-                ("POD_NAME", "app"),
-                ("POD_NAMESPACE", "demo"),
-                ("INSTANCE_IP", "10.233.0.2"),
-                ("ISTIO_META_DNS_CAPTURE", "true"),
-                ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
-            ],
-        )
-        .unwrap();
-    let app = &net.pods[0];
-    // Readiness includes the DNS table.
-    let ready = app.wait_http_ok(
-        "http://127.0.0.1:15021/healthz/ready",
-        Duration::from_secs(60),
-    );
-    assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
     assert!(
         app.logs_of("pilot-agent")
             .contains("DNS name table received")
@@ -183,31 +189,8 @@ fn addressless_service_entries_get_addresses_of_their_own() {
             )
             .unwrap();
     }
+    start_app(&mut net, ADDRESSLESS);
     let app = &net.pods[0];
-    app.set_resolv_conf("nameserver 10.233.0.3\nsearch demo.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n")
-        .unwrap();
-    harness::istio_iptables(app, &["--redirect-dns"]).unwrap();
-    let mesh = net.dir().join("mesh");
-    std::fs::create_dir_all(&mesh).unwrap();
-    std::fs::write(mesh.join("mesh.yaml"), ADDRESSLESS).unwrap();
-    net.pods[0]
-        .spawn_embedded_agent(
-            &mesh,
-            &[
-                ("POD_NAME", "app"),
-                ("POD_NAMESPACE", "demo"),
-                ("INSTANCE_IP", "10.233.0.2"),
-                ("ISTIO_META_DNS_CAPTURE", "true"),
-                ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
-            ],
-        )
-        .unwrap();
-    let app = &net.pods[0];
-    let ready = app.wait_http_ok(
-        "http://127.0.0.1:15021/healthz/ready",
-        Duration::from_secs(60),
-    );
-    assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
 
     let one = resolve(app, "tcp-echo.external-1.svc.cluster.local");
     let two = resolve(app, "tcp-echo.external-2.svc.cluster.local");

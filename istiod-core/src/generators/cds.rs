@@ -166,9 +166,12 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<
                     // leaves it out.
                     continue;
                 }
+                let subset_name = subset.map(|i| subsets[i].name.as_str());
+                // The rule's policy for this port and subset (none without a rule).
+                let eff = rule
+                    .map(|r| cluster_policy::effective(r, subset_name, port.port))
+                    .unwrap_or_default();
                 if let Some(rule) = rule {
-                    let subset_name = subset.map(|i| subsets[i].name.as_str());
-                    let eff = cluster_policy::effective(rule, subset_name, port.port);
                     cluster_policy::apply(
                         &mut cluster,
                         &eff,
@@ -184,8 +187,7 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<
                     );
                     cluster.metadata = Some(cluster_policy::metadata(rule, subset_name));
                 }
-                let subset_name = subset.map(|i| subsets[i].name.as_str());
-                if locality::plan(push, svc, port.port, subset_name).is_some_and(|p| p.weighted()) {
+                if locality::plan_for(push, &eff).is_some_and(|p| p.weighted()) {
                     use envoy_types::pb::envoy::config::cluster::v3::cluster::common_lb_config;
                     cluster
                         .common_lb_config

@@ -8,15 +8,14 @@ use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 
 use super::{Named, locality, socket_address, tls};
-use crate::model::Proxy;
+use crate::model::{Proxy, Service, ServicePort, Subset};
 use crate::push_context::PushContext;
 
-/// The endpoints of `cluster` (its service's, or its subset's) as EDS sends them, each with its
-/// weight, `HEALTHY` (only ready endpoints are known) and its TLS metadata.
-fn members<'a>(
+/// The service, port and subset `cluster` is of.
+fn resolve<'a>(
     push: &'a PushContext,
     cluster: &str,
-) -> Option<impl Iterator<Item = locality::Member<'a>> + 'a> {
+) -> Option<(&'a Service, &'a ServicePort, Option<&'a Subset>)> {
     let at = push.clusters.get(cluster)?;
     let svc = push.services.get(at.service)?;
     let port = svc.ports.get(at.port)?;
@@ -24,6 +23,16 @@ fn members<'a>(
         Some(i) => Some(push.subsets.get(&svc.hostname)?.get(i)?),
         None => None,
     };
+    Some((svc, port, subset))
+}
+
+/// The endpoints of `cluster` (its service's, or its subset's) as EDS sends them, each with its
+/// weight, `HEALTHY` (only ready endpoints are known) and its TLS metadata.
+fn members<'a>(
+    push: &'a PushContext,
+    cluster: &str,
+) -> Option<impl Iterator<Item = locality::Member<'a>> + 'a> {
+    let (svc, port, subset) = resolve(push, cluster)?;
     let members = svc
         .endpoints
         .iter()
@@ -52,14 +61,8 @@ fn members<'a>(
 
 /// The locality plan of `cluster` (None: its assignment is the same for every proxy).
 fn plan<'a>(push: &'a PushContext, cluster: &str) -> Option<locality::Plan<'a>> {
-    let at = push.clusters.get(cluster)?;
-    let svc = push.services.get(at.service)?;
-    let port = svc.ports.get(at.port)?;
-    let subset = match at.subset {
-        Some(i) => Some(push.subsets.get(&svc.hostname)?.get(i)?.name.as_str()),
-        None => None,
-    };
-    locality::plan(push, svc, port.port, subset)
+    let (svc, port, subset) = resolve(push, cluster)?;
+    locality::plan(push, svc, port.port, subset.map(|s| s.name.as_str()))
 }
 
 /// The assignment every proxy gets: one group per locality, in locality order (the endpoints'

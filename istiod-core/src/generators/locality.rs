@@ -79,6 +79,15 @@ pub fn plan<'a>(
             super::cluster_policy::effective(rule, subset, port)
         })
         .unwrap_or_default();
+    plan_for(push, &policy)
+}
+
+/// The plan under a cluster's traffic policy `policy` (its DestinationRule's for the port and
+/// subset, `cluster_policy::effective`).
+pub fn plan_for<'a>(
+    push: &'a PushContext,
+    policy: &super::cluster_policy::Effective<'a>,
+) -> Option<Plan<'a>> {
     let setting = setting(push, policy.load_balancer)?;
     let failover = policy.outlier_detection.is_some();
     (!setting.distribute.is_empty() || failover).then_some(Plan { setting, failover })
