@@ -13,7 +13,7 @@ use istio_proto::otlp_logs::{
     AnyValue, ExportLogsServiceRequest, KeyValue, LogRecord, Resource, ResourceLogs, ScopeLogs,
     any_value,
 };
-use istiod_core::generators::telemetry::attr;
+use mesh_common::telemetry::attr;
 use pilot_agent::telemetry::{StandardMetrics, Workload};
 use prost::Message;
 

@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
 use futures::StreamExt;
-use istiod_core::ca::{Ca, Identity};
+use istiod_core::ca::Ca;
+use mesh_common::identity::Identity;
 use pilot_agent::config::{CertSource, IdentityConfig, KeyAlgorithm};
-use pilot_agent::identity::{EmbeddedSigner, issue, key_and_csr};
+use pilot_agent::embedded::EmbeddedSigner;
+use pilot_agent::identity::{issue, key_and_csr};
 use pilot_agent::sds;
 
 fn median(mut v: Vec<Duration>) -> (Duration, Duration) {

@@ -13,7 +13,7 @@ use crate::config::Config;
 
 pub use crate::config::ports::{ENVOY_STATUS as ENVOY_STATUS_PORT, PROMETHEUS as PROMETHEUS_PORT};
 const SDS_SOCKET: &str = "./var/run/secrets/workload-spiffe-uds/socket";
-use istiod_core::generators::telemetry::CLUSTER as TELEMETRY_CLUSTER;
+use mesh_common::telemetry::CLUSTER as TELEMETRY_CLUSTER;
 
 fn socket_address(ip: &str, port: u16) -> Value {
     json!({ "socket_address": { "protocol": "TCP", "address": ip, "port_value": port } })

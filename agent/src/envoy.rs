@@ -79,17 +79,17 @@ pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
     // connection manager serves every proxy; istiod writes them as literals).
     let own = crate::telemetry::Workload::own(cfg);
     cmd.env(
-        istiod_core::generators::telemetry::tracing::ENV_CANONICAL_SERVICE,
+        mesh_common::names::ENV_CANONICAL_SERVICE,
         &own.canonical_service,
     )
     .env(
-        istiod_core::generators::telemetry::tracing::ENV_CANONICAL_REVISION,
+        mesh_common::names::ENV_CANONICAL_REVISION,
         &own.canonical_revision,
     )
     // The OpenTelemetry tracer's service name: the node's service cluster (`app.namespace`), as
     // istiod writes it; the pod's own resource attributes, when it has some, come first.
     .env(
-        istiod_core::generators::telemetry::tracing::ENV_OTEL_RESOURCE,
+        mesh_common::names::ENV_OTEL_RESOURCE,
         otel_resource(
             cfg.otel_resource_attributes.as_deref(),
             &cfg.service_cluster,
@@ -97,7 +97,7 @@ pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
     )
     // The peer exchange's announcement of this workload (HTTP metrics' peer labels).
     .env(
-        istiod_core::generators::telemetry::peer::ENV,
+        mesh_common::telemetry::peer::ENV,
         own.announcement(&cfg.service_account),
     );
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which is

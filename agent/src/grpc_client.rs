@@ -72,7 +72,7 @@ pub async fn dial(address: &str, cfg: &XdsClientConfig) -> Result<Channel, Statu
                 ));
                 // Only the bundle's usable roots: one garbage or expired entry must not make
                 // the good ones unusable, and a file with none is an error that names it.
-                let bundle = istiod_core::ca::TrustBundle::parse(
+                let bundle = mesh_common::identity::TrustBundle::parse(
                     &String::from_utf8_lossy(&pem),
                     SystemTime::now(),
                 );

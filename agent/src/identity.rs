@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use istiod_core::ca::{Ca, Identity, TrustBundle, split_pem};
+use mesh_common::identity::{Identity, TrustBundle, split_pem};
 use mesh_common::watch::{FileWatch, Watched};
 use rcgen::{CertificateParams, KeyPair, SanType};
 use tokio::sync::watch;
@@ -52,21 +52,6 @@ pub trait Signer: Send + Sync + 'static {
     /// waiting for the next renewal.
     fn trust_files(&self) -> Vec<PathBuf> {
         Vec::new()
-    }
-}
-
-/// The embedded CA: the agent's identity is its own configuration (one machine, one operator).
-pub struct EmbeddedSigner {
-    pub ca: Arc<Ca>,
-    pub identity: Identity,
-}
-
-impl Signer for EmbeddedSigner {
-    async fn sign(&self, csr_pem: String, ttl: Duration) -> Result<Vec<String>, String> {
-        let ttl = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
-        self.ca
-            .sign(&csr_pem, &self.identity, ttl)
-            .map_err(|e| e.to_string())
     }
 }
 
@@ -251,7 +236,7 @@ pub fn verify_chain(
     }
     if let Some(identity) = identity {
         let want = identity.to_string();
-        let uris = istiod_core::ca::uri_sans(leaf);
+        let uris = mesh_common::identity::uri_sans(leaf);
         if uris != [want.clone()] {
             return Err(format!(
                 "the leaf certificate names {uris:?}; expected exactly {want}"
@@ -648,6 +633,8 @@ pub fn seconds_left(cert: &WorkloadCert) -> f64 {
 mod tests {
     use super::*;
     use crate::config::CertSource;
+    use crate::embedded::EmbeddedSigner;
+    use istiod_core::ca::Ca;
     use std::path::PathBuf;
     use std::sync::atomic::{AtomicBool, Ordering};
 

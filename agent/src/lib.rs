@@ -5,9 +5,11 @@
 pub mod admin;
 pub mod app_uid;
 pub mod bootstrap;
+pub mod cli;
 pub mod config;
 pub mod dns;
 pub mod drain;
+pub mod embedded;
 pub mod envoy;
 pub mod grpc_client;
 pub mod http_client;
@@ -34,7 +36,7 @@ pub enum AgentError {
     #[error(transparent)]
     Config(#[from] config::ConfigError),
     #[error("embedded control plane: {0}")]
-    ControlPlane(#[from] istiod_core::Error),
+    ControlPlane(#[from] embedded::EmbeddedError),
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -56,24 +58,6 @@ pub enum AgentError {
     EnvoyExited(std::process::ExitStatus),
     #[error("{0}; the agent exits so the container restarts")]
     TaskEnded(mesh_common::tasks::Ended),
-}
-
-/// Sets `dir`'s permission bits to `mode`. A directory another uid owns cannot be chmod-ed (a
-/// pod's emptyDir is root's, mode 0777, while the agent runs as 1337): it is left as it is, and
-/// its mode is returned for the caller to judge; `None` when `mode` was set.
-pub(crate) fn set_dir_mode(dir: &std::path::Path, mode: u32) -> std::io::Result<Option<u32>> {
-    use std::os::unix::fs::MetadataExt;
-    match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)) {
-        Ok(()) => Ok(None),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            let meta = std::fs::metadata(dir)?;
-            if meta.uid() == nix::unistd::geteuid().as_raw() {
-                return Err(e);
-            }
-            Ok(Some(meta.mode() & 0o7777))
-        }
-        Err(e) => Err(e),
-    }
 }
 
 fn write_file(path: &std::path::Path, contents: &[u8], mode: u32) -> Result<(), AgentError> {
@@ -102,19 +86,13 @@ fn start_control_plane(
         ControlPlaneSource::Embedded {
             config_dir,
             mesh_file,
-        } => {
-            let cp = istiod_core::ControlPlane::open(istiod_core::Settings {
-                config_dir: Some(config_dir.clone()),
-                mesh_file: mesh_file.clone(),
-                domain_suffix: istiod_core::DEFAULT_DOMAIN_SUFFIX.to_string(),
-                trust_domain: cfg.identity.identity.trust_domain.clone(),
-                scope_gateway_to_namespace: cfg.scope_gateway_to_namespace,
-                cache_check: cfg.cache_check,
-                ..istiod_core::Settings::default()
-            })?;
-            tasks.spawn_forever("config-watch", cp.clone().watch(cfg.debounce));
-            Ok(xds_proxy::Upstream::Embedded(cp.xds()))
-        }
+        } => Ok(xds_proxy::Upstream::Embedded(embedded::start(
+            config_dir,
+            mesh_file.as_ref(),
+            &cfg.identity.identity.trust_domain,
+            &cfg.embedded,
+            tasks,
+        )?)),
         ControlPlaneSource::Remote { address } => Ok(xds_proxy::Upstream::Remote {
             address: address.clone(),
             client: cfg.xds_client.clone().ok_or_else(|| config::ConfigError {
@@ -135,7 +113,7 @@ fn prepare_config_dir(cfg: &Config) -> Result<(), AgentError> {
         source,
     };
     std::fs::create_dir_all(&cfg.config_path).map_err(dir_fail)?;
-    if let Some(mode) = set_dir_mode(&cfg.config_path, 0o755).map_err(dir_fail)? {
+    if let Some(mode) = uds::set_dir_mode(&cfg.config_path, 0o755).map_err(dir_fail)? {
         let envoy_enters =
             mode & 0o005 == 0o005 || cfg.envoy_uid == nix::unistd::geteuid().as_raw();
         if !envoy_enters {
@@ -156,21 +134,14 @@ fn start_identity(
     metrics: &Arc<metrics::Metrics>,
 ) -> Result<identity::CertWatch, AgentError> {
     use config::CertSource;
-    use identity::{EmbeddedSigner, RemoteSigner};
+    use embedded::EmbeddedSigner;
+    use identity::RemoteSigner;
     let (tx, rx) = tokio::sync::watch::channel(None);
     let id = Arc::new(cfg.identity.clone());
     match &cfg.identity.source {
         CertSource::Embedded { ca_dir } => {
-            let ca = istiod_core::ca::Ca::load_or_create(
-                ca_dir,
-                &id.identity.trust_domain,
-                id.ttl.max(istiod_core::ca::DEFAULT_TTL),
-            )
-            .map_err(|e| AgentError::Identity(e.to_string()))?;
-            let signer = EmbeddedSigner {
-                ca: Arc::new(ca),
-                identity: id.identity.clone(),
-            };
+            let signer =
+                EmbeddedSigner::open(ca_dir, &id.identity, id.ttl).map_err(AgentError::Identity)?;
             tasks.spawn_forever(
                 "identity",
                 identity::run_rotation(id, signer, tx, metrics.clone()),

@@ -332,7 +332,8 @@ mod tests {
     use crate::config::KeyAlgorithm;
     use crate::identity::{WorkloadCert, key_and_csr, verify_chain};
     use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
-    use istiod_core::ca::{Ca, Identity};
+    use istiod_core::ca::Ca;
+    use mesh_common::identity::Identity;
     use prost::Message;
 
     fn cert(ca: &Ca) -> Arc<WorkloadCert> {

@@ -7,6 +7,24 @@ use std::path::Path;
 use futures::Stream;
 use tokio::net::{UnixListener, UnixStream};
 
+/// Sets `dir`'s permission bits to `mode`. A directory another uid owns cannot be chmod-ed (a
+/// pod's emptyDir is root's, mode 0777, while the agent runs as 1337): it is left as it is, and
+/// its mode is returned for the caller to judge; `None` when `mode` was set.
+pub(crate) fn set_dir_mode(dir: &Path, mode: u32) -> std::io::Result<Option<u32>> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)) {
+        Ok(()) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            let meta = std::fs::metadata(dir)?;
+            if meta.uid() == nix::unistd::geteuid().as_raw() {
+                return Err(e);
+            }
+            Ok(Some(meta.mode() & 0o7777))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Binds `path` (replacing a stale socket) as 0600, owned by `owner` when given (the agent is
 /// root and Envoy is not). With `private_dir`, the socket's directory is made 0700 and owned by
 /// `owner` too; a directory another uid owns (a pod's emptyDir) is left as it is, and the socket's
@@ -16,7 +34,7 @@ pub fn bind(path: &Path, owner: Option<u32>, private_dir: bool) -> std::io::Resu
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     if private_dir {
-        match crate::set_dir_mode(dir, 0o700)? {
+        match set_dir_mode(dir, 0o700)? {
             None => {
                 if let Some(uid) = owner {
                     std::os::unix::fs::chown(dir, Some(uid), Some(uid))?;

@@ -50,10 +50,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use istiod_core::generators::telemetry::{
-    Reporter, http_access_log, peer, tcp_access_log, tcp_access_log_options,
+use mesh_common::telemetry::{
+    MetricConfig, MetricsPlan, Reporter, http_access_log, peer, tcp_access_log,
+    tcp_access_log_options,
 };
-use istiod_core::push_context::telemetry::{MetricShape, MetricsPlan};
 use prost::Message;
 use wire::Edit;
 pub use wire::WireError;
@@ -229,9 +229,9 @@ struct Pass {
 fn stats_plan(config: &[u8]) -> Result<MetricsPlan, WireError> {
     let mut plan = MetricsPlan::default();
     for m in wire::repeated(config, 8)? {
-        let mut shape = MetricShape {
+        let mut shape = MetricConfig {
             name: wire::string_field(m, 2)?.to_string(),
-            ..MetricShape::default()
+            ..MetricConfig::default()
         };
         for field in wire::fields(m) {
             let field = field?;
@@ -856,12 +856,48 @@ pub fn adapt(delta: bool, msg: &[u8]) -> Result<Adapted, WireError> {
     })
 }
 
+/// A request the agent itself sends the control plane on a stream: an ACK of the response
+/// `nonce` of `type_url`, or with `error` a NACK of it (`version`: the last one accepted; state
+/// of the world only, Delta has no such field).
+pub fn answer_upstream(
+    delta: bool,
+    type_url: &str,
+    version: &str,
+    nonce: &str,
+    error: Option<String>,
+) -> Bytes {
+    let type_url = type_url.to_string();
+    let error_detail = error.map(|message| envoy_types::pb::google::rpc::Status {
+        code: tonic::Code::InvalidArgument as i32,
+        message,
+        ..Default::default()
+    });
+    Bytes::from(if delta {
+        envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest {
+            type_url,
+            response_nonce: nonce.to_string(),
+            error_detail,
+            ..Default::default()
+        }
+        .encode_to_vec()
+    } else {
+        envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest {
+            type_url,
+            version_info: version.to_string(),
+            response_nonce: nonce.to_string(),
+            error_detail,
+            ..Default::default()
+        }
+        .encode_to_vec()
+    })
+}
+
 /// The NACK the agent sends for a refused response (as Envoy would: the nonce, the reason).
 pub fn nack(delta: bool, msg: &[u8], why: &str) -> Result<Bytes, WireError> {
     let type_url = wire::string_field(msg, 4)?;
     // nonce: field 5 in both responses.
     let nonce = wire::string_field(msg, 5)?;
-    Ok(crate::xds_proxy::answer_upstream(
+    Ok(answer_upstream(
         delta,
         type_url,
         "",

@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes};
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use futures::{Stream, StreamExt};
 use prost::Message;
 use tokio::net::UnixListener;
@@ -122,7 +121,8 @@ fn keep_response(msg: &Result<Bytes, Status>) -> bool {
 /// Where Envoy's streams are forwarded.
 #[derive(Clone)]
 pub enum Upstream {
-    Embedded(istiod_core::xds_server::XdsServer),
+    /// istiod-core in this process.
+    Embedded(crate::embedded::InProcess),
     /// A remote ADS server at `host:port`.
     Remote {
         address: String,
@@ -130,19 +130,12 @@ pub enum Upstream {
     },
 }
 
-/// Decodes Envoy's requests for the in-process server, which works on typed messages.
-fn decoded<M: Message + Default + Send + 'static>(
-    requests: ReceiverStream<Bytes>,
-) -> impl Stream<Item = Result<M, Status>> + Send + 'static {
-    requests.map(|b| M::decode(b).map_err(|e| Status::invalid_argument(e.to_string())))
-}
-
 impl Upstream {
     /// Largest response passed on to Envoy: XDS_MAX_RESPONSE_BYTES for a remote control plane,
     /// what istiod-core sends at most in process.
     fn max_response_bytes(&self) -> usize {
         match self {
-            Upstream::Embedded(_) => istiod_core::xds_server::MAX_RESPONSE_BYTES,
+            Upstream::Embedded(_) => crate::embedded::MAX_RESPONSE_BYTES,
             Upstream::Remote { client, .. } => client.max_response_bytes,
         }
     }
@@ -153,16 +146,7 @@ impl Upstream {
         requests: ReceiverStream<Bytes>,
     ) -> Result<ByteStream, Status> {
         match self {
-            Upstream::Embedded(server) => {
-                use istiod_core::xds_server::Requests;
-                let requests = if delta {
-                    Requests::Delta(Box::pin(decoded::<DeltaDiscoveryRequest>(requests)))
-                } else {
-                    Requests::Sotw(Box::pin(decoded::<DiscoveryRequest>(requests)))
-                };
-                let out = server.open(requests, istiod_core::autoregister::Caller::InProcess);
-                Ok(Box::pin(out.map(|r| r.map(|m| m.to_bytes()))))
-            }
+            Upstream::Embedded(server) => Ok(server.open(delta, requests)),
             Upstream::Remote { address, client } => {
                 let channel = dial(address, client).await?;
                 let mut grpc = tonic::client::Grpc::new(channel)
@@ -223,43 +207,7 @@ fn nds_request(delta: bool, version: &str, nonce: &str) -> Bytes {
 /// The agent's answer to a name table: an ACK, or with `error` a NACK (`version` is then the
 /// last one accepted, as the xDS protocol asks).
 fn nds_answer(delta: bool, version: &str, nonce: &str, error: Option<String>) -> Bytes {
-    answer_upstream(delta, istio_proto::nds::TYPE_URL, version, nonce, error)
-}
-
-/// A request the agent itself sends the control plane on a stream: an ACK of the response
-/// `nonce` of `type_url`, or with `error` a NACK of it (`version`: the last one accepted; state
-/// of the world only, Delta has no such field).
-pub(crate) fn answer_upstream(
-    delta: bool,
-    type_url: &str,
-    version: &str,
-    nonce: &str,
-    error: Option<String>,
-) -> Bytes {
-    let type_url = type_url.to_string();
-    let error_detail = error.map(|message| envoy_types::pb::google::rpc::Status {
-        code: tonic::Code::InvalidArgument as i32,
-        message,
-        ..Default::default()
-    });
-    Bytes::from(if delta {
-        DeltaDiscoveryRequest {
-            type_url,
-            response_nonce: nonce.to_string(),
-            error_detail,
-            ..Default::default()
-        }
-        .encode_to_vec()
-    } else {
-        DiscoveryRequest {
-            type_url,
-            version_info: version.to_string(),
-            response_nonce: nonce.to_string(),
-            error_detail,
-            ..Default::default()
-        }
-        .encode_to_vec()
-    })
+    crate::xds_adapt::answer_upstream(delta, istio_proto::nds::TYPE_URL, version, nonce, error)
 }
 
 /// Forwards Envoy's request stream into `tx` until Envoy ends or errors. With DNS on, the first
@@ -572,11 +520,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("XDS");
         let listener = bind(&path, None).unwrap();
-        let cp = istiod_core::ControlPlane::in_memory("cluster.local").unwrap();
         tokio::spawn(serve(
             listener,
             crate::uds::allowed_uids(1337),
-            Upstream::Embedded(cp.xds()),
+            Upstream::Embedded(crate::embedded::InProcess::in_memory().unwrap()),
             Arc::new(crate::metrics::Metrics::new()),
             None,
             None,

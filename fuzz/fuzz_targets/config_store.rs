@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use istiod_core::config_store::{ConfigError, ConfigSet, parse_file};
-use istiod_core::generators::{cds, eds, lds, nds, route};
+use istiod_core::generators::{cds, eds, nds};
 use istiod_core::model::Proxy;
 use istiod_core::push_context::PushContext;
 use libfuzzer_sys::fuzz_target;
@@ -56,14 +56,14 @@ fuzz_target!(|data: &[u8]| {
             continue;
         };
         let clusters = cds::generate(&push, &proxy);
-        let _ = lds::generate(&push, &proxy);
+        let _ = istiod_core::generators::listeners(&push, &proxy);
         let eds_names: Vec<String> = clusters
             .iter()
             .filter_map(|n| Cluster::decode(n.resource.value.as_slice()).ok())
             .map(|c| c.name)
             .collect();
         let _ = eds::generate(&push, &eds_names);
-        let _ = route::generate(&push, &proxy, &push.route_names());
+        let _ = istiod_core::generators::routes(&push, &proxy, &push.route_names());
         let _ = nds::generate(&push, &proxy);
     }
 });

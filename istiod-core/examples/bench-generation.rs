@@ -67,9 +67,10 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 use istiod_core::config_store::{ConfigSet, parse_file};
-use istiod_core::generators::{Named, cds, eds, lds, route};
+use istiod_core::generators::{cds, eds};
 use istiod_core::model::Proxy;
 use istiod_core::push_context::{GenCache, PushContext};
+use istiod_core::resource::Named;
 
 fn ip(prefix: &str, i: usize) -> String {
     format!("{prefix}.{}.{}", (i / 256) % 256, i % 256)
@@ -341,14 +342,14 @@ fn main() {
         row(name, "CDS, cached (every further proxy)", &d, Some(&c), "-");
         let (d, l) = time(|| {
             push.cache = GenCache::default();
-            lds::generate(&push, proxy)
+            istiod_core::generators::listeners(&push, proxy)
         });
         row(name, "LDS", &d, Some(&l), "-");
         let routes = push.route_names();
         if !routes.is_empty() {
             let (d, r) = time(|| {
                 push.cache = GenCache::default();
-                route::generate(&push, proxy, &routes)
+                istiod_core::generators::routes(&push, proxy, &routes)
             });
             row(name, "RDS", &d, Some(&r), istio_route);
         }

@@ -30,7 +30,7 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::google::protobuf::{Struct, Value, value};
 use futures::StreamExt;
-use istiod_core::generators::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE};
+use istiod_core::resource::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE};
 use prost::Message;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};

@@ -320,7 +320,7 @@ mod tests {
                 id: "sidecar~10.9.0.1~p.n~n.svc.cluster.local".into(),
                 ..Default::default()
             }),
-            type_url: crate::generators::CLUSTER_TYPE.into(),
+            type_url: crate::resource::CLUSTER_TYPE.into(),
             ..Default::default()
         };
 

@@ -17,14 +17,11 @@ use std::time::Duration;
 
 use tonic::Status;
 
-use crate::ca::Identity;
 use crate::config_store::{Metadata, Resource, WorkloadEntrySpec};
 use crate::model::Proxy;
 use crate::push_context::PushContext;
 use crate::store::MemoryStore;
-
-/// Istio's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD default.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+use mesh_common::identity::Identity;
 
 /// The group an auto-registered entry came from (Istio records it in an annotation of this
 /// name; our metadata has labels only).

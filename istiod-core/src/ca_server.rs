@@ -17,7 +17,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use tonic::{Request, Response, Status};
 
-use crate::ca::{Ca, Identity};
+use crate::ca::Ca;
+use mesh_common::identity::Identity;
 
 /// The audience Istio's agents request their tokens for.
 pub const AUDIENCE: &str = "istio-ca";
@@ -161,7 +162,7 @@ pub(crate) fn peer_identity(
 fn identity_of_client_cert(der: &[u8]) -> Result<Identity, String> {
     use x509_parser::prelude::{FromDer, X509Certificate};
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| e.to_string())?;
-    let uris = crate::ca::uri_sans(&cert);
+    let uris = mesh_common::identity::uri_sans(&cert);
     match uris.as_slice() {
         [uri] => Identity::parse(uri).map_err(|e| e.to_string()),
         _ => Err(format!(

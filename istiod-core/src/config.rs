@@ -7,8 +7,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::Debounce;
-
 /// The environment variables istiod-core reads, by name.
 pub mod env {
     /// Quiet period after a config change before it is pushed (Go duration, 100ms).
@@ -51,6 +49,65 @@ pub mod env {
 /// istiod's namespace when `POD_NAMESPACE` is unset.
 pub const DEFAULT_POD_NAMESPACE: &str = "istio-system";
 
+/// The DNS domain of the cluster's services (`--domain-suffix`).
+pub const DEFAULT_DOMAIN_SUFFIX: &str = "cluster.local";
+
+/// istiod's `CLUSTER_ID` when none is set: the cluster istiod runs in.
+pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
+
+/// Istio's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD default.
+pub const DEFAULT_WORKLOAD_ENTRY_GRACE: Duration = Duration::from_secs(10);
+
+/// Concurrent ADS streams accepted before new ones are refused (RESOURCE_EXHAUSTED).
+pub const DEFAULT_MAX_STREAMS: usize = 100_000;
+
+/// Istio's PILOT_PUSH_THROTTLE when left at 0 (auto): `min(15 + 5 × cores, 100)`.
+pub fn default_push_throttle() -> usize {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    (15 + 5 * cores).min(100)
+}
+
+/// Istio's push debounce: a change is acted on once no other has come for `after`
+/// (PILOT_DEBOUNCE_AFTER, 100ms), or `max` after the first (PILOT_DEBOUNCE_MAX, 10s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Debounce {
+    pub after: Duration,
+    pub max: Duration,
+}
+
+impl Default for Debounce {
+    fn default() -> Self {
+        Debounce {
+            after: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Debounce {
+    /// Called after a first event: returns once `after` passes with no new event, or `max`
+    /// after the call; false if the event source closed.
+    pub async fn settle(&self, events: &mut tokio::sync::mpsc::Receiver<()>) -> bool {
+        let deadline = tokio::time::Instant::now() + self.max;
+        loop {
+            let quiet = tokio::time::Instant::now() + self.after;
+            tokio::select! {
+                ev = events.recv() => {
+                    if ev.is_none() {
+                        return false;
+                    }
+                }
+                _ = tokio::time::sleep_until(quiet.min(deadline)) => return true,
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return true;
+            }
+        }
+    }
+}
+
 /// How the environment is read: a variable's value by name.
 pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -80,7 +137,7 @@ fn duration(
     let Some(value) = lookup(name).filter(|v| !skip_blank || !v.trim().is_empty()) else {
         return Ok(None);
     };
-    match crate::parse_go_duration(&value) {
+    match mesh_common::parse_go_duration(&value) {
         Ok(d) => Ok(Some(d)),
         Err(e) => Err(EnvError {
             name,
@@ -187,14 +244,14 @@ impl PilotEnv {
             debounce: debounce(lookup)?,
             push_throttle: push_throttle
                 .filter(|n| *n > 0)
-                .unwrap_or_else(crate::xds_server::default_push_throttle),
+                .unwrap_or_else(default_push_throttle),
             workload_entry_grace: duration(
                 lookup,
                 env::PILOT_WORKLOAD_ENTRY_GRACE_PERIOD,
                 "10s",
                 false,
             )?
-            .unwrap_or(crate::autoregister::DEFAULT_GRACE),
+            .unwrap_or(DEFAULT_WORKLOAD_ENTRY_GRACE),
             scope_gateway_to_namespace: scope_gateway_to_namespace(lookup)?,
             cache_check: cache_check(lookup)?,
             pod_namespace: lookup(env::POD_NAMESPACE)
@@ -209,7 +266,7 @@ impl PilotEnv {
             pod_name: lookup(env::POD_NAME).filter(|v| !v.is_empty()),
             cluster_id: lookup(env::CLUSTER_ID)
                 .filter(|v| !v.trim().is_empty())
-                .unwrap_or_else(|| crate::model::DEFAULT_CLUSTER_ID.into()),
+                .unwrap_or_else(|| DEFAULT_CLUSTER_ID.into()),
             auto_allocate: flag_or(lookup, env::PILOT_ENABLE_IP_AUTOALLOCATE, true)?,
             gateway_deployment: flag_or(
                 lookup,
@@ -248,7 +305,7 @@ pub struct ServeArgs {
     #[arg(long = "grpc-addr", default_value = "127.0.0.1:15010")]
     pub grpc_addr: SocketAddr,
     /// DNS suffix of Kubernetes services.
-    #[arg(long = "domain-suffix", default_value = crate::DEFAULT_DOMAIN_SUFFIX)]
+    #[arg(long = "domain-suffix", default_value = DEFAULT_DOMAIN_SUFFIX)]
     pub domain_suffix: String,
     /// Serve TLS with this certificate chain (PEM); requires --tls-key.
     #[arg(long = "tls-cert", requires = "tls_key")]
@@ -301,7 +358,7 @@ pub struct ServeArgs {
     #[arg(long = "debug-addr")]
     pub debug_addr: Option<SocketAddr>,
     /// Refuse ADS streams beyond this many at once (RESOURCE_EXHAUSTED).
-    #[arg(long = "max-streams", default_value_t = crate::xds_server::DEFAULT_MAX_STREAMS)]
+    #[arg(long = "max-streams", default_value_t = DEFAULT_MAX_STREAMS)]
     pub max_streams: usize,
     /// Connections to --grpc-addr held at once from non-loopback peers; loopback has 1024 more
     /// of its own. Lowered to fit the open-file limit (raised to its hard limit at start) less
@@ -387,7 +444,7 @@ mod tests {
             got,
             PilotEnv {
                 debounce: Debounce::default(),
-                push_throttle: crate::xds_server::default_push_throttle(),
+                push_throttle: default_push_throttle(),
                 workload_entry_grace: Duration::from_secs(10),
                 scope_gateway_to_namespace: false,
                 cache_check: false,
@@ -446,10 +503,7 @@ mod tests {
             }
         );
         let zero = PilotEnv::from_lookup(&env(&[(env::PILOT_PUSH_THROTTLE, "0")]));
-        assert_eq!(
-            zero.map(|e| e.push_throttle),
-            Ok(crate::xds_server::default_push_throttle())
-        );
+        assert_eq!(zero.map(|e| e.push_throttle), Ok(default_push_throttle()));
         // Go's spellings, and nothing else.
         let upper = PilotEnv::from_lookup(&env(&[(env::ISTIOD_CACHE_CHECK, "T")]));
         assert_eq!(upper.map(|e| e.cache_check), Ok(true));

@@ -223,11 +223,11 @@ fn push_status(push: &crate::push_context::PushContext) -> serde_json::Value {
 
 /// The short names istiod's syncz gives the four main types (`cluster_sent` ...).
 const SYNCZ_SHORT: [(&str, &str); 5] = [
-    (crate::generators::CLUSTER_TYPE, "cluster"),
-    (crate::generators::LISTENER_TYPE, "listener"),
-    (crate::generators::ROUTE_TYPE, "route"),
-    (crate::generators::ENDPOINT_TYPE, "endpoint"),
-    (crate::generators::EXTENSION_CONFIG_TYPE, "extensionconfig"),
+    (crate::resource::CLUSTER_TYPE, "cluster"),
+    (crate::resource::LISTENER_TYPE, "listener"),
+    (crate::resource::ROUTE_TYPE, "route"),
+    (crate::resource::ENDPOINT_TYPE, "endpoint"),
+    (crate::resource::EXTENSION_CONFIG_TYPE, "extensionconfig"),
 ];
 
 /// One proxy of `/debug/syncz`: ours (`proxy`, `delta`, `types`) and istiod's fields.

@@ -11,15 +11,16 @@ pub mod ca_server;
 pub mod config;
 pub mod config_store;
 pub mod debug;
-pub mod envoy_filter;
 pub mod envoy_proto;
 pub mod gateway_api;
 pub mod generators;
 pub mod intern;
 pub mod kube;
 pub mod model;
+pub mod patch;
 pub mod push_context;
 pub mod registry;
+pub mod resource;
 pub mod serve;
 pub mod store;
 pub mod transport;
@@ -29,9 +30,8 @@ pub mod xds_server;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use mesh_common::watch::{FileWatch, Fingerprint, Watched};
 use tokio::sync::watch;
 
 use config_store::ConfigError;
@@ -39,11 +39,12 @@ use config_store::dir::Rejection;
 use push_context::PushContext;
 use registry::RegistryError;
 
-pub const DEFAULT_DOMAIN_SUFFIX: &str = "cluster.local";
+pub use config::{DEFAULT_DOMAIN_SUFFIX, Debounce};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// The mesh config file overrides the directory's MeshConfig field by field; a trust
     /// domain other than the control plane's is refused and the last good config stays.
@@ -196,7 +197,7 @@ impl Default for Settings {
             trust_domain: push_context::DEFAULT_TRUST_DOMAIN.to_string(),
             scope_gateway_to_namespace: false,
             cache_check: false,
-            cluster_id: model::DEFAULT_CLUSTER_ID.to_string(),
+            cluster_id: config::DEFAULT_CLUSTER_ID.to_string(),
             auto_allocate: true,
         }
     }
@@ -383,7 +384,7 @@ impl ControlPlane {
         }
         sources.push(memory.clone());
         if let Some(path) = &settings.mesh_file {
-            sources.push(Arc::new(store::MeshConfigFile { path: path.clone() }));
+            sources.push(Arc::new(store::MeshConfigFile::new(path.clone())));
         }
         let store = store::AggregateStore::new(sources);
         let (push, rejected) = build(&store, &settings, 1, None)?;
@@ -403,7 +404,7 @@ impl ControlPlane {
             generation: 1.into(),
             autoregister: autoregister::AutoRegistration::new(
                 memory.clone(),
-                autoregister::DEFAULT_GRACE,
+                config::DEFAULT_WORKLOAD_ENTRY_GRACE,
             ),
             memory,
             rejected: rejected.into(),
@@ -426,27 +427,14 @@ impl ControlPlane {
         &self.memory
     }
 
-    /// Re-reads the directory. On error the last good snapshot stays in force.
+    /// Reads every source again. On error the last good snapshot stays in force.
     pub fn reload(&self) -> Result<(), Error> {
         let generation = self
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        // A file rewritten while it was read may have been read half-written (an editor or
-        // `cp` truncates first): when the files differ before and after the read, read again.
-        let watched = self.watched_files();
-        let files = || Fingerprint::of(&watched);
         let old = self.tx.borrow().clone();
-        let mut tries = 0;
-        let (mut push, rejected) = loop {
-            let before = files();
-            let built = build(&self.store, &self.settings, generation, Some(&old));
-            tries += 1;
-            if tries == 5 || files() == before {
-                break built?;
-            }
-            tracing::debug!("config files changed while being read; reading again");
-        };
+        let (mut push, rejected) = build(&self.store, &self.settings, generation, Some(&old))?;
         if let Ok(mut last) = self.rejected.lock() {
             log_rejections(&rejected, &last);
             *last = rejected;
@@ -497,59 +485,10 @@ impl ControlPlane {
             .with_auto_registration(self.autoregister.clone())
     }
 
-    /// What the watch polls: the config directory's listing and the mesh config file.
-    fn watched_files(&self) -> Vec<Watched> {
-        let dir = self
-            .settings
-            .config_dir
-            .iter()
-            .map(|d| Watched::Dir(d.clone()));
-        dir.chain(
-            self.settings
-                .mesh_file
-                .iter()
-                .map(|f| Watched::File(f.clone())),
-        )
-        .collect()
-    }
-
-    /// Watches the config directory and reloads after each burst of changes has settled
-    /// (`debounce`). Change events come from inotify; a 2 s poll of file names, sizes and
-    /// mtimes backs it up (filesystems without inotify, replaced mounts). Runs until the
-    /// process ends.
+    /// Reloads after each burst of changes of any source has settled (`debounce`): the files'
+    /// own watches, the in-memory store, the Kubernetes watches. Runs until the process ends.
     pub async fn watch(self: Arc<Self>, debounce: Debounce) {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1024);
-        let mut watcher = None;
-        if let Some(dir) = self.settings.config_dir.clone() {
-            let notify_tx = tx.clone();
-            let w = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
-                let _ = notify_tx.try_send(());
-            })
-            .and_then(|mut w| {
-                notify::Watcher::watch(&mut w, &dir, notify::RecursiveMode::NonRecursive).map(|_| w)
-            });
-            match w {
-                Ok(w) => watcher = Some(w),
-                Err(e) => {
-                    tracing::warn!(error = %e, dir = %dir.display(), "no inotify watch; polling only")
-                }
-            }
-        }
-        let watched = self.watched_files();
-        if !watched.is_empty() {
-            let poll_tx = tx.clone();
-            let mut files = FileWatch::new(watched.clone());
-            tokio::spawn(async move {
-                loop {
-                    let now = files.next_change(Duration::from_secs(2)).await;
-                    files.mark_seen(now);
-                    if poll_tx.send(()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        // Sources that say when they changed: the in-memory store, the Kubernetes watches.
         let counters: Vec<watch::Receiver<u64>> = self
             .store
             .sources
@@ -567,11 +506,8 @@ impl ControlPlane {
             });
         }
         drop(tx);
-        let fingerprint_now = |_: &ControlPlane| {
-            let counts: Vec<u64> = counters.iter().map(|c| *c.borrow()).collect();
-            (Fingerprint::of(&watched), counts)
-        };
-        let mut last = fingerprint_now(&self);
+        let counts_now = || -> Vec<u64> { counters.iter().map(|c| *c.borrow()).collect() };
+        let mut last = counts_now();
         // What changed between the load and the watch's start would otherwise wait for the
         // next change: read once now that the watch is in place.
         if let Err(e) = self.reload() {
@@ -581,57 +517,13 @@ impl ControlPlane {
             if !debounce.settle(&mut rx).await {
                 break;
             }
-            // Our own writes (the CA's files live in a subdirectory) and touches that change
-            // nothing are not config events.
-            let now = fingerprint_now(&self);
+            let now = counts_now();
             if now == last {
                 continue;
             }
             last = now;
             if let Err(e) = self.reload() {
                 tracing::error!(error = %e, "config rejected; keeping the last good config");
-            }
-        }
-        drop(watcher);
-    }
-}
-
-/// Istio's push debounce: a change is acted on once no other has come for `after`
-/// (PILOT_DEBOUNCE_AFTER, 100ms), or `max` after the first (PILOT_DEBOUNCE_MAX, 10s).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Debounce {
-    pub after: Duration,
-    pub max: Duration,
-}
-
-impl Default for Debounce {
-    fn default() -> Self {
-        Debounce {
-            after: Duration::from_millis(100),
-            max: Duration::from_secs(10),
-        }
-    }
-}
-
-pub use mesh_common::{DurationError, parse_go_duration};
-
-impl Debounce {
-    /// Called after a first event: returns once `after` passes with no new event, or `max`
-    /// after the call; false if the event source closed.
-    pub async fn settle(&self, events: &mut tokio::sync::mpsc::Receiver<()>) -> bool {
-        let deadline = tokio::time::Instant::now() + self.max;
-        loop {
-            let quiet = tokio::time::Instant::now() + self.after;
-            tokio::select! {
-                ev = events.recv() => {
-                    if ev.is_none() {
-                        return false;
-                    }
-                }
-                _ = tokio::time::sleep_until(quiet.min(deadline)) => return true,
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return true;
             }
         }
     }

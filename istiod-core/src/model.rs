@@ -198,9 +198,6 @@ pub fn spiffe_id(trust_domain: &str, namespace: &str, sa: &str) -> String {
     format!("spiffe://{trust_domain}/ns/{namespace}/sa/{sa}")
 }
 
-/// istiod's `CLUSTER_ID` when none is set: the cluster istiod runs in.
-pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
-
 /// The labels istiod gives an endpoint (`AugmentLabels`): the workload's own, then its
 /// locality's region, zone and subzone, the cluster, the node as `kubernetes.io/hostname`, and
 /// the network (none here: `topology.istio.io/network` is empty) unless the workload names one.
@@ -332,7 +329,15 @@ pub struct NodeIdError {
     pub id: String,
 }
 
+/// The proxy type of gateways in the node id.
+pub const ROUTER: &str = "router";
+
 impl Proxy {
+    /// A gateway (node id type `router`): its listeners come from the Gateways that select it.
+    pub fn is_router(&self) -> bool {
+        self.kind == ROUTER
+    }
+
     pub fn from_node_id(id: &str) -> Result<Proxy, NodeIdError> {
         let fail = || NodeIdError { id: id.to_string() };
         let parts: Vec<&str> = id.split('~').collect();

@@ -15,6 +15,8 @@ use crate::registry::{self, RegistryError};
 mod authn;
 pub mod auto_ip;
 mod change;
+pub mod envoy_filters;
+pub mod policy;
 pub mod routing;
 mod sidecar_scope;
 pub mod telemetry;
@@ -91,7 +93,7 @@ pub struct PushContext {
     /// Encoded resources that are the same for every proxy of this snapshot.
     pub cache: GenCache,
     /// Every EnvoyFilter, its patch values decoded (`crate::envoy_filter`).
-    pub envoy_filters: Vec<crate::envoy_filter::Compiled>,
+    pub envoy_filters: Vec<envoy_filters::Compiled>,
 }
 
 /// What an outbound cluster name stands for (indices into the snapshot's services, their
@@ -109,16 +111,16 @@ pub struct ClusterRef {
 /// entry can never be stale, and entries are written once (`OnceLock`), never replaced.
 #[derive(Default)]
 pub struct GenCache {
-    pub outbound_clusters: std::sync::OnceLock<Vec<crate::generators::Named>>,
-    pub outbound_listeners: std::sync::OnceLock<Vec<crate::generators::Named>>,
-    pub endpoints: std::sync::OnceLock<std::collections::HashMap<String, crate::generators::Named>>,
-    pub routes: std::sync::OnceLock<std::collections::HashMap<String, crate::generators::Named>>,
+    pub outbound_clusters: std::sync::OnceLock<Vec<crate::resource::Named>>,
+    pub outbound_listeners: std::sync::OnceLock<Vec<crate::resource::Named>>,
+    pub endpoints: std::sync::OnceLock<std::collections::HashMap<String, crate::resource::Named>>,
+    pub routes: std::sync::OnceLock<std::collections::HashMap<String, crate::resource::Named>>,
     /// Each proxy's Sidecar scope (by proxy id and node labels), worked out once per snapshot
     /// rather than once per generator.
     pub scopes: std::sync::Mutex<ScopeMemo>,
     /// Assignments under locality load balancing, by cluster and what they depend on (the
     /// proxy's locality, labels): [`GenCache::localized`].
-    localized: std::sync::Mutex<std::collections::HashMap<String, crate::generators::Named>>,
+    localized: std::sync::Mutex<std::collections::HashMap<String, crate::resource::Named>>,
     /// The checked mode (`Settings::cache_check`, ISTIOD_CACHE_CHECK): every read of a cached
     /// resource generates it again and panics, naming the entry, if the value differs. An
     /// entry's key is (snapshot, name) and its value must depend on the snapshot alone; this
@@ -161,8 +163,8 @@ impl GenCache {
     pub fn localized(
         &self,
         key: &str,
-        make: impl FnOnce() -> crate::generators::Named,
-    ) -> crate::generators::Named {
+        make: impl FnOnce() -> crate::resource::Named,
+    ) -> crate::resource::Named {
         let mut map = self
             .localized
             .lock()
@@ -221,7 +223,7 @@ fn security_warnings(
     match resource {
         Resource::AuthorizationPolicy(_, spec) if spec.action == Action::Custom => {
             let name = spec.provider.as_ref().map_or("", |p| p.name.as_str());
-            match crate::generators::ext_authz::target(mesh, name, &is_service) {
+            match policy::target(mesh, name, &is_service) {
                 Ok(_) => Vec::new(),
                 Err(why) => vec![format!(
                     "spec.provider: {why}; the policy's rules deny instead (fail closed, as Istio)"
@@ -349,7 +351,7 @@ impl Default for PushContext {
             gateways: Vec::new(),
             secrets: Vec::new(),
             scope_gateway_to_namespace: false,
-            cluster_id: crate::model::DEFAULT_CLUSTER_ID.to_string(),
+            cluster_id: crate::config::DEFAULT_CLUSTER_ID.to_string(),
             auto_ip_cursor: auto_ip::Cursor::default(),
             trust_domain: DEFAULT_TRUST_DOMAIN.to_string(),
             config: Default::default(),
@@ -517,7 +519,7 @@ impl PushContext {
             },
             _ => None,
         });
-        let envoy_filters = crate::envoy_filter::compile(
+        let envoy_filters = envoy_filters::compile(
             &config.resources,
             previous.map_or(&[][..], |p| &p.envoy_filters),
         );
@@ -527,7 +529,7 @@ impl PushContext {
             gateways,
             secrets,
             scope_gateway_to_namespace: false,
-            cluster_id: crate::model::DEFAULT_CLUSTER_ID.to_string(),
+            cluster_id: crate::config::DEFAULT_CLUSTER_ID.to_string(),
             auto_ip_cursor: auto_ip::Cursor::default(),
             authorization_policies,
             request_authentications,

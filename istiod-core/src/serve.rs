@@ -207,7 +207,7 @@ pub async fn serve(
     // expect it; the flag wins over the mesh config, which wins over the default.
     let mesh = match &args.mesh_config {
         Some(path) => Some(
-            crate::store::MeshConfigFile { path: path.clone() }
+            crate::store::MeshConfigFile::new(path.clone())
                 .read()
                 .map_err(ServeError::MeshConfig)?,
         ),

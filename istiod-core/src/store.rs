@@ -1,11 +1,16 @@
 //! Config sources behind one interface (istiod's `model.ConfigStore` and its aggregate): the
-//! watched directory (`FileStore`), an in-memory store that tests and embedders write to
-//! (`MemoryStore`), and `AggregateStore`, which lists them all as one. The control plane reads
-//! only through `ConfigStore`, so a source never needs to know about snapshots or pushes.
+//! directory of files (`FileStore`) and the mesh config file (`MeshConfigFile`), which watch
+//! themselves, an in-memory store that tests and embedders write to (`MemoryStore`), and
+//! `AggregateStore`, which lists them all as one. Every source says when it changed
+//! (`ConfigStore::changes`), as the Kubernetes source does; the control plane reads only through
+//! `ConfigStore` and merges the sources' changes, so a source never needs to know about
+//! snapshots or pushes, and the control plane never about files.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Duration;
 
+use mesh_common::watch::{FileWatch, Fingerprint, Watched};
 use tokio::sync::watch;
 
 use crate::config_store::dir::{Bounds, Key, LastGood, Rejection, load_dir_each};
@@ -22,8 +27,9 @@ pub trait ConfigStore: Send + Sync {
         Vec::new()
     }
 
-    /// Bumped on every change, for a source that says when it changed (the in-memory store, the
-    /// Kubernetes watches); `None` for one the control plane watches itself (files).
+    /// Bumped on every change of what the source lists (the files' watch, the in-memory store,
+    /// the Kubernetes watches); `None` for a source that never changes. A source that watches
+    /// something starts watching on the first call, which must come from inside a Tokio runtime.
     fn changes(&self) -> Option<watch::Receiver<u64>> {
         None
     }
@@ -53,12 +59,97 @@ pub trait ConfigStore: Send + Sync {
     }
 }
 
-/// The directory of YAML/JSON files (watched by the control plane), read document by document:
-/// what is refused keeps its last good version from the previous read (`config_store::dir`).
+/// How often watched files are looked at besides inotify's events (filesystems without inotify,
+/// replaced mounts).
+const POLL: Duration = Duration::from_secs(2);
+
+/// Reads taken again at most when the files change while they are read.
+const READ_TRIES: usize = 5;
+
+/// Files a source watches: inotify events on their directories and a poll every [`POLL`], the
+/// counter bumped only when their names, sizes or mtimes changed (a touch, or the CA's writes in
+/// a subdirectory, are not config events). Started on the first subscription.
+struct FileChanges {
+    watched: Vec<Watched>,
+    counter: OnceLock<watch::Receiver<u64>>,
+}
+
+impl FileChanges {
+    fn new(watched: Vec<Watched>) -> FileChanges {
+        FileChanges {
+            watched,
+            counter: OnceLock::new(),
+        }
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.counter
+            .get_or_init(|| watch_files(self.watched.clone()))
+            .clone()
+    }
+
+    /// Reads with `read` until the files look the same before and after (an editor or `cp`
+    /// truncates first: a file rewritten during the read may have been read half-written).
+    fn consistent<T>(&self, mut read: impl FnMut() -> T) -> T {
+        let mut tries = 0;
+        loop {
+            let before = Fingerprint::of(&self.watched);
+            let out = read();
+            tries += 1;
+            if tries == READ_TRIES || Fingerprint::of(&self.watched) == before {
+                return out;
+            }
+            tracing::debug!("config files changed while being read; reading again");
+        }
+    }
+}
+
+/// The watch of `watched`: a task that bumps the counter on each change and ends when no one
+/// holds the counter any more.
+fn watch_files(watched: Vec<Watched>) -> watch::Receiver<u64> {
+    let (tx, rx) = watch::channel(0u64);
+    let (events_tx, mut events) = tokio::sync::mpsc::channel::<()>(1);
+    let mut inotify = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
+        let _ = events_tx.try_send(());
+    })
+    .ok();
+    for w in &watched {
+        let dir = match w {
+            Watched::Dir(d) => Some(d.clone()),
+            Watched::File(f) => f.parent().map(|p| p.to_path_buf()),
+        };
+        if let (Some(watcher), Some(dir)) = (inotify.as_mut(), dir)
+            && let Err(e) =
+                notify::Watcher::watch(watcher, &dir, notify::RecursiveMode::NonRecursive)
+        {
+            tracing::warn!(error = %e, dir = %dir.display(), "no inotify watch; polling only");
+        }
+    }
+    tokio::spawn(async move {
+        let _inotify = inotify;
+        let mut files = FileWatch::new(watched);
+        loop {
+            tokio::select! {
+                _ = events.recv() => {}
+                _ = tokio::time::sleep(POLL) => {}
+                _ = tx.closed() => return,
+            }
+            if let Some(now) = files.check() {
+                files.mark_seen(now);
+                tx.send_modify(|n| *n += 1);
+            }
+        }
+    });
+    rx
+}
+
+/// The directory of YAML/JSON files, watched (`changes`), read document by document: what is
+/// refused keeps its last good version from the previous read (`config_store::dir`).
 pub struct FileStore {
     dir: PathBuf,
     bounds: Bounds,
     last: Mutex<(LastGood, Vec<Rejection>)>,
+    changes: FileChanges,
 }
 
 impl FileStore {
@@ -68,6 +159,7 @@ impl FileStore {
 
     pub fn with_bounds(dir: PathBuf, bounds: Bounds) -> FileStore {
         FileStore {
+            changes: FileChanges::new(vec![Watched::Dir(dir.clone())]),
             dir,
             bounds,
             last: Mutex::default(),
@@ -78,7 +170,9 @@ impl FileStore {
 impl ConfigStore for FileStore {
     fn list(&self) -> Result<Vec<Resource>, ConfigError> {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let load = load_dir_each(&self.dir, &last.0, &self.bounds)?;
+        let load = self
+            .changes
+            .consistent(|| load_dir_each(&self.dir, &last.0, &self.bounds))?;
         *last = (load.last_good, load.rejected);
         Ok(load.resources)
     }
@@ -87,23 +181,39 @@ impl ConfigStore for FileStore {
         self.last.lock().map(|l| l.1.clone()).unwrap_or_default()
     }
 
+    fn changes(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.changes.subscribe())
+    }
+
     fn origin(&self) -> String {
         format!("file:{}", self.dir.display())
     }
 }
 
-/// A mesh config file (plain MeshConfig YAML, istiod's `--meshConfig`), as one MeshConfig.
+/// A mesh config file (plain MeshConfig YAML, istiod's `--meshConfig`), as one MeshConfig,
+/// watched (`changes`).
 pub struct MeshConfigFile {
-    pub path: PathBuf,
+    path: PathBuf,
+    changes: FileChanges,
 }
 
 impl MeshConfigFile {
+    pub fn new(path: PathBuf) -> MeshConfigFile {
+        MeshConfigFile {
+            changes: FileChanges::new(vec![Watched::File(path.clone())]),
+            path,
+        }
+    }
+
     /// The file's MeshConfig, read and checked now.
     pub fn read(&self) -> Result<crate::config_store::MeshConfigSpec, ConfigError> {
-        let text = std::fs::read_to_string(&self.path).map_err(|source| ConfigError::ReadFile {
-            file: self.path.clone(),
-            source,
-        })?;
+        let text = self
+            .changes
+            .consistent(|| std::fs::read_to_string(&self.path))
+            .map_err(|source| ConfigError::ReadFile {
+                file: self.path.clone(),
+                source,
+            })?;
         crate::config_store::parse_mesh_config(&self.path, &text)
     }
 }
@@ -121,6 +231,10 @@ impl ConfigStore for MeshConfigFile {
             },
             Box::new(spec),
         )])
+    }
+
+    fn changes(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.changes.subscribe())
     }
 
     fn origin(&self) -> String {

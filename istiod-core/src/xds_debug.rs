@@ -27,8 +27,10 @@ use envoy_types::pb::google::protobuf::{Any, Struct, Timestamp, Value, value::Ki
 use prost::{Message, Name};
 use tonic::Status;
 
-use crate::generators::{self, CLUSTER_TYPE, LISTENER_TYPE, ROUTE_TYPE};
 use crate::model::Proxy;
+use crate::resource::{
+    CLUSTER_TYPE, EXTENSION_CONFIG_TYPE, LISTENER_TYPE, ROUTE_TYPE, SECRET_TYPE,
+};
 use crate::wire::Outgoing;
 
 /// Every debug type starts so (istiod's `model.DebugType`).
@@ -112,7 +114,7 @@ impl Viewer {
     /// The viewer of a caller: `None` for one whose identity is not verified (refused:
     /// `Unauthenticated`, as istiod refuses it), else by its namespace.
     pub fn of(
-        identity: Option<&crate::ca::Identity>,
+        identity: Option<&mesh_common::identity::Identity>,
         in_process: bool,
         root_namespace: &str,
     ) -> Result<Viewer, Status> {
@@ -332,31 +334,29 @@ fn config_dump(sync: &ProxySync, generate: Generate<'_>) -> Vec<Any> {
         ..Default::default()
     });
     out.push(any(&routes.unwrap_or_default()));
-    let secrets =
-        of(generators::gateway::SECRET_TYPE).map(|(version, resources)| admin::SecretsConfigDump {
-            dynamic_active_secrets: resources
-                .iter()
-                .map(|s| admin::secrets_config_dump::DynamicSecret {
-                    name: resource_name(s),
-                    version_info: version.clone(),
-                    secret: Some(redacted(s)),
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        });
+    let secrets = of(SECRET_TYPE).map(|(version, resources)| admin::SecretsConfigDump {
+        dynamic_active_secrets: resources
+            .iter()
+            .map(|s| admin::secrets_config_dump::DynamicSecret {
+                name: resource_name(s),
+                version_info: version.clone(),
+                secret: Some(redacted(s)),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    });
     out.push(any(&secrets.unwrap_or_default()));
-    let ecds =
-        of(generators::EXTENSION_CONFIG_TYPE).map(|(version, resources)| admin::EcdsConfigDump {
-            ecds_filters: resources
-                .iter()
-                .map(|f| admin::ecds_config_dump::EcdsFilterConfig {
-                    version_info: version.clone(),
-                    ecds_filter: Some((**f).clone()),
-                    ..Default::default()
-                })
-                .collect(),
-        });
+    let ecds = of(EXTENSION_CONFIG_TYPE).map(|(version, resources)| admin::EcdsConfigDump {
+        ecds_filters: resources
+            .iter()
+            .map(|f| admin::ecds_config_dump::EcdsFilterConfig {
+                version_info: version.clone(),
+                ecds_filter: Some((**f).clone()),
+                ..Default::default()
+            })
+            .collect(),
+    });
     out.push(any(&ecds.unwrap_or_default()));
     out
 }
@@ -452,7 +452,7 @@ mod tests {
 
     #[test]
     fn viewers_need_an_identity_and_see_their_namespace() {
-        let id = |ns: &str| crate::ca::Identity {
+        let id = |ns: &str| mesh_common::identity::Identity {
             trust_domain: "cluster.local".into(),
             namespace: ns.into(),
             service_account: "default".into(),
@@ -552,10 +552,7 @@ mod tests {
             &[
                 (CLUSTER_TYPE, state(Some("7"), Some("7"), false)),
                 (ROUTE_TYPE, rds),
-                (
-                    generators::gateway::SECRET_TYPE,
-                    state(Some("7"), Some("7"), false),
-                ),
+                (SECRET_TYPE, state(Some("7"), Some("7"), false)),
             ],
         )];
         let cluster = Cluster {

@@ -18,10 +18,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Status};
 
 use crate::autoregister::{AutoRegistration, Caller};
-use crate::generators::{self, CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
+use crate::generators;
 use crate::intern;
 use crate::model::Proxy;
 use crate::push_context::{Change, PushContext};
+use crate::resource::{
+    CLUSTER_TYPE, ENDPOINT_TYPE, EXTENSION_CONFIG_TYPE, LISTENER_TYPE, Named, ROUTE_TYPE,
+    SECRET_TYPE,
+};
 use crate::wire::Outgoing;
 pub use crate::xds_debug::{ProxySync, TypeSync};
 
@@ -29,10 +33,10 @@ pub use crate::xds_debug::{ProxySync, TypeSync};
 const PUSH_ORDER: [&str; 7] = [
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
-    generators::gateway::SECRET_TYPE,
+    SECRET_TYPE,
     LISTENER_TYPE,
     ROUTE_TYPE,
-    generators::EXTENSION_CONFIG_TYPE,
+    EXTENSION_CONFIG_TYPE,
     istio_proto::nds::TYPE_URL,
 ];
 
@@ -77,13 +81,6 @@ pub struct XdsServer {
 /// stream and never reads would otherwise hold its responses forever.
 pub const DEFAULT_SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Istio's PILOT_PUSH_THROTTLE when left at 0 (auto): `min(15 + 5 × cores, 100)`.
-pub fn default_push_throttle() -> usize {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    (15 + 5 * cores).min(100)
-}
 /// How long a push may keep its throttle permit while a slow proxy takes its responses.
 const THROTTLE_HOLD: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -94,8 +91,6 @@ pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 /// accepts this much by default) or one whose size overflows the gRPC frame header. A mesh's
 /// real pushes are far smaller.
 pub const MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
-/// Concurrent ADS streams accepted before new ones are refused (RESOURCE_EXHAUSTED).
-pub const DEFAULT_MAX_STREAMS: usize = 100_000;
 
 /// State every stream task shares: sync status for /debug/syncz, the push throttle and the
 /// stream limit.
@@ -220,7 +215,7 @@ struct Connection {
 enum CallerScope {
     #[default]
     InProcess,
-    Verified(Option<crate::ca::Identity>),
+    Verified(Option<mesh_common::identity::Identity>),
 }
 
 impl CallerScope {
@@ -238,9 +233,9 @@ fn generate(
     proxy: &Proxy,
     type_url: &str,
     names: &[Arc<str>],
-) -> Option<Vec<generators::Named>> {
+) -> Option<Vec<Named>> {
     let mut out = generate_unpatched(push, proxy, type_url, names)?;
-    crate::envoy_filter::apply(push, proxy, type_url, &mut out);
+    crate::patch::apply(push, proxy, type_url, &mut out);
     Some(out)
 }
 
@@ -250,19 +245,11 @@ fn generate_unpatched(
     proxy: &Proxy,
     type_url: &str,
     names: &[Arc<str>],
-) -> Option<Vec<generators::Named>> {
-    Some(match type_url {
-        CLUSTER_TYPE => generators::cds::generate(push, proxy),
-        ENDPOINT_TYPE => generators::eds::generate(push, proxy, names),
-        LISTENER_TYPE => generators::lds::generate(push, proxy),
-        ROUTE_TYPE => generators::route::generate(push, proxy, names),
-        istio_proto::nds::TYPE_URL => generators::nds::generate(push, proxy),
-        generators::gateway::SECRET_TYPE => generators::gateway::secrets(push, proxy, names),
-        generators::EXTENSION_CONFIG_TYPE => {
-            crate::envoy_filter::extension_configs(push, proxy, names)
-        }
-        _ => return None,
-    })
+) -> Option<Vec<Named>> {
+    if type_url == EXTENSION_CONFIG_TYPE {
+        return Some(crate::patch::extension_configs(push, proxy, names));
+    }
+    generators::generate(push, proxy, type_url, names)
 }
 
 /// The EnvoyFilters that patch what `proxy` gets of `type_url` (`names`): whom its rejection
@@ -277,7 +264,7 @@ fn blame(
         return Vec::new();
     };
     let generated = generate_unpatched(push, proxy, type_url, names).unwrap_or_default();
-    crate::envoy_filter::blame(push, proxy, type_url, names, &generated)
+    crate::patch::blame(push, proxy, type_url, names, &generated)
 }
 
 impl Connection {
@@ -322,7 +309,11 @@ impl Connection {
 
 impl XdsServer {
     pub fn new(push: watch::Receiver<Arc<PushContext>>) -> Self {
-        Self::with_limits(push, DEFAULT_MAX_STREAMS, default_push_throttle())
+        Self::with_limits(
+            push,
+            crate::config::DEFAULT_MAX_STREAMS,
+            crate::config::default_push_throttle(),
+        )
     }
 
     pub fn with_limits(
@@ -1162,8 +1153,7 @@ impl DeltaConnection {
         let names: Vec<Arc<str>> = watch.names.iter().cloned().collect();
         let generated = generate(push, proxy, type_url, &names)?;
         let wanted = |name: &str| watch.wildcard || watch.names.contains(name);
-        let generated: Vec<generators::Named> =
-            generated.into_iter().filter(|n| wanted(&n.name)).collect();
+        let generated: Vec<Named> = generated.into_iter().filter(|n| wanted(&n.name)).collect();
         // What Envoy holds and we no longer generate goes away.
         let mut removed: Vec<Arc<str>> = {
             let present: std::collections::HashSet<&str> =

@@ -323,7 +323,7 @@ async fn a_mesh_client_certificate_renews_its_own_identity() {
         .unwrap()
         .pem()
         .unwrap();
-    let me = istiod_core::ca::Identity::new("cluster.local", "shop", "web").unwrap();
+    let me = mesh_common::identity::Identity::new("cluster.local", "shop", "web").unwrap();
     let chain = ca.sign(&csr, &me, 3600).unwrap();
     let connect = |identity: Option<tonic::transport::Identity>| {
         let mut tls = tonic::transport::ClientTlsConfig::new()

@@ -15,7 +15,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use futures::StreamExt;
 use istiod_core::ControlPlane;
 use istiod_core::autoregister::Caller;
-use istiod_core::generators::{CLUSTER_TYPE, ENDPOINT_TYPE, ROUTE_TYPE};
+use istiod_core::resource::{CLUSTER_TYPE, ENDPOINT_TYPE, ROUTE_TYPE};
 use istiod_core::xds_server::{Requests, WireStream, XdsServer};
 use prost::Message;
 use tokio::sync::mpsc;

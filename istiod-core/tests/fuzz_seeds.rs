@@ -18,12 +18,13 @@ use futures::StreamExt;
 use http_body::Frame;
 use istiod_core::ControlPlane;
 use istiod_core::ads_http::AdsHttp;
-use istiod_core::ca::{Ca, Identity, uri_sans};
+use istiod_core::ca::Ca;
 use istiod_core::config_store::{ConfigError, ConfigSet, parse_file};
-use istiod_core::generators::{cds, eds, lds, nds, route};
+use istiod_core::generators::{cds, eds, nds};
 use istiod_core::model::Proxy;
 use istiod_core::push_context::PushContext;
 use mesh_common::grpc::{ADS_DELTA_PATH, ADS_SOTW_PATH};
+use mesh_common::identity::{Identity, uri_sans};
 use prost::Message;
 use tower::Service;
 use x509_parser::prelude::FromDer;
@@ -110,14 +111,14 @@ fn config_store(data: &[u8]) -> bool {
             continue;
         };
         let clusters = cds::generate(&push, &proxy);
-        let _ = lds::generate(&push, &proxy);
+        let _ = istiod_core::generators::listeners(&push, &proxy);
         let eds_names: Vec<String> = clusters
             .iter()
             .filter_map(|n| Cluster::decode(n.resource.value.as_slice()).ok())
             .map(|c| c.name)
             .collect();
         let _ = eds::generate(&push, &proxy, &eds_names);
-        let _ = route::generate(&push, &proxy, &push.route_names());
+        let _ = istiod_core::generators::routes(&push, &proxy, &push.route_names());
         let _ = nds::generate(&push, &proxy);
     }
     true

@@ -16,9 +16,10 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     HttpConnectionManager, http_connection_manager, http_filter,
 };
 use istiod_core::config_store::{ConfigSet, parse_file};
-use istiod_core::generators::{Named, cds, eds, lds, nds, route};
+use istiod_core::generators::{cds, eds, nds};
 use istiod_core::model::Proxy;
 use istiod_core::push_context::PushContext;
+use istiod_core::resource::Named;
 use prost::Message;
 
 /// Decodes and pretty-prints. (prost prints map fields in hash order; every map the
@@ -120,11 +121,11 @@ fn render(yaml_path: &Path) -> String {
     let mut push = PushContext::build(Arc::new(set), "cluster.local", "golden".into()).unwrap();
     push.cache = istiod_core::push_context::GenCache::checked();
     let clusters = cds::generate(&push, &proxy);
-    let listeners = lds::generate(&push, &proxy);
+    let listeners = istiod_core::generators::listeners(&push, &proxy);
     // A second proxy's read of the shared resources, in the cache's checked mode: each is
     // generated again and must come out the same.
     assert_eq!(cds::generate(&push, &proxy), clusters);
-    assert_eq!(lds::generate(&push, &proxy), listeners);
+    assert_eq!(istiod_core::generators::listeners(&push, &proxy), listeners);
     let eds_names: Vec<String> = clusters
         .iter()
         .filter(|n| {
@@ -169,8 +170,11 @@ fn render(yaml_path: &Path) -> String {
     writeln!(out, "### LDS").unwrap();
     out.push_str(&show::<Listener>(&listeners));
     writeln!(out, "### RDS").unwrap();
-    let routes = route::generate(&push, &proxy, &route_names);
-    assert_eq!(route::generate(&push, &proxy, &route_names), routes);
+    let routes = istiod_core::generators::routes(&push, &proxy, &route_names);
+    assert_eq!(
+        istiod_core::generators::routes(&push, &proxy, &route_names),
+        routes
+    );
     out.push_str(&show::<RouteConfiguration>(&routes));
     let authz = istiod_core::generators::authz::inbound(
         &push,
@@ -229,7 +233,7 @@ fn render(yaml_path: &Path) -> String {
     for w in &push.warnings {
         writeln!(out, "{w}").unwrap();
     }
-    if istiod_core::generators::gateway::is_router(&proxy) {
+    if proxy.is_router() {
         // The credentials the listeners ask for over SDS (ADS), as Envoy would.
         let dump = format!("{:?}", listeners_text(&listeners));
         let mut names: Vec<String> = dump

@@ -54,7 +54,7 @@ async fn serves_ads_on_the_port_it_bound_until_shutdown() {
             id: "sidecar~10.9.0.1~p.shop~shop.svc.cluster.local".into(),
             ..Default::default()
         }),
-        type_url: istiod_core::generators::CLUSTER_TYPE.into(),
+        type_url: istiod_core::resource::CLUSTER_TYPE.into(),
         ..Default::default()
     };
     let (tx, rx) = tokio::sync::mpsc::channel(1);
@@ -69,7 +69,7 @@ async fn serves_ads_on_the_port_it_bound_until_shutdown() {
         .unwrap()
         .unwrap()
         .unwrap();
-    assert_eq!(cds.type_url, istiod_core::generators::CLUSTER_TYPE);
+    assert_eq!(cds.type_url, istiod_core::resource::CLUSTER_TYPE);
     assert!(
         cds.resources.iter().any(|r| {
             String::from_utf8_lossy(&r.value).contains("outbound|80||web.shop.svc.cluster.local")
@@ -134,7 +134,7 @@ async fn a_stop_with_a_stream_still_open_ends_after_the_grace() {
             id: "sidecar~10.9.0.1~p.shop~shop.svc.cluster.local".into(),
             ..Default::default()
         }),
-        type_url: istiod_core::generators::CLUSTER_TYPE.into(),
+        type_url: istiod_core::resource::CLUSTER_TYPE.into(),
         ..Default::default()
     })
     .await

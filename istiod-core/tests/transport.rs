@@ -174,8 +174,7 @@ async fn idle_connections_leave_room_for_a_proxy_and_the_config_reload() {
             Err(e) => panic!("connect failed: {e}\n{}", server.log()),
         }
     }
-    let (_tx, mut responses) =
-        ads(server.grpc, request(istiod_core::generators::CLUSTER_TYPE)).await;
+    let (_tx, mut responses) = ads(server.grpc, request(istiod_core::resource::CLUSTER_TYPE)).await;
     let cds = tokio::time::timeout(Duration::from_secs(10), responses.message())
         .await
         .unwrap_or_else(|_| panic!("no CDS within 10 s\n{}", server.log()))
@@ -224,8 +223,7 @@ async fn a_connection_without_a_request_is_closed_at_the_handshake_deadline() {
         );
     }
     // A proxy that sends its request in time is served, and kept past the deadline.
-    let (_tx, mut responses) =
-        ads(server.grpc, request(istiod_core::generators::CLUSTER_TYPE)).await;
+    let (_tx, mut responses) = ads(server.grpc, request(istiod_core::resource::CLUSTER_TYPE)).await;
     assert!(responses.message().await.unwrap().is_some());
     tokio::time::sleep(Duration::from_secs(2)).await;
     std::fs::write(dir.path().join("api.yaml"), service("api", 2)).unwrap();
@@ -248,12 +246,11 @@ async fn a_stream_that_never_reads_is_closed_after_the_send_timeout() {
     let mesh: String = (0..600).map(|i| service(&format!("svc{i}"), i)).collect();
     std::fs::write(dir.path().join("mesh.yaml"), mesh).unwrap();
     let server = Server::start(dir.path(), 4096, &["--send-timeout", "1s"]);
-    let (tx, mut responses) =
-        ads(server.grpc, request(istiod_core::generators::CLUSTER_TYPE)).await;
+    let (tx, mut responses) = ads(server.grpc, request(istiod_core::resource::CLUSTER_TYPE)).await;
     // More requests, each answered, while nothing is read.
     for t in [
-        istiod_core::generators::LISTENER_TYPE,
-        istiod_core::generators::CLUSTER_TYPE,
+        istiod_core::resource::LISTENER_TYPE,
+        istiod_core::resource::CLUSTER_TYPE,
     ] {
         tx.send(request(t)).await.unwrap();
     }
@@ -306,7 +303,7 @@ async fn still_serves(server: &Server, what: &str) {
     let cds = loop {
         let (_tx, mut responses) = tokio::time::timeout_at(
             deadline,
-            ads(server.grpc, request(istiod_core::generators::CLUSTER_TYPE)),
+            ads(server.grpc, request(istiod_core::resource::CLUSTER_TYPE)),
         )
         .await
         .unwrap_or_else(|_| panic!("{what}: no ADS stream within 10 s\n{}", server.log()));
@@ -371,12 +368,11 @@ async fn rapid_reset_leaves_the_server_serving_with_bounded_memory() {
     // Few stream slots: reset streams that kept theirs would soon leave none for a proxy.
     let mut server = Server::start(dir.path(), 4096, &["--max-streams", "200"]);
     // A proxy connected through the attack, which must still get pushes after it.
-    let (_tx, mut watching) =
-        ads(server.grpc, request(istiod_core::generators::CLUSTER_TYPE)).await;
+    let (_tx, mut watching) = ads(server.grpc, request(istiod_core::resource::CLUSTER_TYPE)).await;
     assert!(watching.message().await.unwrap().is_some());
     let before = rss_kib(&server);
     let uri = format!("http://{}{}", server.grpc, mesh_common::grpc::ADS_SOTW_PATH);
-    let first = grpc_frame(&request(istiod_core::generators::CLUSTER_TYPE));
+    let first = grpc_frame(&request(istiod_core::resource::CLUSTER_TYPE));
     let started = std::time::Instant::now();
     let (mut reset, mut connections, mut goaway) = (0u32, 0u32, 0u32);
     let mut ends = std::collections::BTreeMap::<String, u32>::new();
@@ -442,7 +438,7 @@ async fn rapid_reset_leaves_the_server_serving_with_bounded_memory() {
     loop {
         let mut held = Vec::new();
         for _ in 0..100 {
-            held.push(ads(server.grpc, request(istiod_core::generators::CLUSTER_TYPE)).await);
+            held.push(ads(server.grpc, request(istiod_core::resource::CLUSTER_TYPE)).await);
         }
         let mut refused = None;
         for (_, responses) in &mut held {
@@ -625,7 +621,7 @@ async fn the_tls_port_closes_stalled_handshakes_and_survives_rapid_reset() {
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let before = rss_kib(&server);
     let uri = format!("https://localhost{}", mesh_common::grpc::ADS_SOTW_PATH);
-    let first = grpc_frame(&request(istiod_core::generators::CLUSTER_TYPE));
+    let first = grpc_frame(&request(istiod_core::resource::CLUSTER_TYPE));
     let started = std::time::Instant::now();
     let (mut reset, mut connections) = (0u32, 0u32);
     'attack: while reset < 5_000 && started.elapsed() < Duration::from_secs(60) {
@@ -681,7 +677,7 @@ async fn the_tls_port_closes_stalled_handshakes_and_survives_rapid_reset() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let cds = loop {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tx.send(request(istiod_core::generators::CLUSTER_TYPE))
+        tx.send(request(istiod_core::resource::CLUSTER_TYPE))
             .await
             .unwrap();
         let opened = client

@@ -10,8 +10,9 @@ use clap::Parser;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use istiod_core::ca::{Ca, DEFAULT_TTL, Identity};
+use istiod_core::ca::{Ca, DEFAULT_TTL};
 use istiod_core::config::{ServeArgs, ServeConfig};
+use mesh_common::identity::Identity;
 use rcgen::{CertificateParams, KeyPair};
 
 const MESH: &str = "kind: ServiceEntry\nmetadata: {name: web, namespace: shop}\nspec: {hosts: [web.shop.svc.cluster.local], ports: [{number: 80, name: http}], endpoints: [{address: 10.1.0.1}]}\n";
@@ -59,7 +60,7 @@ async fn first_answer(
             id: node_id.into(),
             ..Default::default()
         }),
-        type_url: istiod_core::generators::CLUSTER_TYPE.into(),
+        type_url: istiod_core::resource::CLUSTER_TYPE.into(),
         ..Default::default()
     })
     .await

@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 use futures::StreamExt;
 use istiod_core::ControlPlane;
 use istiod_core::autoregister::Caller;
-use istiod_core::generators::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE};
+use istiod_core::resource::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE};
 use istiod_core::xds_server::Requests;
 use prost::Message;
 use tokio::sync::mpsc;
@@ -571,7 +571,7 @@ async fn proxies_register_themselves_in_their_workload_group() {
 /// Over the network only the group's own identity may register.
 #[tokio::test]
 async fn only_the_groups_identity_may_register_over_the_network() {
-    use istiod_core::ca::Identity;
+    use mesh_common::identity::Identity;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("mesh.yaml"), group_mesh()).unwrap();
     let cp = checked(dir.path());
@@ -633,7 +633,7 @@ async fn debug_types_over_xds_need_an_identity_and_see_its_namespace() {
     proxy
         .subscribe(&["outbound|80||web.shop.svc.cluster.local"])
         .await;
-    let identity = |ns: &str| istiod_core::ca::Identity {
+    let identity = |ns: &str| mesh_common::identity::Identity {
         trust_domain: "cluster.local".into(),
         namespace: ns.into(),
         service_account: "default".into(),

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use istiod_core::ca::Identity;
+use mesh_common::identity::Identity;
 
 use super::xds_client::XdsClientConfig;
 use super::{ConfigError, ControlPlaneSource, env, err, parse_bool, parse_duration};

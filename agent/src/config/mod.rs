@@ -2,6 +2,7 @@
 //! injector writes (`pilot/cmd/pilot-agent/options`, `pkg/config/mesh` ProxyConfig defaults).
 //! Nothing deeper reads the environment.
 
+pub mod embedded;
 pub mod env;
 pub mod identity;
 pub mod inputs;
@@ -37,11 +38,6 @@ fn err(input: &str, value: &str, expected: &str) -> ConfigError {
         value: value.to_string(),
         expected: expected.to_string(),
     }
-}
-
-/// An error of the embedded control plane's env vars, as the agent reports it.
-fn env_error(e: istiod_core::config::EnvError) -> ConfigError {
-    err(e.name, &e.value, &e.expected)
 }
 
 /// ProxyConfig's default discoveryAddress.
@@ -135,12 +131,8 @@ pub struct Config {
     pub dns: Option<DnsConfig>,
     /// The workload certificate: identity, key type, lifetime, where it comes from.
     pub identity: IdentityConfig,
-    /// PILOT_DEBOUNCE_AFTER/MAX for the embedded control plane's config watch.
-    pub debounce: istiod_core::Debounce,
-    /// ISTIOD_CACHE_CHECK: the embedded control plane checks its generator cache (a test aid).
-    pub cache_check: bool,
-    /// PILOT_SCOPE_GATEWAY_TO_NAMESPACE for the embedded control plane.
-    pub scope_gateway_to_namespace: bool,
+    /// The embedded control plane's own settings (istiod's env vars).
+    pub embedded: embedded::EmbeddedSettings,
     /// XDS_ADAPT: remove Istio-only extensions from xDS responses for upstream Envoy (on by
     /// default with a remote control plane; istiod-core emits none).
     pub xds_adapt: bool,
@@ -436,10 +428,7 @@ impl Config {
             app_metrics,
             dns,
             identity,
-            debounce: istiod_core::config::debounce(lookup).map_err(env_error)?,
-            cache_check: lifecycle.cache_check,
-            scope_gateway_to_namespace: istiod_core::config::scope_gateway_to_namespace(lookup)
-                .map_err(env_error)?,
+            embedded: embedded::EmbeddedSettings::from_env(lookup)?,
             xds_adapt,
         })
     }
@@ -752,7 +741,6 @@ struct Lifecycle {
     exit_on_zero_active_connections: bool,
     minimum_drain_duration: Duration,
     cpu_limit: Option<u32>,
-    cache_check: bool,
 }
 
 impl Lifecycle {
@@ -775,13 +763,11 @@ impl Lifecycle {
             ),
             _ => None,
         };
-        let cache_check = istiod_core::config::cache_check(lookup).map_err(env_error)?;
         Ok(Lifecycle {
             delta_xds,
             exit_on_zero_active_connections,
             minimum_drain_duration,
             cpu_limit,
-            cache_check,
         })
     }
 }

@@ -10,11 +10,11 @@
 use super::{ConfigError, err};
 
 /// Envoy's outbound capture listener (`virtualOutbound`, istio-iptables' `-p`).
-pub const VIRTUAL_OUTBOUND: u16 = istiod_core::generators::VIRTUAL_OUTBOUND_PORT;
+pub const VIRTUAL_OUTBOUND: u16 = mesh_common::names::VIRTUAL_OUTBOUND_PORT;
 /// Istio's agent debug port (`pilot-agent request --debug-port`); kept for it.
 pub const AGENT_DEBUG: u16 = 15004;
 /// Envoy's inbound capture listener (`virtualInbound`, istio-iptables' `-z`).
-pub const VIRTUAL_INBOUND: u16 = istiod_core::generators::VIRTUAL_INBOUND_PORT;
+pub const VIRTUAL_INBOUND: u16 = mesh_common::names::VIRTUAL_INBOUND_PORT;
 /// Istio's HBONE tunnel port; kept for it.
 pub const TUNNEL: u16 = 15008;
 /// Envoy's readiness listener, which kubelet probes (`ENVOY_STATUS_PORT`).

@@ -121,7 +121,7 @@ impl StatsConfig {
             "ProxyConfig proxyStatsMatcher.inclusionRegexps".to_string()
         };
         for re in &regexps {
-            istiod_core::config_store::values::check_regex(&source, re)
+            mesh_common::re2::check_regex(&source, re)
                 .map_err(|why| err(&source, re, &format!("an RE2 regular expression ({why})")))?;
         }
         let mut extra_tags: Vec<String> = Vec::new();

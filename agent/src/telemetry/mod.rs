@@ -23,8 +23,7 @@ use istio_proto::otlp_logs::logs_service_server::{LogsService, LogsServiceServer
 use istio_proto::otlp_logs::{
     AnyValue, ExportLogsServiceRequest, ExportLogsServiceResponse, KeyValue, any_value,
 };
-use istiod_core::generators::telemetry::attr;
-use istiod_core::generators::telemetry::metrics::Shape;
+use mesh_common::telemetry::{Shape, attr};
 use tokio::net::UnixListener;
 use tonic::{Request, Response, Status};
 
@@ -185,7 +184,7 @@ impl Workload {
     /// A peer's announcement, believed only when its namespace and service account are those of
     /// the peer's certificate on that connection (`peer_san`); `None` otherwise.
     fn from_announcement(value: &str, peer_san: Option<&str>) -> Option<Workload> {
-        let id = istiod_core::ca::Identity::parse(peer_san?).ok()?;
+        let id = mesh_common::identity::Identity::parse(peer_san?).ok()?;
         let (ns, sa) = (id.namespace.as_str(), id.service_account.as_str());
         let get = |key: &str| {
             value

@@ -9,8 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use istio_proto::otlp_logs::{KeyValue, any_value};
-use istiod_core::generators::telemetry::attr;
-use istiod_core::generators::telemetry::metrics::{Dimension, Shape};
+use mesh_common::telemetry::{Dimension, Shape, attr};
 
 /// A record's dimension: its key (tag and source) and value.
 pub type Dim = (Box<str>, Box<str>);
@@ -121,7 +120,7 @@ pub fn project(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use istiod_core::generators::telemetry::metrics::MetricShape;
+    use mesh_common::telemetry::MetricShape;
 
     fn shape() -> Shape {
         Shape {

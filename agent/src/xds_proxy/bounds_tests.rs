@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::config::RootCa;
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 
 const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const WAIT: Duration = Duration::from_secs(10);

@@ -5,9 +5,9 @@
 //! a warning. In a policy, an ignored field could only change what a rule matches (a misspelt
 //! `path:` would leave an ALLOW rule matching every path), so it is never silently dropped.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
+
+use super::selector::PolicySelector;
 
 /// What a matching rule does.
 #[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -24,7 +24,7 @@ pub enum Action {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AuthorizationPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<Selector>,
+    pub selector: Option<PolicySelector>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_ref: Option<TargetRef>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -51,13 +51,6 @@ impl AuthorizationPolicySpec {
 
 /// The annotation that makes a policy a dry run.
 pub const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Selector {
-    #[serde(default)]
-    pub match_labels: BTreeMap<String, String>,
-}
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -336,7 +329,7 @@ fn check_wildcard(field: &str, v: &str) -> Result<(), String> {
 /// Principals, namespaces and service accounts become RE2 regexes in the generated RBAC
 /// filter; a value too long for one would have Envoy refuse the whole listener configuration.
 fn check_regex_value(field: &str, v: &str) -> Result<(), String> {
-    use super::values::MAX_REGEX_BYTES;
+    use mesh_common::re2::MAX_REGEX_BYTES;
     if v.len() > MAX_REGEX_BYTES {
         return Err(format!(
             "{field}: value of {} bytes is longer than the {MAX_REGEX_BYTES}-byte limit \

@@ -20,7 +20,7 @@ pub struct DestinationRuleSpec {
     #[serde(default)]
     pub export_to: Vec<String>,
     #[serde(default)]
-    pub workload_selector: Option<super::WorkloadSelector>,
+    pub workload_selector: Option<super::selector::WorkloadSelector>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]

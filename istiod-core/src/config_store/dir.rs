@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{ConfigError, Resource, config_files, parse_document, read_config_file};
+use super::{ConfigError, ConfigSet, Resource, parse_document, parse_file};
 
 /// Largest document parsed. Kubernetes refuses objects over 1.5 MiB (etcd's request limit);
 /// past this a document is refused before it is parsed, since a YAML parse costs many times the
@@ -353,6 +353,84 @@ pub fn load_dir_each(dir: &Path, last: &LastGood, bounds: &Bounds) -> Result<Dir
         out.last_good.by_file.insert(file, in_force);
     }
     Ok(out)
+}
+
+/// The config files of `dir`: every `.yaml`, `.yml` and `.json` file (not recursive), in name order.
+pub(super) fn config_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| ConfigError::ReadDir {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml" | "yml" | "json")
+                )
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Largest config file read: far above any real one (Kubernetes caps an object at 1.5 MiB), small
+/// enough that a stray dump or a file still growing cannot take the control plane's memory.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 64 << 20;
+
+/// One config file's text, refused past `MAX_CONFIG_FILE_BYTES`.
+pub(super) fn read_config_file(file: &Path) -> Result<String, ConfigError> {
+    use std::io::Read;
+    let fail = |source| ConfigError::ReadFile {
+        file: file.to_path_buf(),
+        source,
+    };
+    let f = std::fs::File::open(file).map_err(fail)?;
+    // Sized once from the file's length (within the limit): growing by doubling would hold
+    // two buffers at the end, twice the file.
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut text =
+        String::with_capacity(usize::try_from(len.min(MAX_CONFIG_FILE_BYTES) + 1).unwrap_or(0));
+    f.take(MAX_CONFIG_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(fail)?;
+    if text.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(fail(std::io::Error::other(format!(
+            "larger than {} MiB",
+            MAX_CONFIG_FILE_BYTES >> 20
+        ))));
+    }
+    Ok(text)
+}
+
+/// Checks every file of `dir` and returns every error (not only the first), with the resources
+/// of the files that did load.
+pub fn validate_dir(dir: &Path) -> (ConfigSet, Vec<ConfigError>) {
+    let mut set = ConfigSet::default();
+    let mut errors = Vec::new();
+    let files = match config_files(dir) {
+        Ok(f) => f,
+        Err(e) => return (set, vec![e]),
+    };
+    for file in files {
+        match read_config_file(&file).and_then(|contents| parse_file(&file, &contents)) {
+            Ok(resources) => set.resources.extend(resources),
+            Err(e) => errors.push(e),
+        }
+    }
+    (set, errors)
+}
+
+/// Loads every `.yaml`, `.yml` and `.json` file of `dir` (not recursive), in name order.
+pub fn load_dir(dir: &Path) -> Result<ConfigSet, ConfigError> {
+    let files = config_files(dir)?;
+    let mut set = ConfigSet::default();
+    for file in files {
+        let contents = read_config_file(&file)?;
+        set.resources.extend(parse_file(&file, &contents)?);
+    }
+    Ok(set)
 }
 
 #[cfg(test)]

@@ -4,80 +4,11 @@
 //! resource scoping) is seen only when its namespace's labels match one of the selectors.
 //! Cluster-scoped objects (Nodes, Namespaces) and the mesh config itself are always seen.
 
-use std::collections::BTreeMap;
-
-use serde::Deserialize;
-
 use super::Resource;
-
-/// A Kubernetes label selector: every `matchLabels` pair and every expression must hold.
-#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NamespaceSelector {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub match_labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub match_expressions: Vec<Requirement>,
-}
-
-/// One `matchExpressions` entry.
-#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct Requirement {
-    pub key: String,
-    pub operator: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub values: Vec<String>,
-}
-
-impl NamespaceSelector {
-    /// Kubernetes' rules for a selector: `In`/`NotIn` need values, `Exists`/`DoesNotExist`
-    /// take none; nothing else is an operator.
-    pub fn check(&self) -> Result<(), String> {
-        for (i, r) in self.match_expressions.iter().enumerate() {
-            match (r.operator.as_str(), r.values.is_empty()) {
-                ("In" | "NotIn", false) | ("Exists" | "DoesNotExist", true) => {}
-                ("In" | "NotIn", true) => {
-                    return Err(format!(
-                        "matchExpressions[{i}]: operator {} needs values",
-                        r.operator
-                    ));
-                }
-                ("Exists" | "DoesNotExist", false) => {
-                    return Err(format!(
-                        "matchExpressions[{i}]: operator {} takes no values",
-                        r.operator
-                    ));
-                }
-                (other, _) => {
-                    return Err(format!(
-                        "matchExpressions[{i}].operator: {other:?} is not In, NotIn, Exists or DoesNotExist"
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.match_labels
-            .iter()
-            .all(|(k, v)| labels.get(k) == Some(v))
-            && self.match_expressions.iter().all(|r| {
-                let value = labels.get(&r.key);
-                match r.operator.as_str() {
-                    "In" => value.is_some_and(|v| r.values.contains(v)),
-                    "NotIn" => value.is_none_or(|v| !r.values.contains(v)),
-                    "Exists" => value.is_some(),
-                    "DoesNotExist" => value.is_none(),
-                    _ => false,
-                }
-            })
-    }
-}
+use super::selector::LabelSelector;
 
 /// Keeps what `selectors` let the control plane see; returns how many objects were dropped.
-pub fn retain_selected(resources: &mut Vec<Resource>, selectors: &[NamespaceSelector]) -> usize {
+pub fn retain_selected(resources: &mut Vec<Resource>, selectors: &[LabelSelector]) -> usize {
     if selectors.is_empty() {
         return 0;
     }
@@ -149,7 +80,7 @@ spec: {ports: [{name: http, port: 80}]}
                 .map(|r| r.metadata().name.clone())
                 .collect()
         };
-        let sel = |yaml: &str| -> Vec<NamespaceSelector> {
+        let sel = |yaml: &str| -> Vec<LabelSelector> {
             serde_yaml_ng::from_str(yaml).unwrap_or_else(|e| panic!("{e}"))
         };
         let mut all = set.clone();
@@ -204,8 +135,7 @@ spec: {ports: [{name: http, port: 80}]}
                 "\"Equals\" is not",
             ),
         ] {
-            let s: NamespaceSelector =
-                serde_yaml_ng::from_str(yaml).unwrap_or_else(|e| panic!("{e}"));
+            let s: LabelSelector = serde_yaml_ng::from_str(yaml).unwrap_or_else(|e| panic!("{e}"));
             let e = s.check().unwrap_err();
             assert!(e.contains(want), "{e}");
         }

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::selector::WorkloadSelector;
+
 /// The EnvoyFilter spec.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -20,12 +22,6 @@ pub struct EnvoyFilterSpec {
     pub config_patches: Vec<ConfigPatch>,
     #[serde(default)]
     pub priority: i32,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct WorkloadSelector {
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -321,7 +317,7 @@ fn check_patch(at: &str, p: &ConfigPatch, warnings: &mut Vec<String>) -> Result<
     }
     let m = p.matches.clone().unwrap_or_default();
     if let Some(v) = m.proxy.as_ref().and_then(|p| p.proxy_version.as_ref()) {
-        super::values::check_regex(&format!("{at}.match.proxy.proxyVersion"), v)?;
+        mesh_common::re2::check_regex(&format!("{at}.match.proxy.proxyVersion"), v)?;
     }
     if p.apply_to.is_listener_class() && (m.route_configuration.is_some() || m.cluster.is_some()) {
         return Err(format!(

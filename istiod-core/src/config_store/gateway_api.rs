@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::selector::LabelSelector;
+
 /// The API group of the Gateway API.
 pub const GROUP: &str = "gateway.networking.k8s.io";
 /// The versions of that group read here (the CRDs serve v1; v1beta1/v1alpha2 are older names of
@@ -178,9 +180,6 @@ pub struct RouteNamespaces {
     #[serde(default)]
     pub selector: Option<LabelSelector>,
 }
-
-/// A Kubernetes label selector (`selects` is Kubernetes' semantics).
-pub type LabelSelector = super::discovery::NamespaceSelector;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]

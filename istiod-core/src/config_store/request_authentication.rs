@@ -5,14 +5,15 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::authorization::{Selector, TargetRef};
+use super::authorization::TargetRef;
+use super::selector::PolicySelector;
 use super::values::GoDuration;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RequestAuthenticationSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<Selector>,
+    pub selector: Option<PolicySelector>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_ref: Option<TargetRef>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

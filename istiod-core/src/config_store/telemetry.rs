@@ -7,14 +7,15 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::authorization::{Selector, TargetRef};
+use super::authorization::TargetRef;
+use super::selector::PolicySelector;
 use super::values::Percentage;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TelemetrySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<Selector>,
+    pub selector: Option<PolicySelector>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_ref: Option<TargetRef>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -246,85 +247,6 @@ pub struct TagOverride {
     pub value: String,
 }
 
-/// What a tag's CEL `value` reads, among what the standard metrics here can compute: a
-/// request attribute Envoy's access-log format commands give, or a string literal.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TagValue {
-    /// An Envoy access-log command (`%REQ(:AUTHORITY)%`), evaluated per request.
-    Command(String),
-    /// A constant.
-    Literal(String),
-}
-
-/// The CEL attributes a tag value may name, and the Envoy command each is. `destination` is
-/// the downstream connection's local side, as in Envoy's attributes (the original destination
-/// on a client sidecar's outbound listener, the pod's own port inbound).
-const ATTRIBUTES: [(&str, &str); 12] = [
-    ("request.host", "%REQ(:AUTHORITY)%"),
-    ("request.method", "%REQ(:METHOD)%"),
-    ("request.path", "%REQ(:PATH)%"),
-    ("request.scheme", "%REQ(:SCHEME)%"),
-    ("request.protocol", "%PROTOCOL%"),
-    ("request.useragent", "%REQ(USER-AGENT)%"),
-    ("request.id", "%REQ(X-REQUEST-ID)%"),
-    ("response.code", "%RESPONSE_CODE%"),
-    ("destination.port", "%DOWNSTREAM_LOCAL_PORT%"),
-    ("source.port", "%DOWNSTREAM_REMOTE_PORT%"),
-    ("source.address", "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"),
-    ("xds.cluster_name", "%UPSTREAM_CLUSTER_RAW%"),
-];
-
-impl TagValue {
-    /// `expr` as a value, or why it cannot be computed here.
-    pub fn parse(expr: &str) -> Result<TagValue, String> {
-        let e = expr.trim();
-        // string(x) is x as text: the access-log commands are text already.
-        let inner = e
-            .strip_prefix("string(")
-            .and_then(|r| r.strip_suffix(')'))
-            .unwrap_or(e)
-            .trim();
-        for quote in ['\'', '"'] {
-            if let Some(text) = inner
-                .strip_prefix(quote)
-                .and_then(|r| r.strip_suffix(quote))
-                .filter(|t| !t.contains(quote) && !t.contains('\\'))
-            {
-                return Ok(TagValue::Literal(text.to_string()));
-            }
-        }
-        if let Some((_, cmd)) = ATTRIBUTES.iter().find(|(a, _)| *a == inner) {
-            return Ok(TagValue::Command((*cmd).to_string()));
-        }
-        if let Some(name) = inner
-            .strip_prefix("request.headers[")
-            .and_then(|r| r.strip_suffix(']'))
-            .map(str::trim)
-            .and_then(|q| {
-                ['\'', '"']
-                    .iter()
-                    .find_map(|c| q.strip_prefix(*c).and_then(|r| r.strip_suffix(*c)))
-            })
-            .filter(|n| is_header_name(n))
-        {
-            return Ok(TagValue::Command(format!("%REQ({name})%")));
-        }
-        let known: Vec<&str> = ATTRIBUTES.iter().map(|(a, _)| *a).collect();
-        Err(format!(
-            "CEL expression {expr:?} is not a value these metrics can compute (a string \
-             literal, request.headers['NAME'], or one of {})",
-            known.join(", ")
-        ))
-    }
-}
-
-fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
 /// A Prometheus label name.
 fn is_label_name(name: &str) -> bool {
     let mut bytes = name.bytes();
@@ -396,7 +318,7 @@ pub fn validate_telemetry(spec: &TelemetrySpec) -> Result<(), String> {
                             "{at}.tagOverrides.{tag}.value: required for UPSERT"
                         ));
                     }
-                    TagValue::parse(&over.value)
+                    mesh_common::telemetry::TagValue::parse(&over.value)
                         .map_err(|e| format!("{at}.tagOverrides.{tag}.value: {e}"))?;
                 }
             }
@@ -472,24 +394,5 @@ mod tests {
         for (m, api_name, _) in IstioMetric::STANDARD {
             assert_eq!(serde_json::to_value(m).unwrap(), api_name);
         }
-    }
-
-    #[test]
-    fn tag_values() {
-        use TagValue::*;
-        let v = |e: &str| TagValue::parse(e).unwrap();
-        assert_eq!(v("request.host"), Command("%REQ(:AUTHORITY)%".into()));
-        assert_eq!(
-            v("string(destination.port)"),
-            Command("%DOWNSTREAM_LOCAL_PORT%".into())
-        );
-        assert_eq!(
-            v("request.headers['x-user']"),
-            Command("%REQ(x-user)%".into())
-        );
-        assert_eq!(v("'fixed'"), Literal("fixed".into()));
-        assert_eq!(v("\"fixed\""), Literal("fixed".into()));
-        assert!(TagValue::parse("request.headers['a%b']").is_err());
-        assert!(TagValue::parse("request.host + 'x'").is_err());
     }
 }

@@ -510,7 +510,7 @@ fn check_rewrite(at: &str, rw: &HttpRewrite, redirects: bool) -> Result<(), Stri
         ));
     }
     if let Some(re) = &rw.uri_regex_rewrite {
-        super::values::check_regex(&format!("{at}.rewrite.uriRegexRewrite.match"), &re.pattern)?;
+        mesh_common::re2::check_regex(&format!("{at}.rewrite.uriRegexRewrite.match"), &re.pattern)?;
     }
     Ok(())
 }

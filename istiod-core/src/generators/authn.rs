@@ -22,8 +22,8 @@ use envoy_types::pb::google::protobuf::{Any, Empty};
 use crate::config_store::request_authentication::{JwksSource, JwtRule};
 use crate::model::{Proxy, outbound_cluster_name};
 use crate::push_context::PushContext;
+use crate::resource::JWT_AUTHN;
 
-pub const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";
 const JWT_AUTHN_TYPE: &str =
     "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication";
 /// Where a verified token's payload goes in the filter's dynamic metadata (what the RBAC
@@ -46,7 +46,7 @@ pub fn jwt_filter(
         .request_authentications
         .iter()
         .filter(|(m, s)| {
-            super::authz::selects(
+            crate::push_context::policy::selects(
                 push,
                 &proxy.namespace,
                 labels,
@@ -96,7 +96,7 @@ pub fn jwt_filter(
         }],
         ..Default::default()
     };
-    let value = super::encode_map_in_order(
+    let value = super::blocks::encode_map_in_order(
         &base,
         providers.into_iter().map(|(name, p)| JwtAuthentication {
             providers: [(name.to_string(), p)].into_iter().collect(),
@@ -133,7 +133,7 @@ fn provider(push: &PushContext, rule: &JwtRule) -> JwtProvider {
                     timeout: Some(
                         rule.timeout
                             .as_ref()
-                            .map_or(super::seconds(5), |t| t.proto()),
+                            .map_or(super::blocks::seconds(5), |t| t.proto()),
                     ),
                     http_upstream_type: Some(http_uri::HttpUpstreamType::Cluster(
                         outbound_cluster_name(port, &svc.hostname),

@@ -37,14 +37,16 @@ use envoy_types::util::pack_any;
 
 use crate::config_store::Metadata;
 use crate::config_store::authorization::{
-    Action, AuthorizationPolicySpec, Condition, ConditionKey, Operation, Rule, Selector, Source,
+    Action, AuthorizationPolicySpec, Condition, ConditionKey, Operation, Rule, Source,
     condition_key, parse_cidr,
 };
 use crate::model::Proxy;
 use crate::push_context::PushContext;
+use crate::push_context::policy::{selects, target};
+use crate::resource::{HTTP_RBAC, JWT_AUTHN, NETWORK_RBAC};
 
-pub const HTTP_RBAC: &str = "envoy.filters.http.rbac";
-pub const NETWORK_RBAC: &str = "envoy.filters.network.rbac";
+use super::ext_authz::{EXT_AUTHZ_POLICY_PREFIX, EXT_AUTHZ_SHADOW_PREFIX};
+
 const HTTP_RBAC_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
 const NETWORK_RBAC_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC";
 /// The RBAC filters for a proxy's inbound chains, in the order they run.
@@ -52,23 +54,6 @@ const NETWORK_RBAC_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.ne
 pub struct InboundFilters {
     pub http: Vec<HttpFilter>,
     pub tcp: Vec<Filter>,
-}
-
-/// Whether a security policy (AuthorizationPolicy, RequestAuthentication) in `meta`'s
-/// namespace with `selector` applies to a workload in `namespace` with `labels`: those of the
-/// root namespace apply mesh-wide, others to their own namespace, narrowed by the selector. A
-/// policy bound by targetRef applies to gateways and waypoints only.
-pub(crate) fn selects(
-    push: &PushContext,
-    namespace: &str,
-    labels: &BTreeMap<String, String>,
-    meta: &Metadata,
-    selector: Option<&Selector>,
-    targeted: bool,
-) -> bool {
-    (meta.namespace() == push.root_namespace() || meta.namespace() == namespace)
-        && !targeted
-        && selector.is_none_or(|sel| crate::registry::selects(&sel.match_labels, labels))
 }
 
 /// The inbound security filters for `proxy`, whose workload carries `labels`: CUSTOM's, JWT
@@ -226,11 +211,6 @@ fn rule_policies(
     (http, tcp)
 }
 
-/// The prefix of the shadow RBAC filter's metadata key and of its policy names for CUSTOM
-/// policies (Istio's): the ext_authz filter runs only for requests a CUSTOM rule matched.
-const EXT_AUTHZ_SHADOW_PREFIX: &str = "istio_ext_authz_";
-const EXT_AUTHZ_POLICY_PREFIX: &str = "istio-ext-authz";
-
 /// CUSTOM policies, per provider: a shadow RBAC filter that records whether a rule matched,
 /// then the provider's ext_authz filter, enabled by that record. A provider that is not in the
 /// mesh config (or names no service) cannot be asked, so its rules deny instead (fail closed,
@@ -250,7 +230,7 @@ fn custom(
     }
     let is_service = |host: &str| push.service(host).is_some();
     for (name, of_provider) in by_provider {
-        let Ok(target) = super::ext_authz::target(&push.mesh, name, &is_service) else {
+        let Ok(target) = target(&push.mesh, name, &is_service) else {
             // Warned in the snapshot (`push_context::security_warnings`).
             let (http, tcp) = rule_policies(
                 &of_provider,
@@ -280,25 +260,6 @@ fn custom(
     }
 }
 
-/// The ext_authz filters' switch: the shadow RBAC filter (`rbac_filter`, the HTTP or the
-/// network one) recorded a CUSTOM rule's match.
-pub(crate) fn ext_authz_enabled(rbac_filter: &str) -> MetadataMatcher {
-    MetadataMatcher {
-        filter: rbac_filter.to_string(),
-        path: vec![metadata_matcher::PathSegment {
-            segment: Some(metadata_matcher::path_segment::Segment::Key(format!(
-                "{EXT_AUTHZ_SHADOW_PREFIX}shadow_effective_policy_id"
-            ))),
-        }],
-        value: Some(ValueMatcher {
-            match_pattern: Some(value_matcher::MatchPattern::StringMatch(string(
-                string_matcher::MatchPattern::Prefix(EXT_AUTHZ_POLICY_PREFIX.to_string()),
-            ))),
-        }),
-        ..Default::default()
-    }
-}
-
 /// The local trust domain and its aliases: a principal in any of them is the same identity.
 fn trust_domains(push: &PushContext) -> Vec<String> {
     let mut out = vec![push.trust_domain.clone()];
@@ -320,7 +281,7 @@ fn rbac_any(
     field: u32,
     rest: &[u8],
 ) -> Any {
-    let rules = super::encode_map_in_order(
+    let rules = super::blocks::encode_map_in_order(
         &Rbac {
             action: action as i32,
             ..Default::default()
@@ -671,7 +632,7 @@ fn jwt_claim_exact(path: &[&str], v: &str) -> Principal {
 fn jwt_value(path: &[&str], m: StringMatcher) -> Principal {
     let at = |value: value_matcher::MatchPattern| {
         let matcher = MetadataMatcher {
-            filter: super::authn::JWT_AUTHN.to_string(),
+            filter: JWT_AUTHN.to_string(),
             path: std::iter::once(super::authn::PAYLOAD_KEY)
                 .chain(path.iter().copied())
                 .map(|k| metadata_matcher::PathSegment {

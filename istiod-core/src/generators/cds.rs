@@ -12,18 +12,20 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
 };
 use envoy_types::util::pack_any;
 
+use super::blocks::{ads_config_source, seconds};
 use super::cluster_policy::{self, HTTP_PROTOCOL_OPTIONS};
 use super::locality;
-use super::{
-    BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_BIND_V4, INBOUND_PASSTHROUGH_CLUSTER, Named,
-    PASSTHROUGH_CLUSTER, ads_config_source, seconds, tls,
-};
+use super::tls;
 use crate::config_store::IngressEndpoint;
 use crate::model::{
     Protocol, Proxy, Resolution, Service, inbound_cluster_name, outbound_cluster_name,
     port_clusters,
 };
 use crate::push_context::PushContext;
+use crate::resource::{
+    BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_BIND_V4, INBOUND_PASSTHROUGH_CLUSTER, Named,
+    PASSTHROUGH_CLUSTER,
+};
 
 const CONNECT_TIMEOUT_SECS: i64 = 10;
 
@@ -88,7 +90,7 @@ pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
             .clone()
     };
     // A router: every service's clusters (and the SNI-named ones AUTO_PASSTHROUGH routes to).
-    if super::gateway::is_router(proxy) {
+    if proxy.is_router() {
         let mut out = shared();
         if super::gateway::auto_passthrough(push, proxy) {
             let sni = super::gateway::sni_clusters(&out);
@@ -232,7 +234,7 @@ fn resolve(
         .filter(|t| subset.is_none_or(|s| crate::registry::selects(&s.labels, &t.labels)))
         .map(|t| LbEndpoint {
             host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-                address: Some(super::socket_address(
+                address: Some(super::blocks::socket_address(
                     &t.host,
                     t.ports.get(&port.name).copied().unwrap_or(port.port),
                 )),
@@ -272,11 +274,11 @@ fn ingress_endpoint(name: String, proxy: &Proxy, to: &IngressEndpoint) -> Cluste
     };
     let (target, bind) = match to {
         IngressEndpoint::Address(a) => (
-            super::socket_address(&a.ip().to_string(), a.port()),
+            super::blocks::socket_address(&a.ip().to_string(), a.port()),
             Some(INBOUND_PASSTHROUGH_BIND_V4),
         ),
         IngressEndpoint::Workload(port) => (
-            super::socket_address(
+            super::blocks::socket_address(
                 &proxy
                     .ip_addresses
                     .first()

@@ -527,7 +527,7 @@ pub fn metadata(
     subset: Option<&str>,
 ) -> envoy_types::pb::envoy::config::core::v3::Metadata {
     use envoy_types::pb::google::protobuf::{Value, value};
-    let mut m = super::route::http::istio_metadata(&rule.config);
+    let mut m = super::blocks::istio_metadata(&rule.config);
     if let (Some(s), Some(istio)) = (subset, m.filter_metadata.get_mut("istio")) {
         istio.fields.insert(
             "subset".to_string(),

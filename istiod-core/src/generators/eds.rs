@@ -7,9 +7,11 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 
-use super::{Named, locality, socket_address, tls};
+use super::blocks::socket_address;
+use super::{locality, tls};
 use crate::model::{Proxy, Service, ServicePort, Subset};
 use crate::push_context::PushContext;
+use crate::resource::Named;
 
 /// The service, port and subset `cluster` is of.
 fn resolve<'a>(

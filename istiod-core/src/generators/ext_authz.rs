@@ -1,6 +1,7 @@
 //! The ext_authz filters of CUSTOM AuthorizationPolicies: a mesh config extension provider
 //! (`envoyExtAuthzHttp` / `envoyExtAuthzGrpc`) asked through its service's outbound cluster,
-//! only for requests a CUSTOM rule matched (`authz::ext_authz_enabled`), as Istio builds it.
+//! only for requests a CUSTOM rule matched ([`ext_authz_enabled`]), as Istio builds it. The
+//! provider is resolved in the snapshot (`push_context::policy::target`).
 
 use envoy_types::pb::envoy::config::core::v3::{ApiVersion, GrpcService, HttpUri, http_uri};
 use envoy_types::pb::envoy::config::listener::v3::{Filter, filter};
@@ -12,16 +13,21 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     HttpFilter, http_filter,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{
-    ListStringMatcher, StringMatcher, string_matcher,
+    ListStringMatcher, MetadataMatcher, StringMatcher, ValueMatcher, metadata_matcher,
+    string_matcher, value_matcher,
 };
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::util::pack_any;
 
-use crate::config_store::MeshConfigSpec;
-use crate::config_store::providers::ExtensionProvider;
+use crate::push_context::policy::Target;
+use crate::resource::{HTTP_RBAC, NETWORK_RBAC};
 
 pub const HTTP_EXT_AUTHZ: &str = "envoy.filters.http.ext_authz";
 pub const NETWORK_EXT_AUTHZ: &str = "envoy.filters.network.ext_authz";
+/// The shadow RBAC rules of CUSTOM policies record their match under keys with this prefix, for
+/// policies named with the next one (Istio's names).
+pub const EXT_AUTHZ_SHADOW_PREFIX: &str = "istio_ext_authz_";
+pub const EXT_AUTHZ_POLICY_PREFIX: &str = "istio-ext-authz";
 
 /// Istio's default: the authorizer has 600 s unless the provider says otherwise.
 const DEFAULT_TIMEOUT_SECS: i64 = 600;
@@ -52,62 +58,31 @@ fn grpc_target(
     timeout: Option<&crate::config_store::values::GoDuration>,
 ) -> GrpcService {
     GrpcService {
-        timeout: Some(timeout.map_or(super::seconds(DEFAULT_TIMEOUT_SECS), |t| t.proto())),
-        ..super::envoy_grpc(cluster, host)
+        timeout: Some(timeout.map_or(super::blocks::seconds(DEFAULT_TIMEOUT_SECS), |t| t.proto())),
+        ..mesh_common::envoy::envoy_grpc(cluster, host)
     }
 }
 
-/// A CUSTOM policy's provider, resolved: its mesh config entry, the host of its service, the
-/// outbound cluster that reaches it, and whether it speaks gRPC.
-pub struct Target<'a> {
-    pub provider: &'a ExtensionProvider,
-    pub host: &'a str,
-    pub cluster: String,
-    pub grpc: bool,
-}
-
-/// Why a CUSTOM policy's provider cannot be asked (the policy's rules then deny).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProviderError {
-    #[error("no extensionProviders entry is named {name:?}")]
-    Unknown { name: String },
-    #[error("extension provider {name:?} is no ext_authz provider")]
-    NotExtAuthz { name: String },
-    #[error("extension provider {name:?}: {host:?} is no service of the mesh")]
-    NotAService { name: String, host: String },
-}
-
-/// The provider named `name` in `mesh`, if it can be asked: an ext_authz entry whose service
-/// `is_service` knows.
-pub fn target<'a>(
-    mesh: &'a MeshConfigSpec,
-    name: &str,
-    is_service: &dyn Fn(&str) -> bool,
-) -> Result<Target<'a>, ProviderError> {
-    let provider = mesh
-        .extension_providers
-        .iter()
-        .find(|p| p.name == name)
-        .ok_or_else(|| ProviderError::Unknown {
-            name: name.to_string(),
-        })?;
-    let (host, port, grpc) = provider
-        .ext_authz()
-        .ok_or_else(|| ProviderError::NotExtAuthz {
-            name: name.to_string(),
-        })?;
-    if !is_service(host) {
-        return Err(ProviderError::NotAService {
-            name: name.to_string(),
-            host: host.to_string(),
-        });
+/// The ext_authz filters' switch: the shadow RBAC filter (`rbac_filter`, the HTTP or the
+/// network one) recorded a CUSTOM rule's match.
+pub fn ext_authz_enabled(rbac_filter: &str) -> MetadataMatcher {
+    MetadataMatcher {
+        filter: rbac_filter.to_string(),
+        path: vec![metadata_matcher::PathSegment {
+            segment: Some(metadata_matcher::path_segment::Segment::Key(format!(
+                "{EXT_AUTHZ_SHADOW_PREFIX}shadow_effective_policy_id"
+            ))),
+        }],
+        value: Some(ValueMatcher {
+            match_pattern: Some(value_matcher::MatchPattern::StringMatch(StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::Prefix(
+                    EXT_AUTHZ_POLICY_PREFIX.to_string(),
+                )),
+                ..Default::default()
+            })),
+        }),
+        ..Default::default()
     }
-    Ok(Target {
-        provider,
-        host,
-        cluster: crate::model::outbound_cluster_name(port, host),
-        grpc,
-    })
 }
 
 /// The HTTP ext_authz filter for a resolved provider.
@@ -115,7 +90,7 @@ pub fn http_filter(target: &Target) -> HttpFilter {
     let (provider, cluster) = (target.provider, target.cluster.as_str());
     let mut config = ExtAuthz {
         transport_api_version: ApiVersion::V3 as i32,
-        filter_enabled_metadata: Some(super::authz::ext_authz_enabled(super::authz::HTTP_RBAC)),
+        filter_enabled_metadata: Some(ext_authz_enabled(HTTP_RBAC)),
         ..Default::default()
     };
     if let Some(h) = &provider.envoy_ext_authz_http {
@@ -128,7 +103,7 @@ pub fn http_filter(target: &Target) -> HttpFilter {
                 timeout: Some(
                     h.timeout
                         .as_ref()
-                        .map_or(super::seconds(DEFAULT_TIMEOUT_SECS), |t| t.proto()),
+                        .map_or(super::blocks::seconds(DEFAULT_TIMEOUT_SECS), |t| t.proto()),
                 ),
                 http_upstream_type: Some(http_uri::HttpUpstreamType::Cluster(cluster.to_string())),
             }),
@@ -182,50 +157,11 @@ pub fn network_filter(target: &Target) -> Filter {
         )),
         failure_mode_allow: g.is_some_and(|g| g.fail_open),
         transport_api_version: ApiVersion::V3 as i32,
-        filter_enabled_metadata: Some(super::authz::ext_authz_enabled(super::authz::NETWORK_RBAC)),
+        filter_enabled_metadata: Some(ext_authz_enabled(NETWORK_RBAC)),
         ..Default::default()
     };
     Filter {
         name: NETWORK_EXT_AUTHZ.to_string(),
         config_type: Some(filter::ConfigType::TypedConfig(pack_any(config))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_provider_that_cannot_be_asked_says_why() {
-        let push = crate::push_context::from_yaml(
-            r#"
-kind: MeshConfig
-metadata: {name: mesh}
-spec:
-  extensionProviders:
-  - name: http-authz
-    envoyExtAuthzHttp: {service: authz.shop.svc.cluster.local, port: 8000}
-"#,
-        );
-        let known = |host: &str| host == "authz.shop.svc.cluster.local";
-        let cluster = target(&push.mesh, "http-authz", &known).map(|t| t.cluster);
-        assert_eq!(
-            cluster,
-            Ok("outbound|8000||authz.shop.svc.cluster.local".to_string())
-        );
-        let err = target(&push.mesh, "other", &known).err();
-        assert_eq!(
-            err,
-            Some(ProviderError::Unknown {
-                name: "other".into()
-            })
-        );
-        let err = target(&push.mesh, "http-authz", &|_| false).err();
-        assert_eq!(
-            err.map(|e| e.to_string()).as_deref(),
-            Some(
-                "extension provider \"http-authz\": \"authz.shop.svc.cluster.local\" is no service of the mesh"
-            )
-        );
     }
 }

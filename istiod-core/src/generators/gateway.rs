@@ -39,10 +39,13 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
-use super::lds::{RouteFilters, chain, guarded, hcm, listener_filter, network_filter, with_authz};
+use super::blocks::{ads_config_source, socket_address};
+use super::listener::{
+    RouteFilters, chain, guarded, hcm, listener_filter, network_filter, with_authz,
+};
 use super::route::http::{self, Ctx};
 use super::route::tcp::{self, Source};
-use super::{BLACKHOLE_CLUSTER, Named, ads_config_source, socket_address, tls};
+use super::tls;
 use crate::config_store::Metadata;
 use crate::config_store::TlsSecret;
 use crate::config_store::gateway::{
@@ -51,14 +54,11 @@ use crate::config_store::gateway::{
 use crate::model::Proxy;
 use crate::push_context::routing::host_matches;
 use crate::push_context::{MeshRoute, PushContext};
+use crate::resource::{BLACKHOLE_CLUSTER, Named};
 
-pub const SECRET_TYPE: &str =
-    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 /// SDS names of a `credentialName`, as istiod names them.
 pub const CREDENTIAL_PREFIX: &str = "kubernetes://";
 pub const CACERT_SUFFIX: &str = "-cacert";
-/// The proxy type of gateways in the node id.
-pub const ROUTER: &str = "router";
 
 /// One server of a Gateway that selects the router.
 #[derive(Debug, Clone, Copy)]
@@ -122,11 +122,6 @@ impl GatewayServer<'_> {
 }
 
 const WILDCARD: &str = "0.0.0.0";
-
-/// Whether `proxy` is a gateway (node type `router`).
-pub fn is_router(proxy: &Proxy) -> bool {
-    proxy.kind == ROUTER
-}
 
 /// The servers of every Gateway that selects `proxy` (whose workload carries `labels`),
 /// Gateways in (namespace, name) order.
@@ -792,7 +787,7 @@ pub fn sni_clusters(outbound: &[Named]) -> Vec<Named> {
 /// only for a caller known to act for that namespace (`Proxy::reads_secrets`).
 /// Names that are not ours, or name no such Secret, are left out (Envoy keeps waiting).
 pub fn secrets(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> Vec<Named> {
-    if !is_router(proxy) {
+    if !proxy.is_router() {
         return Vec::new();
     }
     if !proxy.reads_secrets {
@@ -903,7 +898,7 @@ mod tests {
         assert_eq!(names(&p, &gw), ["gw/a"]);
         // Sidecars get no gateway listeners.
         let sidecar = Proxy::from_node_id("sidecar~10.0.0.8~s.gw~gw.svc.cluster.local").unwrap();
-        assert!(!is_router(&sidecar));
+        assert!(!sidecar.is_router());
     }
 
     #[test]

@@ -12,126 +12,39 @@ use std::net::IpAddr;
 
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{
-    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter,
 };
 use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
-use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector;
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+    Rds, http_connection_manager,
 };
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::SetCurrentClientCertDetails;
-use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
-use envoy_types::pb::google::protobuf::{Any, BoolValue, UInt32Value};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy;
+use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 
 use super::authz::InboundFilters;
-use super::route::route_to;
-use super::{
-    BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, Named, PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND,
-    VIRTUAL_INBOUND_PORT, VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT, ads_config_source,
-    socket_address, tls,
+use super::blocks::{ads_config_source, socket_address};
+use super::listener::{
+    RouteFilters, chain, guarded, hcm, listener_filter, network_filter, tcp_proxy_filter,
+    with_authz,
 };
+use super::route::route_to;
+use super::tls;
 use crate::config_store::MtlsMode;
 use crate::model::{
     Protocol, Proxy, Service, ServicePort, inbound_cluster_name, outbound_cluster_name,
 };
 use crate::push_context::PushContext;
+use crate::resource::{
+    BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, Named, PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND,
+    VIRTUAL_INBOUND_PORT, VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT,
+};
 
 const WILDCARD: &str = "0.0.0.0";
-
-pub(super) fn network_filter(name: &str, config: Any) -> Filter {
-    Filter {
-        name: name.to_string(),
-        config_type: Some(filter::ConfigType::TypedConfig(config)),
-    }
-}
-
-pub(super) fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
-    network_filter(
-        "envoy.filters.network.tcp_proxy",
-        pack_any(TcpProxy {
-            stat_prefix: stat_prefix.to_string(),
-            cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
-            ..Default::default()
-        }),
-    )
-}
-
-fn http_filter(name: &str, config: Any) -> HttpFilter {
-    HttpFilter {
-        name: name.to_string(),
-        config_type: Some(http_filter::ConfigType::TypedConfig(config)),
-        ..Default::default()
-    }
-}
-
-/// The HTTP filters a connection manager needs beyond the router: fault and CORS (configured
-/// per route by VirtualServices), as Istio's chain has them; here only when some route of the
-/// snapshot uses them, since each costs every request something. Inbound routes are ours and
-/// use neither.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct RouteFilters {
-    fault: bool,
-    cors: bool,
-}
-
-impl RouteFilters {
-    pub(super) fn of(push: &PushContext) -> RouteFilters {
-        let http = || {
-            push.routing
-                .virtual_services
-                .iter()
-                .chain(&push.routing.gateway_routes)
-                .flat_map(|vs| vs.http.iter())
-        };
-        RouteFilters {
-            fault: http().any(|r| r.fault.is_some()),
-            cors: http().any(|r| r.cors_policy.is_some()),
-        }
-    }
-}
-
-pub(super) fn hcm(
-    stat_prefix: String,
-    routes: http_connection_manager::RouteSpecifier,
-    filters: RouteFilters,
-) -> HttpConnectionManager {
-    use envoy_types::pb::envoy::extensions::filters::http::{cors::v3::Cors, fault::v3::HttpFault};
-    let mut http_filters = Vec::new();
-    if filters.fault {
-        http_filters.push(http_filter(
-            super::route::http::FAULT_FILTER,
-            pack_any(HttpFault::default()),
-        ));
-    }
-    if filters.cors {
-        http_filters.push(http_filter(
-            super::route::http::CORS_FILTER,
-            pack_any(Cors::default()),
-        ));
-    }
-    http_filters.push(http_filter(
-        "envoy.filters.http.router",
-        pack_any(Router::default()),
-    ));
-    HttpConnectionManager {
-        stat_prefix,
-        route_specifier: Some(routes),
-        http_filters,
-        // Istio's default path normalization (BASE): paths are normalized (RFC 3986, `.`
-        // and `..` resolved) before routes and authorization policies see them.
-        normalize_path: Some(BoolValue { value: true }),
-        // WebSocket upgrades pass through, as every HTTP connection manager of Istio's allows.
-        upgrade_configs: vec![http_connection_manager::UpgradeConfig {
-            upgrade_type: "websocket".to_string(),
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
-}
 
 fn hcm_filter(
     stat_prefix: String,
@@ -151,14 +64,6 @@ fn listener(name: String, ip: &str, port: u16, chains: Vec<FilterChain>, bind: b
         filter_chains: chains,
         bind_to_port: (!bind).then_some(BoolValue { value: false }),
         traffic_direction: TrafficDirection::Outbound as i32,
-        ..Default::default()
-    }
-}
-
-pub(super) fn listener_filter(name: &str, config: Any) -> ListenerFilter {
-    ListenerFilter {
-        name: name.to_string(),
-        config_type: Some(listener_filter::ConfigType::TypedConfig(config)),
         ..Default::default()
     }
 }
@@ -211,14 +116,6 @@ fn blackhole_chain(listener: &str, port: u16) -> FilterChain {
             &format!("{listener}-blackhole"),
             vec![tcp_proxy_filter(BLACKHOLE_CLUSTER, BLACKHOLE_CLUSTER)],
         )
-    }
-}
-
-pub(super) fn chain(name: &str, filters: Vec<Filter>) -> FilterChain {
-    FilterChain {
-        name: name.to_string(),
-        filters,
-        ..Default::default()
     }
 }
 
@@ -399,7 +296,7 @@ fn http_outbound_listener(port: u16, route_filters: RouteFilters, registry_only:
         continue_on_listener_filters_timeout: true,
         // As istiod (PROTOCOL_DETECTION_TIMEOUT 0s): the inspector waits for the client's
         // first bytes, so a server-first protocol on an HTTP port waits too (Istio's caveat).
-        listener_filters_timeout: Some(super::seconds(0)),
+        listener_filters_timeout: Some(super::blocks::seconds(0)),
         default_filter_chain: Some(chain(
             PASSTHROUGH_FILTER_CHAIN,
             vec![tcp_proxy_filter(fallback, fallback)],
@@ -570,21 +467,6 @@ fn sniffed_inbound_chains(
             all
         }
     }
-}
-
-/// The network filters of an inbound TCP chain: the RBAC filters, then `last`.
-/// The network filters of a chain: the authorization filters, then `last`.
-pub(super) fn guarded(authz: &InboundFilters, last: Filter) -> Vec<Filter> {
-    let mut filters = authz.tcp.clone();
-    filters.push(last);
-    filters
-}
-
-/// Puts the authorization HTTP filters just before the router (the router stays last).
-pub(super) fn with_authz(hcm: &mut HttpConnectionManager, authz: &InboundFilters) {
-    let router = hcm.http_filters.len() - 1;
-    hcm.http_filters
-        .splice(router..router, authz.http.iter().cloned());
 }
 
 fn inbound_hcm(port: u16, cluster: &str, mtls: bool, authz: &InboundFilters) -> Filter {
@@ -765,9 +647,6 @@ fn http_inspector_on(sniffed: &[u16]) -> ListenerFilter {
 
 /// All listeners for `proxy` (LDS is requested as a wildcard); a router's are its Gateways'.
 pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
-    if super::gateway::is_router(proxy) {
-        return super::gateway::listeners(push, proxy);
-    }
     // Telemetry per side. The outbound listeners are shared by every proxy unless a
     // Telemetry of the proxy's own namespace could apply to it.
     let labels = proxy.workload_labels(&push.services);

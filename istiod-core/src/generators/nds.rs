@@ -9,9 +9,9 @@ use envoy_types::pb::google::protobuf::Any;
 use istio_proto::nds::{NameTable, name_table::NameInfo};
 use prost::Message;
 
-use super::Named;
 use crate::model::Proxy;
 use crate::push_context::PushContext;
+use crate::resource::Named;
 
 /// The table for `proxy`: under a Sidecar resource, only its egress hosts.
 pub fn generate(push: &PushContext, proxy: &Proxy) -> Vec<Named> {

@@ -269,7 +269,7 @@ pub fn originated_socket(o: &OriginatedTls) -> TransportSocket {
 fn sds_ads(name: String) -> SdsSecretConfig {
     SdsSecretConfig {
         name,
-        sds_config: Some(super::ads_config_source()),
+        sds_config: Some(super::blocks::ads_config_source()),
     }
 }
 

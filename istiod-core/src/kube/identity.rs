@@ -20,8 +20,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use crate::ca::{Ca, CaError, Identity};
+use crate::ca::{Ca, CaError};
 use crate::ca_server::{AUDIENCE, Authenticator};
+use mesh_common::identity::Identity;
 
 /// The ConfigMap holding the mesh root in every namespace.
 pub const ROOT_CONFIGMAP: &str = "istio-ca-root-cert";

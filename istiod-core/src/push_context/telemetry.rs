@@ -14,6 +14,7 @@ use crate::config_store::telemetry::{
     AccessLogging, CustomTag, IstioMetric, Metrics, TagOperation, TelemetrySpec, Tracing,
 };
 use crate::config_store::values::Percentage;
+use mesh_common::telemetry::{MetricConfig, MetricsPlan};
 
 /// A proxy's telemetry, one side of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,25 +48,6 @@ pub struct TracingPlan {
     pub custom_tags: BTreeMap<String, CustomTag>,
     pub disable_span_reporting: bool,
     pub use_request_id_for_trace_sampling: Option<bool>,
-}
-
-/// The standard metrics' shape: what Istio writes into its `istio.stats` filter config, one
-/// entry per metric it touches (Istio's `MetricConfig`), in Istio's order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MetricsPlan {
-    pub metrics: Vec<MetricShape>,
-    /// `reportingInterval` (TCP), when set.
-    pub reporting_interval: Option<std::time::Duration>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MetricShape {
-    /// The Prometheus name without `istio_` (`requests_total`).
-    pub name: String,
-    pub drop: bool,
-    pub tags_to_remove: Vec<String>,
-    /// Tag → CEL value (checked when the Telemetry was read).
-    pub dimensions: BTreeMap<String, String>,
 }
 
 /// Both sides of a proxy.
@@ -321,7 +303,7 @@ fn metrics_plan(metrics: &[&Metrics], defaults: &[String], client: bool) -> Opti
     }
     let metrics = shapes
         .into_values()
-        .map(|(name, shape)| MetricShape {
+        .map(|(name, shape)| MetricConfig {
             name: name.to_string(),
             drop: shape.disabled == Some(true),
             tags_to_remove: shape

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use cluster::Cluster;
-use istiod_core::ca::{Ca, Identity};
+use istiod_core::ca::Ca;
 use istiod_core::kube::identity::{
     CA_SECRET, ROOT_CONFIGMAP, ROOT_CONFIGMAP_KEY, TokenReviewAuthenticator, ca_from_cluster,
     publish_root,
@@ -18,6 +18,7 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use mesh_common::identity::Identity;
 
 const TD: &str = "cluster.local";
 const TTL: Duration = Duration::from_secs(24 * 3600);
@@ -479,7 +480,7 @@ fn serve_in_the_cluster(c: &Cluster, root: &str) {
     assert_eq!(chain.last().map(String::as_str), Some(root));
     let (_, leaf) = x509_parser::pem::parse_x509_pem(chain[0].as_bytes()).unwrap();
     assert_eq!(
-        istiod_core::ca::uri_sans(&leaf.parse_x509().unwrap()),
+        mesh_common::identity::uri_sans(&leaf.parse_x509().unwrap()),
         ["spiffe://cluster.local/ns/shop/sa/web"]
     );
     let err = c

@@ -24,20 +24,19 @@ use envoy_types::pb::envoy::extensions::filters::http::fault::v3::{
 use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
 use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher};
 use envoy_types::pb::envoy::r#type::v3::{FractionalPercent, fractional_percent};
-use envoy_types::pb::google::protobuf::{BoolValue, Struct, UInt32Value, Value, value};
+use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 
 use super::retry;
-use crate::config_store::values::{Percent, StringMatch, StringMatchKind, proto_duration};
+use crate::config_store::values::{Percent, StringMatch, StringMatchKind};
 use crate::config_store::virtual_service::{
     Destination, HeaderOperations, Headers, HttpMatch, HttpRoute, grpc_status_code,
 };
 use crate::generators::cluster_policy;
 use crate::model::{Proxy, subset_cluster_name};
 use crate::push_context::{MeshRoute, PushContext};
-
-pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
-pub const CORS_FILTER: &str = "envoy.filters.http.cors";
+use crate::resource::{CORS_FILTER, FAULT_FILTER};
+use mesh_common::envoy::proto_duration;
 
 /// What a route is built for: the snapshot, the route configuration's port and the proxy
 /// (None when the routes are shared by every proxy, which `Routing::per_proxy` allows).
@@ -48,24 +47,6 @@ pub struct Ctx<'a> {
     pub proxy: Option<&'a Proxy>,
     /// The Gateway (`namespace/name`) the routes are for; `None` for sidecars (`mesh`).
     pub gateway: Option<&'a str>,
-}
-
-/// `metadata.filter_metadata.istio.config`: the resource a route or cluster came from.
-pub fn istio_metadata(config: &str) -> Metadata {
-    let fields = [(
-        "config".to_string(),
-        Value {
-            kind: Some(value::Kind::StringValue(config.to_string())),
-        },
-    )]
-    .into_iter()
-    .collect();
-    Metadata {
-        filter_metadata: [("istio".to_string(), Struct { fields })]
-            .into_iter()
-            .collect(),
-        ..Default::default()
-    }
 }
 
 /// Whether a match block applies to this proxy on this port (Istio's sourceMatchHTTP).
@@ -651,7 +632,7 @@ fn translate(
 /// routes applies here (then the host keeps its default route, as in Istio).
 pub fn routes(ctx: Ctx, vs: &MeshRoute) -> Vec<Route> {
     let mut out = Vec::new();
-    let meta = istio_metadata(&vs.config);
+    let meta = super::super::blocks::istio_metadata(&vs.config);
     for r in &vs.http {
         if r.matches.is_empty() {
             out.push(translate(ctx, vs, &meta, r, None));

@@ -21,9 +21,10 @@ use envoy_types::pb::envoy::config::route::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
-use super::{BLACKHOLE_CLUSTER, Named, PASSTHROUGH_CLUSTER, seconds};
+use super::blocks::seconds;
 use crate::model::{Proxy, Service, outbound_cluster_name};
 use crate::push_context::PushContext;
+use crate::resource::{BLACKHOLE_CLUSTER, Named, PASSTHROUGH_CLUSTER};
 
 /// The per-proxy part of a route's match (Istio's sourceMatchHTTP / matchTCP): named gateways
 /// (resolved, `routing::resolve_gateway`) must include the one the routes are built for
@@ -373,9 +374,6 @@ fn vs_host_vhosts(
 /// Shared by every proxy unless a route depends on the proxy (sourceLabels, sourceNamespace,
 /// exportTo) or a Sidecar scopes it.
 pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> Vec<Named> {
-    if super::gateway::is_router(proxy) {
-        return super::gateway::routes(push, proxy, names);
-    }
     let scope = push.sidecar_scope(proxy);
     if scope.is_some() || push.routing.per_proxy {
         let registry_only = scope

@@ -241,7 +241,7 @@ pub fn provider_logger(
         // The logger's own `grpc_service` and `log_name` (its `common_config` is deprecated in
         // upstream Envoy; Istio's peer filter states, which it would name, do not exist here).
         let config = OpenTelemetryAccessLogConfig {
-            grpc_service: Some(crate::generators::envoy_grpc(cluster, host)),
+            grpc_service: Some(mesh_common::envoy::envoy_grpc(cluster, host)),
             log_name: o
                 .log_name
                 .clone()
@@ -263,7 +263,7 @@ pub fn provider_logger(
                 .log_name
                 .clone()
                 .unwrap_or_else(|| default_name.to_string()),
-            grpc_service: Some(crate::generators::envoy_grpc(cluster, host)),
+            grpc_service: Some(mesh_common::envoy::envoy_grpc(cluster, host)),
             transport_api_version: ApiVersion::V3 as i32,
             filter_state_objects_to_log: filter_state(&a.filter_state_objects_to_log),
             ..Default::default()

@@ -6,13 +6,11 @@
 //! listeners and a gateway's (client, as in Istio).
 
 pub mod access_log;
-pub mod metrics;
-pub mod peer;
 pub mod provider;
 pub mod tracing;
 
-pub use metrics::{
-    CLUSTER, Reporter, attr, http_access_log, tcp_access_log, tcp_access_log_options,
+use mesh_common::telemetry::{
+    MetricsPlan, Reporter, http_access_log, peer, tcp_access_log, tcp_access_log_options,
 };
 
 use envoy_types::pb::envoy::config::accesslog::v3::{
@@ -32,7 +30,7 @@ use provider::{Resolved, resolve};
 /// What to add to one side's listeners, worked out once per side.
 pub struct Instruments {
     reporter: Reporter,
-    metrics: Option<crate::push_context::telemetry::MetricsPlan>,
+    metrics: Option<MetricsPlan>,
     http_logs: Vec<AccessLog>,
     tcp_logs: Vec<AccessLog>,
     /// The listener's own log (connections no filter chain took): the file loggers only.

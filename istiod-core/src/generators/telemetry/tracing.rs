@@ -24,13 +24,7 @@ use crate::config_store::telemetry::CustomTag as TagSpec;
 use crate::push_context::telemetry::TracingPlan;
 
 use super::provider::Resolved;
-
-/// The environment variables the agent gives Envoy for Istio's span tags.
-pub const ENV_CANONICAL_SERVICE: &str = "ISTIO_CANONICAL_SERVICE";
-pub const ENV_CANONICAL_REVISION: &str = "ISTIO_CANONICAL_REVISION";
-
-/// The OpenTelemetry resource attributes of Envoy's environment (its `service.name`).
-pub const ENV_OTEL_RESOURCE: &str = "OTEL_RESOURCE_ATTRIBUTES";
+use mesh_common::names::{ENV_CANONICAL_REVISION, ENV_CANONICAL_SERVICE};
 
 /// Istio's default sampling percentage (PILOT_TRACE_SAMPLING).
 const DEFAULT_SAMPLING: f64 = 1.0;
@@ -175,7 +169,7 @@ fn provider_config(provider: &Resolved<'_>) -> Result<Http, TracingError> {
                     timeout: Some(
                         h.timeout
                             .as_ref()
-                            .map_or(super::super::seconds(5), |t| t.proto()),
+                            .map_or(super::super::blocks::seconds(5), |t| t.proto()),
                     ),
                 }),
                 request_headers_to_add: h
@@ -202,7 +196,7 @@ fn provider_config(provider: &Resolved<'_>) -> Result<Http, TracingError> {
                     .as_ref()
                     .and_then(|g| g.timeout.as_ref())
                     .map(|t| t.proto()),
-                ..crate::generators::envoy_grpc(cluster, host)
+                ..mesh_common::envoy::envoy_grpc(cluster, host)
             });
         }
         return Ok(Http {

@@ -21,8 +21,7 @@ use envoy_types::pb::opentelemetry::proto::common::v1::{
 };
 use envoy_types::util::pack_any;
 
-use crate::config_store::telemetry::TagValue;
-use crate::push_context::telemetry::MetricsPlan;
+use super::{MetricsPlan, Reporter, Shape, attr, shape};
 
 /// The static cluster of the agent's bootstrap that reaches the agent's telemetry socket.
 pub const CLUSTER: &str = "agent-telemetry";
@@ -33,130 +32,6 @@ const LOGGER: &str = "envoy.access_loggers.open_telemetry";
 /// How often a long TCP connection reports its bytes so far (Istio's default
 /// `tcp_reporting_duration`, 15 s).
 const TCP_REPORT_SECONDS: i64 = 15;
-
-/// The attribute names of each log record, shared with the agent that reads them.
-pub mod attr {
-    /// `source` (an outbound listener) or `destination` (inbound): Istio's `reporter`. This
-    /// and [`KIND`] are batch (resource) attributes, the rest record attributes.
-    pub const REPORTER: &str = "reporter";
-    /// `http` or `tcp`.
-    pub const KIND: &str = "kind";
-    /// The URI SANs (comma-separated) of the other side's certificate: the client's on inbound,
-    /// the server's on outbound.
-    pub const PEER_SAN: &str = "peer_san";
-    /// The URI SANs of this side's own certificate on that connection.
-    pub const LOCAL_SAN: &str = "local_san";
-    pub const CLUSTER: &str = "cluster";
-    /// Istio's endpoint metadata `istio.workload` (`name;namespace;service;revision;cluster`),
-    /// where a control plane sets it.
-    pub const ENDPOINT: &str = "endpoint";
-    /// Istio's cluster metadata `istio.services` (a JSON list of `{host, name, namespace}`),
-    /// where a control plane sets it: the service of an inbound cluster.
-    pub const SERVICES: &str = "services";
-    /// The peer's announcement of its workload (`super::peer`), HTTP only.
-    pub const PEER: &str = "peer";
-    pub const AUTHORITY: &str = "authority";
-    pub const CONTENT_TYPE: &str = "content_type";
-    pub const RESPONSE_CODE: &str = "response_code";
-    pub const GRPC_STATUS: &str = "grpc_status";
-    pub const RESPONSE_FLAGS: &str = "response_flags";
-    pub const DURATION_MS: &str = "duration_ms";
-    pub const RECEIVED_BYTES: &str = "received_bytes";
-    pub const SENT_BYTES: &str = "sent_bytes";
-    /// TCP: `TcpPeriodic` or `TcpConnectionEnd`.
-    pub const LOG_TYPE: &str = "log_type";
-    /// TCP: Envoy's downstream connection id, to relate a connection's records.
-    pub const CONNECTION: &str = "connection";
-    /// The batch attribute with the metrics' shape (Telemetry `metrics` overrides, Istio's
-    /// `istio.stats` MetricConfigs): JSON, see [`super::Shape`].
-    pub const SHAPE: &str = "istio.metrics";
-    /// The record attributes of the shape's per-request dimension values: `dim.0`, `dim.1`, ...
-    pub const DIMENSION_PREFIX: &str = "dim.";
-}
-
-/// The metrics' shape as the agent reads it from the [`attr::SHAPE`] resource attribute: per
-/// metric (Prometheus name without `istio_`), whether it is dropped, the labels removed, and
-/// the labels set, each to a literal or to a record attribute (`dim.N`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Shape {
-    pub metrics: Vec<MetricShape>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct MetricShape {
-    pub name: String,
-    #[serde(default)]
-    pub drop: bool,
-    #[serde(default)]
-    pub remove: Vec<String>,
-    #[serde(default)]
-    pub set: std::collections::BTreeMap<String, Dimension>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Dimension {
-    Literal(String),
-    /// A record attribute, by key.
-    Attribute(String),
-}
-
-/// The shape of `plan`, and the record attributes its dimensions need (key, Envoy command).
-/// A CEL value that cannot be computed here is `unknown`, as Istio's filter reports a value it
-/// cannot evaluate (a Telemetry's values were checked when it was read; an istiod's may not be).
-pub fn shape(plan: &MetricsPlan) -> (Shape, Vec<(String, String)>) {
-    let mut commands: Vec<(String, String)> = Vec::new();
-    let metrics = plan
-        .metrics
-        .iter()
-        .map(|m| MetricShape {
-            name: m.name.clone(),
-            drop: m.drop,
-            remove: m.tags_to_remove.clone(),
-            set: m
-                .dimensions
-                .iter()
-                .map(|(tag, expr)| {
-                    let d = match TagValue::parse(expr) {
-                        Ok(TagValue::Literal(l)) => Dimension::Literal(l),
-                        Ok(TagValue::Command(c)) => {
-                            let key = match commands.iter().find(|(_, have)| *have == c) {
-                                Some((k, _)) => k.clone(),
-                                None => {
-                                    let k = format!("{}{}", attr::DIMENSION_PREFIX, commands.len());
-                                    commands.push((k.clone(), c));
-                                    k
-                                }
-                            };
-                            Dimension::Attribute(key)
-                        }
-                        Err(_) => Dimension::Literal("unknown".into()),
-                    };
-                    (tag.clone(), d)
-                })
-                .collect(),
-        })
-        .collect();
-    (Shape { metrics }, commands)
-}
-
-/// Which side of a request a listener reports as (Istio's `reporter` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reporter {
-    /// An outbound listener: the client's sidecar.
-    Source,
-    /// An inbound listener: the server's sidecar.
-    Destination,
-}
-
-impl Reporter {
-    pub fn label(self) -> &'static str {
-        match self {
-            Reporter::Source => "source",
-            Reporter::Destination => "destination",
-        }
-    }
-}
 
 /// A string attribute (a record's or a batch's): a literal or an Envoy command.
 fn attribute(key: &str, value: &str) -> KeyValue {
@@ -231,7 +106,7 @@ fn logger(
         .extend(commands.iter().map(|(k, v)| attribute(k, v)));
     let resource_attributes = Some(batch_attributes(reporter, kind, &shape));
     let config = OpenTelemetryAccessLogConfig {
-        grpc_service: Some(crate::generators::envoy_grpc(CLUSTER, "")),
+        grpc_service: Some(crate::envoy::envoy_grpc(CLUSTER, "")),
         log_name: match reporter {
             Reporter::Source => "outbound",
             Reporter::Destination => "inbound",
@@ -300,7 +175,7 @@ pub fn tcp_access_log_options(plan: &MetricsPlan) -> tcp_proxy::TcpAccessLogOpti
                 seconds: TCP_REPORT_SECONDS,
                 nanos: 0,
             },
-            crate::config_store::values::proto_duration,
+            crate::envoy::proto_duration,
         )),
         ..Default::default()
     }

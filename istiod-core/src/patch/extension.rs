@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
 
 use super::CompiledPatch;
 use crate::config_store::envoy_filter::{ApplyTo, Operation};
-use crate::generators::Named;
+use crate::resource::Named;
 
 /// The ECDS resources of `patches` (a proxy's, in order) among `names`.
 pub fn generate(patches: &[&CompiledPatch], names: &[Arc<str>]) -> Vec<Named> {

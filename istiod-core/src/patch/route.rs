@@ -223,7 +223,7 @@ mod tests {
     use envoy_types::pb::envoy::config::route::v3::{DirectResponseAction, RouteAction as Forward};
 
     use super::*;
-    use crate::envoy_filter::compiled_for_tests as compiled;
+    use crate::push_context::envoy_filters::compiled_for_tests as compiled;
 
     fn config(name: &str) -> RouteConfiguration {
         let r = |name: &str, action: route::Action| Route {

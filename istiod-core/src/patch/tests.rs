@@ -10,6 +10,8 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use prost::Message;
 
 use super::*;
+use crate::gateway_api::GATEWAY_NAME_LABEL;
+use crate::push_context::envoy_filters::compile;
 use crate::push_context::from_yaml;
 
 const MESH: &str = "\
@@ -48,9 +50,9 @@ fn generate(filters: &str, type_url: &str, p: &Proxy) -> Vec<Named> {
     let push = from_yaml(&format!("{MESH}---\n{filters}"));
     let names: Vec<Arc<str>> = vec!["9080".into()];
     let mut out = match type_url {
-        LISTENER_TYPE => crate::generators::lds::generate(&push, p),
+        LISTENER_TYPE => crate::generators::listeners(&push, p),
         CLUSTER_TYPE => crate::generators::cds::generate(&push, p),
-        _ => crate::generators::route::generate(&push, p, &names),
+        _ => crate::generators::routes(&push, p, &names),
     };
     apply(&push, p, type_url, &mut out);
     out
@@ -419,7 +421,7 @@ spec:
     );
     let gw = router();
     let push = from_yaml(&format!("{MESH}---\n{f}"));
-    let mut rds = crate::generators::route::generate(&push, &gw, &["http.80"]);
+    let mut rds = crate::generators::routes(&push, &gw, &["http.80"]);
     apply(&push, &gw, ROUTE_TYPE, &mut rds);
     let rc = RouteConfiguration::decode(rds[0].resource.value.as_slice()).unwrap();
     let route = rc
@@ -433,7 +435,7 @@ spec:
     };
     assert_eq!(a.timeout.as_ref().map(|d| d.seconds), Some(9));
     assert!(rc.virtual_hosts.iter().any(|v| v.name == "added"));
-    let mut lds = crate::generators::lds::generate(&push, &gw);
+    let mut lds = crate::generators::listeners(&push, &gw);
     apply(&push, &gw, LISTENER_TYPE, &mut lds);
     let l = lds
         .iter()
@@ -652,8 +654,8 @@ spec:
     let blamed = |type_url: &str, names: &[Arc<str>]| {
         let generated = match type_url {
             CLUSTER_TYPE => crate::generators::cds::generate(&push, &p),
-            LISTENER_TYPE => crate::generators::lds::generate(&push, &p),
-            _ => crate::generators::route::generate(&push, &p, names),
+            LISTENER_TYPE => crate::generators::listeners(&push, &p),
+            _ => crate::generators::routes(&push, &p, names),
         };
         blame(&push, &p, type_url, names, &generated)
     };

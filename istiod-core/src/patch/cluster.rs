@@ -4,7 +4,7 @@ use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 
 use super::{CompiledPatch, Named, adds_to, merge_into, merge_transport_socket, patch_named};
 use crate::config_store::envoy_filter::{ApplyTo, Operation, PatchContext};
-use crate::generators::INBOUND_PASSTHROUGH_CLUSTER;
+use crate::resource::INBOUND_PASSTHROUGH_CLUSTER;
 
 const CLUSTER: &str = "envoy.config.cluster.v3.Cluster";
 
@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn cluster_matches_by_name_alone_or_by_its_parts() {
-        let c = crate::envoy_filter::compiled_for_tests(
+        let c = crate::push_context::envoy_filters::compiled_for_tests(
             "configPatches:\n- {applyTo: CLUSTER, match: {cluster: {subset: v1, portNumber: 9080}}, patch: {operation: REMOVE}}\n- {applyTo: CLUSTER, match: {cluster: {name: exact, service: ignored}}, patch: {operation: REMOVE}}\n",
         );
         let (parts, name) = (&c[0], &c[1]);

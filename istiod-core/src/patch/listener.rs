@@ -17,7 +17,7 @@ use super::{
     patch_named,
 };
 use crate::config_store::envoy_filter::{ApplyTo, HCM, Operation, PatchContext};
-use crate::generators::{VIRTUAL_INBOUND, VIRTUAL_OUTBOUND};
+use crate::resource::{VIRTUAL_INBOUND, VIRTUAL_OUTBOUND};
 
 const LISTENER: &str = "envoy.config.listener.v3.Listener";
 const FILTER_CHAIN: &str = "envoy.config.listener.v3.FilterChain";
@@ -440,7 +440,7 @@ mod tests {
     use envoy_types::pb::google::protobuf::UInt32Value;
 
     use super::*;
-    use crate::envoy_filter::compiled_for_tests as compiled;
+    use crate::push_context::envoy_filters::compiled_for_tests as compiled;
 
     fn chain(name: &str, sni: &[&str], transport: &str, alpn: &[&str], port: u32) -> FilterChain {
         FilterChain {
