@@ -19,6 +19,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .compile_fds(fds)?;
     envoy_descriptors()?;
+    let package = envoy_types_protos()?
+        .parent()
+        .ok_or("the envoy-types protos have no package directory")?
+        .to_path_buf();
+    println!("cargo:envoy_types_dir={}", package.display());
     Ok(())
 }
 

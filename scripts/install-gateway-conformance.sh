@@ -8,7 +8,9 @@
 # istio.io/istio/pkg/test/echo/cmd/{server,client} at the installed Istio version, and a
 # self-signed serving certificate made here with openssl), into
 # $GATEWAY_CONFORMANCE_HOME (default /opt/gateway-conformance/v1.6.0). Idempotent: a stamp names
-# what was built (the version and the go.sum hash); nothing is rebuilt while it matches.
+# what was built (the version and the go.sum hash); nothing is rebuilt while it matches. The
+# suite's own manifests (conformance/base, mesh and tests[/mesh]) are copied into manifests/, where
+# the unit tests of istiod-core's Gateway API translation read them.
 #   scripts/install-gateway-conformance.sh          install unless the stamp matches
 #   scripts/install-gateway-conformance.sh --print  print the directory and exit
 set -euo pipefail
@@ -24,10 +26,10 @@ STAMP="$HOME_DIR/.stamp"
 say() { echo "install-gateway-conformance: $*"; }
 if [ "${1:-}" = --print ]; then echo "$HOME_DIR"; exit 0; fi
 
-want() { echo "sigs.k8s.io/gateway-api/conformance@${VERSION} go.sum=$(sha256sum "$MODULE/go.sum" | cut -c1-16) istio-echo@${ISTIO_VERSION}"; }
+want() { echo "sigs.k8s.io/gateway-api/conformance@${VERSION} go.sum=$(sha256sum "$MODULE/go.sum" | cut -c1-16) istio-echo@${ISTIO_VERSION} manifests"; }
 present() {
   [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(want)" ] || return 1
-  for f in bin/conformance.test bin/echo-basic crd/experimental crd/standard istio-echo/bin/server istio-echo/bin/client istio-echo/cert.crt; do [ -e "$HOME_DIR/$f" ] || return 1; done
+  for f in bin/conformance.test bin/echo-basic crd/experimental crd/standard istio-echo/bin/server istio-echo/bin/client istio-echo/cert.crt manifests/base-manifests.yaml manifests/mesh-manifests.yaml manifests/tests; do [ -e "$HOME_DIR/$f" ] || return 1; done
 }
 if present; then
   say "Gateway API conformance ${VERSION}: present in $HOME_DIR"
@@ -59,6 +61,20 @@ for channel in standard experimental; do
   cp "$api_dir/config/crd/$channel"/*.yaml "$HOME_DIR/crd/$channel/"
   rm -f "$HOME_DIR/crd/$channel/kustomization.yaml"
 done
+# The suite's manifests, as its tests apply them: base (the infra namespaces, backends and
+# Gateways), mesh (GAMMA), and each test's own; where a mesh test's file has a gateway test's
+# name, the gateway test's is kept.
+conf_dir="$(cd "$MODULE" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' sigs.k8s.io/gateway-api/conformance)"
+[ -f "$conf_dir/base/manifests.yaml" ] \
+  || { echo "install-gateway-conformance: $conf_dir has no base/manifests.yaml" >&2; exit 1; }
+rm -rf "$HOME_DIR/manifests" && mkdir -p "$HOME_DIR/manifests/tests"
+cp "$conf_dir/base/manifests.yaml" "$HOME_DIR/manifests/base-manifests.yaml"
+cp "$conf_dir/mesh/manifests.yaml" "$HOME_DIR/manifests/mesh-manifests.yaml"
+cp "$conf_dir/tests/"*.yaml "$HOME_DIR/manifests/tests/"
+for f in "$conf_dir/tests/mesh/"*.yaml; do
+  [ -e "$HOME_DIR/manifests/tests/$(basename "$f")" ] || cp "$f" "$HOME_DIR/manifests/tests/"
+done
+cp "$conf_dir/LICENSE" "$HOME_DIR/manifests/LICENSE"
 chmod -R a+rX "$HOME_DIR"
 "$HOME_DIR/bin/conformance.test" -test.list 'TestConformance' | grep -qx TestConformance \
   || { echo "install-gateway-conformance: $HOME_DIR/bin/conformance.test does not list TestConformance" >&2; exit 1; }

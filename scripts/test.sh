@@ -23,6 +23,8 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== build scripts with only a build's crates (scripts/check-demo-build.sh)"
+./scripts/check-demo-build.sh target/demo-build
 echo "== build (once, for all tests)"
 cargo build --workspace --bins --tests
 echo "== images (from the debug binaries, for the pod tests)"

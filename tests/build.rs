@@ -4,7 +4,6 @@
 //! config dumps can be encoded to protobuf and recorded responses rendered as JSON.
 
 use std::path::PathBuf;
-use std::process::Command;
 
 const PROTOS: [&str; 4] = [
     "protos/udpa_typed_struct.proto",
@@ -13,33 +12,13 @@ const PROTOS: [&str; 4] = [
     "protos/istio_alpn.proto",
 ];
 
-/// envoy-types' `src/generated/types.bin`, found through `cargo metadata`. Filtered to the
-/// platform being built for: without the filter, cargo wants the manifests of every platform's
-/// crates (Windows-only ones too), which a CARGO_HOME that fetched only this platform's crates
-/// does not hold, and `--offline` cannot download.
+/// envoy-types' `src/generated/types.bin`, in the package `istio-proto`'s build found (from
+/// Cargo.lock and the registry, offline: no `cargo metadata`, which would want every
+/// dev-dependency's manifest, more than a machine that only built has).
 fn envoy_types_descriptors() -> Result<PathBuf, Box<dyn std::error::Error>> {
-    let cargo = std::env::var("CARGO")?;
-    let target = std::env::var("TARGET")?;
-    let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline"])
-        .args(["--filter-platform", &target])
-        .current_dir(std::env::var("CARGO_MANIFEST_DIR")?)
-        .output()?;
-    if !out.status.success() {
-        return Err(format!("cargo metadata: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    let manifest = meta["packages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["name"] == "envoy-types")
-        .and_then(|p| p["manifest_path"].as_str())
-        .ok_or("envoy-types is not among the dependencies")?;
-    let bin = PathBuf::from(manifest)
-        .parent()
-        .ok_or("envoy-types manifest has no directory")?
-        .join("src/generated/types.bin");
+    let dir = std::env::var("DEP_ISTIO_PROTO_ENVOY_TYPES_DIR")
+        .map_err(|_| "istio-proto's build did not say where envoy-types is")?;
+    let bin = PathBuf::from(dir).join("src/generated/types.bin");
     if !bin.exists() {
         return Err(format!("{} not found", bin.display()).into());
     }

@@ -36,7 +36,7 @@ pub mod virtual_service;
 
 pub use authorization::AuthorizationPolicySpec;
 pub use destination_rule::DestinationRuleSpec;
-pub use dir::{MAX_CONFIG_FILE_BYTES, load_dir, validate_dir};
+pub use dir::{MAX_CONFIG_FILE_BYTES, load_dir, parse_file, validate_dir};
 pub use gateway::{GatewaySpec, TlsSecret};
 pub use kubernetes::{
     EndpointAddress, EndpointPort, EndpointSliceSpec, EndpointSubset, ObjectReference, PodInfo,
@@ -48,7 +48,6 @@ pub use metadata::Metadata;
 #[cfg(test)]
 pub(crate) use parse::check_spec;
 pub(crate) use parse::parse_document;
-pub use parse::parse_file;
 pub use peer_authentication::{MtlsMode, MtlsSpec, PeerAuthenticationSpec};
 pub use request_authentication::RequestAuthenticationSpec;
 pub use selector::{LabelSelector, PolicySelector, WorkloadSelector};

@@ -1085,10 +1085,16 @@ impl<'a> World<'a> {
         c: &crate::config_store::gateway_api::ObjectRef,
     ) -> Result<String, (&'static str, String)> {
         let kind = c.kind.as_deref().unwrap_or("Secret");
-        if kind != "Secret" || !c.group.as_deref().unwrap_or("").is_empty() {
+        let group = c.group.as_deref().unwrap_or("");
+        if kind != "Secret" || !group.is_empty() {
+            let what = if group.is_empty() {
+                kind.to_string()
+            } else {
+                format!("{kind} of group {group}")
+            };
             return Err((
                 "InvalidCertificateRef",
-                format!("certificateRef {} is a {kind}, not a Secret", c.name),
+                format!("certificateRef {} is a {what}, not a core Secret", c.name),
             ));
         }
         let ns = c.namespace.as_deref().unwrap_or(gw_ns);

@@ -19,6 +19,7 @@ use anyhow::{Context, Result, bail};
 pub mod collector;
 pub mod istio;
 pub mod podman;
+pub mod sandbox;
 pub mod xds_descriptors;
 
 /// Every namespace the harness creates starts with this.
@@ -513,39 +514,19 @@ impl Pod {
 
     /// Gives the pod its own /etc/resolv.conf (`ip netns exec` bind-mounts /etc/netns/NS/*).
     pub fn set_resolv_conf(&self, text: &str) -> Result<()> {
-        let dir = Path::new("/etc/netns").join(&self.ns);
-        fs::create_dir_all(&dir)?;
-        fs::write(dir.join("resolv.conf"), text)?;
-        Ok(())
+        sandbox::write_etc(&self.ns, "resolv.conf", text.as_bytes())
     }
 
-    /// Puts a file at `/etc/REL` as the pod's processes see it (a container image's file):
-    /// `ip netns exec` bind-mounts each entry of /etc/netns/NS over /etc, which needs the
-    /// mount point (`/etc/<first part of REL>`) to exist on the host; an empty directory is
-    /// made for it when missing.
+    /// Puts a file at `/etc/REL` as the pod's processes see it (a container image's file;
+    /// `sandbox::write_etc`).
     pub fn etc_file(&self, rel: &str, contents: &[u8]) -> Result<()> {
-        let top = rel.split('/').next().unwrap_or(rel);
-        if rel.contains('/') && !Path::new("/etc").join(top).exists() {
-            fs::create_dir_all(Path::new("/etc").join(top))?;
-        }
-        let path = Path::new("/etc/netns").join(&self.ns).join(rel);
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)?;
-        }
-        fs::write(path, contents)?;
-        Ok(())
+        sandbox::write_etc(&self.ns, rel, contents)
     }
 
     /// Lets unprivileged processes (Envoy as 1337) bind ports below 1024, as the pod sysctl
     /// `net.ipv4.ip_unprivileged_port_start=0` of Istio's gateway charts does.
     pub fn allow_low_ports(&self) -> Result<()> {
-        let out = self.exec(&["sysctl", "-w", "net.ipv4.ip_unprivileged_port_start=0"])?;
-        anyhow::ensure!(
-            out.status.success(),
-            "sysctl: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(())
+        sandbox::set_sysctl(&self.ns, "net.ipv4.ip_unprivileged_port_start", "0")
     }
 
     /// All captured logs, for failure messages.
@@ -695,42 +676,18 @@ impl Network {
         let dir = self.root.join(name);
         fs::create_dir_all(&dir)?;
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
-        run("ip", &["netns", "add", &ns])?;
-        let veth = format!("v{n}");
-        run(
-            "ip",
-            &[
-                "-n", &self.hub, "link", "add", &veth, "type", "veth", "peer", "name", "eth0",
-                "netns", &ns,
-            ],
-        )?;
-        run(
-            "ip",
-            &["-n", &self.hub, "link", "set", &veth, "master", "br0", "up"],
-        )?;
         let ip = pod_ipv4(n);
-        let v4 = format!("{ip}/24");
-        let v6 = format!("fd00:233::{n}/64");
-        run("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
-        run("ip", &["-n", &ns, "addr", "add", &v4, "dev", "eth0"])?;
-        run(
-            "ip",
-            &["-n", &ns, "-6", "addr", "add", &v6, "dev", "eth0", "nodad"],
-        )?;
-        run("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
-        run("ip", &["-n", &ns, "route", "add", VIP_RANGE, "dev", "eth0"])?;
-        run(
-            "ip",
-            &[
-                "-n",
-                &ns,
-                "route",
-                "add",
-                AUTO_ALLOCATED_RANGE,
-                "dev",
-                "eth0",
-            ],
-        )?;
+        let outside = |dest| sandbox::Route { dest, via: None };
+        sandbox::create(&sandbox::Spec {
+            netns: &ns,
+            bridge: sandbox::Bridge {
+                netns: Some(&self.hub),
+                name: "br0",
+            },
+            link: &format!("v{n}"),
+            addresses: &[format!("{ip}/24"), format!("fd00:233::{n}/64")],
+            routes: &[outside(VIP_RANGE), outside(AUTO_ALLOCATED_RANGE)],
+        })?;
         // The tests read Envoy's counters of the traffic they send (`Pod::envoy_stat`), which
         // Istio's stats inclusion list leaves out: each pod is annotated to keep all of Envoy's
         // stats, as a user debugging a sidecar would. The default list is proven by
@@ -765,10 +722,7 @@ impl Drop for Network {
         for pod in &mut self.pods {
             pod.procs.clear();
             kill_all_in(&pod.ns);
-            let _ = fs::remove_dir_all(Path::new("/etc/netns").join(&pod.ns));
-            let _ = Command::new("ip")
-                .args(["netns", "delete", &pod.ns])
-                .status();
+            sandbox::remove(&pod.ns);
         }
         let _ = Command::new("ip")
             .args(["netns", "delete", &self.hub])

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{ConfigError, ConfigSet, Resource, parse_document, parse_file};
+use super::{ConfigError, ConfigSet, Resource, parse_document};
 
 /// Largest document parsed. Kubernetes refuses objects over 1.5 MiB (etcd's request limit);
 /// past this a document is refused before it is parsed, since a YAML parse costs many times the
@@ -431,6 +431,20 @@ pub fn load_dir(dir: &Path) -> Result<ConfigSet, ConfigError> {
         set.resources.extend(parse_file(&file, &contents)?);
     }
     Ok(set)
+}
+
+/// Parses every document in one file's contents (YAML, which includes JSON).
+pub fn parse_file(path: &Path, contents: &str) -> Result<Vec<Resource>, ConfigError> {
+    let mut out = Vec::new();
+    for (doc, text) in documents(contents) {
+        let resource = parse_document_text(text).map_err(|reason| ConfigError::Invalid {
+            file: path.to_path_buf(),
+            doc,
+            reason,
+        })?;
+        out.extend(resource);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

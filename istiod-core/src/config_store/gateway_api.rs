@@ -122,7 +122,9 @@ pub struct ParametersRef {
 pub struct GatewayAddress {
     #[serde(default, rename = "type")]
     pub type_: Option<String>,
-    pub value: String,
+    /// Optional since Gateway API v1.3: without one the implementation picks the address.
+    #[serde(default)]
+    pub value: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]

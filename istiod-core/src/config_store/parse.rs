@@ -3,7 +3,6 @@
 //! validated; `parse_file` for every document of a file.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::Deserialize;
 
@@ -344,18 +343,4 @@ pub(crate) fn check_spec<T: serde::de::DeserializeOwned>(
 ) -> Result<(), String> {
     let spec: T = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
     validate(&spec)
-}
-
-/// Parses every document in one file's contents (YAML, which includes JSON).
-pub fn parse_file(path: &Path, contents: &str) -> Result<Vec<Resource>, ConfigError> {
-    let mut out = Vec::new();
-    for (doc, text) in dir::documents(contents) {
-        let resource = dir::parse_document_text(text).map_err(|reason| ConfigError::Invalid {
-            file: path.to_path_buf(),
-            doc,
-            reason,
-        })?;
-        out.extend(resource);
-    }
-    Ok(out)
 }

@@ -329,8 +329,11 @@ pub fn render(gw: &GatewayRef, t: &ProxyTemplate) -> Rendered {
             "selector": {GATEWAY_NAME_LABEL: gw.name},
         },
     });
-    if let [address] = gw.spec.addresses.as_slice() {
-        service["spec"]["loadBalancerIP"] = json!(address.value);
+    // One address with a value is the load balancer's; without one the cloud picks it.
+    if let [address] = gw.spec.addresses.as_slice()
+        && let Some(ip) = &address.value
+    {
+        service["spec"]["loadBalancerIP"] = json!(ip);
     }
     let mut pod_labels = json!({
         "sidecar.istio.io/inject": "false",
@@ -932,7 +935,7 @@ mod tests {
         let mut with_ip = spec();
         with_ip.addresses = vec![GatewayAddress {
             type_: Some("IPAddress".into()),
-            value: "10.244.0.200".into(),
+            value: Some("10.244.0.200".into()),
         }];
         assert!(is_managed(&with_ip));
         assert_eq!(
@@ -942,7 +945,7 @@ mod tests {
         let mut hostname = spec();
         hostname.addresses = vec![GatewayAddress {
             type_: Some("Hostname".into()),
-            value: "ingress.istio-system.svc.cluster.local".into(),
+            value: Some("ingress.istio-system.svc.cluster.local".into()),
         }];
         assert!(!is_managed(&hostname));
     }

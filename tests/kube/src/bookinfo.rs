@@ -374,7 +374,7 @@ pub fn certificates_and_mtls(c: &Cluster) -> Result<(String, Duration)> {
         .status
         .and_then(|s| s.pod_ip)
         .context("details has no pod IP")?;
-    let plain = || c.block_on(crate::kubelet::http_get_text(&ip, 9080, "/details/0"));
+    let plain = || c.block_on(crate::http::http_get_text(&ip, 9080, "/details/0"));
     ensure!(plain().is_ok(), "PERMISSIVE: plain text refused");
     // ... and not once it is STRICT, while mesh traffic goes on.
     let strict = "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata:\n  name: default\nspec:\n  mtls:\n    mode: STRICT\n";

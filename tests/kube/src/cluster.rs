@@ -8,51 +8,18 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use harness::Proc;
 
+use crate::installs::kube_bin;
 use crate::kubelet::Kubelet;
-
-/// The Kubernetes release `scripts/install-kube.sh` builds (its `KUBE_VERSION`).
-pub const KUBE_VERSION: &str = "v1.36.3";
-/// The node's address: the pods' bridge, where host-network components (istiod) listen.
-pub const NODE_IP: &str = "10.244.0.1";
-/// Pods get addresses from here (the node's `spec.podCIDR`).
-pub const POD_CIDR: &str = "10.244.0.0/24";
-/// Services get ClusterIPs from here; only sidecars route them (no kube-proxy runs).
-pub const SERVICE_CIDR: &str = "10.96.0.0/16";
-/// The port of the kubelet's server (exec, logs) on `NODE_IP`, as a kubelet's.
-pub const KUBELET_PORT: u16 = 10250;
-/// The Node every pod is bound to, with its topology labels.
-pub const NODE_NAME: &str = "node-1";
-pub const REGION: &str = "region-1";
-pub const ZONE: &str = "zone-1";
+pub use crate::node::*;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
-
-/// Where `scripts/install-kube.sh` installs: `$KUBE_HOME`, else `/opt/kube-test/VERSION`.
-pub fn kube_home() -> PathBuf {
-    harness::install_home("KUBE_HOME", &format!("/opt/kube-test/{KUBE_VERSION}"))
-}
-
-/// The path of Kubernetes binary `name`; missing, the test fails naming the set-up step (or
-/// skips when SKIP_E2E=1 asked for it: then `Err`).
-pub fn kube_bin(name: &str) -> Result<PathBuf> {
-    harness::installed_bin(&kube_home(), name, name, "scripts/install-kube.sh")
-}
-
-/// Joins the calling thread to network namespace `ns` (a name under /var/run/netns).
-pub fn enter_netns(ns: &str) -> Result<()> {
-    let file = fs::File::open(format!("/var/run/netns/{ns}"))
-        .with_context(|| format!("open network namespace {ns}"))?;
-    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-        .with_context(|| format!("join network namespace {ns}"))?;
-    Ok(())
-}
 
 /// A running cluster. Dropping it stops the kubelet's pods, then istiod and the control plane
 /// (last started first), and deletes the namespaces; the directory with every component's log
@@ -377,12 +344,6 @@ async fn create_node(client: &kube::Client) -> Result<()> {
         .patch_status(NODE_NAME, &PatchParams::default(), &Patch::Merge(&status))
         .await?;
     Ok(())
-}
-
-pub fn now_rfc3339() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
 }
 
 /// The cluster's certificates: a CA, the API server's serving certificate, an admin client

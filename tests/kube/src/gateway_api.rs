@@ -14,37 +14,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::Value;
 
 use crate::apply;
 use crate::cluster::Cluster;
-
-/// The Gateway API release the conformance suite and the CRDs are from (Istio release-1.31's).
-pub const VERSION: &str = "v1.6.0";
-
-/// Where `scripts/install-gateway-conformance.sh` installs.
-pub fn home() -> PathBuf {
-    harness::install_home(
-        "GATEWAY_CONFORMANCE_HOME",
-        &format!("/opt/gateway-conformance/{VERSION}"),
-    )
-}
-
-/// A file of the install (`bin/conformance.test`, `bin/echo-basic`, `crd/experimental`);
-/// missing, the test fails naming the set-up step.
-pub fn installed(rel: &str) -> Result<PathBuf> {
-    let p = home().join(rel);
-    if p.exists() {
-        return Ok(p);
-    }
-    bail!(
-        "{} is missing: run scripts/install-gateway-conformance.sh (or scripts/setup.sh --tests)",
-        p.display()
-    )
-}
+pub use crate::installs::{VERSION, home, installed};
 
 /// Applies the Gateway API CRDs of `channel` (`standard` or `experimental`) and waits until the
 /// API server serves them.

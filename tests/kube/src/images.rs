@@ -77,7 +77,7 @@ pub fn resolve(reference: &str) -> Result<Image> {
     if repo.starts_with("registry.k8s.io/gateway-api/") && name == "echo-basic" {
         // The Gateway API conformance backends' server, built from the suite's own module at
         // the suite's version (scripts/install-gateway-conformance.sh); the image runs as root.
-        let echo = crate::gateway_api::installed("bin/echo-basic")?;
+        let echo = crate::installs::installed("bin/echo-basic")?;
         return Ok(Image {
             root_mounts: true,
             ..Image::program(vec![echo.display().to_string()], 0, 0)
@@ -87,7 +87,7 @@ pub fn resolve(reference: &str) -> Result<Image> {
         // Istio's echo server and client (istio.io/istio/pkg/test/echo at the installed Istio
         // version), which this image packages: ENTRYPOINT the server, `client` on the PATH for
         // the mesh tests' exec, and a serving certificate at /cert.crt and /cert.key.
-        let dir = crate::gateway_api::installed("istio-echo")?;
+        let dir = crate::installs::installed("istio-echo")?;
         let file = |f: &str| (dir.join(f), format!("/{f}"));
         return Ok(Image {
             root_mounts: true,

@@ -16,9 +16,9 @@ use serde_json::Value;
 
 use crate::apply;
 use crate::cluster::Cluster;
+use crate::http::http_probe;
 use crate::images::{PROXY_HUB, PROXY_TAG};
-use crate::kubelet::http_probe;
-use crate::volumes;
+use crate::kubelet::volumes;
 
 /// The webhook URL the install is rendered with: the API server reaches istiod on the node's
 /// loopback (no Service routing without kube-proxy).
@@ -174,10 +174,10 @@ pub async fn deployment_env(
         "metadata": {"name": POD_NAME, "namespace": "istio-system", "labels": template["metadata"]["labels"]},
         "spec": {
             "serviceAccountName": template["spec"]["serviceAccountName"],
-            "nodeName": crate::cluster::NODE_NAME,
+            "nodeName": crate::node::NODE_NAME,
             "containers": [],
         },
-        "status": {"podIP": crate::cluster::NODE_IP, "hostIP": crate::cluster::NODE_IP},
+        "status": {"podIP": crate::node::NODE_IP, "hostIP": crate::node::NODE_IP},
     }))?;
     let env = volumes::container_env(client, &pod, &container, "istiod Deployment").await?;
     Ok((container, env))

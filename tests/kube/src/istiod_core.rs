@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 
 use crate::cluster::Cluster;
+use crate::http::http_probe;
 use crate::istio::{self, Manifest};
-use crate::kubelet::http_probe;
 
 /// istiod's secure xDS + CA port, where the injected sidecars look for
 /// `istiod.istio-system.svc`.
@@ -124,8 +124,7 @@ impl IstiodCore {
 
     /// istiod-core's `/debug/*` endpoint `path` (JSON).
     pub fn debug(&self, cluster: &Cluster, path: &str) -> Result<serde_json::Value> {
-        let text =
-            cluster.block_on(crate::kubelet::http_get_text("127.0.0.1", DEBUG_PORT, path))?;
+        let text = cluster.block_on(crate::http::http_get_text("127.0.0.1", DEBUG_PORT, path))?;
         serde_json::from_str(&text).with_context(|| format!("{path}: not JSON: {text}"))
     }
 

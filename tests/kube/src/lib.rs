@@ -13,12 +13,13 @@ pub mod apply;
 pub mod bookinfo;
 pub mod cluster;
 pub mod gateway_api;
+pub mod http;
 pub mod images;
+pub mod installs;
 pub mod istio;
 pub mod istioctl;
 pub mod istiod_core;
 pub mod kubelet;
-pub mod streaming;
-pub mod volumes;
+pub mod node;
 
 pub use cluster::Cluster;

@@ -138,7 +138,7 @@ fn bookinfo_through_istios_injector() {
 
     // As Istio's docs have users check it: `kubectl exec` into the client (through the API
     // server to the kubelet's streaming server) and `kubectl logs` of a sidecar.
-    let kubectl = cluster::cluster::kube_bin("kubectl").unwrap();
+    let kubectl = cluster::installs::kube_bin("kubectl").unwrap();
     let curl_pod = cluster::bookinfo::pod_named(&c, "default", "curl-").unwrap();
     let out = std::process::Command::new(&kubectl)
         .arg(format!("--kubeconfig={}", c.kubeconfig.display()))

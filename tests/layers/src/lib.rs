@@ -61,10 +61,11 @@ struct Module {
     children: BTreeMap<String, usize>,
     /// Items defined here (functions, types, constants, traits, macros).
     items: BTreeSet<String>,
-    /// Names brought in by `use` (re-exported or not): name → the path as written.
-    imports: BTreeMap<String, Vec<String>>,
-    /// `use path::*`.
-    globs: Vec<Vec<String>>,
+    /// Names brought in by `use`: name → the path as written, and whether the `use` is `pub`
+    /// (in any form), so other modules see it too.
+    imports: BTreeMap<String, (Vec<String>, bool)>,
+    /// `use path::*`, with whether it is `pub`.
+    globs: Vec<(Vec<String>, bool)>,
 }
 
 #[derive(Debug)]
@@ -260,13 +261,14 @@ impl Builder {
                     }
                 }
                 syn::Item::Use(u) if !is_test(&u.attrs) => {
+                    let public = !matches!(u.vis, syn::Visibility::Inherited);
                     let mut out = Vec::new();
                     flatten_use(&u.tree, &mut Vec::new(), &mut out);
                     for (name, full) in out {
                         if name == "*" {
-                            self.modules[m].globs.push(full);
+                            self.modules[m].globs.push((full, public));
                         } else if name != "_" {
-                            self.modules[m].imports.insert(name, full);
+                            self.modules[m].imports.insert(name, (full, public));
                         }
                     }
                 }
@@ -311,6 +313,32 @@ impl Builder {
     /// Resolves `path` (as written in module `m`) to the module that defines its item, or to
     /// the module itself when the path names a module. `depth` bounds re-export chains.
     fn resolve(&self, m: usize, path: &[String], depth: usize) -> Option<Resolved> {
+        self.resolve_seen(m, m, path, depth, &mut BTreeSet::new())
+    }
+
+    /// Whether module `at`'s private names are seen from `origin`: `origin` is `at` or lies
+    /// inside it.
+    fn sees_private(&self, at: usize, origin: usize) -> bool {
+        let mut m = Some(origin);
+        while let Some(x) = m {
+            if x == at {
+                return true;
+            }
+            m = self.modules[x].parent;
+        }
+        false
+    }
+
+    /// `resolve`, remembering which (module, name) pairs a glob search has looked in: globs
+    /// that import each other (`use super::*` below a `use child::*`) are searched once.
+    fn resolve_seen(
+        &self,
+        origin: usize,
+        m: usize,
+        path: &[String],
+        depth: usize,
+        seen: &mut BTreeSet<(usize, String)>,
+    ) -> Option<Resolved> {
         if depth > 16 {
             return None;
         }
@@ -331,20 +359,28 @@ impl Builder {
         if self.modules[at].items.contains(name) {
             return Some(Resolved::Item(at, true));
         }
-        if let Some(target) = self.modules[at].imports.get(name) {
+        if let Some((target, public)) = self.modules[at].imports.get(name)
+            && (*public || self.sees_private(at, origin))
+        {
             let mut full = target.clone();
             full.extend(rest[1..].iter().cloned());
-            if let Some(r) = self.resolve(at, &full, depth + 1) {
+            if let Some(r) = self.resolve_seen(at, at, &full, depth + 1, seen) {
                 return Some(r);
             }
             // An import from outside the workspace: the item is, for our graph, here.
             return Some(Resolved::Item(at, true));
         }
-        for glob in &self.modules[at].globs {
+        if !seen.insert((at, name.clone())) {
+            return Some(Resolved::Item(at, false));
+        }
+        for (glob, public) in &self.modules[at].globs {
+            if !*public && !self.sees_private(at, origin) {
+                continue;
+            }
             let mut full = glob.clone();
             full.extend(rest.iter().cloned());
             if let Some(r @ (Resolved::Item(_, true) | Resolved::Module)) =
-                self.resolve(at, &full, depth + 1)
+                self.resolve_seen(at, at, &full, depth + 1, seen)
             {
                 return Some(r);
             }
@@ -577,7 +613,14 @@ impl Builder {
                     && !self.modules[m].children.contains_key(first)
                     && !self.libs.contains_key(first) =>
             {
-                let target = self.import_in_scope(m, first)?;
+                let Some(target) = self.import_in_scope(m, first) else {
+                    if self.modules[m].imports.contains_key(first) {
+                        return None; // imported from outside the workspace
+                    }
+                    // A name a glob import brought in (`use super::*`): the module that
+                    // defines it, when one of the globs leads to it.
+                    return self.through_globs(m, path);
+                };
                 let mut full = target;
                 full.extend(path[1..].iter().cloned());
                 expanded = full;
@@ -591,9 +634,24 @@ impl Builder {
         }
     }
 
+    /// The module defining `path`'s first name, found through one of module `m`'s glob imports.
+    fn through_globs(&self, m: usize, path: &[String]) -> Option<usize> {
+        if self.modules[m].items.contains(&path[0]) {
+            return None;
+        }
+        self.modules[m].globs.iter().find_map(|(glob, _)| {
+            let mut full = glob.clone();
+            full.extend(path.iter().cloned());
+            match self.resolve(m, &full, 0)? {
+                Resolved::Item(at, true) => Some(at),
+                _ => None,
+            }
+        })
+    }
+
     /// What `name` was imported as in module `m`, when it leads into the workspace.
     fn import_in_scope(&self, m: usize, name: &str) -> Option<Vec<String>> {
-        let full = self.modules[m].imports.get(name)?;
+        let (full, _) = self.modules[m].imports.get(name)?;
         let first = full.first()?;
         let inside = matches!(first.as_str(), "crate" | "self" | "super")
             || self.modules[m].children.contains_key(first)
@@ -701,4 +759,91 @@ pub fn workspace_crates() -> Vec<CrateSpec> {
         ident: ident.to_string(),
     })
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A crate written to a temporary folder, read back.
+    fn crate_of(files: &[(&str, &str)]) -> (tempfile::TempDir, Graph) {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let p = dir.path().join("k/src").join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        let spec = CrateSpec {
+            dir: "k".into(),
+            ident: "k".into(),
+        };
+        let g = read(dir.path(), &[spec]).unwrap();
+        (dir, g)
+    }
+
+    fn edge(g: &Graph, from: &str, to: &str) -> bool {
+        let id = |p: &str| g.files.iter().position(|f| f.path == p).unwrap();
+        g.edges
+            .get(&id(from))
+            .is_some_and(|e| e.contains_key(&id(to)))
+    }
+
+    #[test]
+    fn two_files_using_each_other_are_a_circle() {
+        let (_d, g) = crate_of(&[
+            ("lib.rs", "pub mod a;\npub mod b;\n"),
+            ("a.rs", "pub fn f() { crate::b::g() }\n"),
+            ("b.rs", "pub fn g() {}\npub fn h() { crate::a::f() }\n"),
+        ]);
+        assert!(edge(&g, "k/src/a.rs", "k/src/b.rs"));
+        assert_eq!(circles(&g).len(), 1);
+    }
+
+    #[test]
+    fn a_name_is_traced_through_reexports_globs_and_macros_not_through_test_code() {
+        let (_d, g) = crate_of(&[
+            (
+                "lib.rs",
+                "pub mod facade;\npub mod deep;\npub mod user;\npub mod globbed;\npub mod tested;\n",
+            ),
+            ("deep.rs", "pub struct Thing;\npub const N: u8 = 1;\n"),
+            ("facade.rs", "pub use crate::deep::Thing;\n"),
+            (
+                "user.rs",
+                "use crate::facade::Thing;\npub fn f(_: Thing) { println!(\"{}\", crate::globbed::M); }\n",
+            ),
+            ("globbed.rs", "use crate::deep::*;\npub const M: u8 = N;\n"),
+            (
+                "tested.rs",
+                "#[cfg(test)]\nmod tests { use crate::user::f; }\n",
+            ),
+        ]);
+        assert!(
+            edge(&g, "k/src/user.rs", "k/src/deep.rs"),
+            "through the re-export"
+        );
+        assert!(
+            !edge(&g, "k/src/user.rs", "k/src/facade.rs"),
+            "the facade defines nothing"
+        );
+        assert!(
+            edge(&g, "k/src/user.rs", "k/src/globbed.rs"),
+            "inside a macro"
+        );
+        assert!(
+            edge(&g, "k/src/globbed.rs", "k/src/deep.rs"),
+            "through the glob"
+        );
+        assert!(
+            !g.edges.contains_key(
+                &g.files
+                    .iter()
+                    .position(|f| f.path == "k/src/tested.rs")
+                    .unwrap()
+            ),
+            "test code is above every layer"
+        );
+        assert!(circles(&g).is_empty());
+    }
 }

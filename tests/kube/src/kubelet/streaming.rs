@@ -33,10 +33,10 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWrite
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use crate::kubelet::PodRun;
+use super::pod::PodRun;
 
 /// The SPDY/3 header-compression dictionary (the protocol's constant, 1423 bytes).
-const DICTIONARY: &[u8] = include_bytes!("spdy3-dictionary.bin");
+const DICTIONARY: &[u8] = include_bytes!("../spdy3-dictionary.bin");
 const SPDY_VERSION: u16 = 3;
 const TYPE_SYN_STREAM: u16 = 1;
 const TYPE_SYN_REPLY: u16 = 2;
