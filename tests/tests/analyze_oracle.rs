@@ -5,7 +5,7 @@
 //! documents. The two agree when both accept or both refuse a set of files, and report the same
 //! VirtualService destinations whose subset no DestinationRule defines (istioctl's IST0101,
 //! istiod-core's warning). What else each says is printed; the one known difference is held
-//! here (README "Debugging": a name defined twice in a directory), and a new or changed
+//! here (docs/conformance.md "istioctl analyze beside istiod-core validate": a name defined twice in a directory), and a new or changed
 //! difference fails, naming the files.
 
 use std::collections::BTreeSet;

@@ -6,7 +6,7 @@
 //! - `stats_config` and the stats intervals are compared exactly: which stats exist, and their
 //!   tags, decide what 15090 serves and much of Envoy's memory;
 //! - the whole document and Envoy's argv are compared field by field, and every difference must
-//!   be one of `KNOWN` (each with its reason; README "Istio's pilot-agent as the oracle"), with
+//!   be one of `KNOWN` (each with its reason; docs/conformance.md "Istio's pilot-agent as the oracle"), with
 //!   the values it names: a new difference, or a known one that changed, fails the test, and so
 //!   does a known one no case shows any more.
 
@@ -424,7 +424,7 @@ fn our_bootstrap_matches_istios_but_for_the_known_differences() -> Result<()> {
     for (n, k) in known.iter().enumerate() {
         if !seen.contains(&n) {
             failures.push(format!(
-                "known difference {} ({}) no longer seen in any case: remove it from KNOWN and the README",
+                "known difference {} ({}) no longer seen in any case: remove it from KNOWN and docs/conformance.md",
                 k.path, k.why
             ));
         }

@@ -11,7 +11,7 @@
 //! them, Istio 1.5's args, VM env files), every pair of values over 22 dimensions, every triple
 //! over the 14 dimensions that interact (inbound mode and ports, outbound CIDRs and ports,
 //! interfaces, owners, DNS, IP families), and probes that each pin one difference, fixed or kept.
-//! README "Istio's istio-iptables as the oracle" lists the kept differences and why.
+//! docs/conformance.md "Istio's istio-iptables as the oracle" lists the kept differences and why.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
