@@ -12,7 +12,7 @@ pub mod config;
 pub mod config_store;
 pub mod debug;
 pub mod envoy_proto;
-pub mod gateway_api;
+pub mod gateway_conversion;
 pub mod generators;
 pub mod intern;
 pub mod kube;
@@ -246,7 +246,8 @@ fn build(
     config_store::discovery::retain_selected(&mut set.resources, &selectors);
     let mut rejected = rejected_by_store;
     // The Gateway API, as the Istio Gateways and VirtualServices it means.
-    let (translated, problems) = gateway_api::translate(&set.resources, &settings.domain_suffix);
+    let (translated, problems) =
+        gateway_conversion::translate(&set.resources, &settings.domain_suffix);
     set.resources.extend(translated);
     rejected.extend(problems.into_iter().map(|reason| Rejection {
         file: None,

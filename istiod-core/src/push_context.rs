@@ -607,7 +607,7 @@ mod tests {
         ));
         assert_eq!(with.reference_grants.len(), 1);
         assert!(!with.same_content(&without));
-        assert!(crate::gateway_api::secret_granted(
+        assert!(crate::gateway_conversion::secret_granted(
             &with.reference_grants,
             "infra",
             "web",

@@ -558,11 +558,11 @@ fn credential_secret<'a>(
     namespace: &'a str,
     c: &'a str,
 ) -> Option<(&'a str, &'a str)> {
-    let Some(rest) = c.strip_prefix(crate::gateway_api::GATEWAY_CREDENTIAL_PREFIX) else {
+    let Some(rest) = c.strip_prefix(crate::gateway_conversion::GATEWAY_CREDENTIAL_PREFIX) else {
         return Some((namespace, c));
     };
     let (ns, name) = rest.split_once('/')?;
-    crate::gateway_api::secret_granted(&push.reference_grants, namespace, ns, name)
+    crate::gateway_conversion::secret_granted(&push.reference_grants, namespace, ns, name)
         .then_some((ns, name))
 }
 
@@ -809,7 +809,7 @@ pub fn secrets(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) -> 
         // where a ReferenceGrant permits it.
         let (ns, credential) = match n.strip_prefix(CREDENTIAL_PREFIX) {
             Some(c) => (proxy.namespace.as_str(), c.to_string()),
-            None if n.starts_with(crate::gateway_api::GATEWAY_CREDENTIAL_PREFIX) => {
+            None if n.starts_with(crate::gateway_conversion::GATEWAY_CREDENTIAL_PREFIX) => {
                 let (base, suffix) = match n.strip_suffix(CACERT_SUFFIX) {
                     Some(b) => (b, CACERT_SUFFIX),
                     None => (n, ""),

@@ -290,7 +290,7 @@ pub fn gateway_socket(t: &ServerTls, http: bool) -> TransportSocket {
             Some(c) => {
                 // `kubernetes-gateway://NS/NAME` is an SDS name as written; a bare name is the
                 // router's namespace's `kubernetes://NAME`.
-                let sds = if c.starts_with(crate::gateway_api::GATEWAY_CREDENTIAL_PREFIX) {
+                let sds = if c.starts_with(crate::gateway_conversion::GATEWAY_CREDENTIAL_PREFIX) {
                     c.clone()
                 } else {
                     format!("kubernetes://{c}")

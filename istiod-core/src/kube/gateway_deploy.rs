@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 use super::source::KubeSource;
 use crate::config_store::Metadata;
 use crate::config_store::gateway_api::{GROUP, GatewaySpec};
-use crate::gateway_api::{CONTROLLER, DEFAULT_CLASS, GATEWAY_NAME_LABEL, served_gateways};
+use crate::gateway_conversion::{CONTROLLER, DEFAULT_CLASS, GATEWAY_NAME_LABEL, served_gateways};
 use crate::store::ConfigStore;
 
 /// The field manager of every write (istiod's).

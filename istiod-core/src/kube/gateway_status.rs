@@ -1,4 +1,4 @@
-//! Writes the Gateway API status (`crate::gateway_api::status`) back to the API server, as
+//! Writes the Gateway API status (`crate::gateway_conversion::status`) back to the API server, as
 //! istiod's gateway controller does, always on in Kubernetes mode (unlike `PILOT_ENABLE_STATUS`,
 //! which is about Istio's own kinds): by the holder of the Lease `istio-status-leader` only, with
 //! each condition's `observedGeneration` the object's generation, by server-side apply (field
@@ -16,7 +16,7 @@ use serde_json::Value;
 use super::source::KubeSource;
 use super::status::{LEASE_NAME, Leadership, RETRY_PERIOD};
 use crate::config_store::gateway_api::GATEWAY_KIND;
-use crate::gateway_api::status::{ObjectStatus, statuses};
+use crate::gateway_conversion::status::{ObjectStatus, statuses};
 
 /// The field manager of the writes (istiod's controller name).
 const MANAGER: &str = "istio.io/gateway-controller";

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use prost::Message;
 
 use super::*;
-use crate::gateway_api::GATEWAY_NAME_LABEL;
+use crate::gateway_conversion::GATEWAY_NAME_LABEL;
 use crate::push_context::envoy_filters::compile;
 use crate::push_context::from_yaml;
 

@@ -15,7 +15,7 @@ use crate::config_store::Resource;
 use crate::config_store::envoy_filter::{
     ApplyTo, EnvoyFilterSpec, Operation, PatchContext, PatchMatch,
 };
-use crate::gateway_api::GATEWAY_NAME_LABEL;
+use crate::gateway_conversion::GATEWAY_NAME_LABEL;
 use crate::model::Proxy;
 
 /// One patch, ready to apply.

@@ -6,28 +6,51 @@
 //! `ads_http` serves it over gRPC; both take the responses as they go on the wire (`Outgoing`).
 
 use std::collections::HashMap;
+
 use std::sync::Arc;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+
 use futures::stream::BoxStream;
+
 use futures::{Stream, StreamExt};
-use mesh_common::xds::{Answer, Step as SotwStep, Subscription, answer};
+
 use tokio::sync::{mpsc, watch};
+
 use tokio_stream::wrappers::ReceiverStream;
+
 use tonic::{Request, Status};
 
 use crate::autoregister::{AutoRegistration, Caller};
+
 use crate::generators;
-use crate::intern;
+
 use crate::model::Proxy;
+
 use crate::push_context::{Change, PushContext};
+
 use crate::resource::{
     CLUSTER_TYPE, ENDPOINT_TYPE, EXTENSION_CONFIG_TYPE, LISTENER_TYPE, Named, ROUTE_TYPE,
     SECRET_TYPE,
 };
+
 use crate::wire::Outgoing;
+
 pub use crate::xds_debug::{ProxySync, TypeSync};
+
+mod debug;
+mod delta;
+mod node;
+mod sotw;
+
+use debug::*;
+use delta::*;
+use node::*;
+use sotw::*;
+
+pub use node::bearer_check;
 
 /// Order in which types are pushed, so Envoy never sees a reference before its target.
 const PUSH_ORDER: [&str; 7] = [
@@ -86,6 +109,7 @@ const THROTTLE_HOLD: std::time::Duration = std::time::Duration::from_millis(500)
 
 /// Largest xDS request accepted (Istio's ISTIO_GPRC_MAXRECVMSGSIZE default).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+
 /// Largest xDS response sent: one that would be larger ends its stream with RESOURCE_EXHAUSTED
 /// instead (logged with its size), so no proxy is sent a message its agent refuses (the agent
 /// accepts this much by default) or one whose size overflows the gRPC frame header. A mesh's
@@ -99,132 +123,6 @@ struct Shared {
     next_id: AtomicU64,
     throttle: tokio::sync::Semaphore,
     streams: Arc<tokio::sync::Semaphore>,
-}
-
-#[derive(Debug, Default)]
-struct Watch {
-    sub: Subscription<Arc<str>>,
-    sync: TypeSync,
-}
-
-impl TypeSync {
-    /// Records (and counts, and logs a rejection of) the proxy's answer to our last response
-    /// of `type_url`; false when the request is to be ignored (stale, or a NACK). A rejection
-    /// is reported against the EnvoyFilters `blame` names.
-    fn record(
-        &mut self,
-        answer: &Answer,
-        type_url: &str,
-        stats: &XdsStats,
-        blame: impl FnOnce() -> Vec<String>,
-    ) -> bool {
-        match answer {
-            Answer::Fresh => true,
-            Answer::Ack => {
-                stats.acks.fetch_add(1, Ordering::Relaxed);
-                self.acked = self.sent.clone();
-                self.rejecting = false;
-                self.nacked_envoy_filters.clear();
-                true
-            }
-            Answer::Nack(why) => {
-                stats.nacks.fetch_add(1, Ordering::Relaxed);
-                self.nacked_envoy_filters = blame();
-                if self.nacked_envoy_filters.is_empty() {
-                    tracing::warn!(type_url, error = %why, "proxy rejected config (NACK)");
-                } else {
-                    tracing::warn!(envoy_filters = ?self.nacked_envoy_filters, type_url, error = %why,
-                        "proxy rejected config patched by EnvoyFilters (NACK); it keeps its last accepted config");
-                }
-                self.nacked = Some(why.clone());
-                self.rejecting = true;
-                false
-            }
-            Answer::Stale => false,
-        }
-    }
-}
-
-/// A state-of-the-world request as a stream keeps it: its names interned (`crate::intern`)
-/// as soon as it is read, so requests waiting for the push throttle hold no copies.
-struct SotwRequest {
-    node: Option<envoy_types::pb::envoy::config::core::v3::Node>,
-    type_url: String,
-    names: Vec<Arc<str>>,
-    nonce: String,
-    error: Option<envoy_types::pb::google::rpc::Status>,
-}
-
-impl From<DiscoveryRequest> for SotwRequest {
-    fn from(req: DiscoveryRequest) -> Self {
-        SotwRequest {
-            node: req.node,
-            type_url: req.type_url,
-            names: intern::intern_all(req.resource_names),
-            nonce: req.response_nonce,
-            error: req.error_detail,
-        }
-    }
-}
-
-/// A Delta request as a stream keeps it (names interned).
-struct DeltaRequest {
-    node: Option<envoy_types::pb::envoy::config::core::v3::Node>,
-    type_url: String,
-    subscribe: Vec<Arc<str>>,
-    unsubscribe: Vec<Arc<str>>,
-    /// What Envoy already holds (on reconnection): name and our version, if it is one of ours.
-    initial: Vec<(Arc<str>, Option<u64>)>,
-    nonce: String,
-    error: Option<envoy_types::pb::google::rpc::Status>,
-}
-
-impl From<DeltaDiscoveryRequest> for DeltaRequest {
-    fn from(req: DeltaDiscoveryRequest) -> Self {
-        DeltaRequest {
-            node: req.node,
-            type_url: req.type_url,
-            subscribe: intern::intern_all(req.resource_names_subscribe),
-            unsubscribe: intern::intern_all(req.resource_names_unsubscribe),
-            initial: req
-                .initial_resource_versions
-                .iter()
-                .map(|(name, version)| {
-                    (intern::intern(name), u64::from_str_radix(version, 16).ok())
-                })
-                .collect(),
-            nonce: req.response_nonce,
-            error: req.error_detail,
-        }
-    }
-}
-
-struct Connection {
-    proxy: Option<Arc<Proxy>>,
-    /// Who is on the other end (`CallerScope::of`).
-    scope: CallerScope,
-    watches: HashMap<String, Watch>,
-    next_nonce: u64,
-}
-
-/// Who a stream's caller is known to be: in process (trusted: its node's namespace), or the
-/// identity of a verified client certificate (none without one, e.g. over plaintext or with a
-/// bearer token only). A certificate binds the stream to its namespace (`identify`), and a
-/// router reads the Secrets of its namespace only with one.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-enum CallerScope {
-    #[default]
-    InProcess,
-    Verified(Option<mesh_common::identity::Identity>),
-}
-
-impl CallerScope {
-    fn of(caller: &Caller) -> CallerScope {
-        match caller {
-            Caller::InProcess => CallerScope::InProcess,
-            Caller::Peer(identity) => CallerScope::Verified(identity.clone()),
-        }
-    }
 }
 
 /// Resources of `type_url` for `proxy`, or `None` for a type we do not serve.
@@ -265,46 +163,6 @@ fn blame(
     };
     let generated = generate_unpatched(push, proxy, type_url, names).unwrap_or_default();
     crate::patch::blame(push, proxy, type_url, names, &generated)
-}
-
-impl Connection {
-    fn response(
-        &mut self,
-        push: &PushContext,
-        type_url: &str,
-        only: Option<&Names>,
-    ) -> Option<Outgoing> {
-        let proxy = self.proxy.as_ref()?;
-        let watch = self.watches.get_mut(type_url)?;
-        let resources = match only {
-            // Envoy keeps the endpoints of the clusters a state-of-the-world EDS response
-            // leaves out (EDS is not a full-state type), so the fast path sends the changed
-            // ones alone, as istiod's incremental EDS does.
-            Some(only) => {
-                let names: Vec<Arc<str>> = watch
-                    .sub
-                    .names
-                    .iter()
-                    .filter(|n| only.contains(&***n))
-                    .cloned()
-                    .collect();
-                generate(push, proxy, type_url, &names)?
-            }
-            None => generate(push, proxy, type_url, &watch.sub.names)?,
-        };
-        self.next_nonce += 1;
-        let nonce = format!("{}-{}", push.version, self.next_nonce);
-        let out = Outgoing::sotw(
-            &push.version,
-            type_url,
-            &nonce,
-            resources.into_iter().map(|n| n.resource).collect(),
-        );
-        watch.sub.nonce_sent = nonce;
-        watch.sync.sent = Some(push.version.clone());
-        watch.sync.sent_at = Some(std::time::SystemTime::now());
-        Some(out)
-    }
 }
 
 impl XdsServer {
@@ -464,99 +322,6 @@ trait StreamState: Send + 'static {
     /// Whether the proxy holds or asked for any of `names` of `type_url`.
     fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool;
     fn sync(&self) -> Option<ProxySync>;
-}
-
-impl StreamState for Connection {
-    type Request = SotwRequest;
-    fn on_request(
-        &mut self,
-        push: &PushContext,
-        req: SotwRequest,
-        stats: &XdsStats,
-    ) -> Result<Vec<Outgoing>, Status> {
-        Ok(handle_request(self, push, req, stats)?
-            .into_iter()
-            .collect())
-    }
-    fn on_push(
-        &mut self,
-        push: &PushContext,
-        type_url: &str,
-        only: Option<&Names>,
-    ) -> Option<Outgoing> {
-        self.response(push, type_url, only)
-    }
-    fn proxy(&self) -> Option<&Proxy> {
-        self.proxy.as_deref()
-    }
-    fn debug_ask(&self, req: &SotwRequest) -> Option<(String, Vec<Arc<str>>)> {
-        crate::xds_debug::is_debug(&req.type_url).then(|| (req.type_url.clone(), req.names.clone()))
-    }
-    fn scope(&self) -> &CallerScope {
-        &self.scope
-    }
-    fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool {
-        self.watches
-            .get(type_url)
-            .is_some_and(|w| w.sub.names.iter().any(|n| names.contains(&**n)))
-    }
-    fn sync(&self) -> Option<ProxySync> {
-        proxy_sync(
-            self.proxy.as_ref(),
-            false,
-            &self.watches,
-            |w| &w.sync,
-            |w| w.sub.names.clone(),
-        )
-    }
-}
-
-impl StreamState for DeltaConnection {
-    type Request = DeltaRequest;
-    fn on_request(
-        &mut self,
-        push: &PushContext,
-        req: DeltaRequest,
-        stats: &XdsStats,
-    ) -> Result<Vec<Outgoing>, Status> {
-        self.handle(push, req, stats)
-    }
-    /// Delta sends only what changed anyway: `only` adds nothing.
-    fn on_push(
-        &mut self,
-        push: &PushContext,
-        type_url: &str,
-        _only: Option<&Names>,
-    ) -> Option<Outgoing> {
-        self.response(push, type_url, false)
-    }
-    fn proxy(&self) -> Option<&Proxy> {
-        self.proxy.as_deref()
-    }
-    /// istioctl asks its debug types over state of the world only.
-    fn debug_ask(&self, _: &DeltaRequest) -> Option<(String, Vec<Arc<str>>)> {
-        None
-    }
-    fn scope(&self) -> &CallerScope {
-        &self.scope
-    }
-    fn watches_any(&self, type_url: &str, names: &std::collections::BTreeSet<String>) -> bool {
-        self.watches.get(type_url).is_some_and(|w| {
-            w.names
-                .iter()
-                .chain(w.sent.keys())
-                .any(|n| names.contains(&**n))
-        })
-    }
-    fn sync(&self) -> Option<ProxySync> {
-        proxy_sync(
-            self.proxy.as_ref(),
-            true,
-            &self.watches,
-            |w| &w.sync,
-            |w| w.names.iter().cloned().collect(),
-        )
-    }
 }
 
 /// The types to push to one proxy for the step from `last` to `push`. Full pushes send every
@@ -766,53 +531,6 @@ where
     ReceiverStream::new(rx)
 }
 
-/// What a config dump shows of `proxy`'s `type_url`: what it is sent, EnvoyFilters applied.
-fn dump_resources(
-    push: &PushContext,
-    proxy: &Proxy,
-    type_url: &str,
-    names: &[Arc<str>],
-) -> Option<Vec<Arc<envoy_types::pb::google::protobuf::Any>>> {
-    generate(push, proxy, type_url, names).map(|v| v.into_iter().map(|n| n.resource).collect())
-}
-
-/// The answer to an `istio.io/debug` request (`xds_debug`) from the caller of `scope`.
-fn debug_answer(
-    shared: &Shared,
-    scope: &CallerScope,
-    push: &PushContext,
-    type_url: &str,
-    names: &[Arc<str>],
-    nonce: &str,
-    identifier: &str,
-) -> Result<Outgoing, Status> {
-    let viewer = match scope {
-        CallerScope::InProcess => crate::xds_debug::Viewer::All,
-        CallerScope::Verified(id) => {
-            crate::xds_debug::Viewer::of(id.as_ref(), false, push.root_namespace())?
-        }
-    };
-    let syncs: Vec<ProxySync> = shared
-        .syncs
-        .lock()
-        .map(|m| m.values().cloned().collect())
-        .unwrap_or_default();
-    let generate =
-        |proxy: &Proxy, t: &str, names: &[Arc<str>]| dump_resources(push, proxy, t, names);
-    crate::xds_debug::answer(
-        type_url,
-        names,
-        &viewer,
-        &syncs,
-        crate::xds_debug::Stamp {
-            version: &push.version,
-            nonce,
-            identifier,
-        },
-        &generate,
-    )
-}
-
 /// How [`send_all`] ended.
 enum Sent {
     All,
@@ -865,389 +583,4 @@ async fn send_all(
         }
     }
     Sent::All
-}
-
-/// A stream's sync state for /debug/syncz, once the proxy is known.
-/// The subscribed names are kept for the types a config dump generates by name (routes,
-/// secrets, extension configs): not for EDS, whose names (a proxy's every cluster) a dump
-/// leaves out, so the sync state costs no copy of them.
-fn proxy_sync<W>(
-    proxy: Option<&Arc<Proxy>>,
-    delta: bool,
-    watches: &HashMap<String, W>,
-    sync: impl Fn(&W) -> &TypeSync,
-    names: impl Fn(&W) -> Vec<Arc<str>>,
-) -> Option<ProxySync> {
-    let proxy = proxy?;
-    Some(ProxySync {
-        proxy: proxy.id.clone(),
-        delta,
-        types: watches
-            .iter()
-            .map(|(t, w)| {
-                let mut sync = sync(w).clone();
-                if t != ENDPOINT_TYPE {
-                    sync.names = names(w);
-                }
-                (t.clone(), sync)
-            })
-            .collect(),
-        node: Some(proxy.clone()),
-    })
-}
-
-/// On a stream's first request, learns which proxy is on the other end from its node id.
-fn identify(
-    proxy: &mut Option<Arc<Proxy>>,
-    node: Option<&envoy_types::pb::envoy::config::core::v3::Node>,
-    scope: &CallerScope,
-) -> Result<(), Status> {
-    if proxy.is_none() {
-        let node = node.ok_or_else(|| Status::invalid_argument("first request carries no node"))?;
-        let mut p =
-            Proxy::from_node_id(&node.id).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        p.labels = node_labels(node);
-        let l = node.locality.as_ref();
-        p.locality = Proxy::stated_locality(
-            &p.labels,
-            [
-                l.map(|l| l.region.as_str()).unwrap_or_default(),
-                l.map(|l| l.zone.as_str()).unwrap_or_default(),
-                l.map(|l| l.sub_zone.as_str()).unwrap_or_default(),
-            ],
-        );
-        p.auto_register_group = node_string(node, "AUTO_REGISTER_GROUP");
-        p.tracing_sampling = node_tracing_sampling(node);
-        p.metadata = node_strings(node);
-        // Istio's checkConnectionIdentity: a client certificate speaks for its namespace only,
-        // so a workload of namespace A cannot ask for B's config (and B's Secrets) by naming B
-        // in its node id.
-        if let CallerScope::Verified(Some(id)) = scope
-            && id.namespace != p.namespace
-        {
-            tracing::warn!(
-                caller = %id,
-                proxy = %node.id,
-                caller_namespace = %id.namespace,
-                proxy_namespace = %p.namespace,
-                "xDS stream refused: the client certificate's namespace is not the node id's"
-            );
-            return Err(Status::permission_denied(format!(
-                "the client certificate is {id} (namespace {}), but node id {} names namespace {}",
-                id.namespace, node.id, p.namespace
-            )));
-        }
-        p.reads_secrets = match scope {
-            CallerScope::InProcess => true,
-            CallerScope::Verified(id) => id.is_some(),
-        };
-        tracing::info!(proxy = %node.id, "xds stream connected");
-        *proxy = Some(Arc::new(p));
-    }
-    Ok(())
-}
-
-/// One field of the node metadata.
-fn node_field<'a>(
-    node: &'a envoy_types::pb::envoy::config::core::v3::Node,
-    key: &str,
-) -> Option<&'a envoy_types::pb::google::protobuf::value::Kind> {
-    node.metadata
-        .as_ref()
-        .and_then(|m| m.fields.get(key))
-        .and_then(|v| v.kind.as_ref())
-}
-
-/// ProxyConfig `tracing.sampling` of the node metadata's `PROXY_CONFIG`, when set (0 or unset:
-/// the mesh's, as Istio reads it).
-fn node_tracing_sampling(
-    node: &envoy_types::pb::envoy::config::core::v3::Node,
-) -> Option<crate::config_store::values::Percentage> {
-    use envoy_types::pb::google::protobuf::value::Kind;
-    let Some(Kind::StructValue(pc)) = node_field(node, "PROXY_CONFIG") else {
-        return None;
-    };
-    let Some(Kind::StructValue(tracing)) = pc.fields.get("tracing").and_then(|v| v.kind.as_ref())
-    else {
-        return None;
-    };
-    match tracing.fields.get("sampling").and_then(|v| v.kind.as_ref()) {
-        // Over 100 is 1%, as Istio reads it.
-        Some(Kind::NumberValue(n)) if n.is_finite() && *n > 0.0 => {
-            Some(crate::config_store::values::Percentage(if *n > 100.0 {
-                1.0
-            } else {
-                *n
-            }))
-        }
-        _ => None,
-    }
-}
-
-/// A string field of the node metadata.
-fn node_string(node: &envoy_types::pb::envoy::config::core::v3::Node, key: &str) -> Option<String> {
-    use envoy_types::pb::google::protobuf::value::Kind;
-    match node_field(node, key) {
-        Some(Kind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
-        _ => None,
-    }
-}
-
-/// Every string field of the node metadata.
-fn node_strings(
-    node: &envoy_types::pb::envoy::config::core::v3::Node,
-) -> std::collections::BTreeMap<String, String> {
-    use envoy_types::pb::google::protobuf::value::Kind;
-    node.metadata
-        .iter()
-        .flat_map(|m| &m.fields)
-        .filter_map(|(k, v)| match &v.kind {
-            Some(Kind::StringValue(s)) => Some((k.clone(), s.clone())),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The workload labels the agent puts in its node metadata (`LABELS`, a map of strings).
-fn node_labels(
-    node: &envoy_types::pb::envoy::config::core::v3::Node,
-) -> std::collections::BTreeMap<String, String> {
-    use envoy_types::pb::google::protobuf::value::Kind;
-    let Some(Kind::StructValue(labels)) = node_field(node, "LABELS") else {
-        return Default::default();
-    };
-    labels
-        .fields
-        .iter()
-        .filter_map(|(k, v)| match &v.kind {
-            Some(Kind::StringValue(s)) => Some((k.clone(), s.clone())),
-            _ => None,
-        })
-        .collect()
-}
-
-fn handle_request(
-    conn: &mut Connection,
-    push: &PushContext,
-    req: SotwRequest,
-    stats: &XdsStats,
-) -> Result<Option<Outgoing>, Status> {
-    identify(&mut conn.proxy, req.node.as_ref(), &conn.scope)?;
-    let watch = conn.watches.entry(req.type_url.clone()).or_default();
-    let error = req.error.as_ref().map(|e| e.message.as_str());
-    let step = watch.sub.on_request(&req.nonce, error, req.names);
-    let (SotwStep::Ignore(answer) | SotwStep::Respond(answer)) = &step;
-    let names = &watch.sub.names;
-    let proxy = conn.proxy.as_deref();
-    watch.sync.record(answer, &req.type_url, stats, || {
-        blame(push, proxy, &req.type_url, names)
-    });
-    match step {
-        SotwStep::Respond(_) => Ok(conn.response(push, &req.type_url, None)),
-        SotwStep::Ignore(_) => Ok(None),
-    }
-}
-
-/// Types for which an empty subscription means "everything" (Envoy's legacy wildcard).
-fn wildcard_by_default(type_url: &str) -> bool {
-    matches!(
-        type_url,
-        CLUSTER_TYPE | LISTENER_TYPE | istio_proto::nds::TYPE_URL
-    )
-}
-
-/// A resource's version: a digest of its encoded bytes, so an unchanged resource is not resent.
-/// Sent to Envoy as 16 hex digits.
-fn resource_version(resource: &envoy_types::pb::google::protobuf::Any) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    resource.value.hash(&mut h);
-    h.finish()
-}
-
-#[derive(Debug, Default)]
-struct DeltaWatch {
-    wildcard: bool,
-    names: std::collections::BTreeSet<Arc<str>>,
-    /// What Envoy holds: name → version (`None`: a version that is not ours, from before a
-    /// reconnection).
-    sent: HashMap<Arc<str>, Option<u64>>,
-    nonce_sent: String,
-    /// The first response for a type is sent even when empty, so Envoy's init completes.
-    responded: bool,
-    sync: TypeSync,
-}
-
-#[derive(Default)]
-struct DeltaConnection {
-    proxy: Option<Arc<Proxy>>,
-    scope: CallerScope,
-    watches: HashMap<String, DeltaWatch>,
-    next_nonce: u64,
-}
-
-impl DeltaConnection {
-    fn handle(
-        &mut self,
-        push: &PushContext,
-        req: DeltaRequest,
-        stats: &XdsStats,
-    ) -> Result<Vec<Outgoing>, Status> {
-        identify(&mut self.proxy, req.node.as_ref(), &self.scope)?;
-        let first = !self.watches.contains_key(&req.type_url);
-        let watch = self.watches.entry(req.type_url.clone()).or_default();
-        if first {
-            watch.wildcard = wildcard_by_default(&req.type_url) && req.subscribe.is_empty();
-            watch.sent = req.initial.into_iter().collect();
-        }
-        let error = req.error.as_ref().map(|e| e.message.as_str());
-        let answer = answer(&req.nonce, &watch.nonce_sent, error);
-        let proxy = self.proxy.as_deref();
-        let subscribed = &watch.names;
-        if !watch.sync.record(&answer, &req.type_url, stats, || {
-            let names: Vec<Arc<str>> = subscribed.iter().cloned().collect();
-            blame(push, proxy, &req.type_url, &names)
-        }) {
-            return Ok(Vec::new());
-        }
-        let mut changed = first;
-        for name in req.subscribe {
-            if &*name == "*" {
-                changed |= !watch.wildcard;
-                watch.wildcard = true;
-            } else {
-                changed |= watch.names.insert(name);
-            }
-        }
-        for name in req.unsubscribe {
-            if &*name == "*" {
-                watch.wildcard = false;
-            } else {
-                watch.names.remove(&name);
-            }
-            // Envoy dropped it; forget that it holds it so a resubscribe resends it.
-            watch.sent.remove(&name);
-        }
-        if !changed {
-            return Ok(Vec::new());
-        }
-        let mut out: Vec<Outgoing> = self
-            .response(push, &req.type_url, true)
-            .into_iter()
-            .collect();
-        // Clusters re-sent here wait for their endpoints (`forget_endpoints_of`).
-        if req.type_url == CLUSTER_TYPE {
-            out.extend(self.response(push, ENDPOINT_TYPE, false));
-        }
-        Ok(out)
-    }
-
-    fn response(
-        &mut self,
-        push: &PushContext,
-        type_url: &str,
-        requested: bool,
-    ) -> Option<Outgoing> {
-        let proxy = self.proxy.as_ref()?;
-        let watch = self.watches.get_mut(type_url)?;
-        let names: Vec<Arc<str>> = watch.names.iter().cloned().collect();
-        let generated = generate(push, proxy, type_url, &names)?;
-        let wanted = |name: &str| watch.wildcard || watch.names.contains(name);
-        let generated: Vec<Named> = generated.into_iter().filter(|n| wanted(&n.name)).collect();
-        // What Envoy holds and we no longer generate goes away.
-        let mut removed: Vec<Arc<str>> = {
-            let present: std::collections::HashSet<&str> =
-                generated.iter().map(|n| n.name.as_str()).collect();
-            watch
-                .sent
-                .keys()
-                .filter(|n| !present.contains(&***n))
-                .cloned()
-                .collect()
-        };
-        removed.sort();
-        for name in &removed {
-            watch.sent.remove(name);
-        }
-        // Only what changed is sent. A name is interned when Envoy first gets it, not on
-        // every push.
-        let mut resources = Vec::new();
-        for named in generated {
-            let version = resource_version(&named.resource);
-            match watch.sent.get_mut(named.name.as_str()) {
-                Some(held) if *held == Some(version) => continue,
-                Some(held) => *held = Some(version),
-                None => {
-                    watch
-                        .sent
-                        .insert(intern::intern(&named.name), Some(version));
-                }
-            }
-            resources.push((named.name, format!("{version:016x}"), named.resource));
-        }
-        if resources.is_empty() && removed.is_empty() && (watch.responded || !requested) {
-            return None;
-        }
-        watch.responded = true;
-        if type_url == CLUSTER_TYPE {
-            let names: Vec<&str> = resources.iter().map(|(name, ..)| name.as_str()).collect();
-            forget_endpoints_of(&mut self.watches, &names);
-        }
-        let watch = self.watches.get_mut(type_url)?;
-        self.next_nonce += 1;
-        let nonce = format!("{}-{}", push.version, self.next_nonce);
-        let out = Outgoing::delta(&push.version, type_url, &nonce, resources, &removed);
-        watch.nonce_sent = nonce;
-        watch.sync.sent = Some(push.version.clone());
-        watch.sync.sent_at = Some(std::time::SystemTime::now());
-        Some(out)
-    }
-}
-
-/// Envoy finishes warming an updated EDS cluster only when it receives the cluster's
-/// ClusterLoadAssignment again, changed or not (Envoy's xDS protocol notes on resource warming);
-/// until then it keeps the previous cluster, and the new settings never apply. So whenever
-/// `clusters` are sent, what Envoy holds of their endpoints is forgotten, and the next EDS
-/// response (the one that follows in the same push, or with the request's answer) re-sends
-/// them. Only the clusters sent: an unchanged cluster keeps its endpoints unsent. Our EDS
-/// clusters name their endpoints after themselves (empty `service_name`, or the same name).
-fn forget_endpoints_of(watches: &mut HashMap<String, DeltaWatch>, clusters: &[&str]) {
-    let Some(eds) = watches.get_mut(ENDPOINT_TYPE) else {
-        return;
-    };
-    for name in clusters {
-        if let Some(held) = eds.sent.get_mut(*name) {
-            *held = None;
-        }
-    }
-}
-
-/// A gRPC interceptor that, given a token, admits only streams carrying
-/// `authorization: Bearer <token>` (compared in constant time); without one it admits all.
-pub fn bearer_check(
-    token: Option<String>,
-) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
-    move |req: Request<()>| {
-        let Some(expected) = &token else {
-            return Ok(req);
-        };
-        let got = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
-        let same = got.len() == expected.len()
-            && got
-                .bytes()
-                .zip(expected.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0;
-        if same {
-            Ok(req)
-        } else {
-            tracing::warn!("xDS stream refused: missing or wrong bearer token");
-            Err(Status::unauthenticated("a valid bearer token is required"))
-        }
-    }
 }
