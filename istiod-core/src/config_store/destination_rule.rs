@@ -9,83 +9,56 @@ use serde::{Deserialize, Serialize};
 use super::values::GoDuration;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct DestinationRuleSpec {
-    #[serde(default)]
     pub host: String,
-    #[serde(default)]
     pub traffic_policy: Option<TrafficPolicy>,
-    #[serde(default)]
     pub subsets: Vec<Subset>,
-    #[serde(default)]
     pub export_to: Vec<String>,
-    #[serde(default)]
     pub workload_selector: Option<super::selector::WorkloadSelector>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct TrafficPolicy {
-    #[serde(default)]
     pub load_balancer: Option<LoadBalancer>,
-    #[serde(default)]
     pub connection_pool: Option<ConnectionPool>,
-    #[serde(default)]
     pub outlier_detection: Option<OutlierDetection>,
-    #[serde(default)]
     pub tls: Option<ClientTls>,
-    #[serde(default)]
     pub port_level_settings: Vec<PortTrafficPolicy>,
-    #[serde(default)]
     pub proxy_protocol: Option<ProxyProtocol>,
 }
 
 /// `portLevelSettings[]`: the four blocks, for one port.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PortTrafficPolicy {
-    #[serde(default)]
     pub port: Option<super::virtual_service::PortSelector>,
-    #[serde(default)]
     pub load_balancer: Option<LoadBalancer>,
-    #[serde(default)]
     pub connection_pool: Option<ConnectionPool>,
-    #[serde(default)]
     pub outlier_detection: Option<OutlierDetection>,
-    #[serde(default)]
     pub tls: Option<ClientTls>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct LoadBalancer {
-    #[serde(default)]
     pub simple: Option<String>,
-    #[serde(default)]
     pub consistent_hash: Option<ConsistentHash>,
-    #[serde(default)]
     pub locality_lb_setting: Option<super::locality::LocalityLbSetting>,
-    #[serde(default)]
     pub warmup_duration_secs: Option<GoDuration>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ConsistentHash {
-    #[serde(default)]
     pub http_header_name: Option<String>,
-    #[serde(default)]
     pub http_cookie: Option<HttpCookie>,
-    #[serde(default)]
     pub use_source_ip: Option<bool>,
-    #[serde(default)]
     pub http_query_parameter_name: Option<String>,
-    #[serde(default)]
     pub ring_hash: Option<RingHash>,
-    #[serde(default)]
     pub maglev: Option<Maglev>,
     /// Deprecated: ringHash.minimumRingSize.
-    #[serde(default)]
     pub minimum_ring_size: Option<u64>,
 }
 
@@ -99,129 +72,92 @@ pub struct HttpCookie {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct RingHash {
-    #[serde(default)]
     pub minimum_ring_size: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct Maglev {
-    #[serde(default)]
     pub table_size: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct ConnectionPool {
-    #[serde(default)]
     pub tcp: Option<TcpSettings>,
-    #[serde(default)]
     pub http: Option<HttpSettings>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct TcpSettings {
-    #[serde(default)]
     pub max_connections: Option<i32>,
-    #[serde(default)]
     pub connect_timeout: Option<GoDuration>,
-    #[serde(default)]
     pub tcp_keepalive: Option<TcpKeepalive>,
-    #[serde(default)]
     pub max_connection_duration: Option<GoDuration>,
-    #[serde(default)]
     pub idle_timeout: Option<GoDuration>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct TcpKeepalive {
-    #[serde(default)]
     pub probes: Option<u32>,
-    #[serde(default)]
     pub time: Option<GoDuration>,
-    #[serde(default)]
     pub interval: Option<GoDuration>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpSettings {
-    #[serde(default)]
     pub http1_max_pending_requests: Option<i32>,
-    #[serde(default)]
     pub http2_max_requests: Option<i32>,
-    #[serde(default)]
     pub max_requests_per_connection: Option<i32>,
-    #[serde(default)]
     pub max_retries: Option<i32>,
-    #[serde(default)]
     pub idle_timeout: Option<GoDuration>,
-    #[serde(default)]
     pub h2_upgrade_policy: Option<String>,
-    #[serde(default)]
     pub use_client_protocol: Option<bool>,
-    #[serde(default)]
     pub max_concurrent_streams: Option<i32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct OutlierDetection {
-    #[serde(default)]
     pub consecutive_5xx_errors: Option<u32>,
-    #[serde(default)]
     pub consecutive_gateway_errors: Option<u32>,
-    #[serde(default)]
     pub split_external_local_origin_errors: Option<bool>,
-    #[serde(default)]
     pub consecutive_local_origin_failures: Option<u32>,
-    #[serde(default)]
     pub interval: Option<GoDuration>,
-    #[serde(default)]
     pub base_ejection_time: Option<GoDuration>,
-    #[serde(default)]
     pub max_ejection_percent: Option<i32>,
-    #[serde(default)]
     pub min_health_percent: Option<i32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ClientTls {
-    #[serde(default)]
     pub mode: Option<String>,
-    #[serde(default)]
     pub client_certificate: Option<String>,
-    #[serde(default)]
     pub private_key: Option<String>,
-    #[serde(default)]
     pub ca_certificates: Option<String>,
-    #[serde(default)]
     pub credential_name: Option<String>,
-    #[serde(default)]
     pub subject_alt_names: Vec<String>,
-    #[serde(default)]
     pub sni: Option<String>,
-    #[serde(default)]
     pub insecure_skip_verify: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct ProxyProtocol {
-    #[serde(default)]
     pub version: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct Subset {
-    #[serde(default)]
     pub name: String,
-    #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    #[serde(default)]
     pub traffic_policy: Option<TrafficPolicy>,
 }
 

@@ -12,15 +12,11 @@ use super::selector::WorkloadSelector;
 
 /// The EnvoyFilter spec.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct EnvoyFilterSpec {
-    #[serde(default)]
     pub workload_selector: Option<WorkloadSelector>,
-    #[serde(default)]
     pub target_refs: Vec<TargetRef>,
-    #[serde(default)]
     pub config_patches: Vec<ConfigPatch>,
-    #[serde(default)]
     pub priority: i32,
 }
 
@@ -35,13 +31,11 @@ pub struct TargetRef {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ConfigPatch {
-    #[serde(default)]
     pub apply_to: ApplyTo,
-    #[serde(default, rename = "match")]
+    #[serde(rename = "match")]
     pub matches: Option<PatchMatch>,
-    #[serde(default)]
     pub patch: Option<Patch>,
 }
 
@@ -113,107 +107,78 @@ pub enum PatchContext {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PatchMatch {
-    #[serde(default)]
     pub context: PatchContext,
-    #[serde(default)]
     pub proxy: Option<ProxyMatch>,
-    #[serde(default)]
     pub listener: Option<ListenerMatch>,
-    #[serde(default)]
     pub route_configuration: Option<RouteConfigurationMatch>,
-    #[serde(default)]
     pub cluster: Option<ClusterMatch>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ProxyMatch {
-    #[serde(default)]
     pub proxy_version: Option<String>,
-    #[serde(default)]
     pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ListenerMatch {
-    #[serde(default)]
     pub port_number: u32,
-    #[serde(default)]
     pub port_name: Option<String>,
-    #[serde(default)]
     pub filter_chain: Option<FilterChainMatch>,
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub listener_filter: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct FilterChainMatch {
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub sni: Option<String>,
-    #[serde(default)]
     pub transport_protocol: Option<String>,
-    #[serde(default)]
     pub application_protocols: Option<String>,
-    #[serde(default)]
     pub filter: Option<FilterMatch>,
-    #[serde(default)]
     pub destination_port: u32,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct FilterMatch {
-    #[serde(default)]
     pub name: String,
-    #[serde(default)]
     pub sub_filter: Option<SubFilterMatch>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct SubFilterMatch {
-    #[serde(default)]
     pub name: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct RouteConfigurationMatch {
-    #[serde(default)]
     pub port_number: u32,
-    #[serde(default)]
     pub port_name: Option<String>,
-    #[serde(default)]
     pub gateway: Option<String>,
-    #[serde(default)]
     pub vhost: Option<VirtualHostMatch>,
-    #[serde(default)]
     pub name: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct VirtualHostMatch {
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub route: Option<RouteMatch>,
-    #[serde(default)]
     pub domain_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct RouteMatch {
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub action: RouteAction,
 }
 
@@ -228,26 +193,19 @@ pub enum RouteAction {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ClusterMatch {
-    #[serde(default)]
     pub port_number: u32,
-    #[serde(default)]
     pub service: Option<String>,
-    #[serde(default)]
     pub subset: Option<String>,
-    #[serde(default)]
     pub name: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct Patch {
-    #[serde(default)]
     pub operation: Operation,
-    #[serde(default)]
     pub value: Option<serde_json::Value>,
-    #[serde(default)]
     pub filter_class: Option<String>,
 }
 

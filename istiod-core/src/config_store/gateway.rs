@@ -14,11 +14,9 @@ use super::traffic::{check_port, is_dns1123_label};
 pub const GATEWAY_CREDENTIAL_PREFIX: &str = "kubernetes-gateway://";
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct GatewaySpec {
-    #[serde(default)]
     pub selector: BTreeMap<String, String>,
-    #[serde(default)]
     pub servers: Vec<Server>,
     /// Selects routers of its own namespace only (a Gateway API Gateway's translation).
     #[serde(skip)]
@@ -26,32 +24,23 @@ pub struct GatewaySpec {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct Server {
-    #[serde(default)]
     pub port: Option<GatewayPort>,
     /// The address the listener binds (default: every address).
-    #[serde(default)]
     pub bind: Option<String>,
-    #[serde(default)]
     pub hosts: Vec<String>,
-    #[serde(default)]
     pub tls: Option<ServerTls>,
-    #[serde(default)]
     pub name: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct GatewayPort {
-    #[serde(default)]
     pub number: i64,
-    #[serde(default)]
     pub name: String,
-    #[serde(default)]
     pub protocol: String,
     /// The port the gateway pod listens on, when it differs from `number`.
-    #[serde(default)]
     pub target_port: Option<i64>,
 }
 
@@ -75,31 +64,19 @@ pub enum TlsMode {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ServerTls {
-    #[serde(default)]
     pub https_redirect: bool,
-    #[serde(default)]
     pub mode: TlsMode,
-    #[serde(default)]
     pub server_certificate: Option<String>,
-    #[serde(default)]
     pub private_key: Option<String>,
-    #[serde(default)]
     pub ca_certificates: Option<String>,
-    #[serde(default)]
     pub credential_name: Option<String>,
-    #[serde(default)]
     pub subject_alt_names: Vec<String>,
-    #[serde(default)]
     pub verify_certificate_spki: Vec<String>,
-    #[serde(default)]
     pub verify_certificate_hash: Vec<String>,
-    #[serde(default)]
     pub min_protocol_version: Option<TlsVersion>,
-    #[serde(default)]
     pub max_protocol_version: Option<TlsVersion>,
-    #[serde(default)]
     pub cipher_suites: Vec<String>,
 }
 

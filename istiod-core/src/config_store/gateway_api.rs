@@ -96,14 +96,11 @@ pub struct GatewaySpec {
 
 /// What a Gateway asks of its deployment.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct GatewayInfrastructure {
     /// Labels and annotations for every object deployed for the Gateway.
-    #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
     pub annotations: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
     pub parameters_ref: Option<ParametersRef>,
 }
 
@@ -118,12 +115,11 @@ pub struct ParametersRef {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct GatewayAddress {
-    #[serde(default, rename = "type")]
+    #[serde(rename = "type")]
     pub type_: Option<String>,
     /// Optional since Gateway API v1.3: without one the implementation picks the address.
-    #[serde(default)]
     pub value: Option<String>,
 }
 
@@ -142,12 +138,10 @@ pub struct Listener {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ListenerTls {
     /// `Terminate` (the default) or `Passthrough`.
-    #[serde(default)]
     pub mode: Option<String>,
-    #[serde(default)]
     pub certificate_refs: Vec<ObjectRef>,
 }
 
@@ -165,21 +159,17 @@ pub struct ObjectRef {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct AllowedRoutes {
-    #[serde(default)]
     pub namespaces: Option<RouteNamespaces>,
-    #[serde(default)]
     pub kinds: Vec<RouteGroupKind>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct RouteNamespaces {
     /// `Same` (the default), `All` or `Selector`.
-    #[serde(default)]
     pub from: Option<String>,
-    #[serde(default)]
     pub selector: Option<LabelSelector>,
 }
 
@@ -223,66 +213,49 @@ impl ParentRef {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRouteSpec {
-    #[serde(default)]
     pub parent_refs: Vec<ParentRef>,
-    #[serde(default)]
     pub hostnames: Vec<String>,
-    #[serde(default)]
     pub rules: Vec<HttpRouteRule>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRouteRule {
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub matches: Vec<HttpRouteMatch>,
-    #[serde(default)]
     pub filters: Vec<HttpRouteFilter>,
-    #[serde(default)]
     pub backend_refs: Vec<BackendRef>,
-    #[serde(default)]
     pub timeouts: Option<HttpRouteTimeouts>,
-    #[serde(default)]
     pub retry: Option<HttpRouteRetry>,
 }
 
 /// A rule's retries: on connection errors and on `codes`, `attempts` times (the
 /// implementation's default when unset), `backoff` between them.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRouteRetry {
-    #[serde(default)]
     pub codes: Vec<u32>,
-    #[serde(default)]
     pub attempts: Option<i64>,
-    #[serde(default)]
     pub backoff: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRouteMatch {
-    #[serde(default)]
     pub path: Option<PathMatch>,
-    #[serde(default)]
     pub headers: Vec<ValueMatch>,
-    #[serde(default)]
     pub query_params: Vec<ValueMatch>,
-    #[serde(default)]
     pub method: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PathMatch {
     /// `Exact`, `PathPrefix` (the default) or `RegularExpression`.
-    #[serde(default, rename = "type")]
+    #[serde(rename = "type")]
     pub type_: Option<String>,
-    #[serde(default)]
     pub value: Option<String>,
 }
 
@@ -318,30 +291,21 @@ pub struct HttpRouteFilter {
 
 /// The CORS filter: origins (`*` wildcards), methods, headers, credentials, max age (seconds).
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct CorsFilter {
-    #[serde(default)]
     pub allow_origins: Vec<String>,
-    #[serde(default)]
     pub allow_credentials: Option<bool>,
-    #[serde(default)]
     pub allow_methods: Vec<String>,
-    #[serde(default)]
     pub allow_headers: Vec<String>,
-    #[serde(default)]
     pub expose_headers: Vec<String>,
-    #[serde(default)]
     pub max_age: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HeaderModifier {
-    #[serde(default)]
     pub set: Vec<NameValue>,
-    #[serde(default)]
     pub add: Vec<NameValue>,
-    #[serde(default)]
     pub remove: Vec<String>,
 }
 
@@ -352,26 +316,19 @@ pub struct NameValue {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct RequestRedirect {
-    #[serde(default)]
     pub scheme: Option<String>,
-    #[serde(default)]
     pub hostname: Option<String>,
-    #[serde(default)]
     pub path: Option<PathModifier>,
-    #[serde(default)]
     pub port: Option<u16>,
-    #[serde(default)]
     pub status_code: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct UrlRewrite {
-    #[serde(default)]
     pub hostname: Option<String>,
-    #[serde(default)]
     pub path: Option<PathModifier>,
 }
 
@@ -423,81 +380,64 @@ pub struct BackendRef {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRouteTimeouts {
-    #[serde(default)]
     pub request: Option<String>,
-    #[serde(default)]
     pub backend_request: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct GrpcRouteSpec {
-    #[serde(default)]
     pub parent_refs: Vec<ParentRef>,
-    #[serde(default)]
     pub hostnames: Vec<String>,
-    #[serde(default)]
     pub rules: Vec<GrpcRouteRule>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct GrpcRouteRule {
-    #[serde(default)]
     pub matches: Vec<GrpcRouteMatch>,
-    #[serde(default)]
     pub filters: Vec<HttpRouteFilter>,
-    #[serde(default)]
     pub backend_refs: Vec<BackendRef>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct GrpcRouteMatch {
-    #[serde(default)]
     pub method: Option<GrpcMethodMatch>,
-    #[serde(default)]
     pub headers: Vec<ValueMatch>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct GrpcMethodMatch {
     /// `Exact` (the default) or `RegularExpression`.
-    #[serde(default, rename = "type")]
+    #[serde(rename = "type")]
     pub type_: Option<String>,
-    #[serde(default)]
     pub service: Option<String>,
-    #[serde(default)]
     pub method: Option<String>,
 }
 
 /// TCPRoute and TLSRoute: parents, (TLS) SNI hostnames and backends.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct L4RouteSpec {
-    #[serde(default)]
     pub parent_refs: Vec<ParentRef>,
-    #[serde(default)]
     pub hostnames: Vec<String>,
-    #[serde(default)]
     pub rules: Vec<L4RouteRule>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct L4RouteRule {
-    #[serde(default)]
     pub backend_refs: Vec<BackendRef>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct ReferenceGrantSpec {
-    #[serde(default)]
     pub from: Vec<GrantFrom>,
-    #[serde(default)]
     pub to: Vec<GrantTo>,
 }
 

@@ -9,13 +9,11 @@ use super::metadata::Metadata;
 
 /// core/v1 Service.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ServiceSpec {
-    #[serde(default, rename = "clusterIP")]
+    #[serde(rename = "clusterIP")]
     pub cluster_ip: Option<String>,
-    #[serde(default)]
     pub ports: Vec<ServicePortSpec>,
-    #[serde(default)]
     pub selector: BTreeMap<String, String>,
 }
 
@@ -35,10 +33,9 @@ pub struct ServicePortSpec {
 
 /// core/v1 Endpoints.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct EndpointSubset {
-    #[serde(default)]
     pub addresses: Vec<EndpointAddress>,
-    #[serde(default)]
     pub ports: Vec<EndpointPort>,
 }
 
@@ -56,13 +53,10 @@ pub struct EndpointPort {
 
 /// discovery.k8s.io/v1 EndpointSlice (top-level `endpoints` and `ports`, as Kubernetes has them).
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct EndpointSliceSpec {
-    #[serde(default)]
     pub address_type: Option<String>,
-    #[serde(default)]
     pub endpoints: Vec<SliceEndpoint>,
-    #[serde(default)]
     pub ports: Vec<EndpointPort>,
 }
 
@@ -81,12 +75,10 @@ pub struct SliceEndpoint {
 
 /// An EndpointSlice endpoint's `targetRef` (the fields read).
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct ObjectReference {
-    #[serde(default)]
     pub kind: String,
-    #[serde(default)]
     pub namespace: Option<String>,
-    #[serde(default)]
     pub name: String,
 }
 
@@ -141,9 +133,9 @@ pub fn pod_workload_name(raw_meta: &serde_json::Value, meta: &Metadata) -> Strin
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct SliceConditions {
     /// Absent means ready, as Kubernetes defines it.
-    #[serde(default)]
     pub ready: Option<bool>,
 }
 

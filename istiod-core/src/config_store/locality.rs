@@ -11,35 +11,31 @@ use serde::{Deserialize, Serialize};
 /// `failoverPriority` (labels) when endpoints fail outlier detection. `enabled: false` turns
 /// it off.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct LocalityLbSetting {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub distribute: Vec<Distribute>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failover: Vec<Failover>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failover_priority: Vec<String>,
 }
 
 /// Traffic from proxies in `from` split over `to` localities by percentage.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Distribute {
-    #[serde(default)]
     pub from: String,
-    #[serde(default)]
     pub to: BTreeMap<String, u32>,
 }
 
 /// When `from`'s endpoints fail, traffic goes to region `to` before any other.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Failover {
-    #[serde(default)]
     pub from: String,
-    #[serde(default)]
     pub to: String,
 }
 

@@ -172,9 +172,9 @@ pub(super) fn parse_mesh_config_warned(
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct OutboundTrafficPolicy {
     /// `REGISTRY_ONLY` or `ALLOW_ANY` (the default).
-    #[serde(default)]
     pub mode: Option<String>,
 }
 

@@ -9,21 +9,17 @@ use super::selector::PolicySelector;
 
 /// security.istio.io PeerAuthentication: which mTLS mode the selected workloads accept.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct PeerAuthenticationSpec {
-    #[serde(default)]
     pub selector: Option<PolicySelector>,
-    #[serde(default)]
     pub mtls: Option<MtlsSpec>,
     /// Workload port → mode; only meaningful with a selector, as in Istio.
-    #[serde(default)]
     pub port_level_mtls: BTreeMap<u16, MtlsSpec>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct MtlsSpec {
-    #[serde(default)]
     pub mode: Option<MtlsMode>,
 }
 

@@ -28,11 +28,11 @@ pub struct PolicySelector {
 /// Kubernetes' LabelSelector (MeshConfig `discoverySelectors`, the Gateway API's namespace
 /// selectors): every `matchLabels` pair and every expression must hold.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct LabelSelector {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub match_labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub match_expressions: Vec<Requirement>,
 }
 

@@ -73,26 +73,20 @@ pub struct WorkloadGroupSpec {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct WorkloadGroupMetadata {
-    #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    #[serde(default)]
     pub annotations: BTreeMap<String, String>,
 }
 
 /// A WorkloadEntry without its address (each registering proxy brings its own).
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct WorkloadTemplate {
-    #[serde(default)]
     pub address: Option<String>,
-    #[serde(default)]
     pub ports: BTreeMap<String, u16>,
-    #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    #[serde(default)]
     pub service_account: Option<String>,
-    #[serde(default)]
     pub network: Option<String>,
 }
 

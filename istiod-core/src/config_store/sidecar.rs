@@ -8,15 +8,11 @@ use super::selector::WorkloadSelector;
 /// networking.istio.io Sidecar: which services a workload's sidecar sees (egress hosts) and
 /// what happens to traffic for anything else.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct SidecarSpec {
-    #[serde(default)]
     pub workload_selector: Option<WorkloadSelector>,
-    #[serde(default)]
     pub egress: Vec<SidecarEgress>,
-    #[serde(default)]
     pub ingress: Vec<SidecarIngress>,
-    #[serde(default)]
     pub outbound_traffic_policy: Option<OutboundTrafficPolicy>,
 }
 

@@ -94,12 +94,13 @@ impl<'de> Deserialize<'de> for Port {
 /// Istio's StringMatch: exactly one of `exact`, `prefix`, `regex` (RE2); `{}` (none) is
 /// accepted where Istio takes it as "present" (header matches).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct StringMatch {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub exact: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub regex: Option<String>,
 }
 

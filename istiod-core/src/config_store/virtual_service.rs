@@ -11,88 +11,54 @@ use serde::{Deserialize, Serialize};
 use super::values::{GoDuration, Percent, Port, StringMatch};
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct VirtualServiceSpec {
-    #[serde(default)]
     pub hosts: Vec<String>,
-    #[serde(default)]
     pub gateways: Vec<String>,
-    #[serde(default)]
     pub http: Vec<HttpRoute>,
-    #[serde(default)]
     pub tcp: Vec<TcpRoute>,
-    #[serde(default)]
     pub tls: Vec<TlsRoute>,
-    #[serde(default)]
     pub export_to: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRoute {
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default, rename = "match")]
+    #[serde(rename = "match")]
     pub matches: Vec<HttpMatch>,
-    #[serde(default)]
     pub route: Vec<HttpRouteDestination>,
-    #[serde(default)]
     pub redirect: Option<HttpRedirect>,
-    #[serde(default)]
     pub direct_response: Option<DirectResponse>,
-    #[serde(default)]
     pub delegate: Option<Delegate>,
-    #[serde(default)]
     pub rewrite: Option<HttpRewrite>,
-    #[serde(default)]
     pub timeout: Option<GoDuration>,
-    #[serde(default)]
     pub retries: Option<HttpRetry>,
-    #[serde(default)]
     pub fault: Option<HttpFault>,
-    #[serde(default)]
     pub mirror: Option<Destination>,
-    #[serde(default)]
     pub mirror_percentage: Option<Percent>,
     /// Deprecated integer form of mirrorPercentage.
-    #[serde(default)]
     pub mirror_percent: Option<u32>,
-    #[serde(default)]
     pub mirrors: Vec<HttpMirror>,
-    #[serde(default)]
     pub cors_policy: Option<CorsPolicy>,
-    #[serde(default)]
     pub headers: Option<Headers>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpMatch {
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub uri: Option<StringMatch>,
-    #[serde(default)]
     pub scheme: Option<StringMatch>,
-    #[serde(default)]
     pub method: Option<StringMatch>,
-    #[serde(default)]
     pub authority: Option<StringMatch>,
-    #[serde(default)]
     pub headers: BTreeMap<String, StringMatch>,
-    #[serde(default)]
     pub port: Option<Port>,
-    #[serde(default)]
     pub source_labels: BTreeMap<String, String>,
-    #[serde(default)]
     pub gateways: Vec<String>,
-    #[serde(default)]
     pub query_params: BTreeMap<String, StringMatch>,
-    #[serde(default)]
     pub ignore_uri_case: bool,
-    #[serde(default)]
     pub without_headers: BTreeMap<String, StringMatch>,
-    #[serde(default)]
     pub source_namespace: Option<String>,
 }
 
@@ -106,12 +72,10 @@ pub struct HttpRouteDestination {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct Destination {
-    #[serde(default)]
     pub host: String,
-    #[serde(default)]
     pub subset: Option<String>,
-    #[serde(default)]
     pub port: Option<PortSelector>,
 }
 
@@ -121,22 +85,15 @@ pub struct PortSelector {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRedirect {
-    #[serde(default)]
     pub uri: Option<String>,
-    #[serde(default)]
     pub authority: Option<String>,
-    #[serde(default)]
     pub port: Option<Port>,
-    #[serde(default)]
     pub derive_port: Option<String>,
     /// Replaces the matched prefix of the path (the Gateway API's `ReplacePrefixMatch`).
-    #[serde(default)]
     pub prefix_rewrite: Option<String>,
-    #[serde(default)]
     pub scheme: Option<String>,
-    #[serde(default)]
     pub redirect_code: Option<u32>,
 }
 
@@ -148,11 +105,10 @@ pub struct DirectResponse {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct HttpBody {
-    #[serde(default)]
     pub string: Option<String>,
     /// Base64, as protobuf's JSON form of bytes.
-    #[serde(default)]
     pub bytes: Option<String>,
 }
 
@@ -164,13 +120,10 @@ pub struct Delegate {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRewrite {
-    #[serde(default)]
     pub uri: Option<String>,
-    #[serde(default)]
     pub authority: Option<String>,
-    #[serde(default)]
     pub uri_regex_rewrite: Option<RegexRewrite>,
 }
 
@@ -183,49 +136,37 @@ pub struct RegexRewrite {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct HttpRetry {
-    #[serde(default)]
     pub attempts: i64,
-    #[serde(default)]
     pub per_try_timeout: Option<GoDuration>,
-    #[serde(default)]
     pub retry_on: Option<String>,
-    #[serde(default)]
     pub retry_remote_localities: Option<bool>,
     /// The base interval of the exponential back-off between retries.
-    #[serde(default)]
     pub backoff: Option<GoDuration>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct HttpFault {
-    #[serde(default)]
     pub delay: Option<FaultDelay>,
-    #[serde(default)]
     pub abort: Option<FaultAbort>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct FaultDelay {
-    #[serde(default)]
     pub fixed_delay: Option<GoDuration>,
-    #[serde(default)]
     pub percentage: Option<Percent>,
     /// Deprecated integer form of percentage.
-    #[serde(default)]
     pub percent: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct FaultAbort {
-    #[serde(default)]
     pub http_status: Option<u32>,
-    #[serde(default)]
     pub grpc_status: Option<String>,
-    #[serde(default)]
     pub percentage: Option<Percent>,
 }
 
@@ -237,90 +178,68 @@ pub struct HttpMirror {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct CorsPolicy {
-    #[serde(default)]
     pub allow_origins: Vec<StringMatch>,
     /// Deprecated exact-origin list.
-    #[serde(default)]
     pub allow_origin: Vec<String>,
-    #[serde(default)]
     pub allow_methods: Vec<String>,
-    #[serde(default)]
     pub allow_headers: Vec<String>,
-    #[serde(default)]
     pub expose_headers: Vec<String>,
-    #[serde(default)]
     pub max_age: Option<GoDuration>,
-    #[serde(default)]
     pub allow_credentials: Option<bool>,
-    #[serde(default)]
     pub unmatched_preflights: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct Headers {
-    #[serde(default)]
     pub request: Option<HeaderOperations>,
-    #[serde(default)]
     pub response: Option<HeaderOperations>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct HeaderOperations {
-    #[serde(default)]
     pub set: BTreeMap<String, String>,
-    #[serde(default)]
     pub add: BTreeMap<String, String>,
-    #[serde(default)]
     pub remove: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct TcpRoute {
-    #[serde(default, rename = "match")]
+    #[serde(rename = "match")]
     pub matches: Vec<L4Match>,
-    #[serde(default)]
     pub route: Vec<RouteDestination>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct TlsRoute {
-    #[serde(default, rename = "match")]
+    #[serde(rename = "match")]
     pub matches: Vec<TlsMatch>,
-    #[serde(default)]
     pub route: Vec<RouteDestination>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct L4Match {
-    #[serde(default)]
     pub destination_subnets: Vec<String>,
-    #[serde(default)]
     pub port: Option<Port>,
-    #[serde(default)]
     pub source_labels: BTreeMap<String, String>,
-    #[serde(default)]
     pub gateways: Vec<String>,
-    #[serde(default)]
     pub source_namespace: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct TlsMatch {
-    #[serde(default)]
     pub sni_hosts: Vec<String>,
-    #[serde(default)]
     pub destination_subnets: Vec<String>,
-    #[serde(default)]
     pub port: Option<Port>,
-    #[serde(default)]
     pub source_labels: BTreeMap<String, String>,
-    #[serde(default)]
     pub gateways: Vec<String>,
-    #[serde(default)]
     pub source_namespace: Option<String>,
 }
 
