@@ -641,11 +641,32 @@ pub fn cleanup(backend: &Backend, plans: &[&Plan]) -> Result<bool, ApplyError> {
 
 /// Routes and addresses the rules rely on (Istio's `tproxy.ConfigureRoutes`): `::6` on lo for
 /// IPv6 inbound passthrough, and in TPROXY mode the fwmark rule and local route table.
-pub fn configure_routes(family: Family, tproxy: Option<(u32, u32)>) -> Result<(), ApplyError> {
-    let fam = match family {
+/// `ip`'s flag for `family`.
+fn family_flag(family: Family) -> &'static str {
+    match family {
         Family::V4 => "-4",
         Family::V6 => "-6",
+    }
+}
+
+/// `ip FAMILY route VERB local default dev lo table TABLE`: the TPROXY table's one route.
+fn local_default_route(family: Family, verb: &str, table: &str) -> Result<String, ApplyError> {
+    let default = match family {
+        Family::V4 => "0.0.0.0/0",
+        Family::V6 => "::/0",
     };
+    let fam = family_flag(family);
+    run(
+        "ip",
+        &[
+            fam, "route", verb, "local", default, "dev", "lo", "table", table,
+        ],
+        None,
+    )
+}
+
+pub fn configure_routes(family: Family, tproxy: Option<(u32, u32)>) -> Result<(), ApplyError> {
+    let fam = family_flag(family);
     let has_v6_passthrough = || {
         std::fs::read_to_string("/proc/net/if_inet6").is_ok_and(|t| {
             t.lines()
@@ -680,18 +701,7 @@ pub fn configure_routes(family: Family, tproxy: Option<(u32, u32)>) -> Result<()
                 None,
             )?;
         }
-        let default = if family == Family::V4 {
-            "0.0.0.0/0"
-        } else {
-            "::/0"
-        };
-        run(
-            "ip",
-            &[
-                fam, "route", "replace", "local", default, "dev", "lo", "table", &table,
-            ],
-            None,
-        )?;
+        local_default_route(family, "replace", &table)?;
     }
     Ok(())
 }
@@ -700,10 +710,7 @@ pub fn configure_routes(family: Family, tproxy: Option<(u32, u32)>) -> Result<()
 /// and the local default route of TABLE, if present; nothing else of the table or the rules.
 /// Returns whether anything was removed.
 pub fn cleanup_routes(family: Family, mark: u32, table: u32) -> Result<bool, ApplyError> {
-    let fam = match family {
-        Family::V4 => "-4",
-        Family::V6 => "-6",
-    };
+    let fam = family_flag(family);
     let (mark, table) = (mark.to_string(), table.to_string());
     let wanted = format!("fwmark {} lookup {table}", format_mark(&mark));
     let mut removed = false;
@@ -727,18 +734,7 @@ pub fn cleanup_routes(family: Family, mark: u32, table: u32) -> Result<bool, App
         .lines()
         .any(|l| l.starts_with("local default dev lo"))
     {
-        let default = if family == Family::V4 {
-            "0.0.0.0/0"
-        } else {
-            "::/0"
-        };
-        run(
-            "ip",
-            &[
-                fam, "route", "del", "local", default, "dev", "lo", "table", &table,
-            ],
-            None,
-        )?;
+        local_default_route(family, "del", &table)?;
         removed = true;
     }
     Ok(removed)

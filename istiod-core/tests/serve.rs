@@ -19,27 +19,35 @@ struct Cli {
     serve: ServeArgs,
 }
 
-#[tokio::test]
-async fn serves_ads_on_the_port_it_bound_until_shutdown() {
-    let dir = tempfile::tempdir().unwrap();
+/// `istiod-core serve` on the directory `dir` (holding the MESH document) with the flags
+/// `extra`, stopped when the returned sender is dropped or sent to.
+async fn start(
+    dir: &tempfile::TempDir,
+    extra: &[&str],
+) -> (tokio::sync::oneshot::Sender<()>, istiod_core::serve::Bound) {
     std::fs::write(dir.path().join("mesh.yaml"), MESH).unwrap();
-    let args = Cli::parse_from([
+    let mut argv = vec![
         "serve",
         "--config-dir",
         dir.path().to_str().unwrap(),
         "--grpc-addr",
         "127.0.0.1:0",
-        "--debug-addr",
-        "127.0.0.1:0",
-    ])
-    .serve;
-    let cfg = ServeConfig::new(args, &|_| None).unwrap();
+    ];
+    argv.extend(extra);
+    let cfg = ServeConfig::new(Cli::parse_from(argv).serve, &|_| None).unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let bound = istiod_core::serve::serve(cfg, async {
         let _ = stopped.await;
     })
     .await
     .unwrap();
+    (stop, bound)
+}
+
+#[tokio::test]
+async fn serves_ads_on_the_port_it_bound_until_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stop, bound) = start(&dir, &["--debug-addr", "127.0.0.1:0"]).await;
     let grpc = bound.grpc;
     assert_ne!(grpc.port(), 0);
     let debug = bound.debug.unwrap();
@@ -105,24 +113,7 @@ async fn serves_ads_on_the_port_it_bound_until_shutdown() {
 #[tokio::test]
 async fn a_stop_with_a_stream_still_open_ends_after_the_grace() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("mesh.yaml"), MESH).unwrap();
-    let args = Cli::parse_from([
-        "serve",
-        "--config-dir",
-        dir.path().to_str().unwrap(),
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--shutdown-duration",
-        "1s",
-    ])
-    .serve;
-    let cfg = ServeConfig::new(args, &|_| None).unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let bound = istiod_core::serve::serve(cfg, async {
-        let _ = stopped.await;
-    })
-    .await
-    .unwrap();
+    let (stop, bound) = start(&dir, &["--shutdown-duration", "1s"]).await;
     let grpc = bound.grpc;
     let serving = tokio::spawn(bound.wait());
     let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{grpc}"))

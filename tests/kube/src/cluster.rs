@@ -366,62 +366,53 @@ impl Pki {
         let ca_pem = ca.self_signed(&ca_key)?.pem();
         let issuer = Issuer::new(ca, ca_key);
 
-        let key = KeyPair::generate()?;
-        let mut serving = CertificateParams::new(vec![
-            "localhost".to_string(),
-            "kubernetes".to_string(),
-            "kubernetes.default".to_string(),
-            "kubernetes.default.svc".to_string(),
-            "kubernetes.default.svc.cluster.local".to_string(),
-            "127.0.0.1".to_string(),
-            NODE_IP.to_string(),
-            "10.96.0.1".to_string(),
-        ])?;
-        serving
-            .distinguished_name
-            .push(DnType::CommonName, "kube-apiserver");
-        fs::write(
-            pki.join("apiserver.crt"),
-            serving.signed_by(&key, &issuer)?.pem(),
+        // One leaf: NAME.crt and NAME.key, for `sans`, with an organization (a group) if any.
+        let leaf = |name: &str, sans: Vec<String>, org: Option<&str>, cn: &str| -> Result<()> {
+            let key = KeyPair::generate()?;
+            let mut params = CertificateParams::new(sans)?;
+            if let Some(org) = org {
+                params
+                    .distinguished_name
+                    .push(DnType::OrganizationName, org);
+            }
+            params.distinguished_name.push(DnType::CommonName, cn);
+            fs::write(
+                pki.join(format!("{name}.crt")),
+                params.signed_by(&key, &issuer)?.pem(),
+            )?;
+            fs::write(pki.join(format!("{name}.key")), key.serialize_pem())?;
+            Ok(())
+        };
+        let apiserver_names = [
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+            "127.0.0.1",
+            NODE_IP,
+            "10.96.0.1",
+        ];
+        leaf(
+            "apiserver",
+            apiserver_names.iter().map(|n| n.to_string()).collect(),
+            None,
+            "kube-apiserver",
         )?;
-        fs::write(pki.join("apiserver.key"), key.serialize_pem())?;
-
-        let key = KeyPair::generate()?;
-        let mut admin = CertificateParams::new(Vec::<String>::new())?;
-        admin
-            .distinguished_name
-            .push(DnType::OrganizationName, "system:masters");
-        admin.distinguished_name.push(DnType::CommonName, "admin");
-        fs::write(pki.join("admin.crt"), admin.signed_by(&key, &issuer)?.pem())?;
-        fs::write(pki.join("admin.key"), key.serialize_pem())?;
-
+        leaf("admin", Vec::new(), Some("system:masters"), "admin")?;
         // The kubelet's serving certificate (the API server checks it when it proxies exec and
         // logs) and the client certificate the API server presents to the kubelet.
-        let key = KeyPair::generate()?;
-        let mut kubelet = CertificateParams::new(vec![NODE_IP.to_string(), NODE_NAME.to_string()])?;
-        kubelet
-            .distinguished_name
-            .push(DnType::CommonName, format!("system:node:{NODE_NAME}"));
-        fs::write(
-            pki.join("kubelet.crt"),
-            kubelet.signed_by(&key, &issuer)?.pem(),
+        leaf(
+            "kubelet",
+            vec![NODE_IP.to_string(), NODE_NAME.to_string()],
+            None,
+            &format!("system:node:{NODE_NAME}"),
         )?;
-        fs::write(pki.join("kubelet.key"), key.serialize_pem())?;
-        let key = KeyPair::generate()?;
-        let mut client = CertificateParams::new(Vec::<String>::new())?;
-        client
-            .distinguished_name
-            .push(DnType::OrganizationName, "system:masters");
-        client
-            .distinguished_name
-            .push(DnType::CommonName, "kube-apiserver-kubelet-client");
-        fs::write(
-            pki.join("apiserver-kubelet-client.crt"),
-            client.signed_by(&key, &issuer)?.pem(),
-        )?;
-        fs::write(
-            pki.join("apiserver-kubelet-client.key"),
-            key.serialize_pem(),
+        leaf(
+            "apiserver-kubelet-client",
+            Vec::new(),
+            Some("system:masters"),
+            "kube-apiserver-kubelet-client",
         )?;
 
         let sa = KeyPair::generate()?;
