@@ -15,6 +15,8 @@ pub mod go_bool;
 pub mod grpc;
 #[cfg(feature = "identity")]
 pub mod identity;
+#[cfg(feature = "module")]
+pub mod module;
 pub mod names;
 #[cfg(feature = "re2")]
 pub mod re2;

@@ -5,6 +5,7 @@
 //! builds those loggers, `peer` the header exchange that names the other side's workload.
 
 pub mod access_log;
+pub mod module_filters;
 pub mod peer;
 
 use std::collections::BTreeMap;
