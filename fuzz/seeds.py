@@ -333,6 +333,55 @@ def xds_adapt_seeds():
             put("xds_adapt", flag + f.read_bytes())
 
 
+# --- the proxy module's peer metadata (Istio's wire formats) ----------------------------------
+
+def pb_value(v):
+    if isinstance(v, dict):
+        return field(5, pb_struct(v))
+    return field(3, v)
+
+
+def pb_struct(d):
+    return b"".join(field(1, field(1, k) + field(2, pb_value(v))) for k, v in sorted(d.items()))
+
+
+PRODUCTPAGE = {
+    "NAME": "productpage-v1-b9879c6d-f9xbg",
+    "NAMESPACE": "default",
+    "WORKLOAD_NAME": "productpage-v1",
+    "CLUSTER_ID": "Kubernetes",
+    "OWNER": "kubernetes://apis/apps/v1/namespaces/default/deployments/productpage-v1",
+    "LABELS": {
+        "app": "productpage",
+        "version": "v1",
+        "service.istio.io/canonical-name": "productpage",
+        "service.istio.io/canonical-revision": "v1",
+    },
+}
+
+
+def peer_frame(meta, node_id, declared=None):
+    body = pb_struct({"x-envoy-peer-metadata": meta, "x-envoy-peer-metadata-id": node_id})
+    any_ = field(1, "type.googleapis.com/google.protobuf.Struct") + field(2, body)
+    n = len(any_) if declared is None else declared
+    return struct.pack(">II", 0x3D230467, n) + any_
+
+
+def peer_metadata_seeds():
+    import base64
+    node_id = "sidecar~10.1.0.11~productpage-v1-b9879c6d-f9xbg.default~default.svc.cluster.local"
+    header = base64.b64encode(pb_struct(PRODUCTPAGE)).decode()
+    put("peer_metadata", b"\x01" + header.encode())
+    put("peer_metadata", b"\x01" + header.rstrip("=").encode())  # padding left out
+    put("peer_metadata", b"\x01" + b"not base64!")
+    frame = peer_frame(PRODUCTPAGE, node_id)
+    put("peer_metadata", b"\x00" + frame)
+    put("peer_metadata", b"\x00" + frame + b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")  # the stream after it
+    put("peer_metadata", b"\x00" + frame[:11])  # cut short
+    put("peer_metadata", b"\x00" + peer_frame(PRODUCTPAGE, node_id, declared=1 << 20))  # past the bound
+    put("peer_metadata", b"\x00" + b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1")  # a TLS hello
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--extra", action="append", default=[],
@@ -348,6 +397,7 @@ def main():
     agent_seeds()
     init_seeds()
     xds_adapt_seeds()
+    peer_metadata_seeds()
     for d in sorted(OUT.iterdir()):
         print(f"seeds: {d.name}: {len(list(d.iterdir()))}")
 

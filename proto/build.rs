@@ -5,11 +5,7 @@
 use std::path::{Path, PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = [
-        "protos/security/v1alpha1/ca.proto",
-        "protos/dns/nds.proto",
-        "protos/otlp/logs.proto",
-    ];
+    let files = ["protos/security/v1alpha1/ca.proto", "protos/dns/nds.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

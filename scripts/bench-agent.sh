@@ -24,7 +24,7 @@ part() { [[ " $PARTS " == *" $1 "* ]]; }
 ./scripts/setup.sh >/dev/null
 if part stats; then ./scripts/install-istio.sh >/dev/null; fi
 if [ -z "${BIN:-}" ]; then
-  cargo build --release --quiet -p pilot-agent -p istiod-core
+  cargo build --release --quiet -p pilot-agent -p istiod-core -p istio-module
   BIN="$PWD/target/release"
 fi
 for b in pilot-agent istiod-core; do

@@ -31,7 +31,7 @@ case "$MODE" in minimal|authz|gateway|telemetry|accesslog|tracing) ;; *) echo "m
 ./scripts/setup.sh >/dev/null
 command -v wrk >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 # BIN=DIR: prebuilt release binaries (pilot-agent, istio-iptables) instead of a build.
-[ -n "${BIN:-}" ] || cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables
+[ -n "${BIN:-}" ] || cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables -p istio-module --lib
 BIN="${BIN:-$PWD/target/release}"
 ENVOY=/usr/local/bin/envoy
 WORK="$(mktemp -d /tmp/istbench-datapath.XXXXXX)"; chmod 0755 "$WORK"

@@ -11,7 +11,7 @@ SECS="${1:-10}"
 N=1000
 ./scripts/setup.sh >/dev/null
 command -v dnsperf >/dev/null || { apt-get install -y -qq dnsperf >/dev/null; }
-cargo build --release --quiet -p pilot-agent
+cargo build --release --quiet -p pilot-agent -p istio-module
 BIN="$PWD/target/release"
 WORK="$(mktemp -d /tmp/istbench-status.XXXXXX)"; chmod 0755 "$WORK"
 NS="istbench-status-$$"

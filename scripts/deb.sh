@@ -17,20 +17,22 @@ esac
 ENVOY=/usr/local/bin/envoy
 [ -x "$ENVOY" ] || { echo "deb.sh: $ENVOY missing: run ./scripts/setup.sh" >&2; exit 1; }
 if [ "$PROFILE" = release ]; then
-  cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables
+  cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables \
+    -p istio-module --lib
 else
   # The test suite's binaries as `cargo build --workspace --bins --tests` made them: building
   # only these packages here would resolve features differently and replace them.
-  for b in pilot-agent istio-iptables; do
-    [ -x "target/debug/$b" ] || { echo "${0##*/}: target/debug/$b missing: run cargo build --workspace --bins --tests" >&2; exit 1; }
+  for b in pilot-agent istio-iptables libistio_module.so; do
+    [ -x "target/debug/$b" ] || { echo "${0##*/}: target/debug/$b missing: run cargo build --workspace --bins --tests --lib" >&2; exit 1; }
   done
 fi
 BIN="target/$PROFILE"
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
 export SOURCE_DATE_EPOCH="$(git log -1 --format=%ct 2>/dev/null || echo 0)"
 STAGE="target/debian/istio-sidecar"
-rm -rf "$STAGE"; mkdir -p "$STAGE/DEBIAN" "$STAGE/usr/local/bin" "$STAGE/lib/systemd/system"
+rm -rf "$STAGE"; mkdir -p "$STAGE/DEBIAN" "$STAGE/usr/local/bin" "$STAGE/usr/local/lib/istio" "$STAGE/lib/systemd/system"
 install -m 0755 "$BIN/pilot-agent" "$BIN/istio-iptables" "$ENVOY" images/vm/istio-start.sh "$STAGE/usr/local/bin/"
+install -m 0755 "$BIN/libistio_module.so" "$STAGE/usr/local/lib/istio/"
 install -m 0644 images/vm/istio.service "$STAGE/lib/systemd/system/"
 sed "s/@VERSION@/$VERSION/" images/vm/control > "$STAGE/DEBIAN/control"
 install -m 0755 images/vm/postinst images/vm/prerm images/vm/postrm "$STAGE/DEBIAN/"

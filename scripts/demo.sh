@@ -20,7 +20,7 @@ esac
 if ! $STOP; then
   ./scripts/setup.sh
   echo "== building release binaries"
-  cargo build --release --quiet -p istio-init -p pilot-agent
+  cargo build --release --quiet -p istio-init -p pilot-agent -p istio-module
 fi
 BIN="$ROOT/target/release"
 

@@ -37,18 +37,18 @@ export SOURCE_DATE_EPOCH="$EPOCH"
 OUT="$PWD/target/images"
 if [ "$PROFILE" = release ]; then
   cargo build --release --quiet -p pilot-agent --bin pilot-agent -p istio-init --bin istio-iptables \
-    -p istiod-core --bin istiod-core
+    -p istiod-core --bin istiod-core -p istio-module --lib
 else
   # The test suite's binaries as `cargo build --workspace --bins --tests` made them: building
   # only these packages here would resolve features differently and replace them.
-  for b in pilot-agent istio-iptables istiod-core; do
-    [ -x "target/debug/$b" ] || { echo "${0##*/}: target/debug/$b missing: run cargo build --workspace --bins --tests" >&2; exit 1; }
+  for b in pilot-agent istio-iptables istiod-core libistio_module.so; do
+    [ -x "target/debug/$b" ] || { echo "${0##*/}: target/debug/$b missing: run cargo build --workspace --bins --tests --lib" >&2; exit 1; }
   done
 fi
 BIN="$PWD/target/$PROFILE"
-# Both images carry the sha256 of the three binaries (label istio-rs.binaries), so a test can
+# Both images carry the sha256 of the binaries and the proxy module (label istio-rs.binaries), so a test can
 # tell an image built from other binaries than its own.
-BINARIES_SHA="$(cat "$BIN/pilot-agent" "$BIN/istio-iptables" "$BIN/istiod-core" | sha256sum | cut -d' ' -f1)"
+BINARIES_SHA="$(cat "$BIN/pilot-agent" "$BIN/istio-iptables" "$BIN/istiod-core" "$BIN/libistio_module.so" | sha256sum | cut -d' ' -f1)"
 
 # A root filesystem from the Debian packages listed in images/$1/packages, without what a
 # container never runs (documentation, locales, iconv modules, debconf, package databases).
@@ -95,6 +95,9 @@ if [ "$WHICH" = all ] || [ "$WHICH" = proxyv2 ]; then
   R="$OUT/proxyv2/rootfs"
   install -m 0755 "$BIN/pilot-agent" "$BIN/istio-iptables" "$R/usr/local/bin/"
   install -m 0755 "$ENVOY" "$R/usr/local/bin/envoy"
+  # The proxy module (Istio's extensions), where pilot-agent looks for it: ../lib/istio.
+  install -d -m 0755 "$R/usr/local/lib/istio"
+  install -m 0755 "$BIN/libistio_module.so" "$R/usr/local/lib/istio/"
   # iptables and ip6tables name the nft backend, as Debian's alternatives do by default; the
   # -legacy and -nft names stay for istio-iptables' backend detection.
   for fam in iptables ip6tables; do

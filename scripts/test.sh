@@ -25,8 +25,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== build scripts with only a build's crates (scripts/check-demo-build.sh)"
 ./scripts/check-demo-build.sh target/demo-build
-echo "== build (once, for all tests)"
-cargo build --workspace --bins --tests
+echo "== build (once, for all tests; --lib: the proxy module libistio_module.so)"
+cargo build --workspace --bins --tests --lib
 echo "== images (from the debug binaries, for the pod tests)"
 ./scripts/image.sh --debug --tag test
 echo "== VM package (from the debug binaries, for the VM test)"

@@ -1,8 +1,8 @@
 //! Envoy's bootstrap (`./etc/istio/proxy/envoy-rev.json`), laid out as Istio's
 //! `tools/packaging/common/envoy_bootstrap.json` renders it: admin on loopback, ADS over the
-//! agent's unix socket, the `prometheus_stats`/`agent`/`xds-grpc`/`sds-grpc` static clusters (and
-//! `agent-telemetry`, where access logs for Istio's standard metrics go) and
-//! the 15090 (stats) and 15021 (readiness) listeners.
+//! agent's unix socket, the `prometheus_stats`/`agent`/`xds-grpc`/`sds-grpc` static clusters and
+//! the 15090 (stats; the proxy module's `istio.stats_flush` first, so a scrape sees the TCP
+//! metrics up to itself) and 15021 (readiness) listeners.
 //!
 //! Built as a JSON value, never by text templating, so env- or annotation-derived strings
 //! (pod name, metadata) cannot add fields.
@@ -13,7 +13,6 @@ use crate::config::Config;
 
 pub use crate::config::ports::{ENVOY_STATUS as ENVOY_STATUS_PORT, PROMETHEUS as PROMETHEUS_PORT};
 const SDS_SOCKET: &str = "./var/run/secrets/workload-spiffe-uds/socket";
-use mesh_common::telemetry::CLUSTER as TELEMETRY_CLUSTER;
 
 fn socket_address(ip: &str, port: u16) -> Value {
     json!({ "socket_address": { "protocol": "TCP", "address": ip, "port_value": port } })
@@ -287,6 +286,8 @@ pub const ISTIO_COMPAT_VERSION: &str = "1.31.0";
 /// ProxyConfig runtimeValues (`"true"`/`"false"` as booleans, `""` removes a default).
 fn runtime_flags(cfg: &Config) -> Value {
     let mut flags = json!({
+        // The proxy module's metrics under their own names (`istio_requests_total`).
+        mesh_common::module::STRIP_PREFIX_FLAG: true,
         "re2.max_program_size.error_level": "32768",
         "envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst": true,
         "envoy.reloadable_features.http_reject_path_with_fragment": false,
@@ -333,6 +334,51 @@ fn locality(cfg: &Config) -> Value {
             .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
             .collect(),
     )
+}
+
+/// This proxy as the proxy module is told it (Envoy's node id, metadata and locality).
+pub fn module_node(cfg: &Config) -> mesh_common::module::Node {
+    let mut metadata = match node_metadata(cfg) {
+        Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    // The canonical labels Istio's injector puts on a pod, for a workload started without them.
+    let own = crate::workload::Workload::own(cfg);
+    if let Value::Object(labels) = metadata
+        .entry("LABELS")
+        .or_insert_with(|| Value::Object(serde_json::Map::new()))
+    {
+        for (k, v) in [
+            (crate::workload::CANONICAL_NAME, &own.canonical_service),
+            (crate::workload::CANONICAL_REVISION, &own.canonical_revision),
+        ] {
+            labels.entry(k).or_insert_with(|| v.clone().into());
+        }
+    }
+    mesh_common::module::Node {
+        id: cfg.node_id(),
+        metadata,
+        region: cfg.locality.region.clone(),
+        zone: cfg.locality.zone.clone(),
+    }
+}
+
+/// The proxy module's filter that moves the TCP metrics counted since the last scrape into
+/// Envoy's labelled counters, ahead of the Prometheus listener's router.
+fn stats_flush() -> Value {
+    use mesh_common::module::{METRICS_NAMESPACE, NAME, filter};
+    json!({
+        "name": filter::STATS_FLUSH,
+        "typed_config": {
+            "@type": mesh_common::telemetry::module_filters::HTTP_TYPE,
+            "dynamic_module_config": {
+                "name": NAME,
+                "do_not_close": true,
+                "metrics_namespace": METRICS_NAMESPACE
+            },
+            "filter_name": filter::STATS_FLUSH
+        }
+    })
 }
 
 fn node_metadata(cfg: &Config) -> Value {
@@ -416,7 +462,6 @@ fn render_default(cfg: &Config) -> Value {
 
 fn render_base(cfg: &Config, ipv6: bool) -> Value {
     let xds_socket = cfg.xds_socket_path().display().to_string();
-    let telemetry_socket = crate::telemetry::socket_path(cfg).display().to_string();
     let ads_source =
         json!({ "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" });
     let mut b = json!({
@@ -490,11 +535,10 @@ fn render_base(cfg: &Config, ipv6: bool) -> Value {
                     "max_requests_per_connection": 1,
                     "connect_timeout": cfg.connect_timeout.map_or_else(|| "1s".to_string(), proto_duration)
                 })),
-                // Envoy's access loggers send Istio's standard metrics' records here.
-                pipe_cluster(TELEMETRY_CLUSTER, &telemetry_socket, json!({})),
             ],
             "listeners": [
-                static_listener(PROMETHEUS_PORT, "stats", "/stats/prometheus", "prometheus_stats", ipv6, stats_compressors()),
+                static_listener(PROMETHEUS_PORT, "stats", "/stats/prometheus", "prometheus_stats", ipv6,
+                    std::iter::once(stats_flush()).chain(stats_compressors()).collect()),
                 static_listener(ENVOY_STATUS_PORT, "agent", "/healthz/ready", "agent", ipv6, Vec::new()),
             ]
         }

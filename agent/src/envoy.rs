@@ -67,7 +67,7 @@ pub fn args(cfg: &Config, bootstrap: &Path) -> Vec<String> {
 /// Starts Envoy. As root, Envoy runs as `cfg.envoy_uid` (gid the same, supplementary groups
 /// cleared), as in Kubernetes where the proxy container runs as 1337. Envoy is killed if the
 /// agent dies, so it is never left orphaned.
-pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
+pub fn spawn(cfg: &Config, bootstrap: &Path, module_dir: &Path) -> Result<Child, EnvoyError> {
     let mut cmd = Command::new(&cfg.binary_path);
     cmd.args(args(cfg, bootstrap))
         .stdin(Stdio::null())
@@ -77,7 +77,7 @@ pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
     }
     // Istio's span tags read these (istiod-core writes them as environment tags, so one
     // connection manager serves every proxy; istiod writes them as literals).
-    let own = crate::telemetry::Workload::own(cfg);
+    let own = crate::workload::Workload::own(cfg);
     cmd.env(
         mesh_common::names::ENV_CANONICAL_SERVICE,
         &own.canonical_service,
@@ -95,10 +95,12 @@ pub fn spawn(cfg: &Config, bootstrap: &Path) -> Result<Child, EnvoyError> {
             &cfg.service_cluster,
         ),
     )
-    // The peer exchange's announcement of this workload (HTTP metrics' peer labels).
+    // The proxy module: where Envoy finds it, and who this proxy is (a module cannot read
+    // Envoy's node).
+    .env(mesh_common::module::SEARCH_PATH_ENV, module_dir)
     .env(
-        mesh_common::telemetry::peer::ENV,
-        own.announcement(&cfg.service_account),
+        mesh_common::module::NODE_ENV,
+        serde_json::to_string(&crate::bootstrap::module_node(cfg)).unwrap_or_default(),
     );
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which is
     // async-signal-safe; it allocates nothing and touches no lock. It runs after the uid change,

@@ -16,10 +16,11 @@ pub mod http_client;
 pub mod identity;
 pub mod metrics;
 pub mod probes;
+pub mod proxy_module;
 pub mod sds;
 pub mod status;
-pub mod telemetry;
 pub mod uds;
+pub mod workload;
 pub mod xds_adapt;
 pub mod xds_proxy;
 
@@ -48,12 +49,12 @@ pub enum AgentError {
     XdsProxy(#[from] xds_proxy::XdsProxyError),
     #[error(transparent)]
     Envoy(#[from] envoy::EnvoyError),
+    #[error(transparent)]
+    Module(#[from] proxy_module::ModuleError),
     #[error("workload identity: {0}")]
     Identity(String),
     #[error(transparent)]
     Sds(#[from] sds::SdsError),
-    #[error(transparent)]
-    Telemetry(#[from] telemetry::TelemetryError),
     #[error("Envoy exited unexpectedly ({0}); the agent exits so the container restarts")]
     EnvoyExited(std::process::ExitStatus),
     #[error("{0}; the agent exits so the container restarts")]
@@ -286,31 +287,6 @@ fn start_xds(
 
 const XDS_TASK: &str = "xds-proxy";
 
-/// Serves the OTLP logs Envoy's access loggers send (Istio's standard metrics) on the socket
-/// beside the xDS one, and puts the metrics in 15020's exposition. Returns the socket's path.
-fn start_telemetry(
-    cfg: &Config,
-    tasks: &mut Supervisor,
-    drain: &Drain,
-    metrics: &Arc<metrics::Metrics>,
-    access: &SocketAccess,
-) -> Result<PathBuf, AgentError> {
-    let path = telemetry::socket_path(cfg);
-    let listener = telemetry::bind(&path, access.owner)?;
-    let standard = Arc::new(telemetry::StandardMetrics::new(telemetry::Workload::own(
-        cfg,
-    )));
-    let _ = metrics.standard.set(standard.clone());
-    let drain = drain.clone();
-    tasks.spawn(
-        "telemetry",
-        telemetry::serve(listener, access.peers.clone(), standard, async move {
-            drain.finished().await
-        }),
-    );
-    Ok(path)
-}
-
 /// Runs the sidecar agent until shutdown. Envoy exiting, or any background task ending, ends
 /// it with an error (the container restarts), never a process left running without them.
 pub async fn run(cfg: Config) -> Result<(), AgentError> {
@@ -333,12 +309,12 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     let xds_socket = start_xds(
         &cfg, &mut tasks, upstream, &drain, &metrics, dns, adapt, &access,
     )?;
-    let telemetry_socket = start_telemetry(&cfg, &mut tasks, &drain, &metrics, &access)?;
 
+    let module_dir = proxy_module::prepare(&cfg.binary_path).await?;
     let bootstrap_path = cfg.bootstrap_path();
     let bootstrap = serde_json::to_vec_pretty(&bootstrap::render(&cfg)).unwrap_or_default();
     write_file(&bootstrap_path, &bootstrap, 0o644)?;
-    let mut child = envoy::spawn(&cfg, &bootstrap_path)?;
+    let mut child = envoy::spawn(&cfg, &bootstrap_path, &module_dir)?;
     // Envoy runs as the configured proxy uid when the agent is root, else as the agent's own.
     let proxy_uid = if nix::unistd::geteuid().is_root() {
         cfg.envoy_uid
@@ -355,7 +331,7 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     drain.trigger(drain::Shutdown::Immediate);
     drain.finish();
     tasks.wait_for(XDS_TASK).await;
-    for path in [&bootstrap_path, &xds_socket, &sds_socket, &telemetry_socket] {
+    for path in [&bootstrap_path, &xds_socket, &sds_socket] {
         let _ = std::fs::remove_file(path);
     }
     tracing::info!("pilot-agent stopped");

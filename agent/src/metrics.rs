@@ -1,7 +1,7 @@
 //! The agent's own metrics (Istio's `istio_agent_*` names) and the merged Prometheus exposition
 //! served on 15020: agent metrics, then Envoy's `localhost:15090/stats/prometheus`, then the
-//! application's metrics named by ISTIO_PROMETHEUS_ANNOTATIONS (the agent's part includes Istio's
-//! standard metrics, `telemetry`) (Istio's `status/server.go`
+//! application's metrics named by ISTIO_PROMETHEUS_ANNOTATIONS (Istio's standard metrics are in
+//! Envoy's part, from the proxy module) (Istio's `status/server.go`
 //! `handleStats`). Envoy's part is streamed through, never held whole; the app's part is capped.
 
 use std::sync::atomic::AtomicU64;
@@ -38,8 +38,6 @@ pub struct Metrics {
     /// Root bundles refused for holding no usable certificate (the last good roots stay).
     pub root_bundle_errors: Counter,
     started: std::time::Instant,
-    /// Istio's standard metrics, once their collector runs (`telemetry`).
-    pub standard: std::sync::OnceLock<std::sync::Arc<crate::telemetry::StandardMetrics>>,
 }
 
 impl Default for Metrics {
@@ -124,7 +122,6 @@ impl Metrics {
             dns_requests,
             resident_memory_bytes,
             started: std::time::Instant::now(),
-            standard: std::sync::OnceLock::new(),
         }
     }
 
@@ -207,13 +204,6 @@ pub async fn merged(
 ) {
     if tx.send(Bytes::from(metrics.encode())).await.is_err() {
         return;
-    }
-    if let Some(standard) = metrics.standard.get() {
-        for chunk in standard.exposition() {
-            if tx.send(Bytes::from(chunk)).await.is_err() {
-                return;
-            }
-        }
     }
     let envoy_path = match &query {
         Some(q) if !q.is_empty() => format!("/stats/prometheus?{q}"),

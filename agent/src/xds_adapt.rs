@@ -1,19 +1,50 @@
-//! Adapts a remote istiod's xDS for upstream Envoy. istiod (1.24–1.28) puts extensions into
-//! sidecar listeners and clusters that exist only in Istio's Envoy build (istio/proxy), and an
-//! upstream Envoy rejects every resource carrying one ("Didn't find a registered
-//! implementation"). This step, between the control plane and Envoy, removes them from LDS, CDS
-//! and ECDS responses (state of the world and Delta):
+//! Adapts a remote istiod's xDS for upstream Envoy and the proxy module (`module/`, the
+//! `libistio_module.so` Envoy loads). istiod puts Istio's own extensions into sidecar listeners
+//! and clusters; they exist only in Istio's Envoy build (istio/proxy), and an upstream Envoy
+//! rejects every resource carrying one ("Didn't find a registered implementation"). This step,
+//! between the control plane and Envoy, hands them to the module in LDS and CDS responses (state
+//! of the world and Delta): each filter keeps its name and place, and its typed config becomes
+//! the module's (a DynamicModuleFilter or DynamicModuleNetworkFilter naming the module's filter,
+//! with Istio's config as the module reads it; `map`):
 //!
-//! - `istio.metadata_exchange`: the HTTP filter (a TypedStruct of
-//!   `io.istio.http.peer_metadata.Config`, istio `pilot/pkg/xds/filters` Sidecar*MetadataFilter),
-//!   the network and cluster filter (`envoy.tcp.metadataexchange.config.MetadataExchange`,
-//!   `TCPListenerMx`/`TCPClusterMx`, a TypedStruct, or the message itself in older istiods);
-//! - `istio.alpn` (`istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig`);
-//! - `istio.stats` (`stats.PluginConfig`, istio `pilot/pkg/networking/core/extension/telemetry`),
-//!   HTTP and network filter;
-//! - ALPN `istio-peer-exchange` in the Downstream/UpstreamTlsContext of filter chains and clusters
-//!   (with the metadata-exchange filter gone, a peer that negotiated it would write exchange
-//!   bytes into the application's stream);
+//! - `istio.metadata_exchange`, the HTTP filter (a TypedStruct of
+//!   `io.istio.http.peer_metadata.Config`, istio `pilot/pkg/xds/filters` Sidecar*MetadataFilter):
+//!   the TypedStruct is passed on as it came (Envoy hands the module its JSON);
+//! - `istio.metadata_exchange`, the network filter of inbound chains
+//!   (`envoy.tcp.metadataexchange.config.MetadataExchange`, `TCPListenerMx`, a TypedStruct or the
+//!   message itself in older istiods): the server side of the TCP exchange;
+//! - the HTTP metadata exchange older istiods write as a Wasm filter of the plugin compiled into
+//!   istio-proxy (the null VM; istiod 1.18 still does): the module's exchange with istiod's
+//!   current config for the listener's side (it speaks the same headers);
+//! - `istio.alpn` (`istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig`) and `istio.stats`
+//!   (`stats.PluginConfig`, istio `pilot/pkg/networking/core/extension/telemetry`, HTTP and
+//!   network filter): their binary config as JSON; `istio.stats` also says the side it reports
+//!   for (`source` or `destination`, the listener's traffic direction, which Istio's filter reads
+//!   from the listener).
+//!
+//! A config the module would refuse (one that does not read as Istio's proto, or `reporter`
+//! SERVER_GATEWAY, a waypoint's) makes the agent NACK the response with the filter, the resource
+//! and the problem named: Envoy is never given a filter that fails to load.
+//!
+//! What Envoy 1.40 cannot take from a module is moved:
+//!
+//! - the metadata exchange's cluster filter (`TCPClusterMx`): dynamic modules are no cluster
+//!   filters, so it is removed, and each TCP chain (one that ends in tcp_proxy) of an outbound
+//!   listener starts with the exchange's client side instead (`istio.metadata_exchange.upstream`,
+//!   with istiod's config);
+//! - what Istio's filters read of a cluster beyond a module's metadata getters (the list
+//!   `istio.services`, the HTTP protocol upstream): every cluster gets it as strings under
+//!   `istio_module` (`cluster_metadata`), istiod's own `istio` metadata untouched.
+//!
+//! ALPN `istio-peer-exchange` stays in the TLS contexts of chains and clusters: the module speaks
+//! the exchange it announces.
+//!
+//! Removed, having nothing in the module:
+//!
+//! - the null-VM Wasm stats filter of old istiods, and a null-VM metadata exchange anywhere but
+//!   in a connection manager;
+//! - Istio filters delivered by ECDS (their listener, so their side, unknown there): the ECDS
+//!   resource and the listener's reference to it;
 //! - `istio_authn` (`io.istio.network.authn.Config`, istiod 1.17–1.19 inbound chains), which
 //!   put the peer's SPIFFE URI SAN in the filter state `io.istio.peer_principal` for RBAC
 //!   principals to match. Those principals (in the HTTP and network RBAC filters of the same
@@ -26,53 +57,48 @@
 //!   tunnels to and from this proxy are refused (port 15008 is not served); plain and mTLS
 //!   traffic is not affected.
 //!
-//! Where `istio.stats` is removed, Istio's standard metrics would vanish with it: the connection
-//! manager or tcp_proxy it measured gets the agent's access logger instead (the one istiod-core
-//! gives every listener, `istiod_core::generators::telemetry`), reporting as the listener's
-//! traffic direction says, so `istio_requests_total` and the rest still come from the agent.
+//! Settings the module does not apply (custom metric `definitions`, baggage discovery, a TCP
+//! exchange's own ALPN, ...) and what goes with a removed filter are logged by name and listed in
+//! `/debug/xds_adapt` (`settings_lost`; `lost`).
 //!
-//! The messages are edited at the wire level (`wire`): everything not removed is kept byte for
-//! byte, fields unknown to our generated types included. A response with nothing to remove is
-//! found by a scan of its bytes and forwarded as it came.
-//!
-//! A removed filter that carries settings beyond what istiod writes for it (an EnvoyFilter MERGE
-//! into `istio.stats` or `istio.alpn`, an EnvoyFilter that adds an Istio-only filter) loses them
-//! with it: the agent logs them by name and lists them in `/debug/xds_adapt` (`lost`).
+//! The messages are edited at the wire level (`wire`): everything not changed is kept byte for
+//! byte, fields unknown to our generated types included. A listener or extension-config response
+//! with nothing to change is found by a scan of its bytes and forwarded as it came; cluster
+//! responses are always walked (their metadata is read).
 //!
 //! Security filters (RBAC, jwt_authn, ext_authz) are never dropped: one whose type upstream Envoy
 //! cannot load makes the agent NACK the response to the control plane (Envoy keeps its last good
 //! config). Other unknown types are kept and reported by name (Envoy then rejects the resource).
 
+mod cluster_metadata;
 mod lost;
+mod map;
 mod wire;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use mesh_common::telemetry::{
-    MetricConfig, MetricsPlan, Reporter, http_access_log, peer, tcp_access_log,
-    tcp_access_log_options,
-};
+use map::Mapped;
+use mesh_common::module::{TcpExchange, filter::METADATA_EXCHANGE_UPSTREAM};
+use mesh_common::telemetry::module_filters::{NETWORK_TYPE, json_config, network_filter};
 use prost::Message;
 use wire::Edit;
 pub use wire::WireError;
-
-/// The HTTP router filter's name, as istiod writes it.
-const ROUTER_FILTER: &str = "envoy.filters.http.router";
 
 pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 pub const EXTENSION_CONFIG_TYPE: &str =
     "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
 
-/// The Istio-only extension types removed, as Envoy looks them up (a TypedStruct's inner type).
+/// Istio's extension types, as Envoy looks them up (a TypedStruct's inner type).
 pub const PEER_METADATA: &str = "io.istio.http.peer_metadata.Config";
 pub const TCP_METADATA_EXCHANGE: &str = "envoy.tcp.metadataexchange.config.MetadataExchange";
 pub const ALPN_OVERRIDE: &str = "istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig";
 pub const ISTIO_STATS: &str = "stats.PluginConfig";
-/// istiod up to 1.11 wrote metadata exchange and stats as Wasm filters of plugins compiled into
-/// istio-proxy (the null VM); no upstream Envoy has them. Reported as `null-vm:<plugin>`.
+/// Older istiods wrote metadata exchange (1.18 still does, for HTTP) and stats as Wasm filters of
+/// plugins compiled into istio-proxy (the null VM); no upstream Envoy has them. Reported as
+/// `null-vm:<plugin>`.
 pub const NULL_VM_METADATA_EXCHANGE: &str = "null-vm:envoy.wasm.metadata_exchange";
 pub const NULL_VM_STATS: &str = "null-vm:envoy.wasm.stats";
 /// The network filter `istio_authn` of istiod 1.17–1.19.
@@ -104,9 +130,6 @@ const WASM_FILTERS: [&str; 2] = [
 ];
 const NULL_VM: &str = "envoy.wasm.runtime.null";
 
-/// The ALPN istio-proxy peers negotiate for TCP metadata exchange.
-pub const PEER_EXCHANGE_ALPN: &str = "istio-peer-exchange";
-
 /// Filters that enforce policy: never removed.
 const SECURITY_FILTERS: [&str; 5] = [
     "envoy.filters.http.rbac",
@@ -119,13 +142,13 @@ const SECURITY_FILTERS: [&str; 5] = [
 const HCM: &str =
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
-const DOWNSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
-const UPSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+/// The name istiod gives the tcp_proxy filter.
+const TCP_PROXY_FILTER: &str = "envoy.filters.network.tcp_proxy";
 const TYPED_STRUCTS: [&str; 2] = ["udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct"];
 const TYPE_PREFIX: &[u8] = b"type.googleapis.com/";
 
-/// `udpa.type.v1.TypedStruct` / `xds.type.v3.TypedStruct` (the same fields), how istiod wraps the
-/// Istio-only extensions' configs. The adapter reads them on the wire; the tests and the bench
+/// `udpa.type.v1.TypedStruct` / `xds.type.v3.TypedStruct` (the same fields), how istiod wraps
+/// Istio's extensions' configs. The adapter reads them on the wire; the tests and the bench
 /// build and decode them with this one definition.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct TypedStruct {
@@ -152,14 +175,15 @@ fn istio_only(name: &str) -> bool {
     ISTIO_ONLY.contains(&name)
 }
 
-/// Whether `msg` may carry something to adapt: `istio-peer-exchange`, the null VM, RBAC on
-/// `io.istio.peer_principal`, or an Any type URL
-/// outside Envoy's own API. A response whose every `type.googleapis.com/` names an Envoy or
-/// well-known type and that has no such ALPN is forwarded untouched without being decoded.
+/// Whether a listener or extension-config response `msg` may carry something to adapt: the null
+/// VM, RBAC on `io.istio.peer_principal`, an Any type URL outside Envoy's own API, or a
+/// tcp_proxy (an outbound TCP chain takes the exchange's client side). A response whose every
+/// `type.googleapis.com/` names an Envoy or well-known type and that has none of those is
+/// forwarded untouched without being decoded. (Cluster responses are always read.)
 pub fn needs_adapting(msg: &[u8]) -> bool {
-    if memchr::memmem::find(msg, PEER_EXCHANGE_ALPN.as_bytes()).is_some()
-        || memchr::memmem::find(msg, NULL_VM.as_bytes()).is_some()
+    if memchr::memmem::find(msg, NULL_VM.as_bytes()).is_some()
         || memchr::memmem::find(msg, PEER_PRINCIPAL_KEY).is_some()
+        || memchr::memmem::find(msg, TCP_PROXY.as_bytes()).is_some()
     {
         return true;
     }
@@ -180,7 +204,7 @@ pub struct Finding {
     pub resource: String,
     /// The filter's name.
     pub filter: String,
-    /// The type Envoy would look up.
+    /// The type Envoy would look up (for a mapped filter, Istio's type it had).
     #[serde(rename = "type")]
     pub type_name: String,
 }
@@ -188,20 +212,25 @@ pub struct Finding {
 /// What one response held.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Findings {
+    /// Istio's filters handed to the proxy module (same name and place, the module's config).
+    pub mapped: Vec<Finding>,
+    /// Extensions removed: the exchange's cluster filters, and what the module has nothing for
+    /// (null-VM Wasm stats, ECDS-delivered Istio filters, `istio_authn`, HBONE listeners).
     pub removed: Vec<Finding>,
     /// Security filters of a type Envoy cannot load: the response is refused.
     pub refused: Vec<Finding>,
+    /// Istio filters whose config the module would refuse, and why: the response is refused.
+    pub invalid: Vec<(Finding, String)>,
     /// Other types Envoy cannot load, kept (Envoy rejects the resource).
     pub unknown: Vec<Finding>,
-    /// Resources whose `istio-peer-exchange` ALPN was removed.
-    pub alpn_stripped: Vec<String>,
-    /// Listeners where a removed `istio.stats` was replaced by the agent's access logger
-    /// (`with_standard_metrics`), one entry per connection manager or tcp_proxy.
-    pub metrics_added: Vec<String>,
+    /// Listeners whose TCP chains got the exchange's client side, one entry per chain.
+    pub exchange_added: Vec<String>,
+    /// Clusters given the module's metadata (`istio_module`).
+    pub cluster_metadata_added: Vec<String>,
     /// Resources whose RBAC principals on `io.istio.peer_principal` became `authenticated`.
     pub principals_rewritten: Vec<String>,
-    /// Removed filters that carried settings beyond istiod's own (an EnvoyFilter patch on them):
-    /// the filter, and the settings lost with it (`lost`).
+    /// Mapped or removed filters with settings the module does not apply: the filter, and those
+    /// settings (`lost`).
     pub settings_lost: Vec<(Finding, Vec<String>)>,
 }
 
@@ -215,112 +244,124 @@ struct Pass {
     /// earlier version of one (without HBONE filters) reached it.
     dropped: Vec<String>,
     found: Findings,
-    /// How the listener being walked reports Istio's metrics (its traffic direction).
-    reporter: Option<Reporter>,
-    /// Whether an `istio.stats` network filter was removed from the filter chain being walked.
-    chain_lost_tcp_stats: bool,
-    /// The metrics' shape (Telemetry overrides) of the `istio.stats` removed last.
-    stats_plan: MetricsPlan,
+    /// The listener being walked: the side its metrics report (`source`, `destination`), and
+    /// whether it is outbound.
+    side: &'static str,
+    outbound: bool,
 }
 
-/// Istio's `stats.PluginConfig` (istio/api `envoy/extensions/stats/config.proto`) as the shape
-/// of the agent's metrics: `metrics` (8) MetricConfigs with `dimensions` (1, a map), `name`
-/// (2), `tags_to_remove` (3) and `drop` (5); `tcp_reporting_duration` (7).
-fn stats_plan(config: &[u8]) -> Result<MetricsPlan, WireError> {
-    let mut plan = MetricsPlan::default();
-    for m in wire::repeated(config, 8)? {
-        let mut shape = MetricConfig {
-            name: wire::string_field(m, 2)?.to_string(),
-            ..MetricConfig::default()
-        };
-        for field in wire::fields(m) {
-            let field = field?;
-            match (field.number, field.is_len()) {
-                (1, true) => {
-                    let key = wire::string_field(field.value, 1)?;
-                    let value = wire::string_field(field.value, 2)?;
-                    shape.dimensions.insert(key.to_string(), value.to_string());
-                }
-                (3, true) => shape.tags_to_remove.push(
-                    std::str::from_utf8(field.value)
-                        .unwrap_or_default()
-                        .to_string(),
-                ),
-                (5, false) => shape.drop = field.varint().unwrap_or(0) != 0,
-                _ => {}
-            }
-        }
-        plan.metrics.push(shape);
-    }
-    if let Some(d) = wire::len_field(config, 7)? {
-        let mut seconds = 0u64;
-        let mut nanos = 0u32;
-        for field in wire::fields(d) {
-            let field = field?;
-            match field.number {
-                1 => seconds = field.varint().unwrap_or(0),
-                2 => nanos = u32::try_from(field.varint().unwrap_or(0)).unwrap_or(0),
-                _ => {}
-            }
-        }
-        plan.reporting_interval = Some(std::time::Duration::new(seconds, nanos));
-    }
-    Ok(plan)
-}
-
-/// The reporter of a listener: its `traffic_direction` (16: INBOUND 1, OUTBOUND 2), else
-/// Istio's inbound listener name, else outbound (`source`).
-fn listener_reporter(listener: &[u8]) -> Result<Reporter, WireError> {
-    for field in wire::fields(listener) {
-        let field = field?;
-        if field.number == 16 {
-            match field.varint() {
-                Some(1) => return Ok(Reporter::Destination),
-                Some(2) => return Ok(Reporter::Source),
-                _ => {}
-            }
-        }
-    }
-    Ok(if wire::string_field(listener, 1)? == "virtualInbound" {
-        Reporter::Destination
-    } else {
-        Reporter::Source
+/// A listener's side and whether it is outbound: its `traffic_direction` (16: INBOUND 1,
+/// OUTBOUND 2); without one, Istio's inbound listener name reports as `destination`, any other
+/// as `source` (as Istio's filters do).
+fn listener_direction(listener: &[u8]) -> Result<(&'static str, bool), WireError> {
+    Ok(match wire::varint_field(listener, 16)? {
+        Some(1) => ("destination", false),
+        Some(2) => ("source", true),
+        _ if wire::string_field(listener, 1)? == "virtualInbound" => ("destination", false),
+        _ => ("source", false),
     })
+}
+
+/// Where a filter sits, which decides what the module has for it there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// An HTTP filter of a connection manager.
+    Http,
+    /// A network filter of a listener's filter chain.
+    Network,
+    /// A cluster's upstream network filter (`Cluster.filters`).
+    Cluster,
+    /// A listener filter.
+    Listener,
+    /// Delivered by extension config discovery: its listener, and so its direction, unknown.
+    Ecds,
 }
 
 enum Decision {
     Keep,
     Remove,
     Refuse,
+    /// The filter as it is to be (its typed config the module's).
+    Replace(Vec<u8>),
 }
 
 /// Which of a filter message's fields hold what: listener, HTTP and cluster filters differ.
 struct FilterShape {
+    place: Place,
     typed_config: u32,
     config_discovery: u32,
     is_optional: Option<u32>,
 }
 
 const NETWORK_FILTER: FilterShape = FilterShape {
+    place: Place::Network,
     typed_config: 4,
     config_discovery: 5,
     is_optional: None,
 };
 const HTTP_FILTER: FilterShape = FilterShape {
+    place: Place::Http,
     typed_config: 4,
     config_discovery: 5,
     is_optional: Some(6),
 };
 const CLUSTER_FILTER: FilterShape = FilterShape {
+    place: Place::Cluster,
     typed_config: 2,
     config_discovery: 3,
     is_optional: None,
 };
 const LISTENER_FILTER: FilterShape = FilterShape {
+    place: Place::Listener,
     typed_config: 3,
     config_discovery: 5,
     is_optional: None,
 };
+/// A TypedExtensionConfig (name 1, typed_config 2), an ECDS resource.
+const EXTENSION_CONFIG: FilterShape = FilterShape {
+    place: Place::Ecds,
+    typed_config: 2,
+    config_discovery: 3,
+    is_optional: None,
+};
+
+/// The filter (a listener's network Filter) that runs the exchange's client side.
+fn upstream_exchange() -> Vec<u8> {
+    network_filter(
+        METADATA_EXCHANGE_UPSTREAM,
+        json_config(&TcpExchange::istio()),
+    )
+    .encode_to_vec()
+}
+
+/// Whether a filter chain's filters (3) end in tcp_proxy (by name or type) and none is the
+/// exchange's client side already (by name, or a module config naming it: DynamicModuleNetworkFilter
+/// `filter_name` 2).
+fn wants_upstream_exchange(chain: &[u8]) -> Result<bool, WireError> {
+    let filters = wire::repeated(chain, 3)?;
+    let Some(last) = filters.last() else {
+        return Ok(false);
+    };
+    let last_type = wire::len_field(last, NETWORK_FILTER.typed_config)?.unwrap_or_default();
+    if wire::string_field(last, 1)? != TCP_PROXY_FILTER
+        && type_name(wire::string_field(last_type, 1)?) != TCP_PROXY
+    {
+        return Ok(false);
+    }
+    for f in &filters {
+        if wire::string_field(f, 1)? == METADATA_EXCHANGE_UPSTREAM {
+            return Ok(false);
+        }
+        let any = wire::len_field(f, NETWORK_FILTER.typed_config)?.unwrap_or_default();
+        if wire::string_field(any, 1)? == NETWORK_TYPE {
+            let module = wire::len_field(any, 2)?.unwrap_or_default();
+            if wire::string_field(module, 2)? == METADATA_EXCHANGE_UPSTREAM {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
 
 /// An RBAC principal (config.rbac.v3.Principal) with every `filter_state` match on
 /// `io.istio.peer_principal` (12: key 1, string_match 2) turned into
@@ -403,15 +444,6 @@ fn extension_type(any: &[u8]) -> Result<String, WireError> {
 }
 
 impl Pass {
-    /// Whether Istio's stats filter (either form) is among the removals from the `from`th on.
-    fn removed_stats_since(&self, from: usize) -> bool {
-        self.found
-            .removed
-            .iter()
-            .skip(from)
-            .any(|f| f.type_name == ISTIO_STATS || f.type_name == NULL_VM_STATS)
-    }
-
     fn finding(&self, filter: &str, type_name: &str) -> Finding {
         Finding {
             resource: self.resource.clone(),
@@ -421,25 +453,23 @@ impl Pass {
     }
 
     /// Judges one filter by the types it names (its typed_config, or the type_urls of its
-    /// config_discovery): all loadable, kept; all Istio-only, removed; a security filter with a
-    /// type Envoy lacks, refused; anything else unknown, kept and reported.
+    /// config_discovery): all loadable, kept; an Istio filter the module has at this place,
+    /// given to the module (or refused when the module would refuse its config); other Istio
+    /// extensions, removed; a security filter with a type Envoy lacks, refused; anything else
+    /// unknown, kept and reported.
     fn judge(&mut self, filter: &[u8], shape: &FilterShape) -> Result<Decision, WireError> {
         let name = wire::string_field(filter, 1)?;
         let mut types = Vec::new();
         let mut optional = false;
         let mut typed_config = None;
+        let mut discovered = false;
         for field in wire::fields(filter) {
             let field = field?;
             if field.number == shape.typed_config && field.is_len() {
                 typed_config = Some(field.value);
-                let t = extension_type(field.value)?;
-                if t == ISTIO_STATS {
-                    // Any.value (2): the stats.PluginConfig.
-                    let config = wire::len_field(field.value, 2)?.unwrap_or_default();
-                    self.stats_plan = stats_plan(config)?;
-                }
-                types.push(t);
+                types.push(extension_type(field.value)?);
             } else if field.number == shape.config_discovery && field.is_len() {
+                discovered = true;
                 for url in wire::repeated(field.value, 4)? {
                     types.push(type_name(std::str::from_utf8(url).unwrap_or_default()).to_string());
                 }
@@ -461,71 +491,65 @@ impl Pass {
             }
             return Ok(Decision::Refuse);
         }
-        if types.iter().all(|t| istio_only(t)) {
-            for t in &types {
-                self.found.removed.push(self.finding(name, t));
-                if let Some(any) = typed_config {
-                    let lost = lost::settings(t, any);
-                    if !lost.is_empty() {
-                        self.found.settings_lost.push((self.finding(name, t), lost));
-                    }
+        if !types.iter().all(|t| istio_only(t)) {
+            if !optional {
+                for t in types.iter().filter(|t| !loadable(t)) {
+                    self.found.unknown.push(self.finding(name, t));
                 }
             }
-            return Ok(Decision::Remove);
+            return Ok(Decision::Keep);
         }
-        if !optional {
-            for t in types.iter().filter(|t| !loadable(t)) {
-                self.found.unknown.push(self.finding(name, t));
+        let place = if discovered { Place::Ecds } else { shape.place };
+        if let (Some(any), [t]) = (typed_config, types.as_slice()) {
+            match map::filter(place, t, any, self.side) {
+                Some(Mapped::Config(config, lost)) => {
+                    let finding = self.finding(name, t);
+                    if !lost.is_empty() {
+                        self.found.settings_lost.push((finding.clone(), lost));
+                    }
+                    self.found.mapped.push(finding);
+                    let config = config.encode_to_vec();
+                    let edited = wire::rewrite(filter, |f| {
+                        Ok(if f.number == shape.typed_config && f.is_len() {
+                            Edit::Replace(config.clone())
+                        } else {
+                            Edit::Keep
+                        })
+                    })?;
+                    return Ok(Decision::Replace(edited.unwrap_or_else(|| filter.to_vec())));
+                }
+                Some(Mapped::Invalid(why)) => {
+                    self.found.invalid.push((self.finding(name, t), why));
+                    return Ok(Decision::Refuse);
+                }
+                None => {}
             }
         }
-        Ok(Decision::Keep)
+        for t in &types {
+            let finding = self.finding(name, t);
+            let lost = map::lost_with_removal(t, place, typed_config);
+            if !lost.is_empty() {
+                self.found.settings_lost.push((finding.clone(), lost));
+            }
+            self.found.removed.push(finding);
+        }
+        Ok(Decision::Remove)
     }
 
-    /// Removes the Istio-only HTTP filters of an HttpConnectionManager (`istio.metadata_exchange`,
-    /// `istio.alpn`, `istio.stats`). Where `istio.stats` is removed from an HCM, this is the place
-    /// a replacement for its metrics belongs.
-    fn strip_http_filters(&mut self, hcm: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
-        let removed_before = self.found.removed.len();
-        let edited = wire::rewrite(hcm, |field| {
+    /// The HTTP filters of an HttpConnectionManager (5): Istio's given to the module or removed,
+    /// RBAC principals rewritten.
+    fn http_filters(&mut self, hcm: &[u8]) -> Edited {
+        wire::rewrite(hcm, |field| {
             if field.number != 5 || !field.is_len() {
                 return Ok(Edit::Keep);
             }
             Ok(match self.judge(field.value, &HTTP_FILTER)? {
                 Decision::Remove => Edit::Drop,
                 Decision::Refuse => Edit::Keep,
-                Decision::Keep => match self.reporter {
-                    // Istio's metadata exchange is gone with its filters: ours goes before the
-                    // router where the agent's logger replaces `istio.stats`.
-                    Some(reporter)
-                        if wire::string_field(field.value, 1)? == ROUTER_FILTER
-                            && self.removed_stats_since(removed_before) =>
-                    {
-                        let client = reporter == Reporter::Source;
-                        let mut filters: Vec<Vec<u8>> = peer::filters(client)
-                            .iter()
-                            .map(Message::encode_to_vec)
-                            .collect();
-                        filters.push(field.value.to_vec());
-                        Edit::ReplaceMany(filters)
-                    }
-                    _ => self.rbac_principals(field.value, &HTTP_FILTER)?,
-                },
+                Decision::Replace(f) => Edit::Replace(f),
+                Decision::Keep => self.rbac_principals(field.value, &HTTP_FILTER)?,
             })
-        })?;
-        let lost_stats = self.removed_stats_since(removed_before);
-        match (edited, self.reporter) {
-            (Some(mut hcm), Some(reporter)) if lost_stats => {
-                // HttpConnectionManager.access_log (13), repeated: appending adds one.
-                wire::put_len(
-                    &mut hcm,
-                    13,
-                    &http_access_log(reporter, &self.stats_plan).encode_to_vec(),
-                );
-                self.found.metrics_added.push(self.resource.clone());
-                Ok(Some(hcm))
-            }
-            (edited, _) => Ok(edited),
-        }
+        })
     }
 
     /// A filter whose typed_config is an RBAC filter config, with its `io.istio.peer_principal`
@@ -555,15 +579,13 @@ impl Pass {
         })
     }
 
-    /// One network filter of a filter chain: removed when Istio-only; an HCM is entered.
+    /// One network filter of a filter chain: Istio's given to the module or removed; an HCM is
+    /// entered.
     fn network_filter(&mut self, filter: &[u8]) -> Result<Edit, WireError> {
-        let removed_before = self.found.removed.len();
         match self.judge(filter, &NETWORK_FILTER)? {
-            Decision::Remove => {
-                self.chain_lost_tcp_stats |= self.removed_stats_since(removed_before);
-                return Ok(Edit::Drop);
-            }
+            Decision::Remove => return Ok(Edit::Drop),
             Decision::Refuse => return Ok(Edit::Keep),
+            Decision::Replace(f) => return Ok(Edit::Replace(f)),
             Decision::Keep => {}
         }
         if let Edit::Replace(rbac) = self.rbac_principals(filter, &NETWORK_FILTER)? {
@@ -577,7 +599,7 @@ impl Pass {
                 return Ok(Edit::Keep);
             }
             let hcm = wire::len_field(field.value, 2)?.unwrap_or_default();
-            match self.strip_http_filters(hcm)? {
+            match self.http_filters(hcm)? {
                 Some(hcm) => Ok(Edit::Replace(replace_any_value(field.value, &hcm)?)),
                 None => Ok(Edit::Keep),
             }
@@ -585,143 +607,104 @@ impl Pass {
         Ok(edited.map_or(Edit::Keep, Edit::Replace))
     }
 
-    /// Removes the Istio-only network filters of a filter chain (`istio.metadata_exchange`,
-    /// `istio.stats` beside a tcp_proxy or an HCM), the Istio-only HTTP filters of its HCMs, and
-    /// `istio-peer-exchange` from its DownstreamTlsContext. Where `istio.stats` is removed
-    /// beside a tcp_proxy, this is the place a replacement for its metrics belongs.
-    fn strip_network_filters(&mut self, chain: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
-        self.chain_lost_tcp_stats = false;
-        let edited = wire::rewrite(chain, |field| match (field.number, field.is_len()) {
-            (3, true) => self.network_filter(field.value),
-            (6, true) => Ok(self
-                .transport_socket(field.value)?
-                .map_or(Edit::Keep, Edit::Replace)),
-            _ => Ok(Edit::Keep),
-        })?;
-        match (edited, self.reporter) {
-            (Some(chain), Some(reporter)) if self.chain_lost_tcp_stats => Ok(Some(
-                self.log_tcp_proxies(&chain, reporter)?.unwrap_or(chain),
-            )),
-            (edited, _) => Ok(edited),
-        }
-    }
-
-    /// The chain's tcp_proxy filters with the agent's access logger (their `istio.stats` was
-    /// removed): TcpProxy.access_log (5) appended, access_log_options (17) set (a message
-    /// field appended last wins, merged into any earlier one as protobuf does).
-    fn log_tcp_proxies(
-        &mut self,
-        chain: &[u8],
-        reporter: Reporter,
-    ) -> Result<Option<Vec<u8>>, WireError> {
-        wire::rewrite(chain, |field| {
+    /// A filter chain's network filters (3), and on an outbound listener the exchange's client
+    /// side put just before tcp_proxy when the chain ends in it (the cluster filter Istio runs
+    /// it as is removed): after the metrics, so they count the app's bytes, not the frames.
+    fn filter_chain(&mut self, chain: &[u8]) -> Edited {
+        let add_exchange = self.outbound && wants_upstream_exchange(chain)?;
+        let mut filters_left = if add_exchange {
+            wire::fields(chain)
+                .filter(|f| f.as_ref().is_ok_and(|f| f.number == 3 && f.is_len()))
+                .count()
+        } else {
+            0
+        };
+        let edited = wire::rewrite(chain, |field| {
             if field.number != 3 || !field.is_len() {
                 return Ok(Edit::Keep);
             }
-            let edited = wire::rewrite(field.value, |f| {
-                if f.number != NETWORK_FILTER.typed_config || !f.is_len() {
-                    return Ok(Edit::Keep);
-                }
-                if type_name(wire::string_field(f.value, 1)?) != TCP_PROXY {
-                    return Ok(Edit::Keep);
-                }
-                let mut tcp = wire::len_field(f.value, 2)?.unwrap_or_default().to_vec();
-                let plan = &self.stats_plan;
-                wire::put_len(&mut tcp, 5, &tcp_access_log(reporter, plan).encode_to_vec());
-                wire::put_len(&mut tcp, 17, &tcp_access_log_options(plan).encode_to_vec());
-                Ok(Edit::Replace(replace_any_value(f.value, &tcp)?))
-            })?;
-            if edited.is_some() {
-                self.found.metrics_added.push(self.resource.clone());
+            let edit = self.network_filter(field.value)?;
+            filters_left = filters_left.saturating_sub(1);
+            if !add_exchange || filters_left > 0 {
+                return Ok(edit);
             }
-            Ok(edited.map_or(Edit::Keep, Edit::Replace))
-        })
-    }
-
-    /// A TransportSocket whose TLS context offers `istio-peer-exchange`, without it.
-    fn transport_socket(&mut self, socket: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
-        let edited = wire::rewrite(socket, |field| {
-            if field.number != 3 || !field.is_len() {
-                return Ok(Edit::Keep);
+            // The last filter: tcp_proxy.
+            let mut filters = vec![upstream_exchange()];
+            match edit {
+                Edit::Replace(f) => filters.push(f),
+                Edit::Drop => {}
+                _ => filters.push(field.value.to_vec()),
             }
-            let kind = type_name(wire::string_field(field.value, 1)?);
-            if kind != DOWNSTREAM_TLS && kind != UPSTREAM_TLS {
-                return Ok(Edit::Keep);
-            }
-            let tls = wire::len_field(field.value, 2)?.unwrap_or_default();
-            // Both contexts hold their CommonTlsContext in field 1, its ALPN list in field 4.
-            let tls = wire::rewrite(tls, |f| {
-                if f.number != 1 || !f.is_len() {
-                    return Ok::<_, WireError>(Edit::Keep);
-                }
-                let common = wire::rewrite(f.value, |alpn| {
-                    Ok::<_, WireError>(
-                        if alpn.number == 4 && alpn.value == PEER_EXCHANGE_ALPN.as_bytes() {
-                            Edit::Drop
-                        } else {
-                            Edit::Keep
-                        },
-                    )
-                })?;
-                Ok(common.map_or(Edit::Keep, Edit::Replace))
-            })?;
-            match tls {
-                Some(tls) => Ok(Edit::Replace(replace_any_value(field.value, &tls)?)),
-                None => Ok(Edit::Keep),
-            }
+            Ok(Edit::ReplaceMany(filters))
         })?;
-        if edited.is_some() {
-            self.found.alpn_stripped.push(self.resource.clone());
+        if add_exchange {
+            self.found.exchange_added.push(self.resource.clone());
         }
         Ok(edited)
     }
 
-    fn listener(&mut self, listener: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
-        self.reporter = Some(listener_reporter(listener)?);
-        // filter_chains (3) and default_filter_chain (25); listener_filters (9) are only
-        // judged (an HBONE one removes the listener).
+    fn listener(&mut self, listener: &[u8]) -> Edited {
+        (self.side, self.outbound) = listener_direction(listener)?;
+        // filter_chains (3) and default_filter_chain (25); listener_filters (9) are judged (an
+        // HBONE one removes the listener).
         wire::rewrite(listener, |field| match (field.number, field.is_len()) {
             (3 | 25, true) => Ok(self
-                .strip_network_filters(field.value)?
+                .filter_chain(field.value)?
                 .map_or(Edit::Keep, Edit::Replace)),
-            (9, true) => {
-                self.judge(field.value, &LISTENER_FILTER)?;
-                Ok(Edit::Keep)
-            }
-            _ => Ok(Edit::Keep),
-        })
-    }
-
-    fn cluster(&mut self, cluster: &[u8]) -> Result<Option<Vec<u8>>, WireError> {
-        wire::rewrite(cluster, |field| match (field.number, field.is_len()) {
-            // filters
-            (40, true) => Ok(match self.judge(field.value, &CLUSTER_FILTER)? {
+            (9, true) => Ok(match self.judge(field.value, &LISTENER_FILTER)? {
                 Decision::Remove => Edit::Drop,
+                Decision::Replace(f) => Edit::Replace(f),
                 Decision::Keep | Decision::Refuse => Edit::Keep,
             }),
-            // transport_socket
-            (24, true) => Ok(self
-                .transport_socket(field.value)?
-                .map_or(Edit::Keep, Edit::Replace)),
-            // transport_socket_matches: the socket is field 3 of each.
-            (43, true) => {
-                let edited = wire::rewrite(field.value, |m| match (m.number, m.is_len()) {
-                    (3, true) => Ok(self
-                        .transport_socket(m.value)?
-                        .map_or(Edit::Keep, Edit::Replace)),
-                    _ => Ok(Edit::Keep),
-                })?;
-                Ok(edited.map_or(Edit::Keep, Edit::Replace))
-            }
             _ => Ok(Edit::Keep),
         })
     }
 
-    /// An ECDS resource: dropped whole when Istio-only (the listener's reference to it is
-    /// removed in LDS by the same rule).
+    /// A cluster: the exchange's cluster filter (filters 40) removed, the module's metadata added
+    /// to its metadata (25), or as its metadata when it has none.
+    fn cluster(&mut self, cluster: &[u8]) -> Edited {
+        let entry = cluster_metadata::entry(cluster)?;
+        let mut placed = false;
+        let edited = wire::rewrite(cluster, |field| match (field.number, field.is_len()) {
+            (40, true) => Ok(match self.judge(field.value, &CLUSTER_FILTER)? {
+                Decision::Remove => Edit::Drop,
+                Decision::Replace(f) => Edit::Replace(f),
+                Decision::Keep | Decision::Refuse => Edit::Keep,
+            }),
+            // Metadata.filter_metadata (1), a map: one more entry.
+            (25, true) if !placed => match &entry {
+                Some(entry) => {
+                    placed = true;
+                    let mut metadata = field.value.to_vec();
+                    wire::put_len(&mut metadata, 1, entry);
+                    Ok(Edit::Replace(metadata))
+                }
+                None => Ok(Edit::Keep),
+            },
+            _ => Ok(Edit::Keep),
+        })?;
+        let Some(entry) = entry else {
+            return Ok(edited);
+        };
+        self.found
+            .cluster_metadata_added
+            .push(self.resource.clone());
+        if placed {
+            return Ok(edited);
+        }
+        let mut out = edited.unwrap_or_else(|| cluster.to_vec());
+        let mut metadata = Vec::new();
+        wire::put_len(&mut metadata, 1, &entry);
+        wire::put_len(&mut out, 25, &metadata);
+        Ok(Some(out))
+    }
+
+    /// An ECDS resource: dropped whole when Istio's (the listener's reference to it is removed
+    /// in LDS by the same rule).
     fn extension_config(&mut self, config: &[u8]) -> Result<Edit, WireError> {
-        Ok(match self.judge(config, &CLUSTER_FILTER)? {
+        Ok(match self.judge(config, &EXTENSION_CONFIG)? {
             Decision::Remove => Edit::Drop,
+            Decision::Replace(c) => Edit::Replace(c),
             Decision::Keep | Decision::Refuse => Edit::Keep,
         })
     }
@@ -739,6 +722,7 @@ impl Pass {
             CLUSTER_TYPE => self.cluster(value)?,
             EXTENSION_CONFIG_TYPE => match self.extension_config(value)? {
                 Edit::Drop => return Ok(Edit::Drop),
+                Edit::Replace(v) => Some(v),
                 _ => None,
             },
             _ => None,
@@ -820,11 +804,11 @@ pub enum Adapted {
 
 /// Adapts one (Delta)DiscoveryResponse.
 pub fn adapt(delta: bool, msg: &[u8]) -> Result<Adapted, WireError> {
-    if !needs_adapting(msg) {
-        return Ok(Adapted::Unchanged);
-    }
     let kind = wire::string_field(msg, 4)?;
     if ![LISTENER_TYPE, CLUSTER_TYPE, EXTENSION_CONFIG_TYPE].contains(&kind) {
+        return Ok(Adapted::Unchanged);
+    }
+    if kind != CLUSTER_TYPE && !needs_adapting(msg) {
         return Ok(Adapted::Unchanged);
     }
     let mut pass = Pass::default();
@@ -837,16 +821,7 @@ pub fn adapt(delta: bool, msg: &[u8]) -> Result<Adapted, WireError> {
         }
     }
     let found = pass.found;
-    if !found.refused.is_empty() {
-        let named: Vec<String> = found
-            .refused
-            .iter()
-            .map(|f| format!("{} in {} (type {})", f.filter, f.resource, f.type_name))
-            .collect();
-        let why = format!(
-            "refused by the agent: security filter of a type upstream Envoy cannot load: {}",
-            named.join("; ")
-        );
+    if let Some(why) = refusal(&found) {
         return Ok(Adapted::Refused(why, found));
     }
     Ok(match edited {
@@ -854,6 +829,30 @@ pub fn adapt(delta: bool, msg: &[u8]) -> Result<Adapted, WireError> {
         None if found == Findings::default() => Adapted::Unchanged,
         None => Adapted::Changed(Bytes::copy_from_slice(msg), found),
     })
+}
+
+/// Why a response is refused, if it is: the security filters Envoy cannot load, the Istio
+/// filters whose config the module would refuse, each named with its resource.
+fn refusal(found: &Findings) -> Option<String> {
+    let mut reasons = Vec::new();
+    if !found.refused.is_empty() {
+        let named: Vec<String> = found
+            .refused
+            .iter()
+            .map(|f| format!("{} in {} (type {})", f.filter, f.resource, f.type_name))
+            .collect();
+        reasons.push(format!(
+            "security filter of a type upstream Envoy cannot load: {}",
+            named.join("; ")
+        ));
+    }
+    for (f, why) in &found.invalid {
+        reasons.push(format!(
+            "{} in {} (type {}): {why}",
+            f.filter, f.resource, f.type_name
+        ));
+    }
+    (!reasons.is_empty()).then(|| format!("refused by the agent: {}", reasons.join("; ")))
 }
 
 /// A request the agent itself sends the control plane on a stream: an ACK of the response
@@ -908,26 +907,28 @@ pub fn nack(delta: bool, msg: &[u8], why: &str) -> Result<Bytes, WireError> {
 
 /// How many refusals the debug view keeps.
 const REFUSALS_KEPT: usize = 32;
-/// How many resources the debug view names per removed or unknown extension.
+/// How many resources the debug view names per mapped, removed or unknown extension.
 const RESOURCES_KEPT: usize = 16;
 
 /// What the adapter has done, for `/debug/xds_adapt`.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct Report {
-    /// Removed extensions by type, then filter name: how many, and some resources they were in.
+    /// Istio's filters handed to the proxy module, by Istio's type, then filter name: how many,
+    /// and some resources they were in.
+    mapped: BTreeMap<String, BTreeMap<String, Seen>>,
+    /// Removed extensions, by type and filter name.
     removed: BTreeMap<String, BTreeMap<String, Seen>>,
     /// Kept extensions of types Envoy cannot load, by type and filter name.
     unknown: BTreeMap<String, BTreeMap<String, Seen>>,
-    /// Resources whose `istio-peer-exchange` ALPN was removed.
-    alpn_stripped: Seen,
-    /// Listeners whose removed `istio.stats` was replaced by the agent's access logger.
-    metrics_added: Seen,
+    /// Listeners whose outbound TCP chains got the exchange's client side.
+    exchange_added: Seen,
+    /// Clusters given the module's metadata.
+    cluster_metadata_added: Seen,
     /// Resources whose RBAC principals on `io.istio.peer_principal` became `authenticated`.
     principals_rewritten: Seen,
     /// The last refused responses.
     refused: VecDeque<Refusal>,
-    /// Removed filters whose settings beyond istiod's own were lost with them, by type, filter
-    /// and settings.
+    /// Filters with settings the module does not apply, by type, filter and settings.
     settings_lost: BTreeMap<String, BTreeMap<String, Seen>>,
 }
 
@@ -975,8 +976,8 @@ impl Adapter {
         }
     }
 
-    /// Counts and reports what one response held. A refused response reaches Envoy with
-    /// nothing removed: only its refusal is recorded.
+    /// Counts and reports what one response held. A refused response never reaches Envoy: only
+    /// its refusal is recorded.
     fn record(&self, type_url: &str, found: &Findings, refusal: Option<&str>) {
         let Ok(mut report) = self.report.lock() else {
             return;
@@ -986,12 +987,18 @@ impl Adapter {
             if report.refused.len() == REFUSALS_KEPT {
                 report.refused.pop_front();
             }
+            let mut filters = found.refused.clone();
+            filters.extend(found.invalid.iter().map(|(f, _)| f.clone()));
             report.refused.push_back(Refusal {
                 type_url: type_url.to_string(),
                 reason: reason.to_string(),
-                filters: found.refused.clone(),
+                filters,
             });
             return;
+        }
+        for f in &found.mapped {
+            let seen = report.mapped.entry(f.type_name.clone()).or_default();
+            seen.entry(f.filter.clone()).or_default().add(&f.resource);
         }
         for f in &found.removed {
             self.metrics.xds_adapt_removed(&f.type_name);
@@ -1002,11 +1009,11 @@ impl Adapter {
             let seen = report.unknown.entry(f.type_name.clone()).or_default();
             seen.entry(f.filter.clone()).or_default().add(&f.resource);
         }
-        for r in &found.alpn_stripped {
-            report.alpn_stripped.add(r);
+        for r in &found.exchange_added {
+            report.exchange_added.add(r);
         }
-        for r in &found.metrics_added {
-            report.metrics_added.add(r);
+        for r in &found.cluster_metadata_added {
+            report.cluster_metadata_added.add(r);
         }
         for r in &found.principals_rewritten {
             report.principals_rewritten.add(r);
@@ -1023,7 +1030,7 @@ impl Adapter {
             if !seen.resources.contains(&f.resource) && seen.resources.len() < RESOURCES_KEPT {
                 tracing::warn!(resource = %f.resource, filter = %f.filter, r#type = %f.type_name,
                     settings = %lost.join(", "),
-                    "an Istio-only filter carrying settings istiod does not write (an EnvoyFilter patch on it?) was removed for upstream Envoy; those settings are not applied");
+                    "an Istio filter carries settings the proxy module does not apply (an EnvoyFilter patch on it?); those settings have no effect");
             }
             seen.add(&f.resource);
         }
@@ -1048,6 +1055,7 @@ impl Adapter {
                 }
                 tracing::debug!(
                     type_url,
+                    mapped = found.mapped.len(),
                     removed = found.removed.len(),
                     "adapted an xDS response"
                 );

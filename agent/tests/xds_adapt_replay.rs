@@ -2,12 +2,14 @@
 //! Istio's release-1.31 istiod gave the Bookinfo productpage sidecar
 //! (`tests/fixtures/istiod-1.31/bookinfo-productpage`, recorded by `scripts/record-istiod.sh`;
 //! CDS, EDS, LDS and RDS, over state of the world and Delta). Each response goes through
-//! `xds_adapt::adapt` exactly as recorded, and the tests check what upstream Envoy gets: no
-//! Istio-only extension left (each one the recording holds is reported removed, found by a walk
-//! of the recording independent of the adapter), every resource kept, what the sidecar needs
-//! (the four services' clusters, the inbound listener, mTLS, RBAC) intact, Istio's metrics
-//! moved to the agent's access logger, and Envoy's own `--mode validate` accepting the adapted
-//! listeners and clusters and rejecting the recorded ones.
+//! `xds_adapt::adapt` exactly as recorded, and the tests check what upstream Envoy gets: each
+//! Istio filter the recording holds (found by a walk of the recording independent of the
+//! adapter) in its place as the proxy module's, with a config the module's own types read as
+//! istiod meant it; the exchange's cluster filters gone and its client side leading the outbound
+//! TCP chains; the module's cluster metadata; every resource kept; what the sidecar needs (the
+//! four services' clusters, the inbound listener, mTLS with `istio-peer-exchange`, RBAC) intact;
+//! and Envoy's own `--mode validate` accepting the adapted listeners and clusters (with the
+//! module) and rejecting the recorded ones.
 
 mod support;
 
@@ -23,7 +25,9 @@ use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
 use envoy_types::pb::envoy::config::rbac::v3::principal;
 use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route, route_action};
+use envoy_types::pb::envoy::extensions::filters::http::dynamic_modules::v3::DynamicModuleFilter;
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
+use envoy_types::pb::envoy::extensions::filters::network::dynamic_modules::v3::DynamicModuleNetworkFilter;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, http_connection_manager::RouteSpecifier, http_filter,
 };
@@ -32,12 +36,17 @@ use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProx
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     DownstreamTlsContext, UpstreamTlsContext,
 };
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+    HttpProtocolOptions, http_protocol_options,
+};
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::google::protobuf::{StringValue, Struct, value};
+use mesh_common::module::{self, PEER_EXCHANGE_ALPN, cluster as module_cluster};
+use mesh_common::telemetry::module_filters;
 use pilot_agent::xds_adapt::TypedStruct;
 use pilot_agent::xds_adapt::{
-    self, ALPN_OVERRIDE, Adapted, Findings, ISTIO_STATS, PEER_EXCHANGE_ALPN, PEER_METADATA,
-    TCP_METADATA_EXCHANGE,
+    self, ALPN_OVERRIDE, Adapted, Findings, ISTIO_STATS, PEER_METADATA, TCP_METADATA_EXCHANGE,
 };
 use prost::Message;
 
@@ -225,7 +234,7 @@ const ISTIO_ONLY: [&str; 4] = [
     ISTIO_STATS,
 ];
 
-/// Strings that name an Istio-only extension or its ALPN anywhere in a message.
+/// Strings that name an Istio extension or its ALPN anywhere in a message (as recorded).
 const ISTIO_ONLY_BYTES: [&str; 8] = [
     "istio.metadata_exchange",
     "istio.stats",
@@ -443,47 +452,55 @@ fn the_recording_holds_istio_only_extensions() {
 }
 
 #[test]
-fn adaptation_removes_every_istio_only_extension_and_keeps_every_resource() {
+fn adaptation_maps_every_istio_filter_onto_the_module_and_keeps_every_resource() {
     for stream in Stream::BOTH {
         for file in ["lds", "cds"] {
             let before = response(stream, &recorded(stream, file));
             let (bytes, found) = adapted(stream, file);
             let after = response(stream, &bytes);
-            // Each Istio-only filter the recording holds is reported removed, in that resource.
+            // Each Istio filter the recording holds is reported, in that resource: the
+            // listeners' mapped onto the module, the clusters' (the exchange's cluster filter,
+            // which a module cannot be) removed.
             let mut expected: Vec<Extension> = extensions(file, &before.resources)
                 .into_iter()
                 .filter(|(_, _, t)| ISTIO_ONLY.contains(&t.as_str()))
                 .collect();
-            let mut removed: Vec<Extension> = found
-                .removed
-                .iter()
-                .map(|f| (f.resource.clone(), f.filter.clone(), f.type_name.clone()))
-                .collect();
+            let listed = |f: &[xds_adapt::Finding]| -> Vec<Extension> {
+                let mut v: Vec<Extension> = f
+                    .iter()
+                    .map(|f| (f.resource.clone(), f.filter.clone(), f.type_name.clone()))
+                    .collect();
+                v.sort();
+                v
+            };
             expected.sort();
-            removed.sort();
-            assert_eq!(removed, expected, "{stream:?} {file}");
+            let (mapped, removed) = (listed(&found.mapped), listed(&found.removed));
+            if file == "lds" {
+                assert_eq!(mapped, expected, "{stream:?} {file}");
+                assert!(removed.is_empty(), "{stream:?} {file}: {removed:?}");
+            } else {
+                assert_eq!(removed, expected, "{stream:?} {file}");
+                assert!(mapped.is_empty(), "{stream:?} {file}: {mapped:?}");
+            }
             assert!(
-                found.refused.is_empty(),
-                "{stream:?} {file}: {:?}",
-                found.refused
+                found.refused.is_empty() && found.invalid.is_empty(),
+                "{stream:?} {file}: {:?} {:?}",
+                found.refused,
+                found.invalid
             );
             assert!(
                 found.unknown.is_empty(),
                 "{stream:?} {file}: {:?}",
                 found.unknown
             );
-            // istiod's own configs of the removed filters carry nothing the agent drops unsaid.
+            // istiod's own configs carry nothing the module does not apply.
             assert!(
                 found.settings_lost.is_empty(),
                 "{stream:?} {file}: {:?}",
                 found.settings_lost
             );
-            // ... and none is left, nor its ALPN.
-            assert_eq!(
-                istio_only_strings(&bytes),
-                Vec::<&str>::new(),
-                "{stream:?} {file}"
-            );
+            // No extension of a type upstream Envoy lacks is left, and no Any names Istio's
+            // binary configs.
             let left: Vec<_> = extensions(file, &after.resources)
                 .into_iter()
                 .filter(|(_, _, t)| {
@@ -491,6 +508,13 @@ fn adaptation_removes_every_istio_only_extension_and_keeps_every_resource() {
                 })
                 .collect();
             assert!(left.is_empty(), "{stream:?} {file}: {left:?}");
+            for t in [ISTIO_STATS, ALPN_OVERRIDE] {
+                let url = format!("type.googleapis.com/{t}");
+                assert!(
+                    !bytes.windows(url.len()).any(|w| w == url.as_bytes()),
+                    "{stream:?} {file}: {url}"
+                );
+            }
             // Every resource is kept, in order, under its name; nothing is removed in Delta.
             assert_eq!(names(&after), names(&before), "{stream:?} {file}");
             assert!(
@@ -501,6 +525,12 @@ fn adaptation_removes_every_istio_only_extension_and_keeps_every_resource() {
             assert_eq!(
                 (after.type_url, after.nonce),
                 (before.type_url, before.nonce)
+            );
+            // Adapted once is enough.
+            assert_eq!(
+                xds_adapt::adapt(stream.delta(), &bytes).unwrap(),
+                Adapted::Unchanged,
+                "{stream:?} {file}"
             );
         }
     }
@@ -519,22 +549,114 @@ fn endpoints_and_routes_pass_untouched() {
     }
 }
 
+/// A string Value of a Struct.
+fn struct_string(s: &Struct, key: &str) -> Option<String> {
+    match &s.fields.get(key)?.kind {
+        Some(value::Kind::StringValue(v)) => Some(v.clone()),
+        _ => None,
+    }
+}
+
+/// What the module is to read of a recorded cluster, worked out from its typed message:
+/// `istio.services[0]` and the HTTP protocol its options say.
+fn expected_module_metadata(c: &Cluster) -> Option<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let service = c
+        .metadata
+        .as_ref()
+        .and_then(|m| m.filter_metadata.get("istio"))
+        .and_then(|istio| match &istio.fields.get("services")?.kind {
+            Some(value::Kind::ListValue(l)) => match &l.values.first()?.kind {
+                Some(value::Kind::StructValue(s)) => Some(s.clone()),
+                _ => None,
+            },
+            _ => None,
+        });
+    // Only a cluster with istiod's services is told anything.
+    let s = service?;
+    let field = |k: &str| struct_string(&s, k).unwrap_or_default();
+    out.insert(
+        module_cluster::SERVICE.to_string(),
+        format!("{};{};{}", field("host"), field("name"), field("namespace")),
+    );
+    if let Some(any) = c
+        .typed_extension_protocol_options
+        .get("envoy.extensions.upstreams.http.v3.HttpProtocolOptions")
+    {
+        use http_protocol_options::UpstreamProtocolOptions as P;
+        use http_protocol_options::explicit_http_config::ProtocolConfig;
+        let o: HttpProtocolOptions = decode(any);
+        let protocol = match o.upstream_protocol_options {
+            Some(P::ExplicitHttpConfig(e)) => match e.protocol_config {
+                Some(ProtocolConfig::Http2ProtocolOptions(_)) => Some("HTTP2"),
+                _ => None,
+            },
+            Some(P::UseDownstreamProtocolConfig(_)) => Some("downstream"),
+            Some(P::AutoConfig(_)) => Some("HTTP2"),
+            None => None,
+        };
+        if let Some(p) = protocol {
+            out.insert(module_cluster::UPSTREAM_PROTOCOL.to_string(), p.to_string());
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
 #[test]
-fn clusters_keep_mtls_without_the_peer_exchange_alpn() {
+fn clusters_keep_mtls_and_the_peer_exchange_alpn_and_tell_the_module_their_service() {
     for stream in Stream::BOTH {
+        let before = response(stream, &recorded(stream, "cds"));
         let (bytes, found) = adapted(stream, "cds");
         let after = response(stream, &bytes);
-        let mut stripped = found.alpn_stripped.clone();
-        stripped.sort();
-        // Every cluster with an mTLS transport socket: the 19 outbound ones.
-        let mut outbound: Vec<String> = names(&after)
-            .into_iter()
-            .filter(|n| n.starts_with("outbound|"))
-            .collect();
-        outbound.sort();
-        assert_eq!(stripped, outbound, "{stream:?}");
+        let mut told = Vec::new();
+        for ((name, was), (_, is)) in before.resources.iter().zip(&after.resources) {
+            let was: Cluster = decode(was);
+            let is: Cluster = decode(is);
+            // The module's metadata as worked out from the recording; istiod's `istio`
+            // metadata as it was.
+            let module: Option<BTreeMap<String, String>> = is.metadata.as_ref().and_then(|m| {
+                let s = m.filter_metadata.get(module_cluster::NAMESPACE)?;
+                Some(
+                    s.fields
+                        .keys()
+                        .map(|k| (k.clone(), struct_string(s, k).expect("a string")))
+                        .collect(),
+                )
+            });
+            assert_eq!(module, expected_module_metadata(&was), "{stream:?} {name}");
+            if module.is_some() {
+                told.push(name.clone());
+            }
+            assert_eq!(
+                is.metadata
+                    .as_ref()
+                    .and_then(|m| m.filter_metadata.get("istio")),
+                was.metadata
+                    .as_ref()
+                    .and_then(|m| m.filter_metadata.get("istio")),
+                "{stream:?} {name}"
+            );
+            // Nothing else changes but the exchange's cluster filter.
+            let (mut was, mut is) = (was, is);
+            was.filters.clear();
+            was.metadata = None;
+            is.metadata = None;
+            assert_eq!(is, was, "{stream:?} {name}");
+        }
+        assert_eq!(found.cluster_metadata_added, told, "{stream:?}");
+        // The 19 outbound clusters and inbound|9080|| (the services istiod names for them); not
+        // the passthrough clusters nor BlackHoleCluster, which name no service.
+        assert_eq!(told.len(), 20, "{stream:?}: {told:?}");
+        for special in [
+            "BlackHoleCluster",
+            "PassthroughCluster",
+            "InboundPassthroughCluster",
+        ] {
+            assert!(!told.contains(&special.to_string()), "{special}");
+        }
         for (service, _) in SERVICES {
-            let name = format!("outbound|9080||{service}.default.svc.cluster.local");
+            let host = format!("{service}.default.svc.cluster.local");
+            let name = format!("outbound|9080||{host}");
             let (_, any) = after.resources.iter().find(|(n, _)| *n == name).unwrap();
             let c: Cluster = decode(any);
             assert!(matches!(
@@ -542,6 +664,13 @@ fn clusters_keep_mtls_without_the_peer_exchange_alpn() {
                 Some(cluster::ClusterDiscoveryType::Type(t)) if t == cluster::DiscoveryType::Eds as i32
             ));
             assert!(c.filters.is_empty(), "{name}: {:?}", c.filters);
+            let module = &c.metadata.as_ref().unwrap().filter_metadata[module_cluster::NAMESPACE];
+            assert_eq!(
+                struct_string(module, module_cluster::SERVICE).as_deref(),
+                Some(format!("{host};{service};default").as_str()),
+                "{name}"
+            );
+            assert_eq!(module.fields.len(), 1, "{name}: HTTP/1.1 says no protocol");
             let tls = c
                 .transport_socket_matches
                 .iter()
@@ -552,18 +681,124 @@ fn clusters_keep_mtls_without_the_peer_exchange_alpn() {
                 .expect("the mTLS transport socket match");
             let ctx: UpstreamTlsContext = decode(tls);
             let common = ctx.common_tls_context.unwrap();
-            assert_eq!(common.alpn_protocols, ["istio"], "{name}");
+            assert_eq!(
+                common.alpn_protocols,
+                [PEER_EXCHANGE_ALPN, "istio"],
+                "{name}"
+            );
             assert_eq!(
                 ctx.sni,
                 format!("outbound_.9080_._.{service}.default.svc.cluster.local")
             );
             assert_eq!(common.tls_certificate_sds_secret_configs[0].name, "default");
         }
+        let module_of = |name: &str| -> Struct {
+            let (_, any) = after.resources.iter().find(|(n, _)| n == name).unwrap();
+            let c: Cluster = decode(any);
+            c.metadata.unwrap().filter_metadata[module_cluster::NAMESPACE].clone()
+        };
+        let istiod = module_of("outbound|15010||istiod.istio-system.svc.cluster.local");
+        assert_eq!(
+            struct_string(&istiod, module_cluster::UPSTREAM_PROTOCOL).as_deref(),
+            Some("HTTP2")
+        );
+        assert_eq!(
+            struct_string(&module_of("inbound|9080||"), module_cluster::SERVICE).as_deref(),
+            Some("productpage.default.svc.cluster.local;productpage;default")
+        );
     }
 }
 
+/// The module's filter name and config of a module filter's typed config.
+fn module_filter(any: &Any) -> Option<(String, Any)> {
+    if any.type_url == module_filters::HTTP_TYPE {
+        let m: DynamicModuleFilter = decode(any);
+        let loaded = m.dynamic_module_config.expect("the module's config");
+        assert_eq!(loaded.name, module::NAME);
+        return Some((m.filter_name, m.filter_config.expect("the filter's config")));
+    }
+    if any.type_url == module_filters::NETWORK_TYPE {
+        let m: DynamicModuleNetworkFilter = decode(any);
+        let loaded = m.dynamic_module_config.expect("the module's config");
+        assert_eq!(loaded.name, module::NAME);
+        return Some((m.filter_name, m.filter_config.expect("the filter's config")));
+    }
+    None
+}
+
+/// The JSON the module is handed: a StringValue's, or a Struct's.
+fn module_json(config: &Any) -> serde_json::Value {
+    match type_name(&config.type_url) {
+        "google.protobuf.StringValue" => {
+            serde_json::from_str(&decode::<StringValue>(config).value).expect("JSON")
+        }
+        // Envoy hands the module a Struct's JSON (a TypedStruct would reach it as protobuf).
+        "google.protobuf.Struct" => struct_json(&decode::<Struct>(config)),
+        other => panic!("a module config of type {other}"),
+    }
+}
+
+/// A Struct as JSON (as Envoy hands a TypedStruct's to the module).
+fn struct_json(s: &Struct) -> serde_json::Value {
+    fn value_json(v: &envoy_types::pb::google::protobuf::Value) -> serde_json::Value {
+        match &v.kind {
+            None | Some(value::Kind::NullValue(_)) => serde_json::Value::Null,
+            Some(value::Kind::NumberValue(n)) => serde_json::json!(n),
+            Some(value::Kind::StringValue(s)) => s.clone().into(),
+            Some(value::Kind::BoolValue(b)) => (*b).into(),
+            Some(value::Kind::StructValue(s)) => struct_json(s),
+            Some(value::Kind::ListValue(l)) => l.values.iter().map(value_json).collect(),
+        }
+    }
+    serde_json::Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value_json(v)))
+            .collect(),
+    )
+}
+
+/// Every Istio filter of the listener (named `istio.*`), HTTP or network, with what the module
+/// reads of it: (listener, chain, filter name, module filter name, config JSON).
+fn module_filters_of(l: &Listener) -> Vec<(String, String, String, String, serde_json::Value)> {
+    let mut out = Vec::new();
+    let mut one = |chain: &str, name: &str, any: &Any| {
+        if !name.starts_with("istio.") {
+            return;
+        }
+        let (module_name, config) = module_filter(any).unwrap_or_else(|| {
+            panic!(
+                "{} {chain} {name}: not the module's: {}",
+                l.name, any.type_url
+            )
+        });
+        out.push((
+            l.name.clone(),
+            chain.to_string(),
+            name.to_string(),
+            module_name,
+            module_json(&config),
+        ));
+    };
+    for c in chains(l) {
+        for f in &c.filters {
+            let any = typed(f).expect("a typed filter");
+            one(&c.name, &f.name, any);
+            if type_name(&any.type_url) == HCM {
+                let hcm: HttpConnectionManager = decode(any);
+                for h in &hcm.http_filters {
+                    if let Some(http_filter::ConfigType::TypedConfig(a)) = &h.config_type {
+                        one(&c.name, &h.name, a);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 #[test]
-fn listeners_keep_routes_rbac_and_get_the_agents_metrics() {
+fn listeners_keep_routes_and_rbac_and_run_istios_filters_in_the_module() {
     for stream in Stream::BOTH {
         let before = response(stream, &recorded(stream, "lds"));
         let (bytes, found) = adapted(stream, "lds");
@@ -572,31 +807,154 @@ fn listeners_keep_routes_rbac_and_get_the_agents_metrics() {
             decode(&r.resources.iter().find(|(n, _)| n == name).unwrap().1)
         };
 
-        // The outbound HTTP listener keeps its route and Envoy's filters, in order; the peer
-        // exchange takes the place of Istio's metadata exchange, before the router.
+        // The outbound HTTP listener keeps its route and every filter in its place, Istio's
+        // run by the module.
         let outbound = listener(&after, "0.0.0.0_9080");
         let hcm: HttpConnectionManager =
             decode(typed(&outbound.filter_chains[0].filters[0]).unwrap());
-        let http: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+        let http: Vec<(&str, String)> = hcm
+            .http_filters
+            .iter()
+            .map(|f| {
+                let Some(http_filter::ConfigType::TypedConfig(a)) = &f.config_type else {
+                    panic!("{}: untyped", f.name)
+                };
+                let kind =
+                    module_filter(a).map_or_else(|| type_name(&a.type_url).to_string(), |(n, _)| n);
+                (f.name.as_str(), kind)
+            })
+            .collect();
         assert_eq!(
             http,
             [
-                "envoy.filters.http.grpc_stats",
-                "envoy.filters.http.fault",
-                "envoy.filters.http.cors",
-                "istio.peer.learn",
-                "istio.peer.announce",
-                "envoy.filters.http.router"
+                (
+                    "istio.metadata_exchange",
+                    "istio.metadata_exchange".to_string()
+                ),
+                (
+                    "envoy.filters.http.grpc_stats",
+                    "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig".to_string()
+                ),
+                ("istio.alpn", "istio.alpn".to_string()),
+                (
+                    "envoy.filters.http.fault",
+                    "envoy.extensions.filters.http.fault.v3.HTTPFault".to_string()
+                ),
+                (
+                    "envoy.filters.http.cors",
+                    "envoy.extensions.filters.http.cors.v3.Cors".to_string()
+                ),
+                ("istio.stats", "istio.stats".to_string()),
+                (
+                    "envoy.filters.http.router",
+                    "envoy.extensions.filters.http.router.v3.Router".to_string()
+                ),
             ]
         );
         assert!(
             matches!(&hcm.route_specifier, Some(RouteSpecifier::Rds(r)) if r.route_config_name == "9080")
         );
-        assert_eq!(
-            hcm.access_log.len(),
-            1,
-            "istio.stats replaced by the agent's access logger"
-        );
+
+        // Every Istio filter: the module's filter of its name, with a config the module's own
+        // types read as istiod meant it, reporting for the listener's side.
+        let mut seen = BTreeMap::<String, usize>::new();
+        for (_, any) in &after.resources {
+            let l: Listener = decode(any);
+            let inbound = l.traffic_direction == 1;
+            for (listener_name, chain, name, module_name, json) in module_filters_of(&l) {
+                let at = format!("{stream:?} {listener_name} {chain} {name}");
+                *seen.entry(module_name.clone()).or_default() += 1;
+                match module_name.as_str() {
+                    module::filter::METADATA_EXCHANGE if name == module_name => {
+                        if json.get("protocol").is_some() {
+                            let c: module::TcpExchange = serde_json::from_value(json).expect(&at);
+                            assert_eq!(c, module::TcpExchange::istio(), "{at}");
+                            assert!(inbound, "{at}");
+                        } else {
+                            let c: module::PeerMetadata = serde_json::from_value(json).expect(&at);
+                            let want = if inbound {
+                                module::PeerMetadata::server()
+                            } else {
+                                module::PeerMetadata::client()
+                            };
+                            assert_eq!(c, want, "{at}");
+                        }
+                    }
+                    module::filter::METADATA_EXCHANGE_UPSTREAM if name == module_name => {
+                        let c: module::TcpExchange = serde_json::from_value(json).expect(&at);
+                        assert_eq!(c, module::TcpExchange::istio(), "{at}");
+                        assert!(!inbound, "{at}");
+                    }
+                    module::filter::ALPN if name == module_name => {
+                        let c: module::Alpn = serde_json::from_value(json).expect(&at);
+                        assert_eq!(c, module::Alpn::istio(), "{at}");
+                    }
+                    module::filter::STATS if name == module_name => {
+                        let c: module::Stats = serde_json::from_value(json).expect(&at);
+                        assert_eq!(
+                            c,
+                            module::Stats {
+                                disable_host_header_fallback: inbound,
+                                side: Some(if inbound { "destination" } else { "source" }.into()),
+                                ..module::Stats::default()
+                            },
+                            "{at}"
+                        );
+                    }
+                    other => panic!("{at}: module filter {other}"),
+                }
+            }
+        }
+        // 15 stats, 5 HTTP and 4 TCP exchanges, 3 ALPN (the recording's), and the exchange's
+        // client side on the 8 outbound chains that end in tcp_proxy.
+        let expect: BTreeMap<String, usize> = [
+            (module::filter::STATS, 15),
+            (module::filter::METADATA_EXCHANGE, 9),
+            (module::filter::ALPN, 3),
+            (module::filter::METADATA_EXCHANGE_UPSTREAM, 8),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(seen, expect, "{stream:?}");
+
+        // The exchange's client side leads exactly the outbound chains that end in tcp_proxy,
+        // as the recording has them.
+        let mut want_exchange = Vec::new();
+        for (name, any) in &before.resources {
+            let l: Listener = decode(any);
+            if l.traffic_direction != 2 {
+                continue;
+            }
+            for c in chains(&l) {
+                if c.filters
+                    .last()
+                    .is_some_and(|f| f.name == "envoy.filters.network.tcp_proxy")
+                {
+                    want_exchange.push(name.clone());
+                }
+            }
+        }
+        assert_eq!(found.exchange_added, want_exchange, "{stream:?}");
+        for (_, any) in &after.resources {
+            let l: Listener = decode(any);
+            for c in chains(&l) {
+                let names: Vec<&str> = c.filters.iter().map(|f| f.name.as_str()).collect();
+                let has = names.contains(&module::filter::METADATA_EXCHANGE_UPSTREAM);
+                if has {
+                    // Just before tcp_proxy, after the metrics.
+                    assert_eq!(
+                        names[names.len() - 2..],
+                        [
+                            module::filter::METADATA_EXCHANGE_UPSTREAM,
+                            "envoy.filters.network.tcp_proxy"
+                        ],
+                        "{}",
+                        l.name
+                    );
+                }
+            }
+        }
 
         // The inbound listener: the same chains; RBAC as istiod wrote it, byte for byte.
         let inbound_before = listener(&before, "virtualInbound");
@@ -673,54 +1031,54 @@ fn listeners_keep_routes_rbac_and_get_the_agents_metrics() {
             });
         assert!(network_deny);
 
-        // The inbound mTLS chains no longer offer istio-peer-exchange; the others stay.
-        for c in &inbound.filter_chains {
-            let Some(ts) = &c.transport_socket else {
-                continue;
-            };
-            let Some(
-                envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(
-                    a,
-                ),
-            ) = &ts.config_type
-            else {
-                continue;
-            };
-            let ctx: DownstreamTlsContext = decode(a);
-            let alpn = ctx.common_tls_context.unwrap().alpn_protocols;
-            assert!(
-                !alpn.contains(&PEER_EXCHANGE_ALPN.to_string()),
-                "{}: {alpn:?}",
-                c.name
-            );
-            assert!(alpn.contains(&"h2".to_string()), "{}: {alpn:?}", c.name);
+        // TLS as istiod wrote it: the inbound TCP chain still offers istio-peer-exchange.
+        for (c, was) in inbound
+            .filter_chains
+            .iter()
+            .zip(&inbound_before.filter_chains)
+        {
+            assert_eq!(c.transport_socket, was.transport_socket, "{}", c.name);
         }
-        assert!(found.alpn_stripped.contains(&"virtualInbound".to_string()));
+        let tcp = inbound
+            .filter_chains
+            .iter()
+            .find(|c| c.name == "virtualInbound")
+            .unwrap();
+        let Some(TlsConfig::TypedConfig(a)) = tcp
+            .transport_socket
+            .as_ref()
+            .and_then(|t| t.config_type.as_ref())
+        else {
+            panic!("the TCP chain's TLS")
+        };
+        let ctx: DownstreamTlsContext = decode(a);
+        assert_eq!(
+            ctx.common_tls_context.unwrap().alpn_protocols,
+            [PEER_EXCHANGE_ALPN, "h2", "http/1.1"]
+        );
 
-        // Each connection manager or tcp_proxy that lost istio.stats logs to the agent instead:
-        // one metrics_added entry, one access log, per place.
-        let mut measured = 0;
+        // No access logger was added: connection managers and tcp_proxy log as istiod said
+        // (here, not at all).
         for (_, any) in &after.resources {
             let l: Listener = decode(any);
             for c in chains(&l) {
                 for f in &c.filters {
                     let a = typed(f).unwrap();
                     match type_name(&a.type_url) {
-                        HCM => {
-                            measured += usize::from(
-                                !decode::<HttpConnectionManager>(a).access_log.is_empty(),
-                            )
-                        }
+                        HCM => assert!(
+                            decode::<HttpConnectionManager>(a).access_log.is_empty(),
+                            "{}",
+                            l.name
+                        ),
                         TCP_PROXY => {
-                            measured += usize::from(!decode::<TcpProxy>(a).access_log.is_empty())
+                            let t: TcpProxy = decode(a);
+                            assert!(t.access_log.is_empty() && t.access_log_options.is_none());
                         }
                         _ => {}
                     }
                 }
             }
         }
-        assert_eq!(found.metrics_added.len(), 15, "{:?}", found.metrics_added);
-        assert_eq!(measured, 15);
     }
 }
 
@@ -781,6 +1139,7 @@ fn envoy_validate(
         .arg(&pb)
         .arg("--config-yaml")
         .arg(base.to_string())
+        .env(module::SEARCH_PATH_ENV, module_dir())
         .output()
         .expect("run envoy");
     let _ = std::fs::remove_dir_all(&dir);
@@ -793,6 +1152,24 @@ fn envoy_validate(
             String::from_utf8_lossy(&out.stderr)
         ))
     }
+}
+
+/// Where the proxy module was built (`target/debug` or its `deps`, beside this test): Envoy
+/// loads it to validate the module's filters, each of which parses its config.
+fn module_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .find(|d| d.join(module::LIBRARY).exists())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| {
+            panic!(
+                "{} not found beside {}: build the proxy module first (cargo build -p istio-module)",
+                module::LIBRARY,
+                exe.display()
+            )
+        })
 }
 
 fn typed_resources<M: Message + Default>(stream: Stream, msg: &[u8]) -> Vec<M> {

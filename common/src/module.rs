@@ -33,13 +33,39 @@ pub const ABI_VERSION: &str = "v0.2.0";
 /// getters cannot reach. istiod-core writes it; the agent adds it to an istiod's clusters.
 pub mod cluster {
     pub const NAMESPACE: &str = "istio_module";
-    /// `istio.services[0]`: host, name, namespace.
-    pub const SERVICE_HOST: &str = "service_host";
-    pub const SERVICE_NAME: &str = "service_name";
-    pub const SERVICE_NAMESPACE: &str = "service_namespace";
-    /// The protocol the cluster speaks upstream: `HTTP2`, `HTTP11` (the default) or
-    /// `downstream` (as the request came), for `istio.alpn`.
+    /// `istio.services[0]` as `HOST;NAME;NAMESPACE` (one string, so the metadata encodes the
+    /// same every time).
+    pub const SERVICE: &str = "service";
+    /// The protocol the cluster speaks upstream: `HTTP2`, `HTTP11` (the default for a cluster
+    /// with this metadata) or `downstream` (as the request came), for `istio.alpn`. A cluster
+    /// without any of this metadata keeps its own ALPN.
     pub const UPSTREAM_PROTOCOL: &str = "upstream_protocol";
+
+    /// The value of [`SERVICE`].
+    pub fn service(host: &str, name: &str, namespace: &str) -> String {
+        format!("{host};{name};{namespace}")
+    }
+
+    /// The name and namespace of a service host: `NAME.NAMESPACE.svc...` names both (a
+    /// Kubernetes service); any other host is its own name, in no namespace it tells.
+    pub fn name_of(host: &str) -> (&str, &str) {
+        let mut labels = host.splitn(4, '.');
+        match (labels.next(), labels.next(), labels.next()) {
+            (Some(name), Some(ns), Some("svc")) => (name, ns),
+            _ => (host, ""),
+        }
+    }
+
+    /// [`SERVICE`]'s parts: host, name, namespace.
+    pub fn parse_service(value: &str) -> Option<(&str, &str, &str)> {
+        let mut p = value.splitn(3, ';');
+        let host = p.next().filter(|h| !h.is_empty())?;
+        Some((
+            host,
+            p.next().unwrap_or_default(),
+            p.next().unwrap_or_default(),
+        ))
+    }
 }
 
 /// The module's filters, by the `filter_name` of their Envoy config.
@@ -187,6 +213,13 @@ pub struct TcpExchange {
     pub enable_discovery: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub additional_labels: Vec<String>,
+    /// Ours: the server side's chain takes only connections that negotiated [`protocol`]
+    /// (its `filter_chain_match` says so), so it announces itself on its first bytes as Istio's
+    /// does; without it the server answers only a client that sent its frame first.
+    ///
+    /// [`protocol`]: TcpExchange::protocol
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub negotiated: bool,
 }
 
 impl TcpExchange {
@@ -196,6 +229,7 @@ impl TcpExchange {
             protocol: PEER_EXCHANGE_ALPN.to_string(),
             enable_discovery: true,
             additional_labels: Vec::new(),
+            negotiated: false,
         }
     }
 }

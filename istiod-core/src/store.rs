@@ -107,9 +107,24 @@ impl FileChanges {
 /// The watch of `watched`: a task that bumps the counter on each change and ends when no one
 /// holds the counter any more.
 fn watch_files(watched: Vec<Watched>) -> watch::Receiver<u64> {
+    watch_files_counting(watched, Arc::default())
+}
+
+/// `watch_files`, counting in `wakeups` each time the task looked at the files.
+fn watch_files_counting(
+    watched: Vec<Watched>,
+    wakeups: Arc<std::sync::atomic::AtomicU64>,
+) -> watch::Receiver<u64> {
     let (tx, rx) = watch::channel(0u64);
     let (events_tx, mut events) = tokio::sync::mpsc::channel::<()>(1);
-    let mut inotify = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
+    // Only changes count: reading the directory (our own poll below) raises open/access events
+    // on it, which would otherwise wake the loop again and again.
+    let mut inotify = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if let Ok(ev) = &ev
+            && matches!(ev.kind, notify::EventKind::Access(_))
+        {
+            return;
+        }
         let _ = events_tx.try_send(());
     })
     .ok();
@@ -128,12 +143,15 @@ fn watch_files(watched: Vec<Watched>) -> watch::Receiver<u64> {
     tokio::spawn(async move {
         let _inotify = inotify;
         let mut files = FileWatch::new(watched);
+        let mut inotify_open = true;
         loop {
             tokio::select! {
-                _ = events.recv() => {}
+                // A closed channel (no watcher) is ready at once: polling only, then.
+                ev = events.recv(), if inotify_open => inotify_open = ev.is_some(),
                 _ = tokio::time::sleep(POLL) => {}
                 _ = tx.closed() => return,
             }
+            wakeups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if let Some(now) = files.check() {
                 files.mark_seen(now);
                 tx.send_modify(|n| *n += 1);
@@ -378,6 +396,28 @@ mod tests {
             .into_iter()
             .next()
             .unwrap()
+    }
+
+    /// Looking at the directory raises inotify open/access events on it; they must not wake the
+    /// watch again (an idle config directory once kept the agent at 100% CPU). A change still
+    /// bumps the counter at once, well before the 2 s poll.
+    #[tokio::test]
+    async fn an_idle_directory_keeps_the_watch_asleep_and_a_change_wakes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), "a").unwrap();
+        let wakeups = Arc::<std::sync::atomic::AtomicU64>::default();
+        let mut rx = watch_files_counting(
+            vec![Watched::Dir(dir.path().to_path_buf())],
+            wakeups.clone(),
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let idle = wakeups.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(idle <= 2, "{idle} wakeups in 1.5 s with nothing changing");
+        std::fs::write(dir.path().join("b.yaml"), "b").unwrap();
+        tokio::time::timeout(Duration::from_millis(1500), rx.changed())
+            .await
+            .expect("a new file is seen before the poll")
+            .unwrap();
     }
 
     #[test]

@@ -633,6 +633,7 @@ fn text(b: EnvoyBuffer) -> String {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const u8 {
+    logging::connect(log);
     ABI_VERSION.as_ptr()
 }
 

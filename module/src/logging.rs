@@ -1,4 +1,8 @@
-//! Envoy's log levels (`envoy_dynamic_module_type_log_level`, spdlog's).
+//! Envoy's log levels (`envoy_dynamic_module_type_log_level`, spdlog's) and the module's log,
+//! which goes to Envoy's `dynamic_modules` logger once the ABI layer has connected it (at
+//! program init) and nowhere before or outside Envoy (unit tests, fuzzing).
+
+use std::sync::OnceLock;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
@@ -12,10 +16,15 @@ pub enum Level {
     Off = 6,
 }
 
-/// Logs through Envoy (a no-op where the module is not built for Envoy: unit tests, fuzzing).
+static SINK: OnceLock<fn(Level, &str)> = OnceLock::new();
+
+/// Where the log goes from now on (the first caller wins).
+pub fn connect(sink: fn(Level, &str)) {
+    let _ = SINK.set(sink);
+}
+
 pub fn log(level: Level, message: &str) {
-    #[cfg(all(feature = "envoy", not(test)))]
-    crate::ffi::log(level, message);
-    #[cfg(not(all(feature = "envoy", not(test))))]
-    let _ = (level, message);
+    if let Some(sink) = SINK.get() {
+        sink(level, message);
+    }
 }

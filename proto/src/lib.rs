@@ -1,6 +1,5 @@
 //! Istio's own protos that Envoy's API (the `envoy-types` crate) does not carry: the CA service
-//! (`istio.v1.auth.IstioCertificateService`), the DNS name table pushed over NDS, and the part of
-//! OpenTelemetry's OTLP logs service Envoy's OpenTelemetry access logger speaks.
+//! (`istio.v1.auth.IstioCertificateService`) and the DNS name table pushed over NDS.
 
 /// `istio.v1.auth`: the certificate signing service of istiod.
 pub mod ca {
@@ -13,12 +12,6 @@ pub mod nds {
 
     /// Type URL Envoy and the agent use for the name table.
     pub const TYPE_URL: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
-}
-
-/// `opentelemetry.proto.collector.logs.v1`: OTLP's logs service, only the fields the agent reads
-/// from Envoy's OpenTelemetry access logger (wire-compatible with OTLP).
-pub mod otlp_logs {
-    tonic::include_proto!("opentelemetry.proto.collector.logs.v1");
 }
 
 /// Envoy's v3 API as an encoded `FileDescriptorSet` (every `envoy/**/v3` message and what it

@@ -33,12 +33,18 @@ pub fn podman_ok(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// The sha256 of the debug binaries, in the order `scripts/image.sh` hashes them.
+/// The sha256 of the debug binaries and the proxy module, in the order `scripts/image.sh`
+/// hashes them.
 fn binaries_hash() -> Result<String> {
-    let files: Vec<String> = ["pilot-agent", "istio-iptables", "istiod-core"]
-        .iter()
-        .map(|b| binary(b).display().to_string())
-        .collect();
+    let files: Vec<String> = [
+        "pilot-agent",
+        "istio-iptables",
+        "istiod-core",
+        "libistio_module.so",
+    ]
+    .iter()
+    .map(|b| binary(b).display().to_string())
+    .collect();
     let out = Command::new("sh")
         .arg("-c")
         .arg("cat \"$@\" | sha256sum")

@@ -21,8 +21,15 @@ use serde_json::{Value, json};
 
 /// The fake Envoy both agents start: copies its bootstrap (`-c PATH`, its 2nd argument) and argv
 /// into `$OUT` and exits 0, which ends either agent.
-const FAKE_ENVOY: &str =
-    "#!/bin/sh\ncp \"$2\" \"$OUT/envoy-rev.json\"\nprintf '%s\\n' \"$@\" > \"$OUT/argv\"\n";
+/// Writes the bootstrap and argv it is given where the test reads them; `--version` is the real
+/// Envoy's (our agent starts only the Envoy build its proxy module was made for).
+fn fake_envoy() -> String {
+    format!(
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then exec '{}' --version; fi\n\
+         cp \"$2\" \"$OUT/envoy-rev.json\"\nprintf '%s\\n' \"$@\" > \"$OUT/argv\"\n",
+        harness::envoy_path()
+    )
+}
 
 struct Case {
     name: &'static str,
@@ -168,6 +175,44 @@ struct Known {
     why: &'static str,
 }
 
+/// The 15090 listener's HTTP filters as Istio's template writes them (three compressors, then
+/// the router), with ours: the proxy module's `istio.stats_flush` first.
+fn stats_listener_filters(ours: bool) -> Value {
+    let compressor = |name: &str, lib: &str, ty: &str| {
+        json!({
+            "name": format!("envoy.filters.http.compressor.{name}"),
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor",
+                "compressor_library": {
+                    "name": lib,
+                    "typed_config": {"@type": format!("type.googleapis.com/envoy.extensions.compression.{name}.compressor.v3.{ty}")}
+                },
+                "response_direction_config": {"common_config": {"content_type": [
+                    "text/plain", "application/vnd.google.protobuf",
+                    "application/openmetrics-text", "application/openmetrics-protobuf"
+                ]}}
+            }
+        })
+    };
+    let mut filters = vec![
+        compressor("brotli", "stats_brotli", "Brotli"),
+        compressor("zstd", "stats_zstd", "Zstd"),
+        compressor("gzip", "stats_gzip", "Gzip"),
+        json!({"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}),
+    ];
+    if ours {
+        filters.insert(
+            0,
+            json!({"name": "istio.stats_flush", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+                "dynamic_module_config": {"do_not_close": true, "metrics_namespace": "istiocustom", "name": "istio_module"},
+                "filter_name": "istio.stats_flush"
+            }}),
+        );
+    }
+    Value::Array(filters)
+}
+
 fn known() -> Vec<Known> {
     let k = |path, istio, ours, why| Known {
         path,
@@ -176,6 +221,18 @@ fn known() -> Vec<Known> {
         why,
     };
     vec![
+        k(
+            "/layered_runtime/layers/0/static_layer/envoy.reloadable_features.dynamic_modules_strip_custom_stat_prefix",
+            Value::Null,
+            json!(true),
+            "the proxy module's metrics keep Istio's names (istio_requests_total, not envoy_dynamicmodulescustom_...); Istio's Envoy build has its stats filter built in",
+        ),
+        k(
+            "/static_resources/listeners/0.0.0.0_15090/filter_chains/0/filters/0/typed_config/http_filters",
+            stats_listener_filters(false),
+            stats_listener_filters(true),
+            "the proxy module's istio.stats_flush moves the TCP metrics into labelled counters before a scrape is answered (network filters cannot label metrics in Envoy 1.40)",
+        ),
         k(
             "/node/metadata/ISTIO_VERSION",
             json!("1.31-eed52ebb66ad"),
@@ -187,12 +244,6 @@ fn known() -> Vec<Known> {
             json!("10.233.0.1,fd00:233::1"),
             json!("10.233.0.1"),
             "Istio's agent adds every address of the pod's interfaces to INSTANCE_IP (so `{pod_ip}` in a stats pattern expands to each); ours takes INSTANCE_IP (comma-separated) only",
-        ),
-        k(
-            "/static_resources/clusters/agent-telemetry",
-            Value::Null,
-            json!("present"),
-            "where Envoy's access loggers send Istio's standard metrics' records (upstream Envoy has no istio.stats filter)",
         ),
         k(
             "argv/--parent-shutdown-time-s",
@@ -371,7 +422,7 @@ fn our_bootstrap_matches_istios_but_for_the_known_differences() -> Result<()> {
     let mut net = Network::new()?;
     let i = net.add_pod("oracle", 1)?;
     let fake = net.dir().join("fake-envoy");
-    harness::write_readable(&fake, FAKE_ENVOY)?;
+    harness::write_readable(&fake, fake_envoy())?;
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
 
     let known = known();

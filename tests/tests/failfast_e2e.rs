@@ -60,7 +60,12 @@ fn run_agent(name: &str, proxy_config: serde_json::Value, env: &[(&str, &str)]) 
     let fake = dir.join("fake-envoy");
     std::fs::write(
         &fake,
-        format!("#!/bin/sh\ntouch '{}'\nexit 3\n", mark.display()),
+        // `--version` is the real Envoy's: the agent checks the build before it starts Envoy.
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = --version ]; then exec '{}' --version; fi\ntouch '{}'\nexit 3\n",
+            harness::envoy_path(),
+            mark.display()
+        ),
     )
     .unwrap();
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -29,12 +29,16 @@ const BACKEND_PORT: u16 = 8080;
 /// Listeners of the authz dump that need Istio's HBONE filters: removed by the agent.
 const HBONE_LISTENERS: [&str; 3] = ["connect_originate", "connect_terminate", "main_internal"];
 
-/// The Istio-only extension types of the authz dump, as the agent names them.
-const REMOVED_TYPES: [&str; 8] = [
+/// The Istio extension types of the authz dump the proxy module runs, as the agent names them.
+const MAPPED_TYPES: [&str; 4] = [
     "stats.PluginConfig",
     "istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig",
     "envoy.tcp.metadataexchange.config.MetadataExchange",
     "null-vm:envoy.wasm.metadata_exchange",
+];
+
+/// The Istio-only extension types of the authz dump the agent removes, as it names them.
+const REMOVED_TYPES: [&str; 4] = [
     "io.istio.network.authn.Config",
     "istio.set_internal_dst_address.v1.Config",
     "io.istio.http.connect_authority.Config",
@@ -245,9 +249,10 @@ fn assert_all_accepted(net: &Network) {
 /// The authz dump (Istio 1.18 with HBONE on: every outbound and inbound listener with
 /// `istio.stats`, `istio.metadata_exchange` as null-VM Wasm and network filter, `istio.alpn`,
 /// ALPN `istio-peer-exchange`, `istio_authn` feeding RBAC principals, three HBONE listeners)
-/// over Delta xDS: all accepted (the HBONE listeners removed by the agent, every other one
-/// active), the removals counted by type, the RBAC principals rewritten, and a connection to a
-/// recorded VIP reaches the backend through the recorded listener.
+/// over Delta xDS: all accepted (Istio's filters run by the proxy module, the HBONE listeners
+/// removed by the agent, every other one active), the mappings and removals counted by type, the
+/// RBAC principals rewritten, and a connection to a recorded VIP reaches the backend through the
+/// recorded listener and shows in the module's TCP metrics.
 #[test]
 fn authz_dump_is_accepted_and_routes_traffic() {
     if !require_root("authz_dump_is_accepted_and_routes_traffic")
@@ -321,6 +326,18 @@ fn replay_authz_dump(agent_env: &[(&str, &str)]) {
         .http_get(0, "http://127.0.0.1:15020/debug/xds_adapt")
         .unwrap();
     let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    // Each of Istio's filters the dump holds was handed to the module.
+    for kind in MAPPED_TYPES {
+        assert!(
+            occurrences.get(kind).copied().unwrap_or(0) > 0,
+            "{kind} not in the dump"
+        );
+        let mapped: u64 = report["mapped"][kind]
+            .as_object()
+            .map(|by_name| by_name.values().filter_map(|s| s["count"].as_u64()).sum())
+            .unwrap_or(0);
+        assert!(mapped >= 1, "{kind} not mapped: {report}");
+    }
     assert!(
         report["principals_rewritten"]["resources"]
             .as_array()
@@ -348,12 +365,8 @@ fn replay_authz_dump(agent_env: &[(&str, &str)]) {
         net.logs()
     );
 
-    // The listener's `istio.stats` was replaced by the agent's access logger: the connection
-    // shows in Istio's standard TCP metrics, reported by this (the client's) sidecar.
-    assert!(
-        report["metrics_added"]["count"].as_u64() >= Some(1),
-        "{report}"
-    );
+    // The listener's `istio.stats` runs in the proxy module: the connection shows in Istio's
+    // standard TCP metrics, reported by this (the client's) sidecar.
     let mut exposition = String::new();
     let counted = wait_until(Duration::from_secs(20), || {
         exposition = pod
@@ -392,7 +405,8 @@ fn describe_dump_is_accepted_over_state_of_the_world() {
     let net = replay(&[DESCRIBE_DUMP], &[], &[("ISTIO_DELTA_XDS", "false")]);
     assert_all_accepted(&net);
     let pod = &net.pods[0];
-    // The recorded cluster is active in Envoy, without its cluster filter and peer-exchange ALPN.
+    // The recorded cluster is active in Envoy, without its cluster filter (the module runs the
+    // exchange's client side on the listener) and with its peer-exchange ALPN.
     let (_, clusters) = pod
         .http_get(
             0,
@@ -404,7 +418,7 @@ fn describe_dump_is_accepted_over_state_of_the_world() {
         "{clusters}"
     );
     assert!(!clusters.contains("istio.metadata_exchange"), "{clusters}");
-    assert!(!clusters.contains("istio-peer-exchange"), "{clusters}");
+    assert!(clusters.contains("istio-peer-exchange"), "{clusters}");
     let removed = agent_metric(
         pod,
         "istio_agent_xds_adapt_removed_total{type=\"envoy.tcp.metadataexchange.config.MetadataExchange\"}",

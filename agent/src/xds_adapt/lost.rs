@@ -1,281 +1,173 @@
-//! What a removed Istio-only filter was set to do beyond what istiod writes for it: an EnvoyFilter
-//! patch on the filter (a MERGE into `istio.stats`, `istio.alpn`, a metadata exchange), or an
-//! Istio-only filter an EnvoyFilter adds. Upstream Envoy cannot run the filter, so the agent
-//! removes it, and these settings are lost with it; the agent reports them by name rather than
-//! drop them silently.
+//! What an Istio filter is set to do that the proxy module does not, once the filter is mapped
+//! onto it or removed: settings beyond what istiod writes (an EnvoyFilter patch on the filter,
+//! or an Istio filter an EnvoyFilter adds), and what goes with a filter the module has nothing
+//! for. The agent reports them by name (`/debug/xds_adapt` `settings_lost`, a warning) rather
+//! than drop them silently.
 //!
 //! istiod's own configs (release-1.31, as recorded in `tests/fixtures/istiod-1.31`) report
-//! nothing, and neither does what the agent carries over: `istio.stats`' `metrics` and
-//! `tcp_reporting_duration` (in the message form istiod writes) shape the agent's metrics.
+//! nothing: the module reads every setting of them. `workload_discovery`, which istiod writes
+//! in every HTTP exchange, finds nothing in the module, as in Istio's own sidecars (whose node
+//! turns metadata discovery off), so it is not reported.
 
-use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
-use prost::Message;
+use mesh_common::module::{MetricConfig, PEER_EXCHANGE_ALPN, PeerMetadata, TagValue, TcpExchange};
 
-use super::{
-    ALPN_OVERRIDE, ISTIO_STATS, PEER_METADATA, TCP_METADATA_EXCHANGE, TYPED_STRUCTS, type_name,
-    wire,
-};
+use super::{NULL_VM_METADATA_EXCHANGE, NULL_VM_STATS, PEER_AUTHN, Place};
 
-/// The settings of `any` (a removed filter's typed config, whose extension type is `t`) that
-/// are lost with it: field names, or `config` when the whole differs from istiod's.
-pub fn settings(t: &str, any: &[u8]) -> Vec<String> {
-    read(t, any).unwrap_or_else(|| vec!["config (not readable)".to_string()])
-}
-
-fn read(t: &str, any: &[u8]) -> Option<Vec<String>> {
-    let outer = type_name(wire::string_field(any, 1).ok()?);
-    let value = wire::len_field(any, 2).ok()?.unwrap_or_default();
-    if TYPED_STRUCTS.contains(&outer) {
-        let fields = wire::len_field(value, 2).ok()?.unwrap_or_default();
-        let config = json(&Struct::decode(fields).ok()?);
-        return Some(struct_settings(t, &config));
-    }
-    Some(match t {
-        ISTIO_STATS => stats_fields(value)?,
-        ALPN_OVERRIDE => {
-            if alpn_overrides(value)? == istiod_alpn() {
-                Vec::new()
-            } else {
-                vec!["alpn_override".to_string()]
-            }
-        }
-        // istiod writes these as TypedStructs; the message form is not compared.
-        _ => Vec::new(),
-    })
-}
-
-/// `stats.PluginConfig` (istio/proxy `istio_stats/config.proto`): 6 `disable_host_header_fallback`
-/// (istiod sets it per direction), 7 and 8 carried over; the rest lost.
-fn stats_fields(config: &[u8]) -> Option<Vec<String>> {
+/// The peer metadata exchange's discovery and propagation methods the module does not run
+/// (`baggage` and `upstream_filter_state` serve Istio's waypoints), and `shared_with_upstream`.
+pub fn peer_metadata(c: &PeerMetadata) -> Vec<String> {
     let mut lost = Vec::new();
-    for field in wire::fields(config) {
-        let name = match field.ok()?.number {
-            6..=8 => continue,
-            9 => "definitions".to_string(),
-            10 => "reporter".to_string(),
-            11 => "rescoping_duration".to_string(),
-            12 => "scope_grace_period_duration".to_string(),
-            n => format!("field {n}"),
-        };
-        if !lost.contains(&name) {
-            lost.push(name);
-        }
-    }
-    Some(lost)
-}
-
-/// The settings of a TypedStruct-wrapped config that istiod's differ from.
-fn struct_settings(t: &str, config: &serde_json::Value) -> Vec<String> {
-    let keys = |keep: &dyn Fn(&str, &serde_json::Value) -> bool| -> Vec<String> {
-        config
-            .as_object()
-            .map(|o| {
-                o.iter()
-                    .filter(|(k, v)| !keep(k, v))
-                    .map(|(k, _)| k.clone())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    match t {
-        // The agent reads the message form only: in a TypedStruct, every setting is lost.
-        ISTIO_STATS => keys(&|k, _| k == "disable_host_header_fallback"),
-        TCP_METADATA_EXCHANGE => keys(&|k, v| match k {
-            "protocol" => v == "istio-peer-exchange",
-            "enable_discovery" => true,
-            _ => false,
-        }),
-        PEER_METADATA => {
-            let istio = |dir: &str| {
-                serde_json::json!({
-                    format!("{dir}_discovery"): [{"istio_headers": {}}, {"workload_discovery": {}}],
-                    format!("{dir}_propagation"): [{"istio_headers": {}}],
-                })
-            };
-            if *config == istio("downstream") || *config == istio("upstream") {
-                Vec::new()
-            } else {
-                vec!["config".to_string()]
+    for (dir, methods) in [
+        ("downstream", &c.downstream_discovery),
+        ("upstream", &c.upstream_discovery),
+    ] {
+        for m in methods {
+            if m.baggage.is_some() {
+                lost.push(format!("{dir}_discovery baggage"));
+            }
+            if m.upstream_filter_state.is_some() {
+                lost.push(format!("{dir}_discovery upstream_filter_state"));
             }
         }
-        ALPN_OVERRIDE => {
-            let default: Vec<serde_json::Value> = istiod_alpn()
-                .into_iter()
-                .map(|(protocol, alpn)| {
-                    let mut o = serde_json::json!({ "alpn_override": alpn });
-                    if protocol != 0 {
-                        o["upstream_protocol"] = ["HTTP10", "HTTP11", "HTTP2"]
-                            .get(usize::try_from(protocol).unwrap_or(0))
-                            .copied()
-                            .unwrap_or_default()
-                            .into();
-                    }
-                    o
-                })
-                .collect();
-            if config.get("alpn_override") == Some(&serde_json::Value::Array(default)) {
-                Vec::new()
-            } else {
-                vec!["alpn_override".to_string()]
+    }
+    for (dir, methods) in [
+        ("downstream", &c.downstream_propagation),
+        ("upstream", &c.upstream_propagation),
+    ] {
+        if methods.iter().any(|m| m.baggage.is_some()) {
+            lost.push(format!("{dir}_propagation baggage"));
+        }
+    }
+    if c.shared_with_upstream {
+        lost.push("shared_with_upstream".to_string());
+    }
+    lost.dedup();
+    lost
+}
+
+/// The TCP exchange's `protocol`: Istio's exchanges only over a connection that negotiated that
+/// ALPN; the module exchanges with any mesh peer (a SPIFFE certificate), as over
+/// `istio-peer-exchange`.
+pub fn tcp_exchange(c: &TcpExchange) -> Vec<String> {
+    if c.protocol.is_empty() || c.protocol == PEER_EXCHANGE_ALPN {
+        Vec::new()
+    } else {
+        vec![format!("protocol {:?}", c.protocol)]
+    }
+}
+
+/// Tags whose CEL value the module cannot compute: it reports them `unknown`.
+pub fn stats_dimensions(metrics: &[MetricConfig]) -> Vec<String> {
+    let mut lost = Vec::new();
+    for m in metrics {
+        for (tag, expr) in &m.dimensions {
+            if TagValue::parse(expr).is_err() {
+                let which = if m.name.is_empty() {
+                    "every metric"
+                } else {
+                    m.name.as_str()
+                };
+                lost.push(format!(
+                    "dimensions.{tag} of {which} (the module cannot compute {expr}: reported unknown)"
+                ));
             }
         }
-        _ => Vec::new(),
     }
+    lost
 }
 
-/// istiod's `istio.alpn` overrides: (upstream protocol, ALPN list).
-fn istiod_alpn() -> Vec<(u64, Vec<String>)> {
-    let v = |p: u64, l: [&str; 3]| (p, l.iter().map(|s| s.to_string()).collect());
-    vec![
-        v(0, ["istio-http/1.0", "istio", "http/1.0"]),
-        v(1, ["istio-http/1.1", "istio", "http/1.1"]),
-        v(2, ["istio-h2", "istio", "h2"]),
-    ]
-}
-
-/// `FilterConfig.alpn_override` (1): `AlpnOverride { upstream_protocol 1, alpn_override 2 }`.
-fn alpn_overrides(config: &[u8]) -> Option<Vec<(u64, Vec<String>)>> {
-    let mut out = Vec::new();
-    for o in wire::repeated(config, 1).ok()? {
-        let mut protocol = 0;
-        let mut alpn = Vec::new();
-        for f in wire::fields(o) {
-            let f = f.ok()?;
-            match f.number {
-                1 => protocol = f.varint()?,
-                2 => alpn.push(String::from_utf8_lossy(f.value).to_string()),
-                _ => {}
-            }
+/// What goes with an Istio filter of type `t` at `place` that is removed, not mapped.
+pub fn removed(t: &str, place: Place) -> Vec<String> {
+    match (t, place) {
+        // Its principals are rewritten to what upstream Envoy matches.
+        (PEER_AUTHN, _) => Vec::new(),
+        (NULL_VM_STATS, _) => vec![
+            "standard metrics (the null-VM Wasm plugin of old istiods is not mapped)".to_string(),
+        ],
+        (NULL_VM_METADATA_EXCHANGE, _) => vec![
+            "metadata exchange (the null-VM Wasm plugin is mapped only as an HTTP filter)"
+                .to_string(),
+        ],
+        // The exchange's cluster filter: its client side runs on the outbound listeners
+        // instead (what it loses there is `cluster_exchange`'s).
+        (_, Place::Cluster) => Vec::new(),
+        (_, Place::Ecds) => {
+            vec!["the filter (delivered by extension config discovery: not mapped)".to_string()]
         }
-        out.push((protocol, alpn));
+        _ => vec!["the filter (the proxy module has none for it here)".to_string()],
     }
-    Some(out)
 }
 
-fn json(s: &Struct) -> serde_json::Value {
-    serde_json::Value::Object(
-        s.fields
-            .iter()
-            .map(|(k, v)| (k.clone(), value(v)))
-            .collect(),
-    )
-}
-
-fn value(v: &Value) -> serde_json::Value {
-    match &v.kind {
-        None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
-        Some(Kind::NumberValue(n)) => serde_json::json!(n),
-        Some(Kind::StringValue(s)) => s.clone().into(),
-        Some(Kind::BoolValue(b)) => (*b).into(),
-        Some(Kind::StructValue(s)) => json(s),
-        Some(Kind::ListValue(l)) => l.values.iter().map(value).collect(),
+/// A cluster's exchange goes; the outbound listeners' client side runs istiod's config
+/// (`TcpExchange::istio()`) in its place, so what differs from it is lost.
+pub fn cluster_exchange(c: &TcpExchange) -> Vec<String> {
+    let mut lost = tcp_exchange(c);
+    if !c.additional_labels.is_empty() {
+        lost.push(format!("additional_labels {:?}", c.additional_labels));
     }
+    lost
 }
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
-    use envoy_types::pb::google::protobuf::Any;
-
-    fn typed_struct(inner: &str, config: serde_json::Value) -> Vec<u8> {
-        fn to_value(v: &serde_json::Value) -> Value {
-            let kind = match v {
-                serde_json::Value::Null => Kind::NullValue(0),
-                serde_json::Value::Bool(b) => Kind::BoolValue(*b),
-                serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap()),
-                serde_json::Value::String(s) => Kind::StringValue(s.clone()),
-                serde_json::Value::Array(a) => {
-                    Kind::ListValue(envoy_types::pb::google::protobuf::ListValue {
-                        values: a.iter().map(to_value).collect(),
-                    })
-                }
-                serde_json::Value::Object(o) => Kind::StructValue(Struct {
-                    fields: o.iter().map(|(k, v)| (k.clone(), to_value(v))).collect(),
-                }),
-            };
-            Value { kind: Some(kind) }
-        }
-        let Some(Kind::StructValue(s)) = to_value(&config).kind else {
-            unreachable!()
-        };
-        let ts = super::super::TypedStruct {
-            type_url: format!("type.googleapis.com/{inner}"),
-            value: Some(s),
-        };
-        Any {
-            type_url: "type.googleapis.com/udpa.type.v1.TypedStruct".into(),
-            value: ts.encode_to_vec(),
-        }
-        .encode_to_vec()
-    }
+    use mesh_common::module::{Discovery, Empty, Propagation};
 
     #[test]
     fn istiods_own_configs_lose_nothing() {
-        for dir in ["downstream", "upstream"] {
-            let c = typed_struct(
-                PEER_METADATA,
-                serde_json::json!({
-                    format!("{dir}_discovery"): [{"istio_headers": {}}, {"workload_discovery": {}}],
-                    format!("{dir}_propagation"): [{"istio_headers": {}}],
-                }),
-            );
-            assert!(settings(PEER_METADATA, &c).is_empty());
-        }
-        let mx = typed_struct(
-            TCP_METADATA_EXCHANGE,
-            serde_json::json!({"enable_discovery": true, "protocol": "istio-peer-exchange"}),
-        );
-        assert!(settings(TCP_METADATA_EXCHANGE, &mx).is_empty());
-        let alpn = typed_struct(
-            ALPN_OVERRIDE,
-            serde_json::json!({"alpn_override": [
-                {"alpn_override": ["istio-http/1.0", "istio", "http/1.0"]},
-                {"alpn_override": ["istio-http/1.1", "istio", "http/1.1"], "upstream_protocol": "HTTP11"},
-                {"alpn_override": ["istio-h2", "istio", "h2"], "upstream_protocol": "HTTP2"}]}),
-        );
-        assert!(settings(ALPN_OVERRIDE, &alpn).is_empty());
-        // stats.PluginConfig as istiod writes it: disable_host_header_fallback (6), metrics (8).
-        let mut stats = Vec::new();
-        stats.extend_from_slice(&[6 << 3, 1]);
-        wire::put_len(&mut stats, 8, b"");
-        let any = Any {
-            type_url: "type.googleapis.com/stats.PluginConfig".into(),
-            value: stats,
+        assert!(peer_metadata(&PeerMetadata::client()).is_empty());
+        assert!(peer_metadata(&PeerMetadata::server()).is_empty());
+        assert!(tcp_exchange(&TcpExchange::istio()).is_empty());
+        assert!(cluster_exchange(&TcpExchange::istio()).is_empty());
+        assert!(removed(super::super::TCP_METADATA_EXCHANGE, Place::Cluster).is_empty());
+        assert!(removed(PEER_AUTHN, Place::Network).is_empty());
+        let istio = MetricConfig {
+            dimensions: [
+                ("request_host".to_string(), "request.host".to_string()),
+                ("user".to_string(), "request.headers['x-user']".to_string()),
+            ]
+            .into(),
+            ..MetricConfig::default()
         };
-        assert!(settings(ISTIO_STATS, &any.encode_to_vec()).is_empty());
+        assert!(stats_dimensions(&[istio]).is_empty());
     }
 
     #[test]
-    fn a_patched_config_names_what_is_lost() {
-        let mx = typed_struct(
-            TCP_METADATA_EXCHANGE,
-            serde_json::json!({"protocol": "istio-peer-exchange", "additional_labels": ["x"]}),
-        );
-        assert_eq!(settings(TCP_METADATA_EXCHANGE, &mx), ["additional_labels"]);
-        let peer = typed_struct(
-            PEER_METADATA,
-            serde_json::json!({"downstream_discovery": [{"istio_headers": {}}], "shared_with_upstream": true}),
-        );
-        assert_eq!(settings(PEER_METADATA, &peer), ["config"]);
-        let alpn = typed_struct(
-            ALPN_OVERRIDE,
-            serde_json::json!({"alpn_override": [{"alpn_override": ["h2"], "upstream_protocol": "HTTP2"}]}),
-        );
-        assert_eq!(settings(ALPN_OVERRIDE, &alpn), ["alpn_override"]);
-        // stats: custom metric definitions (9) and a reporter (10) are lost.
-        let mut stats = Vec::new();
-        wire::put_len(&mut stats, 9, b"\x0a\x01x");
-        stats.extend_from_slice(&[10 << 3, 1]);
-        let any = Any {
-            type_url: "type.googleapis.com/stats.PluginConfig".into(),
-            value: stats,
+    fn what_the_module_does_not_do_is_named() {
+        let waypoint = PeerMetadata {
+            downstream_discovery: vec![
+                Discovery {
+                    baggage: Some(Empty {}),
+                    ..Discovery::default()
+                },
+                Discovery::workload(),
+            ],
+            downstream_propagation: vec![Propagation {
+                baggage: Some(Empty {}),
+                ..Propagation::default()
+            }],
+            shared_with_upstream: true,
+            ..PeerMetadata::default()
         };
         assert_eq!(
-            settings(ISTIO_STATS, &any.encode_to_vec()),
-            ["definitions", "reporter"]
+            peer_metadata(&waypoint),
+            [
+                "downstream_discovery baggage",
+                "downstream_propagation baggage",
+                "shared_with_upstream"
+            ]
         );
-        let ts = typed_struct(ISTIO_STATS, serde_json::json!({"metrics": []}));
-        assert_eq!(settings(ISTIO_STATS, &ts), ["metrics"]);
+        let labelled = TcpExchange {
+            protocol: "custom".into(),
+            additional_labels: vec!["team".into()],
+            ..TcpExchange::default()
+        };
+        assert_eq!(
+            cluster_exchange(&labelled),
+            ["protocol \"custom\"", "additional_labels [\"team\"]"]
+        );
+        assert_eq!(removed(NULL_VM_STATS, Place::Http).len(), 1);
+        assert!(removed(super::super::ISTIO_STATS, Place::Ecds)[0].contains("discovery"));
+        assert!(removed(super::super::ALPN_OVERRIDE, Place::Network)[0].contains("none for it"));
     }
 }

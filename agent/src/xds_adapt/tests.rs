@@ -1,22 +1,27 @@
+use super::map::tests::typed_struct as typed_struct_of;
 use super::*;
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster, Filter as ClusterFilter, cluster::TransportSocketMatch,
 };
 use envoy_types::pb::envoy::config::core::v3::{
-    ExtensionConfigSource, TransportSocket, TypedExtensionConfig, transport_socket,
+    ExtensionConfigSource, Metadata, TransportSocket, TypedExtensionConfig, transport_socket,
 };
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::extensions::filters::http::dynamic_modules::v3::DynamicModuleFilter;
+use envoy_types::pb::envoy::extensions::filters::network::dynamic_modules::v3::DynamicModuleNetworkFilter;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, http_filter,
 };
-use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CommonTlsContext, DownstreamTlsContext, UpstreamTlsContext,
 };
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
 };
-use envoy_types::pb::google::protobuf::{Any, Struct};
+use envoy_types::pb::google::protobuf::{Any, ListValue, StringValue, Struct, Value, value};
+use mesh_common::module::filter as module_filter;
+use mesh_common::module::{Alpn, AlpnOverride, PEER_EXCHANGE_ALPN, PeerMetadata, Stats};
+use mesh_common::telemetry::module_filters::{HTTP_TYPE, http_config, network_config};
 
 fn any(type_name: &str, value: Vec<u8>) -> Any {
     Any {
@@ -36,6 +41,20 @@ fn typed_struct(outer: &str, inner: &str) -> Any {
     )
 }
 
+/// A TypedStruct's Struct as the module is given it: a `google.protobuf.Struct` Any.
+fn struct_of(typed: &Any) -> Any {
+    let ts = TypedStruct::decode(typed.value.as_slice()).unwrap();
+    any(
+        "google.protobuf.Struct",
+        ts.value.unwrap_or_default().encode_to_vec(),
+    )
+}
+
+/// A TypedStruct of `inner` holding `config`, as an Any.
+fn typed_json(inner: &str, config: serde_json::Value) -> Any {
+    Any::decode(typed_struct_of(inner, config).as_slice()).unwrap()
+}
+
 fn http_filter(name: &str, config: Any) -> HttpFilter {
     HttpFilter {
         name: name.into(),
@@ -53,7 +72,6 @@ fn network_filter(name: &str, config: Any) -> Filter {
 
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
-const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
 
 fn hcm(filters: Vec<HttpFilter>) -> Filter {
     network_filter(
@@ -70,12 +88,16 @@ fn hcm(filters: Vec<HttpFilter>) -> Filter {
     )
 }
 
+fn tcp_proxy() -> Filter {
+    network_filter("envoy.filters.network.tcp_proxy", any(TCP_PROXY, vec![]))
+}
+
 fn tls_socket(kind: &str, alpn: &[&str]) -> TransportSocket {
     let common = Some(CommonTlsContext {
         alpn_protocols: alpn.iter().map(|s| s.to_string()).collect(),
         ..Default::default()
     });
-    let value = if kind == DOWNSTREAM_TLS {
+    let value = if kind.ends_with("DownstreamTlsContext") {
         DownstreamTlsContext {
             common_tls_context: common,
             ..Default::default()
@@ -95,7 +117,23 @@ fn tls_socket(kind: &str, alpn: &[&str]) -> TransportSocket {
     }
 }
 
-/// A sidecar inbound listener as istiod 1.24–1.28 writes it (prometheus telemetry on).
+const DOWNSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
+const UPSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+
+/// The module's JSON config of `config`, as a StringValue.
+fn json(config: &impl serde::Serialize) -> Any {
+    json_config(config)
+}
+
+fn stats_for(side: &str) -> Any {
+    json(&Stats {
+        side: Some(side.into()),
+        ..Stats::default()
+    })
+}
+
+/// A sidecar inbound listener as istiod 1.24+ writes it (prometheus telemetry on), with an
+/// `istio.alpn` of one empty override (EnvoyFilter-shaped) and a TypedStruct-wrapped stats.
 fn istio_inbound_listener() -> Listener {
     let http_chain = FilterChain {
         name: "0.0.0.0_8080".into(),
@@ -123,7 +161,7 @@ fn istio_inbound_listener() -> Listener {
                 typed_struct("udpa.type.v1.TypedStruct", TCP_METADATA_EXCHANGE),
             ),
             network_filter("istio.stats", any(ISTIO_STATS, vec![])),
-            network_filter("envoy.filters.network.tcp_proxy", any(TCP_PROXY, vec![])),
+            tcp_proxy(),
         ],
         ..Default::default()
     };
@@ -136,7 +174,7 @@ fn istio_inbound_listener() -> Listener {
                     "istio.stats",
                     typed_struct("xds.type.v3.TypedStruct", ISTIO_STATS),
                 ),
-                network_filter("envoy.filters.network.tcp_proxy", any(TCP_PROXY, vec![])),
+                tcp_proxy(),
             ],
             ..Default::default()
         }),
@@ -144,61 +182,96 @@ fn istio_inbound_listener() -> Listener {
     }
 }
 
-/// A connection manager with these filters and the agent's inbound access logger and peer
-/// exchange before its router (what an HCM whose `istio.stats` was removed becomes).
-fn logged_hcm(mut filters: Vec<HttpFilter>) -> Filter {
-    let at = filters.len() - 1;
-    for (i, f) in peer::filters(false).into_iter().enumerate() {
-        filters.insert(at + i, f);
-    }
-    let mut f = hcm(filters);
-    if let Some(filter::ConfigType::TypedConfig(a)) = &mut f.config_type {
-        let mut m = HttpConnectionManager::decode(a.value.as_slice()).unwrap();
-        m.access_log.push(http_access_log(
-            Reporter::Destination,
-            &MetricsPlan::default(),
-        ));
-        a.value = m.encode_to_vec();
-    }
-    f
-}
-
-/// The same listener as Envoy should get it: where `istio.stats` was, the agent's access
-/// logger reporting as `destination` (the listener is Istio's inbound one).
+/// The same listener as Envoy should get it: each Istio filter the module's, same name, same
+/// place, reporting as `destination` (the listener is Istio's inbound one); TLS as it was.
 fn adapted_inbound_listener() -> Listener {
     let mut l = istio_inbound_listener();
-    l.filter_chains[0].filters = vec![logged_hcm(vec![
+    l.filter_chains[0].filters = vec![hcm(vec![
+        http_filter(
+            "istio.metadata_exchange",
+            http_config(
+                module_filter::METADATA_EXCHANGE,
+                struct_of(&typed_struct("udpa.type.v1.TypedStruct", PEER_METADATA)),
+            ),
+        ),
         http_filter("envoy.filters.http.rbac", any(RBAC, vec![])),
+        http_filter(
+            "istio.alpn",
+            http_config(
+                module_filter::ALPN,
+                json(&Alpn {
+                    alpn_override: vec![AlpnOverride::default()],
+                }),
+            ),
+        ),
+        http_filter(
+            "istio.stats",
+            http_config(module_filter::STATS, stats_for("destination")),
+        ),
         http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
     ])];
-    l.filter_chains[0].transport_socket = Some(tls_socket(DOWNSTREAM_TLS, &["h2", "http/1.1"]));
-    l.filter_chains[1].filters.drain(..2);
-    if let Some(d) = &mut l.default_filter_chain {
-        d.filters.remove(0);
-    }
-    let logged_tcp = any(
-        TCP_PROXY,
-        TcpProxy {
-            access_log: vec![tcp_access_log(
-                Reporter::Destination,
-                &MetricsPlan::default(),
-            )],
-            access_log_options: Some(tcp_access_log_options(&MetricsPlan::default())),
-            ..Default::default()
-        }
-        .encode_to_vec(),
+    l.filter_chains[1].filters[0] = network_filter(
+        "istio.metadata_exchange",
+        network_config(
+            module_filter::METADATA_EXCHANGE,
+            struct_of(&typed_struct(
+                "udpa.type.v1.TypedStruct",
+                TCP_METADATA_EXCHANGE,
+            )),
+        ),
     );
-    l.filter_chains[1].filters[0] =
-        network_filter("envoy.filters.network.tcp_proxy", logged_tcp.clone());
+    let stats = network_filter(
+        "istio.stats",
+        network_config(module_filter::STATS, stats_for("destination")),
+    );
+    l.filter_chains[1].filters[1] = stats.clone();
     if let Some(d) = &mut l.default_filter_chain {
-        d.filters[0] = network_filter("envoy.filters.network.tcp_proxy", logged_tcp);
+        d.filters[0] = stats;
     }
     l
+}
+
+/// istiod's `istio` cluster metadata naming `host` (name and namespace its labels).
+fn istio_services(host: &str) -> Metadata {
+    let s = |v: &str| Value {
+        kind: Some(value::Kind::StringValue(v.into())),
+    };
+    let mut labels = host.split('.');
+    let (name, ns) = (labels.next().unwrap(), labels.next().unwrap());
+    let service = Value {
+        kind: Some(value::Kind::StructValue(Struct {
+            fields: [
+                ("host".to_string(), s(host)),
+                ("name".to_string(), s(name)),
+                ("namespace".to_string(), s(ns)),
+            ]
+            .into(),
+        })),
+    };
+    Metadata {
+        filter_metadata: [(
+            "istio".to_string(),
+            Struct {
+                fields: [(
+                    "services".to_string(),
+                    Value {
+                        kind: Some(value::Kind::ListValue(ListValue {
+                            values: vec![service],
+                        })),
+                    },
+                )]
+                .into(),
+            },
+        )]
+        .into(),
+        ..Default::default()
+    }
 }
 
 fn istio_cluster() -> Cluster {
     Cluster {
         name: "outbound|8080||a.ns.svc.cluster.local".into(),
+        metadata: Some(istio_services("a.ns.svc.cluster.local")),
         filters: vec![ClusterFilter {
             name: "istio.metadata_exchange".into(),
             typed_config: Some(typed_struct(
@@ -275,15 +348,35 @@ fn changed(out: Adapted) -> (Bytes, Findings) {
     }
 }
 
+fn refused(out: Adapted) -> (String, Findings) {
+    match out {
+        Adapted::Refused(why, f) => (why, f),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn sotw_listeners(bytes: Bytes) -> Vec<Listener> {
+    DiscoveryResponse::decode(bytes)
+        .unwrap()
+        .resources
+        .iter()
+        .map(|a| Listener::decode(a.value.as_slice()).unwrap())
+        .collect()
+}
+
+fn pairs(found: &[Finding]) -> Vec<(&str, &str)> {
+    found
+        .iter()
+        .map(|f| (f.filter.as_str(), f.type_name.as_str()))
+        .collect()
+}
+
 #[test]
-fn sotw_listeners_lose_the_istio_only_filters_and_alpn() {
+fn sotw_listeners_get_istios_filters_from_the_module() {
     let plain = Listener {
         name: "plain".into(),
         filter_chains: vec![FilterChain {
-            filters: vec![network_filter(
-                "envoy.filters.network.tcp_proxy",
-                any(TCP_PROXY, vec![]),
-            )],
+            filters: vec![tcp_proxy()],
             ..Default::default()
         }],
         ..Default::default()
@@ -296,21 +389,24 @@ fn sotw_listeners_lose_the_istio_only_filters_and_alpn() {
         ],
     );
     let (bytes, found) = changed(adapt(false, &msg).unwrap());
-    let resp = DiscoveryResponse::decode(bytes).unwrap();
+    let resp = DiscoveryResponse::decode(bytes.clone()).unwrap();
     assert_eq!(resp.nonce, "nonce-7");
     assert_eq!(resp.version_info, "2026-01-01T00:00:00Z/7");
     assert_eq!(resp.resources.len(), 2);
     let got = Listener::decode(resp.resources[0].value.as_slice()).unwrap();
     assert_eq!(got, adapted_inbound_listener());
-    // The untouched listener is the same bytes.
-    assert_eq!(resp.resources[1], listener_any(&plain));
-    let removed: Vec<(&str, &str)> = found
-        .removed
-        .iter()
-        .map(|f| (f.filter.as_str(), f.type_name.as_str()))
-        .collect();
+    // istio-peer-exchange is still offered: the module speaks the exchange.
     assert_eq!(
-        removed,
+        got.filter_chains[0].transport_socket,
+        Some(tls_socket(
+            DOWNSTREAM_TLS,
+            &[PEER_EXCHANGE_ALPN, "h2", "http/1.1"]
+        ))
+    );
+    // The untouched listener is the same bytes (not outbound: no exchange added).
+    assert_eq!(resp.resources[1], listener_any(&plain));
+    assert_eq!(
+        pairs(&found.mapped),
         vec![
             ("istio.metadata_exchange", PEER_METADATA),
             ("istio.alpn", ALPN_OVERRIDE),
@@ -320,13 +416,16 @@ fn sotw_listeners_lose_the_istio_only_filters_and_alpn() {
             ("istio.stats", ISTIO_STATS),
         ]
     );
-    assert!(found.removed.iter().all(|f| f.resource == "virtualInbound"));
-    assert_eq!(found.alpn_stripped, vec!["virtualInbound".to_string()]);
-    assert!(found.refused.is_empty() && found.unknown.is_empty());
+    assert!(found.mapped.iter().all(|f| f.resource == "virtualInbound"));
+    assert!(found.removed.is_empty() && found.exchange_added.is_empty());
+    assert!(found.refused.is_empty() && found.invalid.is_empty() && found.unknown.is_empty());
+    assert!(found.settings_lost.is_empty(), "{:?}", found.settings_lost);
+    // What the adapter wrote needs nothing more.
+    assert_eq!(adapt(false, &bytes).unwrap(), Adapted::Unchanged);
 }
 
 #[test]
-fn delta_clusters_lose_the_cluster_filter_and_peer_exchange_alpn() {
+fn delta_clusters_lose_the_exchange_filter_keep_their_alpn_and_get_the_modules_metadata() {
     let msg = delta(
         CLUSTER_TYPE,
         vec![(
@@ -335,7 +434,7 @@ fn delta_clusters_lose_the_cluster_filter_and_peer_exchange_alpn() {
         )],
     );
     let (bytes, found) = changed(adapt(true, &msg).unwrap());
-    let resp = DeltaDiscoveryResponse::decode(bytes).unwrap();
+    let resp = DeltaDiscoveryResponse::decode(bytes.clone()).unwrap();
     assert_eq!(resp.removed_resources, vec!["gone".to_string()]);
     assert_eq!(resp.nonce, "nonce-7");
     let r = &resp.resources[0];
@@ -343,43 +442,85 @@ fn delta_clusters_lose_the_cluster_filter_and_peer_exchange_alpn() {
     let got = Cluster::decode(r.resource.as_ref().unwrap().value.as_slice()).unwrap();
     let mut want = istio_cluster();
     want.filters.clear();
-    want.transport_socket_matches[0].transport_socket = Some(tls_socket(UPSTREAM_TLS, &["istio"]));
+    want.metadata.as_mut().unwrap().filter_metadata.insert(
+        mesh_common::module::cluster::NAMESPACE.into(),
+        Struct {
+            fields: [(
+                mesh_common::module::cluster::SERVICE.to_string(),
+                Value {
+                    kind: Some(value::Kind::StringValue(
+                        "a.ns.svc.cluster.local;a;ns".into(),
+                    )),
+                },
+            )]
+            .into(),
+        },
+    );
     assert_eq!(got, want);
-    assert_eq!(found.removed.len(), 1);
+    assert_eq!(
+        pairs(&found.removed),
+        vec![("istio.metadata_exchange", TCP_METADATA_EXCHANGE)]
+    );
     assert_eq!(
         found.removed[0].resource,
         "outbound|8080||a.ns.svc.cluster.local"
     );
-    assert_eq!(found.alpn_stripped.len(), 1);
+    assert_eq!(
+        found.cluster_metadata_added,
+        ["outbound|8080||a.ns.svc.cluster.local"]
+    );
+    assert!(found.settings_lost.is_empty(), "{:?}", found.settings_lost);
+    // Once adapted, a cluster needs nothing more.
+    assert_eq!(adapt(true, &bytes).unwrap(), Adapted::Unchanged);
 }
 
 #[test]
-fn a_cluster_transport_socket_loses_peer_exchange_alpn() {
+fn a_cluster_without_istiods_services_is_left_as_it_came() {
+    // The module's ALPN leaves such a cluster its own: nothing to tell it, whatever the
+    // protocol.
     let mut c = istio_cluster();
-    c.transport_socket_matches.clear();
+    c.metadata = None;
     c.filters.clear();
-    c.transport_socket = Some(tls_socket(UPSTREAM_TLS, &[PEER_EXCHANGE_ALPN, "istio"]));
-    let (bytes, _) = changed(adapt(false, &sotw(CLUSTER_TYPE, vec![cluster_any(&c)])).unwrap());
-    let resp = DiscoveryResponse::decode(bytes).unwrap();
-    let got = Cluster::decode(resp.resources[0].value.as_slice()).unwrap();
-    c.transport_socket = Some(tls_socket(UPSTREAM_TLS, &["istio"]));
-    assert_eq!(got, c);
+    let plain = sotw(CLUSTER_TYPE, vec![cluster_any(&c)]);
+    assert_eq!(adapt(false, &plain).unwrap(), Adapted::Unchanged);
+    #[allow(deprecated)]
+    {
+        c.protocol_selection = 1;
+    }
+    let downstream = sotw(CLUSTER_TYPE, vec![cluster_any(&c)]);
+    assert_eq!(adapt(false, &downstream).unwrap(), Adapted::Unchanged);
 }
 
 #[test]
-fn responses_with_nothing_istio_only_pass_untouched() {
-    let mut l = adapted_inbound_listener();
-    l.filter_chains[0].transport_socket = Some(tls_socket(DOWNSTREAM_TLS, &["h2"]));
-    for msg in [
-        sotw(LISTENER_TYPE, vec![listener_any(&l)]),
-        delta(
-            CLUSTER_TYPE,
-            vec![("c".into(), cluster_any(&Cluster::default()))],
-        ),
-    ] {
-        assert!(!needs_adapting(&msg));
-        assert_eq!(adapt(false, &msg).unwrap(), Adapted::Unchanged);
-    }
+fn responses_with_nothing_to_adapt_pass_untouched() {
+    // An HTTP listener of Envoy's own filters: not even decoded.
+    let http = Listener {
+        name: "0.0.0.0_8080".into(),
+        traffic_direction: 2,
+        filter_chains: vec![FilterChain {
+            filters: vec![hcm(vec![http_filter(
+                "envoy.filters.http.router",
+                any(ROUTER, vec![]),
+            )])],
+            transport_socket: Some(tls_socket(DOWNSTREAM_TLS, &[PEER_EXCHANGE_ALPN, "h2"])),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let msg = sotw(LISTENER_TYPE, vec![listener_any(&http)]);
+    assert!(!needs_adapting(&msg));
+    assert_eq!(adapt(false, &msg).unwrap(), Adapted::Unchanged);
+    // Already adapted: read, found complete.
+    let msg = sotw(
+        LISTENER_TYPE,
+        vec![listener_any(&adapted_inbound_listener())],
+    );
+    assert_eq!(adapt(false, &msg).unwrap(), Adapted::Unchanged);
+    let msg = delta(
+        CLUSTER_TYPE,
+        vec![("c".into(), cluster_any(&Cluster::default()))],
+    );
+    assert_eq!(adapt(true, &msg).unwrap(), Adapted::Unchanged);
     // Route and endpoint responses are never decoded.
     let routes = sotw(
         "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
@@ -417,9 +558,7 @@ fn a_security_filter_of_an_unknown_type_refuses_the_response() {
         http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
     ])];
     let msg = sotw(LISTENER_TYPE, vec![listener_any(&l)]);
-    let Adapted::Refused(why, found) = adapt(false, &msg).unwrap() else {
-        panic!("expected a refusal");
-    };
+    let (why, found) = refused(adapt(false, &msg).unwrap());
     assert!(
         why.contains("envoy.filters.http.rbac in virtualInbound"),
         "{why}"
@@ -442,6 +581,82 @@ fn a_security_filter_of_an_unknown_type_refuses_the_response() {
     assert!(matches!(adapt(true, &msg).unwrap(), Adapted::Refused(..)));
     let request = DeltaDiscoveryRequest::decode(nack(true, &msg, "x").unwrap()).unwrap();
     assert_eq!(request.response_nonce, "nonce-7");
+}
+
+/// An `istio.metadata_exchange` whose Struct is not a peer_metadata Config the module reads
+/// (a misspelt field, as an EnvoyFilter could patch in) is NACKed, the filter named.
+#[test]
+fn a_peer_metadata_config_the_module_cannot_read_is_nacked_with_the_filter_named() {
+    let mut l = istio_inbound_listener();
+    l.filter_chains[0].filters = vec![hcm(vec![
+        http_filter(
+            "istio.metadata_exchange",
+            typed_json(
+                PEER_METADATA,
+                serde_json::json!({"downstream_discovery": [{"istio_headers": {}}], "downstream_propagaton": []}),
+            ),
+        ),
+        http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+    ])];
+    let msg = sotw(LISTENER_TYPE, vec![listener_any(&l)]);
+    let (why, found) = refused(adapt(false, &msg).unwrap());
+    assert!(
+        why.starts_with(
+            "refused by the agent: istio.metadata_exchange in virtualInbound (type io.istio.http.peer_metadata.Config): the proxy module would refuse its config:"
+        ),
+        "{why}"
+    );
+    assert!(why.contains("downstream_propagaton"), "{why}");
+    assert_eq!(found.invalid.len(), 1);
+    assert_eq!(found.invalid[0].0.filter, "istio.metadata_exchange");
+    // The other filters of the response (the TCP chain's exchange and stats, the default
+    // chain's stats) were judged as usual; none is forwarded.
+    assert_eq!(found.mapped.len(), 3);
+
+    // A config that reads is passed on as it came.
+    let config = serde_json::json!({"downstream_discovery": [{"istio_headers": {}}], "additional_labels": ["team"]});
+    l.filter_chains[0].filters = vec![hcm(vec![
+        http_filter(
+            "istio.metadata_exchange",
+            typed_json(PEER_METADATA, config.clone()),
+        ),
+        http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+    ])];
+    let (bytes, _) = changed(adapt(false, &sotw(LISTENER_TYPE, vec![listener_any(&l)])).unwrap());
+    let got = &sotw_listeners(bytes)[0];
+    let Some(filter::ConfigType::TypedConfig(a)) = &got.filter_chains[0].filters[0].config_type
+    else {
+        panic!("untyped")
+    };
+    let h = HttpConnectionManager::decode(a.value.as_slice()).unwrap();
+    let Some(http_filter::ConfigType::TypedConfig(mx)) = &h.http_filters[0].config_type else {
+        panic!("untyped")
+    };
+    assert_eq!(mx.type_url, HTTP_TYPE);
+    let m = DynamicModuleFilter::decode(mx.value.as_slice()).unwrap();
+    assert_eq!(m.filter_name, module_filter::METADATA_EXCHANGE);
+    let given = m.filter_config.unwrap();
+    assert_eq!(given.type_url, "type.googleapis.com/google.protobuf.Struct");
+    assert_eq!(
+        map::json(&Struct::decode(given.value.as_slice()).unwrap()),
+        config
+    );
+}
+
+#[test]
+fn a_waypoints_stats_reporter_is_nacked() {
+    let mut l = istio_inbound_listener();
+    // stats.PluginConfig { reporter: SERVER_GATEWAY }
+    l.filter_chains[1].filters[1] =
+        network_filter("istio.stats", any(ISTIO_STATS, vec![10 << 3, 1]));
+    let msg = sotw(LISTENER_TYPE, vec![listener_any(&l)]);
+    let (why, found) = refused(adapt(false, &msg).unwrap());
+    assert!(
+        why.contains("istio.stats in virtualInbound (type stats.PluginConfig)"),
+        "{why}"
+    );
+    assert!(why.contains("reporter SERVER_GATEWAY"), "{why}");
+    assert_eq!(found.invalid.len(), 1);
 }
 
 #[test]
@@ -478,8 +693,18 @@ fn other_unknown_types_are_kept_and_named() {
     );
 }
 
+/// The listener with only a router in its HTTP chain.
+fn adapted_inbound_listener_with_router_only() -> Listener {
+    let mut l = adapted_inbound_listener();
+    l.filter_chains[0].filters = vec![hcm(vec![http_filter(
+        "envoy.filters.http.router",
+        any(ROUTER, vec![]),
+    )])];
+    l
+}
+
 #[test]
-fn ecds_configs_and_their_references_are_removed() {
+fn ecds_configs_and_their_references_are_removed_and_reported_lost() {
     let discovered = HttpFilter {
         name: "istio-system.stats".into(),
         config_type: Some(http_filter::ConfigType::ConfigDiscovery(
@@ -497,14 +722,18 @@ fn ecds_configs_and_their_references_are_removed() {
     ])];
     let (bytes, found) =
         changed(adapt(false, &sotw(LISTENER_TYPE, vec![listener_any(&l)])).unwrap());
-    let got = Listener::decode(
-        DiscoveryResponse::decode(bytes).unwrap().resources[0]
-            .value
-            .as_slice(),
-    )
-    .unwrap();
-    assert_eq!(got, adapted_inbound_listener_with_router_only());
+    assert_eq!(
+        sotw_listeners(bytes),
+        vec![adapted_inbound_listener_with_router_only()]
+    );
     assert_eq!(found.removed[0].filter, "istio-system.stats");
+    assert!(found.mapped.is_empty());
+    assert_eq!(found.settings_lost.len(), 1);
+    assert!(
+        found.settings_lost[0].1[0].contains("extension config discovery"),
+        "{:?}",
+        found.settings_lost
+    );
 
     let config = |name: &str, typed: Any| {
         any(
@@ -551,15 +780,6 @@ fn ecds_configs_and_their_references_are_removed() {
     }
 }
 
-fn adapted_inbound_listener_with_router_only() -> Listener {
-    let mut l = adapted_inbound_listener();
-    l.filter_chains[0].filters = vec![logged_hcm(vec![http_filter(
-        "envoy.filters.http.router",
-        any(ROUTER, vec![]),
-    )])];
-    l
-}
-
 #[test]
 fn the_adapter_nacks_upstream_and_reports() {
     let metrics = Arc::new(crate::metrics::Metrics::new());
@@ -570,8 +790,10 @@ fn the_adapter_nacks_upstream_and_reports() {
         vec![listener_any(&istio_inbound_listener())],
     ));
     let out = adapter.response(false, good, &tx).expect("forwarded");
-    assert!(!needs_adapting(&out));
+    assert_eq!(adapt(false, &out).unwrap(), Adapted::Unchanged);
     assert!(rx.try_recv().is_err(), "no NACK for an adapted response");
+    let clusters = Bytes::from(sotw(CLUSTER_TYPE, vec![cluster_any(&istio_cluster())]));
+    assert!(adapter.response(false, clusters, &tx).is_some());
 
     let mut l = istio_inbound_listener();
     l.filter_chains[0].filters = vec![hcm(vec![http_filter(
@@ -589,16 +811,31 @@ fn the_adapter_nacks_upstream_and_reports() {
     );
 
     let report: serde_json::Value = serde_json::from_str(&adapter.report_json()).unwrap();
-    assert_eq!(report["removed"][ISTIO_STATS]["istio.stats"]["count"], 3);
+    assert_eq!(report["mapped"][ISTIO_STATS]["istio.stats"]["count"], 3);
+    assert_eq!(
+        report["mapped"][PEER_METADATA]["istio.metadata_exchange"]["resources"][0],
+        "virtualInbound"
+    );
+    assert_eq!(
+        report["removed"][TCP_METADATA_EXCHANGE]["istio.metadata_exchange"]["count"],
+        1
+    );
+    assert_eq!(report["cluster_metadata_added"]["count"], 1);
     assert_eq!(
         report["refused"][0]["filters"][0]["filter"],
         "envoy.filters.http.jwt_authn"
     );
-    assert_eq!(report["alpn_stripped"]["resources"][0], "virtualInbound");
+    assert!(report.get("alpn_stripped").is_none() && report.get("metrics_added").is_none());
     let text = metrics.encode();
     assert!(
-        text.contains("istio_agent_xds_adapt_removed_total{type=\"stats.PluginConfig\"} 3"),
+        text.contains(
+            "istio_agent_xds_adapt_removed_total{type=\"envoy.tcp.metadataexchange.config.MetadataExchange\"} 1"
+        ),
         "{text}"
+    );
+    assert!(
+        !text.contains("istio_agent_xds_adapt_removed_total{type=\"stats.PluginConfig\"}"),
+        "mapped filters are not removals: {text}"
     );
     assert!(
         text.contains("istio_agent_xds_adapt_refused_total 1"),
@@ -623,8 +860,10 @@ fn garbage_is_forwarded_not_a_panic() {
     assert_eq!(adapter.response(false, msg.clone(), &tx), Some(msg));
 }
 
+/// The null-VM Wasm exchange istiod 1.18 writes becomes the module's, for the listener's side;
+/// null-VM stats go (reported lost); another Wasm plugin stays.
 #[test]
-fn null_vm_wasm_filters_of_old_istiods_are_removed() {
+fn null_vm_wasm_filters_of_old_istiods() {
     use envoy_types::pb::envoy::config::core::v3::{
         AsyncDataSource, DataSource, async_data_source, data_source,
     };
@@ -657,7 +896,7 @@ fn null_vm_wasm_filters_of_old_istiods_are_removed() {
     l.filter_chains[0].filters = vec![hcm(vec![
         http_filter(
             "istio.metadata_exchange",
-            wasm(NULL_VM, "envoy.wasm.metadata_exchange"),
+            Any::decode(map::tests::null_vm_exchange_filter(&[]).as_slice()).unwrap(),
         ),
         http_filter("istio.stats", wasm(NULL_VM, "envoy.wasm.stats")),
         http_filter("vendor.plugin", wasm("envoy.wasm.runtime.v8", "x")),
@@ -665,89 +904,260 @@ fn null_vm_wasm_filters_of_old_istiods_are_removed() {
     ])];
     let (bytes, found) =
         changed(adapt(false, &sotw(LISTENER_TYPE, vec![listener_any(&l)])).unwrap());
-    let got = Listener::decode(
-        DiscoveryResponse::decode(bytes).unwrap().resources[0]
-            .value
-            .as_slice(),
-    )
-    .unwrap();
     let mut want = adapted_inbound_listener();
-    want.filter_chains[0].filters = vec![logged_hcm(vec![
+    want.filter_chains[0].filters = vec![hcm(vec![
+        http_filter(
+            "istio.metadata_exchange",
+            http_config(
+                module_filter::METADATA_EXCHANGE,
+                json(&PeerMetadata::server()),
+            ),
+        ),
         http_filter("vendor.plugin", wasm("envoy.wasm.runtime.v8", "x")),
         http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
     ])];
-    assert_eq!(got, want);
-    let types: Vec<&str> = found.removed.iter().map(|f| f.type_name.as_str()).collect();
-    assert_eq!(types, vec![NULL_VM_METADATA_EXCHANGE, NULL_VM_STATS]);
+    assert_eq!(sotw_listeners(bytes), vec![want]);
+    assert_eq!(
+        pairs(&found.mapped)[0],
+        ("istio.metadata_exchange", NULL_VM_METADATA_EXCHANGE)
+    );
+    assert_eq!(pairs(&found.removed), vec![("istio.stats", NULL_VM_STATS)]);
+    assert_eq!(found.settings_lost.len(), 1);
+    assert!(
+        found.settings_lost[0].1[0].starts_with("standard metrics"),
+        "{:?}",
+        found.settings_lost
+    );
 }
 
-/// A removed `istio.stats` leaves its place to the agent's access logger, reporting as the
-/// listener's traffic direction says; a listener that had no stats filter gets none.
+/// `istio.stats` says the side it reports for: the listener's traffic direction, else Istio's
+/// inbound listener name; its settings ride along.
 #[test]
-fn removed_stats_are_replaced_by_the_agents_access_logger() {
-    let outbound = |direction: i32, name: &str, stats: bool| {
-        let mut filters = vec![http_filter(
-            "envoy.filters.http.router",
-            any(ROUTER, vec![]),
-        )];
-        if stats {
-            filters.insert(0, http_filter("istio.stats", any(ISTIO_STATS, vec![])));
-        }
-        Listener {
-            name: name.into(),
-            traffic_direction: direction,
-            filter_chains: vec![FilterChain {
-                filters: vec![hcm(filters)],
-                ..Default::default()
-            }],
+fn stats_report_for_the_listeners_side() {
+    // stats.PluginConfig { disable_host_header_fallback: true, metrics: [{name:
+    // "request_bytes", drop: true}] }
+    let mut drop_bytes = Vec::new();
+    wire::put_len(&mut drop_bytes, 2, b"request_bytes");
+    drop_bytes.extend([5 << 3, 1]);
+    let mut config = vec![6 << 3, 1];
+    wire::put_len(&mut config, 8, &drop_bytes);
+    let listener = |direction: i32, name: &str| Listener {
+        name: name.into(),
+        traffic_direction: direction,
+        filter_chains: vec![FilterChain {
+            filters: vec![hcm(vec![
+                http_filter("istio.stats", any(ISTIO_STATS, config.clone())),
+                http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
+            ])],
             ..Default::default()
-        }
-    };
-    let logs = |l: &Listener| -> Vec<_> {
-        let Some(filter::ConfigType::TypedConfig(a)) = &l.filter_chains[0].filters[0].config_type
-        else {
-            panic!("untyped");
-        };
-        HttpConnectionManager::decode(a.value.as_slice())
-            .unwrap()
-            .access_log
+        }],
+        ..Default::default()
     };
     let msg = sotw(
         LISTENER_TYPE,
         vec![
-            listener_any(&outbound(2, "0.0.0.0_8080", true)),
-            listener_any(&outbound(0, "10.0.0.1_80", true)),
-            listener_any(&outbound(1, "in", true)),
-            listener_any(&outbound(2, "nostats", false)),
+            listener_any(&listener(2, "0.0.0.0_8080")),
+            listener_any(&listener(0, "10.0.0.1_80")),
+            listener_any(&listener(1, "in")),
+            listener_any(&listener(0, "virtualInbound")),
         ],
     );
     let (bytes, found) = changed(adapt(false, &msg).unwrap());
-    let resp = DiscoveryResponse::decode(bytes).unwrap();
-    let got: Vec<Listener> = resp
-        .resources
+    let stats: Vec<Stats> = sotw_listeners(bytes)
         .iter()
-        .map(|a| Listener::decode(a.value.as_slice()).unwrap())
+        .map(|l| {
+            let Some(filter::ConfigType::TypedConfig(a)) =
+                &l.filter_chains[0].filters[0].config_type
+            else {
+                panic!("untyped");
+            };
+            let h = HttpConnectionManager::decode(a.value.as_slice()).unwrap();
+            assert!(h.access_log.is_empty(), "no access logger of the agent's");
+            assert_eq!(h.http_filters.len(), 2);
+            let Some(http_filter::ConfigType::TypedConfig(s)) = &h.http_filters[0].config_type
+            else {
+                panic!("untyped");
+            };
+            let m = DynamicModuleFilter::decode(s.value.as_slice()).unwrap();
+            assert_eq!(m.filter_name, module_filter::STATS);
+            let json = StringValue::decode(m.filter_config.unwrap().value.as_slice()).unwrap();
+            serde_json::from_str(&json.value).unwrap()
+        })
         .collect();
-    assert_eq!(
-        logs(&got[0]),
-        vec![http_access_log(Reporter::Source, &MetricsPlan::default())]
+    let sides: Vec<&str> = stats.iter().map(|s| s.side.as_deref().unwrap()).collect();
+    assert_eq!(sides, ["source", "source", "destination", "destination"]);
+    assert!(stats.iter().all(|s| s.disable_host_header_fallback));
+    assert!(
+        stats
+            .iter()
+            .all(|s| s.metrics.len() == 1 && s.metrics[0].drop)
     );
-    assert_eq!(
-        logs(&got[1]),
-        vec![http_access_log(Reporter::Source, &MetricsPlan::default())]
+    assert_eq!(found.mapped.len(), 4);
+}
+
+/// The exchange's client side goes just before tcp_proxy (after the metrics, which count the
+/// app's bytes) in every chain of an outbound listener that ends in tcp_proxy, once; not in
+/// connection managers' chains nor in inbound listeners.
+#[test]
+fn outbound_tcp_chains_get_the_exchanges_client_side() {
+    let stats = || network_filter("istio.stats", any(ISTIO_STATS, vec![]));
+    let chain = |filters: Vec<Filter>| FilterChain {
+        filters,
+        ..Default::default()
+    };
+    let outbound = Listener {
+        name: "10.96.0.1_443".into(),
+        traffic_direction: 2,
+        filter_chains: vec![
+            chain(vec![stats(), tcp_proxy()]),
+            chain(vec![hcm(vec![http_filter(
+                "envoy.filters.http.router",
+                any(ROUTER, vec![]),
+            )])]),
+            chain(vec![tcp_proxy()]),
+        ],
+        default_filter_chain: Some(chain(vec![stats(), tcp_proxy()])),
+        ..Default::default()
+    };
+    let mut inbound = outbound.clone();
+    inbound.name = "in".into();
+    inbound.traffic_direction = 1;
+    let msg = sotw(
+        LISTENER_TYPE,
+        vec![listener_any(&outbound), listener_any(&inbound)],
     );
+    let (bytes, found) = changed(adapt(false, &msg).unwrap());
+    let got = sotw_listeners(bytes.clone());
+    let names =
+        |c: &FilterChain| -> Vec<String> { c.filters.iter().map(|f| f.name.clone()).collect() };
+    let up = METADATA_EXCHANGE_UPSTREAM;
+    let tcp = "envoy.filters.network.tcp_proxy";
+    let out = &got[0];
+    assert_eq!(names(&out.filter_chains[0]), ["istio.stats", up, tcp]);
     assert_eq!(
-        logs(&got[2]),
-        vec![http_access_log(
-            Reporter::Destination,
-            &MetricsPlan::default()
-        )]
+        names(&out.filter_chains[1]),
+        ["envoy.filters.network.http_connection_manager"]
     );
-    assert!(logs(&got[3]).is_empty());
+    assert_eq!(names(&out.filter_chains[2]), [up, tcp]);
     assert_eq!(
-        found.metrics_added,
-        vec!["0.0.0.0_8080", "10.0.0.1_80", "in"]
+        names(out.default_filter_chain.as_ref().unwrap()),
+        ["istio.stats", up, tcp]
     );
+    let Some(filter::ConfigType::TypedConfig(a)) = &out.filter_chains[0].filters[1].config_type
+    else {
+        panic!("untyped")
+    };
+    assert_eq!(*a, network_config(up, json(&TcpExchange::istio())));
+    let m = DynamicModuleNetworkFilter::decode(a.value.as_slice()).unwrap();
+    let config = StringValue::decode(m.filter_config.unwrap().value.as_slice()).unwrap();
+    let read: TcpExchange = serde_json::from_str(&config.value).unwrap();
+    assert_eq!(read, TcpExchange::istio());
+    assert_eq!(found.exchange_added, ["10.96.0.1_443"; 3]);
+    // Inbound: none.
+    assert!(
+        chains_of(&got[1]).all(|c| c.filters.iter().all(|f| f.name != up)),
+        "{:?}",
+        got[1]
+    );
+    // Not twice.
+    assert_eq!(adapt(false, &bytes).unwrap(), Adapted::Unchanged);
+}
+
+fn chains_of(l: &Listener) -> impl Iterator<Item = &FilterChain> {
+    l.filter_chains.iter().chain(l.default_filter_chain.iter())
+}
+
+/// The recorded istiod 1.31 outbound listener `0.0.0.0_9080` (Bookinfo productpage): every
+/// Istio HTTP filter in its place, the module's, with a config the module's types read.
+#[test]
+fn istiod_1_31s_outbound_http_listener() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/istiod-1.31/bookinfo-productpage/sotw/lds.pb"
+    );
+    let recorded = std::fs::read(path).unwrap();
+    let (bytes, _) = changed(adapt(false, &recorded).unwrap());
+    let l = sotw_listeners(bytes)
+        .into_iter()
+        .find(|l| l.name == "0.0.0.0_9080")
+        .unwrap();
+    let Some(filter::ConfigType::TypedConfig(a)) = &l.filter_chains[0].filters[0].config_type
+    else {
+        panic!("untyped")
+    };
+    let h = HttpConnectionManager::decode(a.value.as_slice()).unwrap();
+    let got: Vec<(String, String)> = h
+        .http_filters
+        .iter()
+        .map(|f| {
+            let Some(http_filter::ConfigType::TypedConfig(a)) = &f.config_type else {
+                panic!("untyped")
+            };
+            let module = if a.type_url == HTTP_TYPE {
+                let m = DynamicModuleFilter::decode(a.value.as_slice()).unwrap();
+                let config = m.filter_config.unwrap();
+                match m.filter_name.as_str() {
+                    module_filter::METADATA_EXCHANGE => {
+                        assert_eq!(
+                            config.type_url,
+                            "type.googleapis.com/google.protobuf.Struct"
+                        );
+                        let c: PeerMetadata = serde_json::from_value(map::json(
+                            &Struct::decode(config.value.as_slice()).unwrap(),
+                        ))
+                        .unwrap();
+                        assert_eq!(c, PeerMetadata::client());
+                    }
+                    module_filter::ALPN => {
+                        let s = StringValue::decode(config.value.as_slice()).unwrap();
+                        assert_eq!(
+                            serde_json::from_str::<Alpn>(&s.value).unwrap(),
+                            Alpn::istio()
+                        );
+                    }
+                    module_filter::STATS => {
+                        let s = StringValue::decode(config.value.as_slice()).unwrap();
+                        assert_eq!(
+                            serde_json::from_str::<Stats>(&s.value).unwrap(),
+                            Stats {
+                                side: Some("source".into()),
+                                ..Stats::default()
+                            }
+                        );
+                    }
+                    other => panic!("{other}"),
+                }
+                m.filter_name
+            } else {
+                type_name(&a.type_url).to_string()
+            };
+            (f.name.clone(), module)
+        })
+        .collect();
+    let want = [
+        ("istio.metadata_exchange", module_filter::METADATA_EXCHANGE),
+        (
+            "envoy.filters.http.grpc_stats",
+            "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+        ),
+        ("istio.alpn", module_filter::ALPN),
+        (
+            "envoy.filters.http.fault",
+            "envoy.extensions.filters.http.fault.v3.HTTPFault",
+        ),
+        (
+            "envoy.filters.http.cors",
+            "envoy.extensions.filters.http.cors.v3.Cors",
+        ),
+        ("istio.stats", module_filter::STATS),
+        ("envoy.filters.http.router", ROUTER),
+    ];
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(got, want);
+    assert!(h.access_log.is_empty());
 }
 
 mod istiod_1_18 {
@@ -879,14 +1289,8 @@ mod istiod_1_18 {
         let resp = DiscoveryResponse::decode(bytes).unwrap();
         let got = Listener::decode(resp.resources[0].value.as_slice()).unwrap();
         assert_eq!(got, inbound(authenticated, false));
-        assert_eq!(
-            found
-                .removed
-                .iter()
-                .map(|f| (f.filter.as_str(), f.type_name.as_str()))
-                .collect::<Vec<_>>(),
-            vec![("istio_authn", PEER_AUTHN)]
-        );
+        assert_eq!(pairs(&found.removed), vec![("istio_authn", PEER_AUTHN)]);
+        assert!(found.settings_lost.is_empty());
         assert_eq!(
             found.principals_rewritten,
             vec!["virtualInbound".to_string()]
@@ -965,64 +1369,4 @@ mod istiod_1_18 {
             vec!["gone".to_string(), "main_internal".to_string()]
         );
     }
-}
-
-#[test]
-fn istiods_stats_config_shapes_the_agents_metrics() {
-    // stats.PluginConfig { metrics: [ {dimensions: {request_host: "request.host"},
-    //   name: "requests_total", tags_to_remove: ["request_protocol"]}, {name:
-    //   "request_bytes", drop: true} ], tcp_reporting_duration: 10s }
-    let mut dim = Vec::new();
-    wire::put_len(&mut dim, 1, b"request_host");
-    wire::put_len(&mut dim, 2, b"request.host");
-    let mut count = Vec::new();
-    wire::put_len(&mut count, 1, &dim);
-    wire::put_len(&mut count, 2, b"requests_total");
-    wire::put_len(&mut count, 3, b"request_protocol");
-    let mut bytes = Vec::new();
-    wire::put_len(&mut bytes, 2, b"request_bytes");
-    bytes.extend([5 << 3, 1]);
-    let mut config = Vec::new();
-    wire::put_len(&mut config, 8, &count);
-    wire::put_len(&mut config, 8, &bytes);
-    wire::put_len(&mut config, 7, &[1 << 3, 10]);
-    let plan = stats_plan(&config).unwrap();
-    assert_eq!(
-        plan.reporting_interval,
-        Some(std::time::Duration::from_secs(10))
-    );
-    assert_eq!(plan.metrics.len(), 2);
-    assert_eq!(plan.metrics[0].name, "requests_total");
-    assert_eq!(
-        plan.metrics[0].tags_to_remove,
-        vec!["request_protocol".to_string()]
-    );
-    assert_eq!(plan.metrics[0].dimensions["request_host"], "request.host");
-    assert!(plan.metrics[1].drop);
-
-    // In a listener: the agent's logger carries that shape.
-    let listener = Listener {
-        name: "0.0.0.0_8080".into(),
-        traffic_direction: 2,
-        filter_chains: vec![FilterChain {
-            filters: vec![hcm(vec![
-                http_filter("istio.stats", any(ISTIO_STATS, config.clone())),
-                http_filter("envoy.filters.http.router", any(ROUTER, vec![])),
-            ])],
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
-    let msg = sotw(LISTENER_TYPE, vec![listener_any(&listener)]);
-    let (out, _) = changed(adapt(false, &msg).unwrap());
-    let resp = DiscoveryResponse::decode(out).unwrap();
-    let l = Listener::decode(resp.resources[0].value.as_slice()).unwrap();
-    let Some(filter::ConfigType::TypedConfig(a)) = &l.filter_chains[0].filters[0].config_type
-    else {
-        panic!("untyped");
-    };
-    let logs = HttpConnectionManager::decode(a.value.as_slice())
-        .unwrap()
-        .access_log;
-    assert_eq!(logs, vec![http_access_log(Reporter::Source, &plan)]);
 }

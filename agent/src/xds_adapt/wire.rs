@@ -119,6 +119,20 @@ pub fn string_field(msg: &[u8], number: u32) -> Result<&str, WireError> {
         .unwrap_or_default())
 }
 
+/// The last varint field `number` of `msg` (a bool, an enum, an integer), `None` when absent.
+pub fn varint_field(msg: &[u8], number: u32) -> Result<Option<u64>, WireError> {
+    let mut found = None;
+    for field in fields(msg) {
+        let field = field?;
+        if field.number == number
+            && let Some(v) = field.varint()
+        {
+            found = Some(v);
+        }
+    }
+    Ok(found)
+}
+
 /// Every length-delimited field `number` of `msg` (a repeated string or message).
 pub fn repeated(msg: &[u8], number: u32) -> Result<Vec<&[u8]>, WireError> {
     let mut out = Vec::new();

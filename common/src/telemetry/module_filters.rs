@@ -1,7 +1,9 @@
 //! The Envoy config that puts the proxy module's filters ([`crate::module`]) into listeners:
 //! one builder for an HTTP filter and one for a network filter, each carrying its config as a
-//! `google.protobuf.StringValue` of JSON (Envoy hands the module the string), or passing an
-//! istiod `TypedStruct` through as it came (Envoy hands the module its JSON).
+//! `google.protobuf.StringValue` of JSON (Envoy 1.40 hands the module the string) or as a
+//! `google.protobuf.Struct` (Envoy hands the module its JSON). A `TypedStruct` is not unwrapped:
+//! Envoy 1.40 hands the module its protobuf bytes, so the agent passes an istiod TypedStruct's
+//! inner Struct.
 
 use envoy_types::pb::envoy::config::listener::v3::{Filter, filter};
 use envoy_types::pb::envoy::extensions::dynamic_modules::v3::DynamicModuleConfig;

@@ -311,7 +311,7 @@ pub fn validate_telemetry(spec: &TelemetrySpec) -> Result<(), String> {
                             "{at}.tagOverrides.{tag}.value: required for UPSERT"
                         ));
                     }
-                    mesh_common::telemetry::TagValue::parse(&over.value)
+                    mesh_common::module::TagValue::parse(&over.value)
                         .map_err(|e| format!("{at}.tagOverrides.{tag}.value: {e}"))?;
                 }
             }

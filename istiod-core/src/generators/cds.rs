@@ -29,6 +29,37 @@ use crate::resource::{
 
 const CONNECT_TIMEOUT_SECS: i64 = 10;
 
+/// Sets what the proxy module reads of a cluster (`mesh_common::module::cluster`) to one
+/// `key`: `value`. One key, so the cluster encodes the same every time.
+fn with_module_metadata(c: &mut Cluster, key: &str, value: String) {
+    use envoy_types::pb::google::protobuf::{Struct, Value, value};
+    let value = Value {
+        kind: Some(value::Kind::StringValue(value)),
+    };
+    c.metadata
+        .get_or_insert_with(Default::default)
+        .filter_metadata
+        .insert(
+            mesh_common::module::cluster::NAMESPACE.to_string(),
+            Struct {
+                fields: [(key.to_string(), value)].into_iter().collect(),
+            },
+        );
+}
+
+/// An inbound cluster's service for the module, as Istio's `istio.services` names it. (Outbound
+/// clusters are named `outbound|PORT|SUBSET|HOST`, which tells the module the service, and carry
+/// the ALPN of their protocol in their TLS context.)
+fn with_module_service(c: &mut Cluster, svc: &Service) {
+    use mesh_common::module::cluster as m;
+    let (name, _) = m::name_of(&svc.hostname);
+    with_module_metadata(
+        c,
+        m::SERVICE,
+        m::service(&svc.hostname, name, &svc.namespace),
+    );
+}
+
 fn base(name: String, kind: cluster::DiscoveryType) -> Cluster {
     Cluster {
         name,
@@ -189,6 +220,21 @@ fn outbound(push: &PushContext, visible: &dyn Fn(&Service, u16) -> bool) -> Vec<
                     );
                     cluster.metadata = Some(cluster_policy::metadata(rule, subset_name));
                 }
+                // The ALPN Istio's `istio.alpn` would give its requests, fixed per cluster. A
+                // port of no declared protocol carries HTTP and TCP through one cluster: its
+                // list offers the TCP exchange, and the module's `istio.alpn` in the sniffed
+                // HTTP chain names HTTP requests' own (`istio-http/1.1`, `istio-h2`) as they go,
+                // told by this metadata to follow the downstream's protocol.
+                let alpn =
+                    tls::istio_alpn(port.protocol.is_http(), cluster_policy::speaks_h2(&cluster));
+                tls::set_istio_alpn(&mut cluster, alpn);
+                if port.protocol == Protocol::Unknown {
+                    with_module_metadata(
+                        &mut cluster,
+                        mesh_common::module::cluster::UPSTREAM_PROTOCOL,
+                        "downstream".to_string(),
+                    );
+                }
                 if locality::plan_for(push, &eff).is_some_and(|p| p.weighted()) {
                     use envoy_types::pb::envoy::config::cluster::v3::cluster::common_lb_config;
                     cluster
@@ -321,10 +367,19 @@ fn own(push: &PushContext, proxy: &Proxy) -> Vec<Named> {
     let mut clusters = Vec::new();
     for (port, (_, endpoint)) in push.inbound_ports(proxy) {
         let name = inbound_cluster_name(port);
-        clusters.push(match endpoint {
+        let mut c = match endpoint {
             Some(to) => ingress_endpoint(name, proxy, &to),
             None => original_dst(name, Some(INBOUND_PASSTHROUGH_BIND_V4)),
-        });
+        };
+        // The service the port serves (the first of the proxy's that maps a port to it).
+        if let Some(svc) = push.services.iter().find(|s| {
+            s.endpoints
+                .iter()
+                .any(|e| proxy.owns(e) && s.ports.iter().any(|p| e.target_port(p) == port))
+        }) {
+            with_module_service(&mut c, svc);
+        }
+        clusters.push(c);
     }
     clusters.push(original_dst(PASSTHROUGH_CLUSTER.to_string(), None));
     clusters.push(original_dst(

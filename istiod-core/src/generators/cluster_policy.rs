@@ -177,6 +177,21 @@ pub fn defaults(c: &mut Cluster) {
     });
 }
 
+/// Whether `c` speaks HTTP/2 upstream (its protocol options say so).
+pub fn speaks_h2(c: &Cluster) -> bool {
+    use http_protocol_options::explicit_http_config::ProtocolConfig;
+    matches!(
+        http_options(c).upstream_protocol_options,
+        Some(
+            http_protocol_options::UpstreamProtocolOptions::ExplicitHttpConfig(
+                http_protocol_options::ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(_)),
+                }
+            )
+        )
+    )
+}
+
 fn http_options(c: &Cluster) -> HttpProtocolOptions {
     c.typed_extension_protocol_options
         .get(HTTP_PROTOCOL_OPTIONS)

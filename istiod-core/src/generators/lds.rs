@@ -441,7 +441,7 @@ fn sniffed_inbound_chains(
                         &tls::ALPN_ISTIO
                     },
                 )),
-                transport_socket: Some(tls::inbound_mtls_socket(&[])),
+                transport_socket: Some(tls::inbound_mtls_socket(&tls::ALPN_TCP_SERVER)),
                 ..chain(name, tcp())
             },
         ]
@@ -564,7 +564,7 @@ fn inbound_port_chains(
         inbound_chains(&name, Some(port), mode, &filter, &["h2", "http/1.1"])
     } else {
         let filter = |_: bool| guarded(authz, tcp_proxy_filter(&cluster, &cluster));
-        inbound_chains(&name, Some(port), mode, &filter, &[])
+        inbound_chains(&name, Some(port), mode, &filter, &tls::ALPN_TCP_SERVER)
     }
 }
 
@@ -590,7 +590,7 @@ fn catchall_chains(default: MtlsMode, authz: &InboundFilters) -> Vec<FilterChain
     };
     let mtls_tcp = |alpn: &[&str]| FilterChain {
         filter_chain_match: Some(inbound_match(None, "tls", alpn)),
-        transport_socket: Some(tls::inbound_mtls_socket(&[])),
+        transport_socket: Some(tls::inbound_mtls_socket(&tls::ALPN_TCP_SERVER)),
         ..chain(VIRTUAL_INBOUND, tcp())
     };
     match default {

@@ -30,6 +30,9 @@ pub const SDS_CLUSTER: &str = "sds-grpc";
 pub const TRANSPORT_SOCKET_MATCH: &str = "envoy.transport_socket_match";
 /// ALPN a sidecar offers so the peer's inbound chain recognises Istio mTLS.
 pub const ALPN_ISTIO: [&str; 2] = ["istio-peer-exchange", "istio"];
+/// ALPN an inbound mutual-TLS TCP chain offers (Istio's server context): a peer sidecar that
+/// offers the TCP metadata exchange gets it, HTTP over TLS its own protocol.
+pub const ALPN_TCP_SERVER: [&str; 3] = ["istio-peer-exchange", "h2", "http/1.1"];
 /// ALPN values an inbound mTLS filter chain matches (Istio's list, TCP and HTTP clients).
 pub const ALPN_INBOUND_MATCH: [&str; 5] = [
     "istio-peer-exchange",
@@ -38,6 +41,48 @@ pub const ALPN_INBOUND_MATCH: [&str; 5] = [
     "istio-http/1.1",
     "istio-h2",
 ];
+
+/// The ALPN of a sidecar's Istio mTLS toward a cluster, as Istio's `istio.alpn` overrides it
+/// per request: HTTP/1.x and HTTP/2 name themselves (`istio-http/1.1`, `istio-h2`, so the
+/// peer's sidecar takes them to its HTTP chain), anything else offers the TCP metadata
+/// exchange. A cluster's protocol is fixed here, so the list goes into its TLS context.
+pub fn istio_alpn(http: bool, h2: bool) -> &'static [&'static str] {
+    match (http, h2) {
+        (_, true) => &["istio-h2", "istio", "h2"],
+        (true, false) => &["istio-http/1.1", "istio", "http/1.1"],
+        (false, false) => &ALPN_ISTIO,
+    }
+}
+
+/// Sets `alpn` in every Istio mTLS context of `c` (those offering `istio`): its auto-mTLS
+/// match and an ISTIO_MUTUAL socket.
+pub fn set_istio_alpn(c: &mut envoy_types::pb::envoy::config::cluster::v3::Cluster, alpn: &[&str]) {
+    use prost::Message;
+    let set = |socket: &mut TransportSocket| {
+        let Some(transport_socket::ConfigType::TypedConfig(any)) = &mut socket.config_type else {
+            return;
+        };
+        let Ok(mut tls) = UpstreamTlsContext::decode(any.value.as_slice()) else {
+            return;
+        };
+        let Some(common) = tls.common_tls_context.as_mut() else {
+            return;
+        };
+        if !common.alpn_protocols.iter().any(|a| a == "istio") {
+            return;
+        }
+        common.alpn_protocols = alpn.iter().map(|s| s.to_string()).collect();
+        any.value = tls.encode_to_vec();
+    };
+    for m in &mut c.transport_socket_matches {
+        if let Some(s) = m.transport_socket.as_mut() {
+            set(s);
+        }
+    }
+    if let Some(s) = c.transport_socket.as_mut() {
+        set(s);
+    }
+}
 
 pub(crate) fn sds(name: &str) -> SdsSecretConfig {
     SdsSecretConfig {

@@ -39,10 +39,16 @@ impl Config {
         if s.cluster_metadata("istio", "alpn_override").as_deref() == Some(b"false") {
             return;
         }
-        let protocol = match s
-            .cluster_metadata(cluster::NAMESPACE, cluster::UPSTREAM_PROTOCOL)
-            .as_deref()
+        let said = s.cluster_metadata(cluster::NAMESPACE, cluster::UPSTREAM_PROTOCOL);
+        // Envoy does not tell a module the cluster's protocol: a cluster the control plane
+        // said nothing of keeps its own ALPN rather than be told a wrong one.
+        if said.is_none()
+            && s.cluster_metadata(cluster::NAMESPACE, cluster::SERVICE)
+                .is_none()
         {
+            return;
+        }
+        let protocol = match said.as_deref() {
             Some(b"HTTP2") => UpstreamProtocol::HTTP2,
             Some(b"downstream") => match s.attribute_string(attribute::REQUEST_PROTOCOL).as_deref()
             {
@@ -68,6 +74,15 @@ mod tests {
         let c = Config::new(Alpn::istio());
         let mut s = FakeStream::default();
         c.on_request(&mut s);
+        assert!(
+            s.typed_state.is_empty(),
+            "no metadata: the cluster's own ALPN"
+        );
+        s.cluster.insert(
+            (cluster::NAMESPACE.into(), cluster::SERVICE.into()),
+            cluster::service("httpbin.demo.svc.cluster.local", "httpbin", "demo"),
+        );
+        c.on_request(&mut s);
         assert_eq!(
             s.typed_state[APPLICATION_PROTOCOLS],
             b"istio-http/1.1,istio,http/1.1"
@@ -79,9 +94,9 @@ mod tests {
         );
         c.on_request(&mut s);
         assert_eq!(s.typed_state[APPLICATION_PROTOCOLS], b"istio-h2,istio,h2");
-        let mut s = FakeStream::default();
         s.cluster
             .insert(("istio".into(), "alpn_override".into()), "false".into());
+        s.typed_state.clear();
         c.on_request(&mut s);
         assert!(s.typed_state.is_empty());
     }

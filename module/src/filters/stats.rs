@@ -10,7 +10,9 @@
 
 use std::time::Instant;
 
-use mesh_common::module::{Attribute, HTTP_METRICS, MetricConfig, Stats, TCP_METRICS, TagValue};
+use mesh_common::module::{
+    Attribute, HTTP_METRICS, MetricConfig, Stats, TCP_METRICS, TagValue, cluster,
+};
 
 use super::{ConfigResult, DOWNSTREAM_PEER, UPSTREAM_PEER};
 use crate::envoy::attribute;
@@ -305,14 +307,22 @@ impl<'c> Filter<'c> {
                 string(s.attribute_string(attribute::UPSTREAM_URI_SAN_LOCAL)),
             )
         };
-        let cluster = string(s.attribute_string(attribute::XDS_CLUSTER_NAME));
+        let cluster_name = string(s.attribute_string(attribute::XDS_CLUSTER_NAME));
         let route = string(s.attribute_string(attribute::XDS_ROUTE_NAME));
-        let meta = |k: &str| string(s.cluster_metadata(mesh_common::module::cluster::NAMESPACE, k));
-        let service = meta(mesh_common::module::cluster::SERVICE_HOST).map(|host| ServiceMeta {
-            host,
-            name: meta(mesh_common::module::cluster::SERVICE_NAME).unwrap_or_default(),
-            namespace: meta(mesh_common::module::cluster::SERVICE_NAMESPACE).unwrap_or_default(),
-        });
+        let service = string(s.cluster_metadata(cluster::NAMESPACE, cluster::SERVICE))
+            .as_deref()
+            .and_then(cluster::parse_service)
+            .map(|(host, name, namespace)| ServiceMeta {
+                host: host.to_string(),
+                name: name.to_string(),
+                namespace: namespace.to_string(),
+            })
+            // A cluster named as Istio names outbound clusters tells the service too.
+            .or_else(|| {
+                cluster_name
+                    .as_deref()
+                    .and_then(super::tcp::service_of_cluster)
+            });
         let endpoint = if server {
             None
         } else {
@@ -327,7 +337,7 @@ impl<'c> Filter<'c> {
             peer: peer.as_deref(),
             peer_san: peer_san.as_deref().filter(|v| !v.is_empty()),
             local_san: local_san.as_deref().filter(|v| !v.is_empty()),
-            cluster: cluster.as_deref(),
+            cluster: cluster_name.as_deref(),
             route: route.as_deref(),
             service,
             endpoint_workload: endpoint.as_deref(),

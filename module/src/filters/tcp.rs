@@ -9,7 +9,8 @@
 //! upstream that presented a mesh certificate (a SPIFFE URI SAN), to which the cluster offered
 //! `istio-peer-exchange` (the agent and istiod-core only configure it so). The server side
 //! speaks only to a downstream that presented a mesh certificate and sent a frame: it answers
-//! with its own. Either side takes bytes that are not a frame as the application's and passes
+//! with its own; on a chain that takes only connections that negotiated the exchange's ALPN
+//! (`negotiated`) it also announces itself ahead of the server's first bytes, as Istio's does. Either side takes bytes that are not a frame as the application's and passes
 //! them on untouched, so a peer without the exchange is never fed a frame it would not strip.
 //!
 //! The metrics: a connection is counted opened once its peer is known (or at its close, if it
@@ -35,6 +36,8 @@ const SPIFFE: &[u8] = b"spiffe://";
 pub struct ExchangeConfig {
     frame: Vec<u8>,
     additional: Vec<String>,
+    /// The server's chain took only connections that negotiated the exchange.
+    negotiated: bool,
     /// The client side (an outbound listener), else the server side (an inbound chain).
     client: bool,
 }
@@ -44,6 +47,7 @@ impl ExchangeConfig {
         ExchangeConfig {
             frame: encode_frame(&own.announced(&c.additional_labels), &own.id),
             additional: c.additional_labels,
+            negotiated: c.negotiated,
             client,
         }
     }
@@ -158,8 +162,12 @@ impl<'c> Exchange<'c> {
     pub fn on_write(&mut self, conn: &mut dyn Connection, end: bool) -> Flow {
         let c = self.config;
         if !c.client {
-            // The server's frame goes out with its reply to a client's frame (on_read); bytes
-            // the server writes first carry none.
+            // A client that negotiated the exchange hears the server first, as from Istio's;
+            // otherwise the server's frame only answers a client's (on_read), and bytes the
+            // server writes first carry none.
+            if self.write == State::Start && c.negotiated {
+                conn.prepend_write(&c.frame);
+            }
             self.write = State::Done;
             return Flow::Continue;
         }
@@ -262,12 +270,11 @@ pub fn service_of_cluster(cluster: &str) -> Option<ServiceMeta> {
     if host.is_empty() {
         return None;
     }
-    let labels: Vec<&str> = host.split('.').collect();
-    let kubernetes = labels.len() >= 3 && labels[2] == "svc";
+    let (name, namespace) = mesh_common::module::cluster::name_of(host);
     Some(ServiceMeta {
         host: host.to_string(),
-        name: if kubernetes { labels[0] } else { host }.to_string(),
-        namespace: if kubernetes { labels[1] } else { "" }.to_string(),
+        name: name.to_string(),
+        namespace: namespace.to_string(),
     })
 }
 
@@ -459,6 +466,35 @@ mod tests {
             crate::filters::peer(&learnt, &[]).unwrap().workload,
             "tcp-echo"
         );
+    }
+
+    #[test]
+    fn a_negotiated_server_announces_itself_on_its_first_bytes() {
+        let mut cfg = TcpExchange::istio();
+        cfg.negotiated = true;
+        let server_cfg = ExchangeConfig::new(cfg, own("tcp-echo"), false);
+        let mut server = Exchange::new(&server_cfg);
+        let mut sc = FakeConnection {
+            peer_san: Some("spiffe://cluster.local/ns/demo/sa/sleep".into()),
+            write: b"hi\n".to_vec(),
+            ..FakeConnection::default()
+        };
+        server.on_write(&mut sc, false);
+        assert!(sc.write.len() > 3 + FRAME_HEADER_BYTES && sc.write.ends_with(b"hi\n"));
+        // The client's frame later is read, and not answered twice.
+        let client_cfg = ExchangeConfig::new(TcpExchange::istio(), own("sleep"), true);
+        sc.read = client_cfg.frame.clone();
+        server.on_read(&mut sc, false);
+        assert!(sc.read.is_empty() && sc.injected.is_empty());
+        // Without negotiation a server writing first sends no frame.
+        let plain = ExchangeConfig::new(TcpExchange::istio(), own("tcp-echo"), false);
+        let mut server = Exchange::new(&plain);
+        let mut sc = FakeConnection {
+            write: b"hi\n".to_vec(),
+            ..FakeConnection::default()
+        };
+        server.on_write(&mut sc, false);
+        assert_eq!(sc.write, b"hi\n");
     }
 
     #[test]

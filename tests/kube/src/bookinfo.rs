@@ -105,6 +105,25 @@ pub fn wait_pods_ready(
     }
 }
 
+/// Waits until a pod of `namespace` whose name starts with `prefix` is Ready.
+pub fn wait_named_ready(c: &Cluster, namespace: &str, prefix: &str, limit: Duration) -> Result<()> {
+    let ready = harness::wait_until(limit, || {
+        pods(c, namespace).iter().any(|p| {
+            is_ready(p)
+                && p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(prefix))
+        })
+    });
+    ensure!(
+        ready,
+        "{namespace}: no ready pod {prefix}* after {limit:?}; kubelet log:\n{}",
+        harness::tail(&c.kubelet.log(), 40)
+    );
+    Ok(())
+}
+
 /// The name of a pod of `namespace` whose name starts with `prefix`.
 pub fn pod_named(c: &Cluster, namespace: &str, prefix: &str) -> Result<String> {
     pods(c, namespace)

@@ -96,6 +96,14 @@ pub fn resolve(reference: &str) -> Result<Image> {
             ..Image::program(vec![dir.join("bin/server").display().to_string()], 0, 0)
         });
     }
+    if name == "tcp-echo-server" {
+        // Istio's tcp-echo sample server (`samples/tcp-echo`): ENTRYPOINT /bin/tcp-echo, CMD
+        // `9000 hello`, FROM scratch (root); our stand-in answers each line as it does.
+        return Ok(Image {
+            cmd: vec!["9000".into(), "hello".into()],
+            ..Image::program(vec![bin("tcp-echo")], 0, 0)
+        });
+    }
     if repo == "registry.k8s.io/coredns/coredns" {
         // The conformance suite's UDP backend (UDPRoute only, a feature neither Istio nor we
         // support, so no test sends it a datagram). Its pod must still be Ready for the suite
@@ -108,7 +116,7 @@ pub fn resolve(reference: &str) -> Result<Image> {
     }
     bail!(
         "image {reference}: this node has no such image (it runs {PROXY_HUB}/proxyv2, \
-         examples-bookinfo-*, curlimages/curl, the Gateway API conformance echo-basic and \
+         examples-bookinfo-*, curlimages/curl, tcp-echo-server, the Gateway API conformance echo-basic and \
          echo-advanced, and a coredns stand-in)"
     )
 }
@@ -135,6 +143,9 @@ mod tests {
         assert_eq!(&b.entrypoint[1..], ["reviews", "v2"]);
         assert_ne!(b.uid, 1337);
         assert!(resolve("docker.io/curlimages/curl:8.16.0").is_ok());
+        let echo = resolve("registry.istio.io/release/tcp-echo-server:1.3").unwrap();
+        assert!(echo.entrypoint[0].ends_with("/tcp-echo"));
+        assert_eq!(echo.cmd, ["9000", "hello"]);
         let err = resolve("docker.io/istio/proxyv2:1.31.0").unwrap_err();
         assert!(err.to_string().contains("docker.io/istio/proxyv2:1.31.0"));
         assert!(resolve("localhost:5000/istio-rs/proxyv2").is_err());

@@ -21,5 +21,6 @@ pub mod istioctl;
 pub mod istiod_core;
 pub mod kubelet;
 pub mod node;
+pub mod standard_metrics;
 
 pub use cluster::Cluster;

@@ -6,7 +6,6 @@
 //! env and volumes. One cluster for the whole test (a few seconds to start); each step says
 //! what it proves.
 
-use std::collections::BTreeMap;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -15,38 +14,12 @@ use cluster::Cluster;
 use cluster::apply;
 use cluster::bookinfo::{
     apply_sample, apply_text, certificates_and_mtls, curl, delete_sample, envoy_hosts, full_page,
-    is_ready, no_update_rejected, pod_local, pod_named, pods, productpage, reviews_version,
-    routing_samples, sample, scale, scaling, wait_answers, wait_page, wait_pods_ready,
+    is_ready, no_update_rejected, pod_named, pods, productpage, reviews_version, routing_samples,
+    sample, scale, scaling, wait_answers, wait_page, wait_pods_ready,
 };
+use cluster::standard_metrics::{self, requests_total};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-
-/// The `istio_requests_total` series of a pod's sidecar (15020), as label maps with values.
-fn requests_total(
-    c: &Cluster,
-    namespace: &str,
-    pod: &str,
-) -> Result<Vec<(BTreeMap<String, String>, f64)>> {
-    // Istio's standard metrics are in the agent's part of the merged exposition (15020).
-    let text = pod_local(c, namespace, pod, "http://127.0.0.1:15020/stats/prometheus")?;
-    let mut out = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("istio_requests_total{"))
-    {
-        let Some((labels, value)) = line["istio_requests_total{".len()..].rsplit_once("} ") else {
-            continue;
-        };
-        let mut map = BTreeMap::new();
-        for kv in labels.split("\",") {
-            if let Some((k, v)) = kv.split_once("=\"") {
-                map.insert(k.to_string(), v.trim_end_matches('"').to_string());
-            }
-        }
-        out.push((map, value.trim().parse().unwrap_or(0.0)));
-    }
-    Ok(out)
-}
 
 #[test]
 fn bookinfo_through_istios_injector() {
@@ -200,7 +173,11 @@ fn bookinfo_through_istios_injector() {
     app_probes(&c);
     let (serial, took) = certificates_and_mtls(&c).unwrap();
     eprintln!("STEP certificates from istiod's CA ({serial}); STRICT mTLS in effect in {took:?}");
-    metric_labels(&c);
+    standard_metrics::bookinfo_http(&c).unwrap();
+    // Istio's tcp-echo sample beside the classic namespace's curl.
+    apply_sample(&c, "tcp-echo/tcp-echo.yaml", "classic").unwrap();
+    wait_pods_ready(&c, "classic", 2, Duration::from_secs(60)).unwrap();
+    standard_metrics::tcp_echo(&c, "classic").unwrap();
     metrics_shaped_by_istiod(&c);
     envoy_filters(&c);
     routing_samples(&c).unwrap();
@@ -301,98 +278,8 @@ fn app_probes(c: &Cluster) {
     );
 }
 
-/// Istio's standard metrics for that traffic, with the workloads on both sides: each label as
-/// Istio reports it, except the KNOWN differences (each still asserted to differ, so a fix moves
-/// it to the checked labels).
-fn metric_labels(c: &Cluster) {
-    let pp = productpage(c).unwrap();
-    let details = pod_named(c, "default", "details-v1-").unwrap();
-    let find = |pod: &str, reporter: &str| {
-        requests_total(c, "default", pod)
-            .unwrap_or_default()
-            .into_iter()
-            .find(|(l, _)| {
-                l.get("reporter").map(String::as_str) == Some(reporter)
-                    && l.get("destination_workload").map(String::as_str) == Some("details-v1")
-                    && l.get("source_principal").map(String::as_str)
-                        == Some("spiffe://cluster.local/ns/default/sa/bookinfo-productpage")
-            })
-    };
-    // Envoy batches its access-log records (1 s): the series appear within seconds.
-    let mut client = None;
-    let mut server = None;
-    harness::wait_until(Duration::from_secs(15), || {
-        client = find(&pp, "source");
-        server = find(&details, "destination");
-        client.is_some() && server.is_some()
-    });
-    let (client, _) =
-        client.expect("productpage's sidecar reports no istio_requests_total to details");
-    let (server, _) =
-        server.expect("details' sidecar reports no istio_requests_total from productpage");
-    let want = [
-        ("destination_service", "details.default.svc.cluster.local"),
-        ("destination_service_name", "details"),
-        ("destination_service_namespace", "default"),
-        ("source_workload", "productpage-v1"),
-        ("source_workload_namespace", "default"),
-        ("source_app", "productpage"),
-        ("source_version", "v1"),
-        ("source_canonical_service", "productpage"),
-        (
-            "source_principal",
-            "spiffe://cluster.local/ns/default/sa/bookinfo-productpage",
-        ),
-        ("source_cluster", "Kubernetes"),
-        ("destination_workload", "details-v1"),
-        ("destination_workload_namespace", "default"),
-        ("destination_app", "details"),
-        ("destination_version", "v1"),
-        ("destination_canonical_service", "details"),
-        ("destination_canonical_revision", "v1"),
-        (
-            "destination_principal",
-            "spiffe://cluster.local/ns/default/sa/bookinfo-details",
-        ),
-        ("destination_cluster", "Kubernetes"),
-        ("connection_security_policy", "mutual_tls"),
-        ("request_protocol", "http"),
-        ("response_code", "200"),
-    ];
-    // Where we are not Istio (yet). The peer's workload comes from our peer exchange (HTTP),
-    // which the agent puts where istiod's metadata exchange was.
-    const KNOWN: &[(&str, &str)] = &[
-        ("client", "connection_security_policy"), // Istio reports "unknown" here too
-    ];
-    let mut wrong = Vec::new();
-    let mut still_known = Vec::new();
-    for (side, labels) in [("client", &client), ("server", &server)] {
-        for (k, v) in want {
-            let right = labels.get(k).map(String::as_str) == Some(v);
-            let known = KNOWN.contains(&(side, k));
-            if known && right {
-                wrong.push(format!("{side} {k} is right now: move it out of KNOWN"));
-            } else if !known && !right {
-                wrong.push(format!("{side} {k}={:?} (want {v})", labels.get(k)));
-            } else if known {
-                still_known.push(format!(
-                    "{side} {k}={:?}",
-                    labels.get(k).map(String::as_str).unwrap_or("")
-                ));
-            }
-        }
-    }
-    assert!(
-        wrong.is_empty(),
-        "istio_requests_total labels: {wrong:#?}\nclient {client:?}\nserver {server:?}"
-    );
-    eprintln!(
-        "STEP metrics: istio_requests_total labelled on both sides; still not Istio's: {still_known:?}"
-    );
-}
-
 /// istio.io's `namespace-metrics` Telemetry (customize-metrics task) in `default`: istiod writes
-/// it into its `istio.stats` filter config, which the agent removes and follows.
+/// it into its `istio.stats` filter config, which the proxy module follows.
 fn metrics_shaped_by_istiod(c: &Cluster) {
     let telemetry = "apiVersion: telemetry.istio.io/v1
 kind: Telemetry
@@ -437,8 +324,8 @@ spec:
 }
 
 /// EnvoyFilters applied by istiod reach Envoy through our agent's adaptation: the Lua filter
-/// istiod inserts answers with its header; a MERGE into `istio.alpn`, a filter the agent removes
-/// for upstream Envoy, is not applied and the agent says so by name.
+/// istiod inserts answers with its header; a MERGE into `istio.alpn`, a filter the agent hands to
+/// the proxy module, is carried into the module's config (Envoy's dump shows the merged entry).
 fn envoy_filters(c: &Cluster) {
     let alpn = r#"apiVersion: networking.istio.io/v1alpha3
 kind: EnvoyFilter
@@ -470,24 +357,38 @@ spec:
     apply_text(c, alpn, "default").unwrap();
     let took = cluster::bookinfo::productpage_lua(c).unwrap();
     let pp = productpage(c).unwrap();
-    let run = c.kubelet.pod("default", &pp).unwrap();
-    let mut log = String::new();
-    let reported = harness::wait_until(Duration::from_secs(10), || {
-        log = run.logs("istio-proxy");
-        log.lines().any(|l| {
-            l.contains("settings istiod does not write")
-                && l.contains("istio.alpn")
-                && l.contains("alpn_override")
-        })
+    // istiod's own HTTP2 entry is ["istio-h2", "h2"]; the MERGE appends this one.
+    let merged = r#"{\"upstream_protocol\":\"HTTP2\",\"alpn_override\":[\"h2\"]}"#;
+    let mut dump = String::new();
+    let carried = harness::wait_until(Duration::from_secs(10), || {
+        dump = cluster::bookinfo::pod_local(
+            c,
+            "default",
+            &pp,
+            "http://127.0.0.1:15000/config_dump?resource=dynamic_listeners",
+        )
+        .unwrap_or_default();
+        dump.contains(merged)
     });
+    let log = c
+        .kubelet
+        .pod("default", &pp)
+        .map(|run| run.logs("istio-proxy"))
+        .unwrap_or_default();
     assert!(
-        reported,
-        "the agent did not report the lost istio.alpn patch:\n{}",
+        carried,
+        "the istio.alpn MERGE is not in the module's config ({} bytes of listeners); agent log:\n{}",
+        dump.len(),
+        harness::tail(&log, 20)
+    );
+    assert!(
+        !log.contains("settings the proxy module does not apply"),
+        "the agent reported settings lost:\n{}",
         harness::tail(&log, 20)
     );
     no_update_rejected(c, "default", &pods(c, "default")).unwrap();
     eprintln!(
-        "STEP EnvoyFilter: istiod's Lua patch in effect through the agent in {took:?}; its istio.alpn MERGE reported as not applied"
+        "STEP EnvoyFilter: istiod's Lua patch in effect through the agent in {took:?}; its istio.alpn MERGE carried into the proxy module"
     );
     c.block_on(apply::delete_yaml(&c.client, alpn, Some("default")))
         .unwrap();

@@ -37,6 +37,7 @@ const LAYERS: &[(&str, &[Layer])] = &[
                     "tasks",
                     "watch",
                     "conn_slots",
+                    "module",
                 ],
             ),
             ("shared parts", &["side_port", "telemetry"]),
@@ -131,8 +132,18 @@ const LAYERS: &[(&str, &[Layer])] = &[
         "agent",
         &[
             ("config", &["config"]),
-            ("primitives", &["http_client", "drain", "uds", "app_uid"]),
-            ("local clients", &["admin", "telemetry"]),
+            (
+                "primitives",
+                &[
+                    "http_client",
+                    "drain",
+                    "uds",
+                    "app_uid",
+                    "workload",
+                    "proxy_module",
+                ],
+            ),
+            ("local clients", &["admin"]),
             ("services", &["metrics", "probes", "grpc_client"]),
             ("workload", &["identity", "dns"]),
             ("identity users", &["embedded", "sds"]),
@@ -143,6 +154,16 @@ const LAYERS: &[(&str, &[Layer])] = &[
         ],
     ),
     ("proto", &[("crate", &[""])]),
+    (
+        "module",
+        &[
+            ("leaves", &["logging", "envoy", "peer", "tcp_metrics"]),
+            ("model", &["labels", "node"]),
+            ("filters", &["filters"]),
+            ("ABI", &["ffi"]),
+            ("crate", &[""]),
+        ],
+    ),
 ];
 
 /// Which crates each crate's code may use, by folder.
@@ -152,6 +173,7 @@ const CRATE_DEPS: &[(&str, &[&str])] = &[
     ("init", &["common"]),
     ("istiod-core", &["common", "proto"]),
     ("agent", &["common", "init", "proto", "istiod-core"]),
+    ("module", &["common"]),
 ];
 
 /// The agent's files that may use istiod-core: the embedded control plane and its settings.
