@@ -18,8 +18,8 @@
 # app.example.com to its port 8080): ours is `pilot-agent proxy router` serving a Gateway and a
 # VirtualService bound to it, to the server's sidecar over mTLS; hand-minimal is an Envoy with one
 # listener on 8080, one route and the same TLS cluster. Mode `telemetry`: ours with Istio's
-# standard metrics (the default: every HCM and tcp_proxy has the OpenTelemetry access logger that
-# feeds the agent) and ours with them off (MeshConfig `defaultProviders: {metrics: []}`),
+# standard metrics (the default: every HCM and tcp_proxy has the proxy module's istio.stats) and
+# ours with them off (MeshConfig `defaultProviders: {metrics: []}`: no istio.stats filter),
 # alternating in the same run. Mode `accesslog`: ours with MeshConfig `accessLogFile` (a file,
 # Istio's default text format) and ours without, alternating. Mode `tracing`: ours with a
 # Telemetry tracing to a Zipkin provider at 1% sampling (the collectors: Jaeger v2 from

@@ -21,21 +21,23 @@ if [ "${1:-}" = --print ]; then echo "$ISTIO_HOME"; exit 0; fi
 # What the module gives besides the binaries: pilot-agent reads its Envoy bootstrap template from
 # ./var/lib/istio/envoy/envoy_bootstrap_tmpl.json (Istio's proxy image puts this file there), and
 # the Kubernetes tests apply Istio's samples verbatim (Bookinfo, its networking and Gateway API
-# samples, curl).
+# samples, curl, tcp-echo).
 files_present() {
   [ -f "$ISTIO_HOME/envoy_bootstrap_tmpl.json" ] && [ -f "$ISTIO_HOME/samples/bookinfo/platform/kube/bookinfo.yaml" ] \
-    && [ -f "$ISTIO_HOME/samples/curl/curl.yaml" ] && [ -f "$ISTIO_HOME/samples/bookinfo/gateway-api/bookinfo-gateway.yaml" ]
+    && [ -f "$ISTIO_HOME/samples/curl/curl.yaml" ] && [ -f "$ISTIO_HOME/samples/bookinfo/gateway-api/bookinfo-gateway.yaml" ] \
+    && [ -f "$ISTIO_HOME/samples/tcp-echo/tcp-echo.yaml" ]
 }
 copy_files() {
   local mod
   mod="$(GOFLAGS= go list -m -f "{{.Dir}}" "istio.io/istio@${ISTIO_MODULE_VERSION}")"
   install -m 0644 "$mod/tools/packaging/common/envoy_bootstrap.json" "$ISTIO_HOME/envoy_bootstrap_tmpl.json"
   rm -rf "$ISTIO_HOME/samples"
-  mkdir -p "$ISTIO_HOME/samples/bookinfo/platform" "$ISTIO_HOME/samples/curl"
+  mkdir -p "$ISTIO_HOME/samples/bookinfo/platform" "$ISTIO_HOME/samples/curl" "$ISTIO_HOME/samples/tcp-echo"
   cp -r "$mod/samples/bookinfo/platform/kube" "$ISTIO_HOME/samples/bookinfo/platform/kube"
   cp -r "$mod/samples/bookinfo/networking" "$ISTIO_HOME/samples/bookinfo/networking"
   cp -r "$mod/samples/bookinfo/gateway-api" "$ISTIO_HOME/samples/bookinfo/gateway-api"
   cp "$mod/samples/curl/curl.yaml" "$ISTIO_HOME/samples/curl/curl.yaml"
+  cp "$mod/samples/tcp-echo/"*.yaml "$ISTIO_HOME/samples/tcp-echo/"
   chmod -R u+w,a+rX "$ISTIO_HOME/samples"
 }
 

@@ -206,7 +206,12 @@ impl Instruments {
 /// A server's mutual-TLS TCP chain with the exchange, split in two: the connections that
 /// negotiated the exchange's ALPN (a chain of their own, whose exchange announces this side on
 /// its first bytes as Istio's does) and the rest (whose exchange only answers a client's frame).
+/// The passthrough chain (no service port) stays one chain, as istiod's listener has it (what
+/// `istioctl proxy-config listener` compares): there the exchange answers a client's frame only.
 fn negotiated_split(mut chain: FilterChain) -> Vec<FilterChain> {
+    if to_passthrough(&chain) {
+        return vec![chain];
+    }
     const ALPN: &str = module::PEER_EXCHANGE_ALPN;
     let protocols = chain
         .filter_chain_match
@@ -248,6 +253,21 @@ fn negotiated_split(mut chain: FilterChain) -> Vec<FilterChain> {
         }
     }
     vec![negotiated, chain]
+}
+
+/// Whether `chain` ends in a tcp_proxy to the inbound passthrough cluster.
+fn to_passthrough(chain: &FilterChain) -> bool {
+    use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy::ClusterSpecifier;
+    chain.filters.iter().any(|f| {
+        let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+            return false;
+        };
+        f.name == "envoy.filters.network.tcp_proxy"
+            && TcpProxy::decode(any.value.as_slice()).is_ok_and(|t| {
+                matches!(&t.cluster_specifier, Some(ClusterSpecifier::Cluster(c))
+                    if c.starts_with(crate::resource::INBOUND_PASSTHROUGH_CLUSTER))
+            })
+    })
 }
 
 fn has(filters: &[Filter], name: &str) -> bool {
