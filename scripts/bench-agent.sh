@@ -30,6 +30,9 @@ fi
 for b in pilot-agent istiod-core; do
   [ -x "$BIN/$b" ] || { echo "bench-agent: no $b in $BIN" >&2; exit 1; }
 done
+[ -f "$BIN/libistio_module.so" ] || { echo "bench-agent: no libistio_module.so in $BIN" >&2; exit 1; }
+# The bare Envoys load the proxy module the generated config names, as the agent's Envoy does.
+export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$BIN"
 WORK="$(mktemp -d /tmp/istbench-agent.XXXXXX)"; chmod 0755 "$WORK"
 NS="istbench-agent-$$"
 cleanup() {
@@ -238,8 +241,10 @@ for label in istio ours all; do for f in $KINDS; do : > "$WORK/stats_${f}_$label
 for _ in $(seq 1 "$RUNS"); do
   measure ours
   measure all ', "proxyStatsMatcher": {"inclusionRegexps": [".*"]}'
+  # Istio's agent passes its environment to Envoy: the same Envoy loads the same proxy module
+  # istiod-core's config names.
   measure istio '' "$ISTIO_HOME/bin/pilot-agent" CLOUD_PLATFORM=none \
-    ISTIO_BOOTSTRAP="$ISTIO_HOME/envoy_bootstrap_tmpl.json"
+    ISTIO_BOOTSTRAP="$ISTIO_HOME/envoy_bootstrap_tmpl.json" ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$BIN"
 done
 # min / median / max of a file, scaled and formatted
 mmm() { # file, divisor, printf format
