@@ -12,8 +12,9 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use istiod_core::ca::{Ca, Identity, uri_sans};
+use istiod_core::ca::Ca;
 use libfuzzer_sys::fuzz_target;
+use mesh_common::identity::{Identity, uri_sans};
 use x509_parser::prelude::FromDer;
 
 struct World {

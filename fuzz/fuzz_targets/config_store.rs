@@ -62,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
             .filter_map(|n| Cluster::decode(n.resource.value.as_slice()).ok())
             .map(|c| c.name)
             .collect();
-        let _ = eds::generate(&push, &eds_names);
+        let _ = eds::generate(&push, &proxy, &eds_names);
         let _ = istiod_core::generators::routes(&push, &proxy, &push.route_names());
         let _ = nds::generate(&push, &proxy);
     }

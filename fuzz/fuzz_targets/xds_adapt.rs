@@ -27,8 +27,7 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(after.nonce, before.nonce);
         }
     } else if let Ok(before) = DiscoveryResponse::decode(msg) {
-        let after =
-            DiscoveryResponse::decode(out.as_ref()).expect("an adapted response decodes");
+        let after = DiscoveryResponse::decode(out.as_ref()).expect("an adapted response decodes");
         assert_eq!(after.type_url, before.type_url);
         assert_eq!(after.nonce, before.nonce);
         assert!(after.resources.len() <= before.resources.len());
