@@ -28,6 +28,25 @@ pub const ENVOY_BUILD: &str = "9e5580933739775e8bce696a57a2e1bc99368f23/1.40.0";
 /// The ABI version string of that build.
 pub const ABI_VERSION: &str = "v0.2.0";
 
+/// Which side reports (Istio's `reporter` label): what istiod-core and the agent tell the
+/// module's `istio.stats`, and what the module labels with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reporter {
+    /// A client sidecar (outbound listeners) or a gateway.
+    Source,
+    /// A server sidecar (inbound listeners).
+    Destination,
+}
+
+impl Reporter {
+    pub fn label(self) -> &'static str {
+        match self {
+            Reporter::Source => "source",
+            Reporter::Destination => "destination",
+        }
+    }
+}
+
 /// Cluster metadata (`filter_metadata`) the module reads, in strings: what Istio's filters read
 /// from the cluster itself or from the list `istio.services`, which the module's metadata
 /// getters cannot reach. istiod-core writes it; the agent adds it to an istiod's clusters.

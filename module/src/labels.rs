@@ -49,23 +49,7 @@ pub const TCP_LABELS: [&str; 3] = [
     "connection_security_policy",
 ];
 
-/// Which side reports (Istio's `reporter` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reporter {
-    /// A client sidecar (outbound listeners) or a gateway.
-    Source,
-    /// A server sidecar (inbound listeners).
-    Destination,
-}
-
-impl Reporter {
-    pub fn label(self) -> &'static str {
-        match self {
-            Reporter::Source => "source",
-            Reporter::Destination => "destination",
-        }
-    }
-}
+pub use mesh_common::module::Reporter;
 
 /// The first entry of a cluster's `istio.services` metadata.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -309,22 +293,7 @@ pub fn security_policy(reporter: Reporter, facts: &Facts<'_>) -> &'static str {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::peer::WorkloadType;
-
-    fn own() -> Workload {
-        Workload {
-            instance: "httpbin-1".into(),
-            namespace: "demo".into(),
-            workload: "httpbin".into(),
-            workload_type: WorkloadType::Deployment,
-            cluster: "Kubernetes".into(),
-            canonical_name: "httpbin".into(),
-            canonical_revision: "v1".into(),
-            app: "httpbin".into(),
-            version: "v1".into(),
-            ..Workload::default()
-        }
-    }
+    use crate::filters::fake::workload;
 
     fn sleep() -> Workload {
         Workload {
@@ -362,7 +331,7 @@ mod tests {
             host: Some("httpbin:8000"),
             ..Facts::default()
         };
-        let l = peer_labels(&own(), Reporter::Destination, &facts);
+        let l = peer_labels(&workload("httpbin"), Reporter::Destination, &facts);
         let m = by_name(&l);
         assert_eq!(m["reporter"], "destination");
         assert_eq!(m["source_workload"], "sleep");
@@ -384,7 +353,7 @@ mod tests {
             peer: Some(&liar),
             ..facts
         };
-        let m = peer_labels(&own(), Reporter::Destination, &facts);
+        let m = peer_labels(&workload("httpbin"), Reporter::Destination, &facts);
         assert_eq!(by_name(&m)["source_workload"], "unknown");
         assert_eq!(by_name(&m)["source_workload_namespace"], "demo");
     }

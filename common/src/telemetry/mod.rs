@@ -5,6 +5,8 @@
 
 pub mod module_filters;
 
+pub use crate::module::Reporter;
+
 use std::collections::BTreeMap;
 
 /// The standard metrics' shape: what Istio writes into its `istio.stats` filter config, one
@@ -24,22 +26,4 @@ pub struct MetricConfig {
     pub tags_to_remove: Vec<String>,
     /// Tag → CEL value (checked when the Telemetry was read).
     pub dimensions: BTreeMap<String, String>,
-}
-
-/// Which side of a request a listener reports as (Istio's `reporter` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reporter {
-    /// An outbound listener: the client's sidecar.
-    Source,
-    /// An inbound listener: the server's sidecar.
-    Destination,
-}
-
-impl Reporter {
-    pub fn label(self) -> &'static str {
-        match self {
-            Reporter::Source => "source",
-            Reporter::Destination => "destination",
-        }
-    }
 }

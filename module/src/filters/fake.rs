@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::envoy::{Connection, HttpConfig, HttpStream};
+use crate::node::Own;
+use crate::peer::{Workload, WorkloadType};
 
 #[derive(Default)]
 pub struct FakeStream {
@@ -170,4 +172,30 @@ impl Connection for FakeConnection {
     fn filter_state_bytes(&self, key: &str) -> Option<Vec<u8>> {
         self.state.get(key).cloned()
     }
+}
+
+/// A Deployment `name` (app and canonical service `name`, version and revision `v1`) in
+/// namespace `demo` of cluster `Kubernetes`: the workload the filters' tests run as or talk to.
+pub fn workload(name: &str) -> Workload {
+    Workload {
+        instance: format!("{name}-1"),
+        namespace: "demo".into(),
+        workload: name.into(),
+        workload_type: WorkloadType::Deployment,
+        cluster: "Kubernetes".into(),
+        canonical_name: name.into(),
+        canonical_revision: "v1".into(),
+        app: name.into(),
+        version: "v1".into(),
+        ..Workload::default()
+    }
+}
+
+/// This proxy as [`workload`] `name`, for the life of the test (configs borrow it).
+pub fn own(name: &str) -> &'static Own {
+    Box::leak(Box::new(Own {
+        id: format!("sidecar~10.0.0.1~{name}-1.demo~demo.svc.cluster.local"),
+        workload: workload(name),
+        ..Own::default()
+    }))
 }

@@ -140,32 +140,13 @@ impl<'c> Filter<'c> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::filters::fake::FakeStream;
-    use crate::peer::{Workload, WorkloadType};
-
-    fn own(name: &str) -> Own {
-        Own {
-            id: format!("sidecar~10.0.0.1~{name}-1.demo~demo.svc.cluster.local"),
-            workload: Workload {
-                instance: format!("{name}-1"),
-                namespace: "demo".into(),
-                workload: name.into(),
-                workload_type: WorkloadType::Deployment,
-                cluster: "Kubernetes".into(),
-                canonical_name: name.into(),
-                canonical_revision: "v1".into(),
-                app: name.into(),
-                version: "v1".into(),
-                ..Workload::default()
-            },
-            ..Own::default()
-        }
-    }
+    use crate::filters::fake::{FakeStream, own};
+    use crate::peer::Workload;
 
     #[test]
     fn a_request_and_its_response_through_both_sides() {
-        let client = Config::new(PeerMetadata::client(), &own("sleep"));
-        let server = Config::new(PeerMetadata::server(), &own("httpbin"));
+        let client = Config::new(PeerMetadata::client(), own("sleep"));
+        let server = Config::new(PeerMetadata::server(), own("httpbin"));
         let mut s = FakeStream::default();
         s.request.insert("x-app".into(), "1".into());
         // Client side, request.
@@ -203,7 +184,7 @@ mod tests {
 
     #[test]
     fn a_client_outside_the_mesh_gets_nothing_back() {
-        let server = Config::new(PeerMetadata::server(), &own("httpbin"));
+        let server = Config::new(PeerMetadata::server(), own("httpbin"));
         let mut s = FakeStream::default();
         let mut f = Filter::new(&server);
         f.on(Phase::RequestHeaders, &mut s);
@@ -220,14 +201,14 @@ mod tests {
             .as_mut()
             .unwrap()
             .skip_external_clusters = true;
-        let client = Config::new(cfg, &own("sleep"));
+        let client = Config::new(cfg, own("sleep"));
         let mut s = FakeStream::default();
         s.cluster_bools
             .insert(("istio".into(), "external".into()), true);
         Filter::new(&client).on(Phase::RequestHeaders, &mut s);
         assert!(!s.request.contains_key(METADATA_HEADER));
         // disable_mx skips whatever the config says.
-        let client = Config::new(PeerMetadata::client(), &own("sleep"));
+        let client = Config::new(PeerMetadata::client(), own("sleep"));
         let mut s = FakeStream::default();
         s.cluster_bools
             .insert(("istio".into(), "disable_mx".into()), true);

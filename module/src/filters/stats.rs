@@ -471,27 +471,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::filters::fake::{FakeConfig, FakeStream};
+    use crate::filters::fake::{FakeConfig, FakeStream, own};
     use crate::peer::{Workload, WorkloadType};
-
-    fn own() -> &'static Own {
-        Box::leak(Box::new(Own {
-            id: "sidecar~10.0.0.2~httpbin-1.demo~demo.svc.cluster.local".into(),
-            workload: Workload {
-                instance: "httpbin-1".into(),
-                namespace: "demo".into(),
-                workload: "httpbin".into(),
-                workload_type: WorkloadType::Deployment,
-                cluster: "Kubernetes".into(),
-                canonical_name: "httpbin".into(),
-                canonical_revision: "v1".into(),
-                app: "httpbin".into(),
-                version: "v1".into(),
-                ..Workload::default()
-            },
-            ..Own::default()
-        }))
-    }
 
     fn sleep() -> Workload {
         Workload {
@@ -524,7 +505,7 @@ mod tests {
         let mut envoy = FakeConfig::default();
         let config = Config::new(
             serde_json::from_str(r#"{"disable_host_header_fallback":true}"#).unwrap(),
-            own(),
+            own("httpbin"),
             &mut envoy,
         )
         .unwrap();
@@ -570,7 +551,7 @@ mod tests {
     #[test]
     fn an_announcement_from_another_namespace_than_the_certificate_is_not_believed() {
         let mut envoy = FakeConfig::default();
-        let config = Config::new(Stats::default(), own(), &mut envoy).unwrap();
+        let config = Config::new(Stats::default(), own("httpbin"), &mut envoy).unwrap();
         let mut s = FakeStream::default();
         s.ints.insert(attribute::XDS_LISTENER_DIRECTION, 1);
         s.strings.insert(

@@ -403,27 +403,8 @@ impl<'c> Stats<'c> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::filters::fake::FakeConnection;
-    use crate::peer::{Workload, WorkloadType};
-
-    fn own(name: &str) -> &'static Own {
-        Box::leak(Box::new(Own {
-            id: format!("sidecar~10.0.0.1~{name}-1.demo~demo.svc.cluster.local"),
-            workload: Workload {
-                instance: format!("{name}-1"),
-                namespace: "demo".into(),
-                workload: name.into(),
-                workload_type: WorkloadType::Deployment,
-                cluster: "Kubernetes".into(),
-                canonical_name: name.into(),
-                canonical_revision: "v1".into(),
-                app: name.into(),
-                version: "v1".into(),
-                ..Workload::default()
-            },
-            ..Own::default()
-        }))
-    }
+    use crate::filters::fake::{FakeConnection, own};
+    use crate::peer::Workload;
 
     #[test]
     fn client_and_server_exchange_frames_and_strip_them() {
