@@ -6,7 +6,7 @@
 #   istio-iptables side by side: ours vs Istio's own (`pilot-agent istio-iptables`, the release
 #   build of scripts/install-istio.sh), interleaved (ours, Istio's, ours, Istio's...), each process
 #   to a fresh network namespace, with the injector's args; per backend (as detected, forced nft,
-#   forced legacy) and per address family (a namespace with an IPv4 address only, or IPv4 and
+#   forced legacy, and Istio 1.27+'s --native-nftables) and per address family (a namespace with an IPv4 address only, or IPv4 and
 #   IPv6). After every run the rules are read back with iptables-save and must be the expected
 #   ones, the same for both, in the same backend.
 # Usage: ./scripts/bench.sh [runs]   (default 15). Root required. Prints Markdown tables.
@@ -164,37 +164,56 @@ mmm() { sort -n "$1" | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2
 med() { sort -n "$1" | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; print m}'; }
 
 CONFIGS=(default large)
-BACKENDS=(auto nft legacy)
+# nftables: Istio 1.27+'s --native-nftables (its inet tables through nft, no iptables rule).
+BACKENDS=(auto nft legacy nftables)
 FAMILIES=(v4 dual)
-declare -A E4 E6
+declare -A E4 E6 ENFT
 for c in "${CONFIGS[@]}"; do
   if [ "$c" = default ]; then args=("${SIDE_DEFAULT[@]}"); else args=("${SIDE_LARGE[@]}"); fi
   for fam in "${FAMILIES[@]}"; do
     ip netns exec "$(new_ns "$fam")" env ISTIO_DUAL_STACK=true "$IPT" "${args[@]}" -n > "$TMP/dry" 2>/dev/null
     E4[$c-$fam]=$(awk '/^# V4/{f=1;next} /^# V6/{f=0} f && /^-[AI]/ {n++} END {print n + 0}' "$TMP/dry")
     E6[$c-$fam]=$(awk '/^# V6/{f=1;next} /^# V4/{f=0} f && /^-[AI]/ {n++} END {print n + 0}' "$TMP/dry")
+    ip netns exec "$(new_ns "$fam")" env ISTIO_DUAL_STACK=true "$IPT" "${args[@]}" --native-nftables -n > "$TMP/dry" 2>/dev/null
+    ENFT[$c-$fam]=$(grep -cE '^(add|insert) rule ' "$TMP/dry")
     for be in "${BACKENDS[@]}"; do : > "$TMP/side-ours-$c-$be-$fam"; : > "$TMP/side-istio-$c-$be-$fam"; done
   done
 done
+
+# What a run left: iptables rules, or (nftables) the ruleset without counters and no iptables rule.
+state_in() { # ns, backend
+  rules_in "$1"
+  [ "$2" = nftables ] && ip netns exec "$1" nft list ruleset | sed -E 's/counter packets [0-9]+ bytes [0-9]+/counter/'
+  return 0
+}
+check_state() { # state file, backend, config-family, label
+  if [ "$2" != nftables ]; then check_rules "$1" "$2" "${E4[$3]}" "${E6[$3]}" "$4"; return; fi
+  local n; n=$(grep -cE '(^|[[:space:]])counter([[:space:]]|$)' "$1" || true)
+  if [ "$n" != "${ENFT[$3]}" ] || grep -q '^ip' "$1"; then
+    echo "bench: $4: $n nftables rules (expected ${ENFT[$3]}), iptables rules: $(grep -c '^ip' "$1")" >&2
+    exit 1
+  fi
+}
 
 for run in $(seq 1 "$RUNS"); do
   for c in "${CONFIGS[@]}"; do
     if [ "$c" = default ]; then args=("${SIDE_DEFAULT[@]}"); else args=("${SIDE_LARGE[@]}"); fi
     for be in "${BACKENDS[@]}"; do
       force=(); [ "$be" = auto ] || force=(--force-iptables-binary "$be")
+      [ "$be" = nftables ] && force=(--native-nftables)
       for fam in "${FAMILIES[@]}"; do
         cell="$c-$be-$fam"
         # In a dual-stack mesh the injector gives istio-init ISTIO_DUAL_STACK=true (Istio writes
         # no IPv6 rules without it); ours reads it too. Both get it in every cell.
         ns=$(new_ns "$fam")
         timed_in "$ns" ISTIO_DUAL_STACK=true "$IPT" "${args[@]}" "${force[@]}" >> "$TMP/side-ours-$cell"
-        rules_in "$ns" > "$TMP/state-ours"
-        check_rules "$TMP/state-ours" "$be" "${E4[$c-$fam]}" "${E6[$c-$fam]}" "ours $cell run $run"
+        state_in "$ns" "$be" > "$TMP/state-ours"
+        check_state "$TMP/state-ours" "$be" "$c-$fam" "ours $cell run $run"
         ns=$(new_ns "$fam")
         timed_in "$ns" ISTIO_DUAL_STACK=true "$ISTIO_AGENT" istio-iptables "${args[@]}" "${force[@]}" \
           >> "$TMP/side-istio-$cell"
-        rules_in "$ns" > "$TMP/state-istio"
-        check_rules "$TMP/state-istio" "$be" "${E4[$c-$fam]}" "${E6[$c-$fam]}" "Istio's $cell run $run"
+        state_in "$ns" "$be" > "$TMP/state-istio"
+        check_state "$TMP/state-istio" "$be" "$c-$fam" "Istio's $cell run $run"
         [ "$be" = auto ] && [ -z "${AUTO_BE:-}" ] && AUTO_BE=$(awk '{sub(/^ip6?tables-/, "", $1); print $1; exit}' "$TMP/state-ours")
         if ! cmp -s "$TMP/state-ours" "$TMP/state-istio"; then
           echo "bench: $cell run $run: ours and Istio's left different rules:" >&2
@@ -214,12 +233,13 @@ for c in "${CONFIGS[@]}"; do
   cname="default sidecar (injector's args)"; [ "$c" = large ] && cname="large (250 ports, 250 CIDRs)"
   for be in "${BACKENDS[@]}"; do
     bname="$be (forced)"; [ "$be" = auto ] && bname="as detected ($AUTO_BE here)"
+    [ "$be" = nftables ] && bname="native nftables (--native-nftables)"
     for fam in "${FAMILIES[@]}"; do
       fname="IPv4 + IPv6"; [ "$fam" = v4 ] && fname="IPv4 only"
       o="$TMP/side-ours-$c-$be-$fam"; i="$TMP/side-istio-$c-$be-$fam"
       ratios=$(paste "$o" "$i" | awk '{print $1 / $2}' | sort -n | awk '{a[NR]=$1} END {printf "%.2f–%.2f", a[1], a[NR]}')
       printf "| %s | %s | %s | %s | %s | %s | %.2f | %s |\n" "$cname" "$bname" "$fname" \
-        "${E4[$c-$fam]}+${E6[$c-$fam]}" "$(mmm "$o")" "$(mmm "$i")" \
+        "$(if [ "$be" = nftables ]; then echo "${ENFT[$c-$fam]} (inet)"; else echo "${E4[$c-$fam]}+${E6[$c-$fam]}"; fi)" "$(mmm "$o")" "$(mmm "$i")" \
         "$(echo "$(med "$o") / $(med "$i")" | bc -l)" "$ratios"
     done
   done

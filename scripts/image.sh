@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the container images without pulling any base image (no registry is needed):
 #   localhost/istio-rs/proxyv2:TAG  pilot-agent (ENTRYPOINT), istio-iptables, Envoy, iptables
-#                                   (legacy and nft), ip6tables, iproute2; Istio's paths and the
+#                                   (legacy and nft), ip6tables, nft, iproute2; Istio's paths and the
 #                                   istio-proxy user 1337 (Dockerfile at the top of the repo)
 #   localhost/istio-rs/istiod:TAG   istiod-core (images/istiod/Dockerfile)
 # Each root filesystem is made from Debian packages with `mmdebstrap --variant=extract` (only the

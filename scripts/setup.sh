@@ -30,7 +30,7 @@ need_apt=()
 # podman with runc (crun fails on these machines' hybrid cgroups) and mmdebstrap (root
 # filesystems from Debian packages) build and run the images (scripts/image.sh, the pod tests);
 # catatonit is the init of the pause image podman builds locally for a pod.
-for pair in iptables:iptables ip:iproute2 setpriv:util-linux curl:curl /usr/bin/python3:python3 dnsmasq:dnsmasq-base openssl:openssl podman:podman runc:runc catatonit:catatonit mmdebstrap:mmdebstrap; do
+for pair in iptables:iptables nft:nftables ip:iproute2 setpriv:util-linux curl:curl /usr/bin/python3:python3 dnsmasq:dnsmasq-base openssl:openssl podman:podman runc:runc catatonit:catatonit mmdebstrap:mmdebstrap; do
   cmd="${pair%%:*}"; pkg="${pair##*:}"
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
@@ -41,7 +41,7 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 else
-  say "iptables, iproute2, util-linux, curl, python3, dnsmasq, openssl, podman, runc, mmdebstrap: present"
+  say "iptables, nftables, iproute2, util-linux, curl, python3, dnsmasq, openssl, podman, runc, mmdebstrap: present"
 fi
 
 have_envoy_version() {

@@ -124,6 +124,10 @@ pub struct Args {
     /// Force the iptables backend: legacy or nft [env: FORCE_IPTABLES_BINARY].
     #[arg(long = "force-iptables-binary")]
     pub force_iptables_binary: Option<String>,
+    /// Program Istio's nftables tables (inet istio-proxy-nat, -mangle, -raw) through `nft`
+    /// instead of iptables rules [env: NATIVE_NFTABLES].
+    #[arg(long = "native-nftables", num_args = 0..=1, default_missing_value = "true")]
+    pub native_nftables: Option<String>,
     /// Log levels, Istio style (e.g. default:info); accepted for compatibility.
     #[arg(long = "log_output_level")]
     pub log_output_level: Option<String>,
@@ -273,6 +277,8 @@ pub struct Config {
     pub cleanup_only: bool,
     pub force_apply: bool,
     pub force_binary: Option<ForcedBinary>,
+    /// `--native-nftables`: the plan is rendered as one `nft -f` transaction (`crate::nft`).
+    pub native_nftables: bool,
     pub loopback_cidr_v4: Cidr,
     pub owner_groups_include: Option<Vec<String>>,
     pub owner_groups_exclude: Vec<String>,
@@ -795,6 +801,11 @@ impl Config {
             cleanup_only: src.flag(&args.cleanup_only, "cleanup-only", &["CLEANUP_ONLY"])?,
             force_apply: src.flag(&args.force_apply, "force-apply", &["FORCE_APPLY"])?,
             force_binary,
+            native_nftables: src.flag(
+                &args.native_nftables,
+                "native-nftables",
+                &["NATIVE_NFTABLES"],
+            )?,
             loopback_cidr_v4,
             owner_groups_include,
             owner_groups_exclude,

@@ -6,6 +6,7 @@
 
 pub mod apply;
 pub mod config;
+pub mod nft;
 pub mod plan;
 pub mod render;
 pub mod validation;
@@ -54,6 +55,15 @@ pub enum Error {
     PartialApply { v6: ApplyError, rollback: Rollback },
     #[error(transparent)]
     Validation(#[from] validation::ValidationError),
+    #[error(transparent)]
+    Nft(#[from] nft::NftError),
+    #[error(
+        "{failed}; removing this run's nftables tables also failed ({rollback}): run --cleanup-only"
+    )]
+    NftRollback {
+        failed: ApplyError,
+        rollback: ApplyError,
+    },
 }
 
 /// What became of this run's IPv4 rules after IPv6 failed (the tail of `Error::PartialApply`).
@@ -137,6 +147,8 @@ fn enter_netns(path: &str) -> Result<(), Error> {
 #[derive(Debug)]
 pub struct Report {
     pub payloads: Vec<(Family, String)>,
+    /// With `--native-nftables`: the `nft -f` transaction (instead of `payloads`).
+    pub nft: Option<String>,
     pub outcomes: Vec<(Family, Outcome)>,
     pub cleaned: bool,
     pub validated: bool,
@@ -187,14 +199,33 @@ pub fn run(cfg: &Config) -> Result<Report, Error> {
         .collect();
     let mut report = Report {
         payloads,
+        nft: None,
         outcomes: Vec::new(),
         cleaned: false,
         validated: false,
     };
-    if cfg.dry_run {
+    if cfg.native_nftables {
+        report.payloads.clear();
+        let transaction = nft::transaction(&plans).map_err(nft::NftError::from)?;
+        report.nft = Some(transaction.clone());
+        if cfg.dry_run {
+            return Ok(report);
+        }
+        if !cfg.skip_rule_apply {
+            if cfg.cleanup_only {
+                report.cleaned = nft::installed()?;
+                nft::apply(&nft::cleanup_transaction())?;
+                for family in &families {
+                    report.cleaned |=
+                        apply::cleanup_routes(*family, cfg.tproxy_mark, cfg.tproxy_route_table)?;
+                }
+                return Ok(report);
+            }
+            apply_nft(cfg, &families, &transaction, &mut report)?;
+        }
+    } else if cfg.dry_run {
         return Ok(report);
-    }
-    if !cfg.skip_rule_apply {
+    } else if !cfg.skip_rule_apply {
         let backends: Vec<_> = plans
             .iter()
             .map(|p| apply::detect(p.family, cfg.force_binary))
@@ -224,6 +255,50 @@ pub fn run(cfg: &Config) -> Result<Report, Error> {
     Ok(report)
 }
 
+/// The TPROXY mode's policy routing (mark, table), when this config needs it: as in Istio
+/// (`tproxy.ConfigureRoutes`), only when inbound ports are captured.
+fn tproxy_routing(cfg: &Config) -> Option<(u32, u32)> {
+    (cfg.mode == InterceptionMode::Tproxy && cfg.inbound != config::InboundPorts::None)
+        .then_some((cfg.tproxy_mark, cfg.tproxy_route_table))
+}
+
+/// Applies the nftables transaction (all families at once, atomically), then the routes the
+/// rules rely on. If the routes fail, the tables go back to what they were before this run.
+fn apply_nft(
+    cfg: &Config,
+    families: &[Family],
+    transaction: &str,
+    report: &mut Report,
+) -> Result<(), Error> {
+    // One `nft list tables` first (on a fresh pod the only other process is the apply): what
+    // was there is what a failure of the routes puts back, and it tells a reconcile.
+    let before = nft::snapshot()?;
+    nft::apply(transaction)?;
+    let outcome = if before.is_empty() {
+        Outcome::Applied
+    } else {
+        Outcome::Reconciled
+    };
+    let tproxy = tproxy_routing(cfg);
+    for family in families {
+        let routed = apply::configure_routes(*family, tproxy).and_then(|()| {
+            if tproxy.is_none() && outcome == Outcome::Reconciled {
+                apply::cleanup_routes(*family, cfg.tproxy_mark, cfg.tproxy_route_table)?;
+            }
+            Ok(())
+        });
+        if let Err(failed) = routed {
+            let restore = format!("{}{before}", nft::cleanup_transaction());
+            return Err(match nft::run_nft(&restore) {
+                Ok(()) => failed.into(),
+                Err(rollback) => Error::NftRollback { failed, rollback },
+            });
+        }
+        report.outcomes.push((*family, outcome));
+    }
+    Ok(())
+}
+
 /// Applies one family: the detected backend, then its fallback if the kernel refused the
 /// payload on a clean namespace; then the routes the rules rely on.
 fn apply_family(
@@ -240,8 +315,7 @@ fn apply_family(
         },
         other => other?,
     };
-    let tproxy =
-        (cfg.mode == InterceptionMode::Tproxy).then_some((cfg.tproxy_mark, cfg.tproxy_route_table));
+    let tproxy = tproxy_routing(cfg);
     apply::configure_routes(plan.family, tproxy)?;
     if outcome == Outcome::Reconciled && tproxy.is_none() {
         // Reconciled away from TPROXY: its routing goes too, so the pod ends as a fresh apply.
@@ -344,7 +418,9 @@ pub mod cli {
         eprintln!("istio-iptables: config {cfg:?}");
         match run(&cfg) {
             Ok(report) => {
-                if cfg.dry_run {
+                if let (true, Some(transaction)) = (cfg.dry_run, &report.nft) {
+                    println!("# nftables (nft -f -)\n{transaction}");
+                } else if cfg.dry_run {
                     for (family, payload) in &report.payloads {
                         println!("# {family:?} (iptables-restore --noflush)\n{payload}");
                     }

@@ -77,6 +77,11 @@ pub struct Rule {
     pub chain: &'static str,
     pub position: Position,
     pub args: Vec<String>,
+    /// The step of Istio's `Run()` the rule belongs to, numbered alike in every family: a rule
+    /// alone, or a loop over one family's addresses (CIDRs, DNS servers). The nftables renderer
+    /// writes both families into one `inet` table step by step, IPv4's rules before IPv6's, as
+    /// Istio's nftables mode does.
+    pub section: u32,
 }
 
 impl Rule {
@@ -113,16 +118,30 @@ pub const OUTBOUND_MARK: &str = "1338";
 #[derive(Default)]
 struct Builder {
     rules: Vec<Rule>,
+    section: u32,
+    in_list: bool,
 }
 
 impl Builder {
     fn push(&mut self, table: Table, chain: &'static str, position: Position, args: &[&str]) {
+        if !self.in_list {
+            self.section += 1;
+        }
         self.rules.push(Rule {
             table,
             chain,
             position,
             args: args.iter().map(|s| s.to_string()).collect(),
+            section: self.section,
         });
+    }
+    /// Rules whose number depends on the family (a loop over its addresses, or a rule only
+    /// when it has some): one section, so the sections after it number alike in every family.
+    fn list(&mut self, f: impl FnOnce(&mut Builder)) {
+        self.section += 1;
+        self.in_list = true;
+        f(self);
+        self.in_list = false;
     }
     fn append(&mut self, table: Table, chain: &'static str, args: &[&str]) {
         self.push(table, chain, Position::Append, args);
@@ -478,9 +497,11 @@ fn owner_groups(c: &Ctx, b: &mut Builder) {
 fn dns_redirect(c: &Ctx, b: &mut Builder) {
     let all = c.cfg.capture_all_dns;
     b.raw("OUTPUT", &["-j", ISTIO_OUTPUT_DNS]);
-    if all || !c.dns_servers.is_empty() {
-        b.nat(ISTIO_OUTPUT, &["-j", ISTIO_OUTPUT_DNS]);
-    }
+    b.list(|b| {
+        if all || !c.dns_servers.is_empty() {
+            b.nat(ISTIO_OUTPUT, &["-j", ISTIO_OUTPUT_DNS]);
+        }
+    });
     if all {
         b.nat(
             ISTIO_OUTPUT_DNS,
@@ -510,39 +531,32 @@ fn dns_redirect(c: &Ctx, b: &mut Builder) {
         );
         return;
     }
-    for s in &c.dns_servers {
-        b.nat(
-            ISTIO_OUTPUT_DNS,
-            &[
-                "-p",
-                "tcp",
-                "--dport",
-                "53",
-                "-d",
-                s,
-                "-j",
-                "REDIRECT",
-                "--to-ports",
-                DNS_PROXY_PORT,
-            ],
-        );
-    }
-    for s in &c.dns_servers {
-        b.nat(
-            ISTIO_OUTPUT_DNS,
-            &[
-                "-p",
-                "udp",
-                "--dport",
-                "53",
-                "-d",
-                s,
-                "-j",
-                "REDIRECT",
-                "--to-port",
-                DNS_PROXY_PORT,
-            ],
-        );
+    for proto in ["tcp", "udp"] {
+        // iptables' REDIRECT takes both spellings; Istio writes these two.
+        let to = if proto == "tcp" {
+            "--to-ports"
+        } else {
+            "--to-port"
+        };
+        b.list(|b| {
+            for s in &c.dns_servers {
+                b.nat(
+                    ISTIO_OUTPUT_DNS,
+                    &[
+                        "-p",
+                        proto,
+                        "--dport",
+                        "53",
+                        "-d",
+                        s,
+                        "-j",
+                        "REDIRECT",
+                        to,
+                        DNS_PROXY_PORT,
+                    ],
+                );
+            }
+        });
     }
 }
 
@@ -585,32 +599,38 @@ fn dns_conntrack_zones(c: &Ctx, b: &mut Builder) {
         );
         return;
     }
-    if !c.dns_servers.is_empty() {
-        b.raw("PREROUTING", &["-j", ISTIO_INBOUND]);
-    }
-    for s in &c.dns_servers {
-        b.raw(
-            ISTIO_OUTPUT_DNS,
-            &[
-                "-p", "udp", "--dport", "53", "-d", s, "-j", "CT", "--zone", "2",
-            ],
-        );
-        b.raw(
-            ISTIO_INBOUND,
-            &[
-                "-p", "udp", "--sport", "53", "-s", s, "-j", "CT", "--zone", "1",
-            ],
-        );
-    }
+    b.list(|b| {
+        if !c.dns_servers.is_empty() {
+            b.raw("PREROUTING", &["-j", ISTIO_INBOUND]);
+        }
+    });
+    b.list(|b| {
+        for s in &c.dns_servers {
+            b.raw(
+                ISTIO_OUTPUT_DNS,
+                &[
+                    "-p", "udp", "--dport", "53", "-d", s, "-j", "CT", "--zone", "2",
+                ],
+            );
+            b.raw(
+                ISTIO_INBOUND,
+                &[
+                    "-p", "udp", "--sport", "53", "-s", s, "-j", "CT", "--zone", "1",
+                ],
+            );
+        }
+    });
 }
 
 /// Loopback and excluded CIDRs return; outbound ports and included CIDRs go to Envoy, also from
 /// KubeVirt interfaces (Istio's `handleOutboundPortsInclude` and `handleOutboundIncludeRules`).
 fn outbound_capture(c: &Ctx, b: &mut Builder) {
     b.nat(ISTIO_OUTPUT, &["-d", &c.loopback, "-j", "RETURN"]);
-    for cidr in c.of_family(&c.cfg.outbound_exclude_cidrs) {
-        b.nat(ISTIO_OUTPUT, &["-d", &cidr, "-j", "RETURN"]);
-    }
+    b.list(|b| {
+        for cidr in c.of_family(&c.cfg.outbound_exclude_cidrs) {
+            b.nat(ISTIO_OUTPUT, &["-d", &cidr, "-j", "RETURN"]);
+        }
+    });
     for port in &c.cfg.outbound_ports {
         let port = port.to_string();
         b.nat(
@@ -631,7 +651,7 @@ fn outbound_capture(c: &Ctx, b: &mut Builder) {
                 );
             }
         }
-        OutboundCidrs::Only(cidrs) => {
+        OutboundCidrs::Only(cidrs) => b.list(|b| {
             for cidr in c.of_family(cidrs) {
                 for iface in &c.cfg.kube_virt_interfaces {
                     b.push(
@@ -643,7 +663,7 @@ fn outbound_capture(c: &Ctx, b: &mut Builder) {
                 }
                 b.nat(ISTIO_OUTPUT, &["-d", &cidr, "-j", ISTIO_REDIRECT]);
             }
-        }
+        }),
     }
 }
 

@@ -53,11 +53,21 @@ fn two_pods() -> Network {
 
 #[test]
 fn outbound_and_inbound_capture_v4_and_v6() {
+    outbound_and_inbound_capture_v4_and_v6_with(&[]);
+}
+
+/// The same with `--native-nftables` (Istio's nftables tables instead of iptables rules).
+#[test]
+fn outbound_and_inbound_capture_v4_and_v6_nftables() {
+    outbound_and_inbound_capture_v4_and_v6_with(&["--native-nftables"]);
+}
+
+fn outbound_and_inbound_capture_v4_and_v6_with(mode: &[&str]) {
     if !require_root("outbound_and_inbound_capture_v4_and_v6") {
         return;
     }
     let mut net = two_pods();
-    init(&net.pods[0], &[]);
+    init(&net.pods[0], mode);
     let np = netprobe();
     // Envoy's stand-in in pod a, and the plain servers in pod b.
     net.pods[0]
@@ -145,6 +155,16 @@ fn outbound_and_inbound_capture_v4_and_v6() {
 
 #[test]
 fn dns_to_the_resolv_conf_server_lands_on_15053() {
+    dns_to_the_resolv_conf_server_lands_on_15053_with(&[]);
+}
+
+/// The same with `--native-nftables` (Istio's nftables tables instead of iptables rules).
+#[test]
+fn dns_to_the_resolv_conf_server_lands_on_15053_nftables() {
+    dns_to_the_resolv_conf_server_lands_on_15053_with(&["--native-nftables"]);
+}
+
+fn dns_to_the_resolv_conf_server_lands_on_15053_with(mode: &[&str]) {
     if !require_root("dns_to_the_resolv_conf_server_lands_on_15053") {
         return;
     }
@@ -152,7 +172,9 @@ fn dns_to_the_resolv_conf_server_lands_on_15053() {
     net.pods[0]
         .set_resolv_conf("nameserver 10.233.0.3\n")
         .unwrap();
-    init(&net.pods[0], &["--redirect-dns"]);
+    let mut extra = vec!["--redirect-dns"];
+    extra.extend(mode);
+    init(&net.pods[0], &extra);
     let np = netprobe();
     net.pods[0]
         .spawn("dns", PROXY, PROXY, &[], &[&np, "udp-echo", "15053"])
@@ -184,11 +206,21 @@ fn dns_to_the_resolv_conf_server_lands_on_15053() {
 
 #[test]
 fn reconcile_lets_no_connection_escape() {
+    reconcile_lets_no_connection_escape_with(&[]);
+}
+
+/// The same with `--native-nftables` (Istio's nftables tables instead of iptables rules).
+#[test]
+fn reconcile_lets_no_connection_escape_nftables() {
+    reconcile_lets_no_connection_escape_with(&["--native-nftables"]);
+}
+
+fn reconcile_lets_no_connection_escape_with(mode: &[&str]) {
     if !require_root("reconcile_lets_no_connection_escape") {
         return;
     }
     let mut net = two_pods();
-    init(&net.pods[0], &[]);
+    init(&net.pods[0], mode);
     let np = netprobe();
     net.pods[0]
         .spawn("recorder", PROXY, PROXY, &[], &[&np, "listen", "15001"])
@@ -228,6 +260,7 @@ fn reconcile_lets_no_connection_escape() {
         let mut args = vec![bin.to_str().unwrap()];
         args.extend(&DEFAULT_ARGS[..15]);
         args.extend([excludes, "--reconcile"]);
+        args.extend(mode);
         let out = net.pods[0].exec(&args).unwrap();
         assert!(
             out.status.success(),
@@ -256,13 +289,23 @@ fn reconcile_lets_no_connection_escape() {
 
 #[test]
 fn validation_passes_with_rules_and_exits_126_without() {
+    validation_passes_with_rules_and_exits_126_without_with(&[]);
+}
+
+/// The same with `--native-nftables` (Istio's nftables tables instead of iptables rules).
+#[test]
+fn validation_passes_with_rules_and_exits_126_without_nftables() {
+    validation_passes_with_rules_and_exits_126_without_with(&["--native-nftables"]);
+}
+
+fn validation_passes_with_rules_and_exits_126_without_with(mode: &[&str]) {
     if !require_root("validation_passes_with_rules_and_exits_126_without") {
         return;
     }
     let net = two_pods();
     let bin = binary("istio-iptables");
     let bin = bin.to_str().unwrap();
-    init(&net.pods[0], &[]);
+    init(&net.pods[0], mode);
     let validate = [
         bin,
         "--run-validation",
@@ -572,6 +615,16 @@ fn probe(net: &Network, np: &str, (uid, gid): (u32, u32), dest: Dest, f: &Addrs)
 
 #[test]
 fn bypass_set_is_exactly_the_documented_one_v4_and_v6() {
+    bypass_set_is_exactly_the_documented_one_v4_and_v6_with(&[]);
+}
+
+/// The same with `--native-nftables` (Istio's nftables tables instead of iptables rules).
+#[test]
+fn bypass_set_is_exactly_the_documented_one_v4_and_v6_nftables() {
+    bypass_set_is_exactly_the_documented_one_v4_and_v6_with(&["--native-nftables"]);
+}
+
+fn bypass_set_is_exactly_the_documented_one_v4_and_v6_with(mode: &[&str]) {
     if !require_root("bypass_set_is_exactly_the_documented_one_v4_and_v6") {
         return;
     }
@@ -601,6 +654,7 @@ fn bypass_set_is_exactly_the_documented_one_v4_and_v6() {
     assert_eq!(args[10], "-x");
     args[11] = "10.233.0.4/32,fd00:233::4/128";
     args.extend(["-o", "9001", "-c", "exc0"]);
+    args.extend(mode);
     init_with(&net.pods[0], &args);
 
     let np = netprobe();
@@ -662,6 +716,16 @@ const INBOUND_CAPTURED: [u16; 5] = [80, 8080, 9000, 15001, 31400];
 
 #[test]
 fn inbound_sweep_captures_all_but_the_excluded_ports_v4_and_v6() {
+    inbound_sweep_captures_all_but_the_excluded_ports_v4_and_v6_with(&[]);
+}
+
+/// The same with `--native-nftables`.
+#[test]
+fn inbound_sweep_captures_all_but_the_excluded_ports_v4_and_v6_nftables() {
+    inbound_sweep_captures_all_but_the_excluded_ports_v4_and_v6_with(&["--native-nftables"]);
+}
+
+fn inbound_sweep_captures_all_but_the_excluded_ports_v4_and_v6_with(mode: &[&str]) {
     if !require_root("inbound_sweep_captures_all_but_the_excluded_ports_v4_and_v6") {
         return;
     }
@@ -669,6 +733,7 @@ fn inbound_sweep_captures_all_but_the_excluded_ports_v4_and_v6() {
     let mut args = DEFAULT_ARGS.to_vec();
     assert_eq!((args[14], args[15]), ("-d", "15090,15021,15020"));
     args[15] = "15090,15021,15020,8443";
+    args.extend(mode);
     init_with(&net.pods[0], &args);
     let np = netprobe();
     // One listener process on 15006 and on every swept port, so a connection that skips capture

@@ -928,3 +928,155 @@ fn dry_run_is_deterministic_and_is_what_apply_installs() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// --native-nftables
+
+/// The pod's nftables rule set without counters, and its routing.
+fn nft_state(pod: &Pod) -> String {
+    let out = pod.exec(&["nft", "list", "ruleset"]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules: String = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let l = match l.find("counter packets") {
+                Some(i) => {
+                    let rest = &l[i..];
+                    let end = rest.find(" bytes ").map_or(rest.len(), |b| {
+                        b + 7 + rest[b + 7..].find(' ').unwrap_or(rest.len() - b - 7)
+                    });
+                    format!("{}counter{}", &l[..i], &rest[end..])
+                }
+                None => l.to_string(),
+            };
+            format!("{l}\n")
+        })
+        .collect();
+    format!("{rules}{}", tproxy_routing(pod))
+}
+
+fn nft(args: &[&'static str]) -> Vec<&'static str> {
+    let mut full = vec!["--native-nftables"];
+    full.extend(args);
+    full
+}
+
+#[test]
+fn nftables_apply_is_idempotent_reconciles_and_cleans_up() {
+    if !require_root("nftables_apply_is_idempotent_reconciles_and_cleans_up") {
+        return;
+    }
+    let net = one_pod();
+    let pod = &net.pods[0];
+    let empty = nft_state(pod);
+    let (code, err) = init(pod, &nft(&DEFAULT_ARGS), &[]);
+    assert_eq!(code, 0, "{err}");
+    let first = nft_state(pod);
+    for want in [
+        "table inet istio-proxy-nat",
+        "chain istio-output",
+        "redirect to :15001",
+        "redirect to :15006",
+    ] {
+        assert!(first.contains(want), "{want} missing:\n{first}");
+    }
+    // No iptables rules: the capture is nft's own tables only.
+    assert!(!state(pod).contains("ISTIO"), "{}", state(pod));
+    // The same config again: the same rule set.
+    let (code, err) = init(pod, &nft(&DEFAULT_ARGS), &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(nft_state(pod), first);
+    // TPROXY with DNS capture and drop-invalid: all three tables and the policy routing.
+    let tproxy = with(
+        &nft(&tproxy_args()),
+        &["--redirect-dns", "--capture-all-dns", "--drop-invalid"],
+    );
+    let (code, err) = init(pod, &tproxy, &[]);
+    assert_eq!(code, 0, "{err}");
+    let t = nft_state(pod);
+    for want in [
+        "table inet istio-proxy-mangle",
+        "table inet istio-proxy-raw",
+        "tproxy ip to :15006",
+        "ct zone set 1",
+        "fwmark 0x539 lookup 133",
+    ] {
+        assert!(t.contains(want), "{want} missing:\n{t}");
+    }
+    // Back to REDIRECT: as a fresh apply, no mangle or raw table and no policy routing left
+    // (Istio's nftables mode flushes only the tables the new config uses).
+    let (code, err) = init(pod, &nft(&DEFAULT_ARGS), &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(nft_state(pod), first);
+    // Cleanup: nothing of ours is left.
+    let (code, err) = init(pod, &nft(&["--cleanup-only"]), &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(nft_state(pod), empty);
+    let (code, err) = init(pod, &nft(&["--cleanup-only"]), &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("found nothing to remove"), "{err}");
+}
+
+#[test]
+fn nftables_failure_leaves_the_kernel_as_it_was() {
+    if !require_root("nftables_failure_leaves_the_kernel_as_it_was") {
+        return;
+    }
+    let net = one_pod();
+    let pod = &net.pods[0];
+    let (code, err) = init(pod, &nft(&DEFAULT_ARGS), &[]);
+    assert_eq!(code, 0, "{err}");
+    let before = nft_state(pod);
+    // An nft that adds a broken rule at the end of every transaction: the kernel refuses the
+    // whole of it, after the new tables were created within it.
+    let dir = tempfile::tempdir().unwrap();
+    let real = find_in_path("nft");
+    let wrapper = dir.path().join("nft");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -f ]; then {{ cat; echo 'add rule inet istio-proxy-nat no-such-chain counter'; }} | {} -f -; else exec {} \"$@\"; fi\n",
+            real.display(),
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let tproxy = nft(&tproxy_args());
+    let (code, err) = init(pod, &tproxy, &[("PATH", &path)]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("nft -f -") && err.contains("no-such-chain"),
+        "{err}"
+    );
+    assert_eq!(
+        nft_state(pod),
+        before,
+        "a refused transaction changed the kernel"
+    );
+
+    // No nft at all: a named error before anything is touched.
+    let (code, err) = init(pod, &tproxy, &[("PATH", "/nonexistent")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("needs the nft binary"), "{err}");
+    assert_eq!(nft_state(pod), before);
+
+    // Dry run: the transaction is printed and nothing changes.
+    let out = run_init(pod, &with(&tproxy, &["--dry-run"]), &[]);
+    assert!(out.status.success());
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains("add rule inet istio-proxy-mangle istio-tproxy meta l4proto tcp"),
+        "{printed}"
+    );
+    assert_eq!(nft_state(pod), before);
+}

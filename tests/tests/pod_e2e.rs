@@ -276,13 +276,27 @@ fn injected_pods_of_containers_talk_mtls_and_the_app_waits_for_the_proxy() {
     let ca = TestCa::new(&net.dir().join("ca")).unwrap();
     let _istiod = start_istiod(&net, &net.pods[cp], &ca, &config);
 
-    // The server pod: init container, then app and proxy together.
+    // The server pod: init container, then app and proxy together. Its capture is Istio's
+    // nftables mode (the injector's `--native-nftables` with `values.global.nativeNftables`,
+    // the image's own `nft`); the client's is iptables, so the request crosses both.
     let srv = PodmanPod::create("httpbin", &net.pods[server].ns).unwrap();
-    add_init_and_proxy(&srv, &net.pods[server], "httpbin", &ca, &[]);
+    add_init_and_proxy(
+        &srv,
+        &net.pods[server],
+        "httpbin",
+        &ca,
+        &["--native-nftables"],
+    );
     add_app(&srv, &["http-echo", "8000"]);
     let started = srv.start().unwrap();
     assert!(started.status.success(), "{started:?}\n{}", srv.all_logs());
     assert_eq!(srv.state("istio-init").unwrap(), ("exited".into(), 0));
+    let tables = net.pods[server].exec(&["nft", "list", "tables"]).unwrap();
+    assert!(
+        String::from_utf8_lossy(&tables.stdout).contains("table inet istio-proxy-nat"),
+        "no nftables capture in the server pod: {tables:?}\n{}",
+        srv.all_logs()
+    );
     let ready = net.pods[server].wait_http_ok(
         "http://127.0.0.1:15021/healthz/ready",
         Duration::from_secs(60),

@@ -1261,9 +1261,49 @@ struct Bench {
     dir: PathBuf,
     netns: HashMap<(Addrs, Resolv), String>,
     runs: AtomicUsize,
+    /// `--native-nftables`: both tools apply for real, each in a namespace of its own.
+    nft: bool,
 }
 
 impl Bench {
+    /// A `--native-nftables` run: Istio's nftables path ignores `--dry-run` and programs the
+    /// namespace, so each run gets a fresh namespace; the rule set is what the kernel then holds
+    /// (`nft --json list ruleset`, the policy routing the TPROXY mode adds), removed afterwards.
+    fn nft_run(&self, case: &Case, istio: bool) -> Run {
+        let case = &nft_case(case, istio);
+        let n = self.runs.fetch_add(1, Ordering::Relaxed);
+        let ns = format!("{PREFIX}-{}-nft{n}", std::process::id());
+        make_netns(&ns, case.addrs, case.resolv);
+        let before = routing(&ns);
+        let mut cmd = Command::new("ip");
+        cmd.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .envs(case.env.iter().map(|(n, v)| (n, v)))
+            .args(["netns", "exec", &ns]);
+        if istio {
+            cmd.arg(&self.istio).arg("istio-iptables");
+        } else {
+            cmd.arg(&self.ours);
+        }
+        // First: a case may end in a flag without its value.
+        let out = cmd
+            .arg("--native-nftables")
+            .args(&case.argv)
+            .output()
+            .unwrap();
+        let rules = kernel_nft_rules(&ns, &before);
+        remove_netns(&ns);
+        // nft's errors come with the rule and a caret line: more lines than a dry run's.
+        let mut said = tail(&out.stdout, 12);
+        said.push('\n');
+        said.push_str(&tail(&out.stderr, 12));
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            rules,
+            said,
+        }
+    }
+
     fn command(&self, case: &Case) -> Command {
         let ns = &self.netns[&(case.addrs, case.resolv)];
         let mut cmd = Command::new("ip");
@@ -1274,6 +1314,9 @@ impl Bench {
     }
 
     fn istio(&self, case: &Case) -> Run {
+        if self.nft {
+            return self.nft_run(case, true);
+        }
         let n = self.runs.fetch_add(1, Ordering::Relaxed);
         let file = self.dir.join(format!("istio-{n}.txt"));
         let out = self
@@ -1296,6 +1339,9 @@ impl Bench {
     }
 
     fn ours(&self, case: &Case) -> Run {
+        if self.nft {
+            return self.nft_run(case, false);
+        }
         let out = self
             .command(case)
             .arg(&self.ours)
@@ -1328,6 +1374,21 @@ impl Bench {
                 istio.said.trim().replace('\n', "\n      "),
             ))
         };
+        // Istio's nftables mode fails where its iptables mode applies, when its transaction
+        // jumps to a chain it did not create (DNS capture whose servers are all of a family
+        // the pod has no rules for): nft refuses the whole transaction. Ours applies.
+        let missing_chain = "Could not process rule: No such file or directory";
+        if self.nft && istio.code == 1 && istio.said.contains(missing_chain) {
+            return match (case.expect, ours.code, ours.rules.contains_key("inet")) {
+                (Expect::Same, 0, true) => {
+                    Ok("kept: Istio's nftables transaction jumps to a chain it lacks, ours applies")
+                }
+                _ => fail(
+                    "Istio's nft refused a jump to a missing chain; ours should apply".into(),
+                    String::new(),
+                ),
+            };
+        }
         match case.expect {
             Expect::Same if istio.code != 0 => fail(
                 "Istio refuses this case (an expected refusal is `Codes`)".into(),
@@ -1339,7 +1400,18 @@ impl Bench {
                 diff(&istio, &ours, "Istio", "ours"),
             ),
             Expect::OursRefuses { code, names } => {
-                if istio.code != 0 || istio.rules.is_empty() {
+                // Istio's nftables mode writes the input into its transaction, and nft rejects
+                // what ours refuses up front: accepted as Istio's nft refusing it.
+                let nft_refuses = self.nft
+                    && istio.code == 1
+                    && [
+                        "nftables run failed",
+                        "failed to configure routes",
+                        "Group does not exist",
+                    ]
+                    .iter()
+                    .any(|said| istio.said.contains(said));
+                if (istio.code != 0 || istio.rules.is_empty()) && !nft_refuses {
                     return fail("Istio no longer applies this".into(), String::new());
                 }
                 if ours.code != code || !ours.rules.is_empty() || !ours.said.contains(names) {
@@ -1348,7 +1420,11 @@ impl Bench {
                         String::new(),
                     );
                 }
-                Ok(case.expect.kind())
+                Ok(if nft_refuses {
+                    "kept: ours refuses, Istio's nftables mode fails on it (its rules applied or not)"
+                } else {
+                    case.expect.kind()
+                })
             }
             Expect::IstioRefuses(edits) => {
                 let as_read = self.istio(&case.edited(edits));
@@ -1482,35 +1558,199 @@ impl Namespaces {
         let mut map = HashMap::new();
         for (i, &(addrs, resolv)) in keys.iter().enumerate() {
             let ns = format!("{PREFIX}-{}-oracle{i}", std::process::id());
-            run("ip", &["netns", "add", &ns]).unwrap();
             made.names.push(ns.clone());
-            run("ip", &["-n", &ns, "link", "set", "lo", "up"]).unwrap();
-            if !addrs.cidrs().is_empty() {
-                run("ip", &["-n", &ns, "link", "add", "pod0", "type", "bridge"]).unwrap();
-                run("ip", &["-n", &ns, "link", "set", "pod0", "up"]).unwrap();
-            }
-            for cidr in addrs.cidrs() {
-                run(
-                    "ip",
-                    &["-n", &ns, "addr", "add", cidr, "dev", "pod0", "nodad"],
-                )
-                .unwrap();
-            }
-            // `ip netns exec` mounts /etc/netns/NS/resolv.conf over /etc/resolv.conf.
-            let etc = Path::new("/etc/netns").join(&ns);
-            std::fs::create_dir_all(&etc).unwrap();
-            std::fs::write(etc.join("resolv.conf"), resolv.text()).unwrap();
+            make_netns(&ns, addrs, resolv);
             map.insert((addrs, resolv), ns);
         }
         (made, map)
     }
 }
 
+/// A case as the nftables oracle runs it. Istio's nftables mode writes list items into the
+/// transaction as the iptables mode passes them to iptables, and `nft` refuses two of
+/// iptables' spellings: a port range `a:b` (nft's is `a-b`) and an interface wildcard `eth+`
+/// (nft's `eth*`); Istio is given nft's spelling of the same input, ours the case as it is
+/// (it writes nft's spelling itself). Both tools pass owner group names to `nft`, which
+/// resolves them on the host: the matrix's `java` (no such group here) becomes `root`.
+fn nft_case(case: &Case, istio: bool) -> Case {
+    let mut c = case.clone();
+    if istio {
+        // A `:` between digits is a range, outside CIDRs (IPv6 ones have digits around `:`).
+        let respell = |v: &str| {
+            let chars: Vec<char> = v.chars().collect();
+            let mut out = String::new();
+            for (i, ch) in chars.iter().enumerate() {
+                let digit = |j: Option<usize>| {
+                    j.and_then(|j| chars.get(j))
+                        .is_some_and(char::is_ascii_digit)
+                };
+                let range =
+                    *ch == ':' && !v.contains('/') && digit(i.checked_sub(1)) && digit(Some(i + 1));
+                out.push(if range { '-' } else { *ch });
+            }
+            let out = out.replace("+,", "*,");
+            match out.strip_suffix('+') {
+                Some(head) => format!("{head}*"),
+                None => out,
+            }
+        };
+        for word in &mut c.argv {
+            *word = respell(word);
+        }
+        for (_, value) in &mut c.env {
+            *value = respell(value);
+        }
+    }
+    for (name, value) in &mut c.env {
+        if name == GROUPS || name == GROUPS_EXCLUDE {
+            *value = value.replace("java", "root");
+        }
+    }
+    c
+}
+
+/// A namespace with `addrs` on a bridge with no ports and no route to anything, and `resolv`
+/// as its /etc/resolv.conf.
+fn make_netns(ns: &str, addrs: Addrs, resolv: Resolv) {
+    run("ip", &["netns", "add", ns]).unwrap();
+    run("ip", &["-n", ns, "link", "set", "lo", "up"]).unwrap();
+    if !addrs.cidrs().is_empty() {
+        run("ip", &["-n", ns, "link", "add", "pod0", "type", "bridge"]).unwrap();
+        run("ip", &["-n", ns, "link", "set", "pod0", "up"]).unwrap();
+    }
+    for cidr in addrs.cidrs() {
+        run(
+            "ip",
+            &["-n", ns, "addr", "add", cidr, "dev", "pod0", "nodad"],
+        )
+        .unwrap();
+    }
+    // `ip netns exec` mounts /etc/netns/NS/resolv.conf over /etc/resolv.conf.
+    let etc = Path::new("/etc/netns").join(ns);
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::write(etc.join("resolv.conf"), resolv.text()).unwrap();
+}
+
+fn remove_netns(ns: &str) {
+    let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(ns));
+    let _ = Command::new("ip").args(["netns", "delete", ns]).status();
+}
+
+/// What the kernel of `ns` holds after an nftables run, in the shape the comparison takes:
+/// family "inet", per table the chains (name, type, hook, priority, policy) and the rules
+/// (chain, then each statement as nft's JSON, counters without their numbers, and each run of
+/// matches sorted: a rule's matches are one conjunction, their order does not change what it
+/// does); and, as family "routing", the policy rules, routes and loopback addresses of both
+/// IP families (the TPROXY mode's `fwmark` rule and local route, the `::6` address) that
+/// differ from `before` (what the namespace had before the run).
+fn kernel_nft_rules(ns: &str, before: &[String]) -> RuleSets {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "--json", "list", "ruleset"])
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "nft --json list ruleset in {ns}: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let mut tables: BTreeMap<String, TableRules> = BTreeMap::new();
+    for item in json["nftables"].as_array().into_iter().flatten() {
+        if let Some(chain) = item.get("chain") {
+            let decl = ["name", "type", "hook", "prio", "policy"]
+                .iter()
+                .filter_map(|k| chain.get(*k).map(|v| format!("{k}={v}")))
+                .collect::<Vec<_>>()
+                .join(" ");
+            tables
+                .entry(chain["table"].as_str().unwrap_or_default().to_string())
+                .or_default()
+                .chains
+                .insert(decl);
+        }
+        if let Some(rule) = item.get("rule") {
+            let mut words: Vec<String> = Vec::new();
+            let mut matches: Vec<String> = Vec::new();
+            for stmt in rule["expr"].as_array().into_iter().flatten() {
+                if stmt.get("match").is_some() {
+                    matches.push(stmt.to_string());
+                    continue;
+                }
+                matches.sort();
+                words.append(&mut matches);
+                words.push(if stmt.get("counter").is_some() {
+                    "counter".to_string()
+                } else {
+                    stmt.to_string()
+                });
+            }
+            matches.sort();
+            words.append(&mut matches);
+            tables
+                .entry(rule["table"].as_str().unwrap_or_default().to_string())
+                .or_default()
+                .rules
+                .push(format!(
+                    "{}: {}",
+                    rule["chain"].as_str().unwrap_or_default(),
+                    words.join(" ; ")
+                ));
+        }
+    }
+    let after = routing(ns);
+    let mut changed = TableRules::default();
+    changed.rules.extend(
+        after
+            .iter()
+            .filter(|l| !before.contains(l))
+            .map(|l| format!("+ {l}")),
+    );
+    changed.rules.extend(
+        before
+            .iter()
+            .filter(|l| !after.contains(l))
+            .map(|l| format!("- {l}")),
+    );
+    let mut sets = RuleSets::new();
+    if !tables.is_empty() {
+        sets.insert("inet", tables);
+    }
+    if !changed.rules.is_empty() {
+        sets.insert("routing", BTreeMap::from([("ip".to_string(), changed)]));
+    }
+    sets
+}
+
+/// The policy rules, routes and loopback addresses of both IP families in `ns`.
+fn routing(ns: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    for args in [
+        &["rule", "show"][..],
+        &["-6", "rule", "show"],
+        &["route", "show", "table", "all"],
+        &["-6", "route", "show", "table", "all"],
+        &["-6", "addr", "show", "dev", "lo"],
+    ] {
+        let out = Command::new("ip")
+            .arg("-n")
+            .arg(ns)
+            .args(args)
+            .output()
+            .unwrap();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // Address lifetimes are timing, not configuration.
+            if !line.trim_start().starts_with("valid_lft") {
+                lines.push(format!("{}: {}", args.join(" "), collapse(line)));
+            }
+        }
+    }
+    lines
+}
+
 impl Drop for Namespaces {
     fn drop(&mut self) {
         for ns in &self.names {
-            let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(ns));
-            let _ = Command::new("ip").args(["netns", "delete", ns]).status();
+            remove_netns(ns);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -1540,6 +1780,16 @@ fn our_binary() -> PathBuf {
 
 #[test]
 fn ours_matches_istio_or_differs_as_kept() {
+    oracle(false);
+}
+
+/// The same matrix with `--native-nftables` (Istio 1.27+), both tools applying for real.
+#[test]
+fn nftables_ours_matches_istio_or_differs_as_kept() {
+    oracle(true);
+}
+
+fn oracle(nft: bool) {
     if !nix::unistd::geteuid().is_root() {
         cannot_run("rules_oracle: needs root (network namespaces)");
         return;
@@ -1571,6 +1821,7 @@ fn ours_matches_istio_or_differs_as_kept() {
         dir: namespaces.dir.clone(),
         netns,
         runs: AtomicUsize::new(0),
+        nft,
     };
 
     let next = AtomicUsize::new(0);
@@ -1605,7 +1856,8 @@ fn ours_matches_istio_or_differs_as_kept() {
         m
     });
     eprintln!(
-        "rules_oracle: {} cases {tiers:?}, {} namespaces, {} Istio runs, {:.1}s: {kinds:?}",
+        "rules_oracle{}: {} cases {tiers:?}, {} namespaces, {} Istio runs, {:.1}s: {kinds:?}",
+        if nft { " (nftables)" } else { "" },
         cases.len(),
         keys.len(),
         bench.runs.load(Ordering::Relaxed),

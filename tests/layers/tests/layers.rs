@@ -50,7 +50,7 @@ const LAYERS: &[(&str, &[Layer])] = &[
             ("config", &["config"]),
             ("plan", &["plan", "validation"]),
             ("render", &["render"]),
-            ("apply", &["apply"]),
+            ("apply", &["apply", "nft"]),
             ("program", &["", "main"]),
         ],
     ),
