@@ -7,9 +7,12 @@
 //! Built as a JSON value, never by text templating, so env- or annotation-derived strings
 //! (pod name, metadata) cannot add fields.
 
+mod features;
+
 use serde_json::{Value, json};
 
 use crate::config::Config;
+use crate::config::features::CompliancePolicy;
 
 pub use crate::config::ports::{ENVOY_STATUS as ENVOY_STATUS_PORT, PROMETHEUS as PROMETHEUS_PORT};
 const SDS_SOCKET: &str = "./var/run/secrets/workload-spiffe-uds/socket";
@@ -157,6 +160,29 @@ fn static_listener(
     })
 }
 
+/// 15021, Envoy's readiness through the agent; with ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL it
+/// also takes (never requires) a PROXY protocol header, as from a load balancer's health check.
+fn status_listener(cfg: &Config, ipv6: bool) -> Value {
+    let mut l = static_listener(
+        ENVOY_STATUS_PORT,
+        "agent",
+        "/healthz/ready",
+        "agent",
+        ipv6,
+        Vec::new(),
+    );
+    if cfg.features.status_port_proxy_protocol {
+        l["listener_filters"] = json!([{
+            "name": "envoy.listener.proxy_protocol",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol",
+                "allow_requests_without_proxy_protocol": true
+            }
+        }]);
+    }
+    l
+}
+
 /// Istio's tag extraction (tools/packaging/common/envoy_bootstrap.json): the tags ahead of the
 /// extra stat tags, then those after them. Envoy's default tags are off, as in Istio.
 const TAGS_BEFORE: [(&str, &str); 9] = [
@@ -295,6 +321,12 @@ fn runtime_flags(cfg: &Config) -> Value {
         "envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update": false
     });
     if let Some(flags) = flags.as_object_mut() {
+        if cfg.features.compliance == Some(CompliancePolicy::Fips1402) {
+            flags.insert(
+                "envoy.reloadable_features.google_grpc_disable_tls_13".into(),
+                true.into(),
+            );
+        }
         for (k, v) in &cfg.runtime_values {
             let value = match v.as_str() {
                 "" => {
@@ -311,12 +343,20 @@ fn runtime_flags(cfg: &Config) -> Value {
     flags
 }
 
-/// The overload manager's global downstream connection cap: ProxyConfig runtimeValues
-/// `overload.global_downstream_max_connections`, else unlimited (as Istio).
+/// The overload manager's global downstream connection cap: the node metadata's
+/// GLOBAL_DOWNSTREAM_MAX_CONNECTIONS (`ISTIO_META_...`, Istio 1.29), else ProxyConfig
+/// runtimeValues `overload.global_downstream_max_connections`, else unlimited (as Istio).
 fn global_downstream_max_connections(cfg: &Config) -> i64 {
-    cfg.runtime_values
-        .get("overload.global_downstream_max_connections")
-        .and_then(|v| v.parse::<i64>().ok())
+    let parsed = |v: &str| v.trim().parse::<i64>().ok();
+    cfg.metadata
+        .iter()
+        .find(|(k, _)| k == "GLOBAL_DOWNSTREAM_MAX_CONNECTIONS")
+        .and_then(|(_, v)| parsed(v))
+        .or_else(|| {
+            cfg.runtime_values
+                .get("overload.global_downstream_max_connections")
+                .and_then(|v| parsed(v))
+        })
         .unwrap_or(i64::from(i32::MAX))
 }
 
@@ -395,7 +435,23 @@ fn node_metadata(cfg: &Config) -> Value {
     meta.insert("ENVOY_PROMETHEUS_PORT".into(), PROMETHEUS_PORT.into());
     meta.insert("ISTIO_VERSION".into(), ISTIO_COMPAT_VERSION.into());
     // What Istio's agent adds to every proxy's metadata.
-    meta.insert("ENVOY_SKIP_DEPRECATED_LOGS".into(), "true".into());
+    if cfg.features.skip_deprecated_logs {
+        meta.insert("ENVOY_SKIP_DEPRECATED_LOGS".into(), "true".into());
+    }
+    for (key, port) in [
+        (
+            "ENVOY_SECURE_METRICS_PORT",
+            cfg.features.secure_metrics_port,
+        ),
+        (
+            "ENVOY_SECURE_MERGED_METRICS_PORT",
+            cfg.features.secure_merged_metrics_port,
+        ),
+    ] {
+        if let Some(port) = port {
+            meta.insert(key.into(), port.into());
+        }
+    }
     meta.insert("METADATA_DISCOVERY".into(), "false".into());
     meta.insert("WORKLOAD_IDENTITY_SOCKET_FILE".into(), "socket".into());
     if let Some(client) = cfg.xds_client.as_ref().filter(|c| c.tls) {
@@ -538,11 +594,17 @@ fn render_base(cfg: &Config, ipv6: bool) -> Value {
             ],
             "listeners": [
                 static_listener(PROMETHEUS_PORT, "stats", "/stats/prometheus", "prometheus_stats", ipv6,
-                    std::iter::once(stats_flush()).chain(stats_compressors()).collect()),
-                static_listener(ENVOY_STATUS_PORT, "agent", "/healthz/ready", "agent", ipv6, Vec::new()),
+                    std::iter::once(stats_flush())
+                        .chain(cfg.features.stats_compression.then(stats_compressors).into_iter().flatten())
+                        .collect()),
+                status_listener(cfg, ipv6),
             ]
         }
     });
+    features::add_secure_metrics_listeners(&mut b, &cfg.features);
+    if cfg.features.self_discovery {
+        features::add_local_cluster(&mut b);
+    }
     if let Some(obj) = b.as_object_mut() {
         if let Some(d) = cfg.stats.flush_interval {
             obj.insert("stats_flush_interval".into(), proto_duration(d).into());

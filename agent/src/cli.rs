@@ -396,7 +396,7 @@ mod tests {
         assert_eq!(c.binary_path, PathBuf::from("/usr/local/bin/envoy"));
         assert_eq!(c.service_cluster, "sidecar-test.default");
         assert_eq!(c.drain_duration, Duration::from_secs(45));
-        assert_eq!(c.parent_shutdown_duration, Duration::from_secs(60));
+        assert_eq!(c.proxy_config_json["parentShutdownDuration"], "60s");
         assert_eq!(
             c.control_plane,
             ControlPlaneSource::Remote {
@@ -445,7 +445,7 @@ mod tests {
         assert_eq!(c.config_path, PathBuf::from("/var/lib/proxy"));
         assert_eq!(c.binary_path, PathBuf::from("/opt/envoy"));
         assert_eq!(c.drain_duration, Duration::from_secs(7));
-        assert_eq!(c.parent_shutdown_duration, Duration::from_secs(90));
+        assert_eq!(c.proxy_config_json["parentShutdownDuration"], "90s");
         assert_eq!(
             c.control_plane,
             ControlPlaneSource::Remote {

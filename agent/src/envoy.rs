@@ -26,22 +26,25 @@ pub fn args(cfg: &Config, bootstrap: &Path) -> Vec<String> {
         Some(std::net::IpAddr::V6(_)) => "v6",
         _ => "v4",
     };
+    let f = &cfg.features;
+    // Istio 1.31's order (`pkg/envoy/proxy.go`); `--parent-shutdown-time-s` is no longer passed.
     let mut a: Vec<String> = vec![
         "-c".into(),
         bootstrap.display().to_string(),
         "--drain-time-s".into(),
         cfg.drain_duration.as_secs().to_string(),
-        "--parent-shutdown-time-s".into(),
-        cfg.parent_shutdown_duration.as_secs().to_string(),
         "--drain-strategy".into(),
         "immediate".into(),
         "--local-address-ip-version".into(),
         ip_version.into(),
         "--file-flush-interval-msec".into(),
-        "1000".into(),
+        f.file_flush_interval.as_millis().to_string(),
         "--disable-hot-restart".into(),
         "--allow-unknown-static-fields".into(),
     ];
+    if let Some(kb) = f.file_flush_min_size_kb {
+        a.extend(["--file-flush-min-size-kb".into(), kb.to_string()]);
+    }
     // `--proxyLogLevel` accepts `level` or `level,comp:level,...`.
     let mut levels = cfg.proxy_log_level.split(',');
     if let Some(level) = levels.next().filter(|l| !l.is_empty()) {
@@ -54,12 +57,17 @@ pub fn args(cfg: &Config, bootstrap: &Path) -> Vec<String> {
     if !components.is_empty() {
         a.extend(["--component-log-level".into(), components.join(",")]);
     }
-    a.push("--skip-deprecated-logs".into());
-    if let Some(c) = cfg.concurrency {
-        a.extend(["--concurrency".into(), c.to_string()]);
+    if f.skip_deprecated_logs {
+        a.push("--skip-deprecated-logs".into());
+    }
+    if f.enable_core_dump {
+        a.push("--enable-core-dump".into());
     }
     if let Some(o) = &cfg.bootstrap_override {
         a.extend(["--config-yaml".into(), o.to_string()]);
+    }
+    if let Some(c) = cfg.concurrency {
+        a.extend(["--concurrency".into(), c.to_string()]);
     }
     a
 }
@@ -102,6 +110,10 @@ pub fn spawn(cfg: &Config, bootstrap: &Path, module_dir: &Path) -> Result<Child,
         mesh_common::module::NODE_ENV,
         serde_json::to_string(&crate::bootstrap::module_node(cfg)).unwrap_or_default(),
     );
+    // Under a FIPS policy Envoy's gRPC clients offer only FIPS's TLS 1.2 suites (as Istio).
+    if let Some(suites) = cfg.features.compliance.and_then(|p| p.grpc_cipher_suites()) {
+        cmd.env("GRPC_SSL_CIPHER_SUITES", suites);
+    }
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which is
     // async-signal-safe; it allocates nothing and touches no lock. It runs after the uid change,
     // which would otherwise clear the parent-death signal.

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod app_uid;
 pub mod bootstrap;
 pub mod cli;
+pub mod compress;
 pub mod config;
 pub mod dns;
 pub mod drain;

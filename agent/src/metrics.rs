@@ -1,8 +1,11 @@
 //! The agent's own metrics (Istio's `istio_agent_*` names) and the merged Prometheus exposition
-//! served on 15020: agent metrics, then Envoy's `localhost:15090/stats/prometheus`, then the
-//! application's metrics named by ISTIO_PROMETHEUS_ANNOTATIONS (Istio's standard metrics are in
-//! Envoy's part, from the proxy module) (Istio's `status/server.go`
-//! `handleStats`). Envoy's part is streamed through, never held whole; the app's part is capped.
+//! served on 15020: agent metrics, then Envoy's `localhost:15090/stats/prometheus` (unless
+//! PILOT_AGENT_MERGE_ENVOY_STATS=false), then the application's metrics named by
+//! ISTIO_PROMETHEUS_ANNOTATIONS, one target or several (Istio 1.31's scrape-targets: fetched
+//! concurrently, merged in their order) (Istio's standard metrics are in Envoy's part, from the
+//! proxy module) (Istio's `status/server.go` `handleStats`). Envoy's part is streamed through,
+//! never held whole; each app target is capped at 10 MiB; a failed source is counted in
+//! `istio_agent_scrape_failures_total{type}` and left out, the others still answer.
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -15,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 
-use crate::config::metrics::AppMetrics;
+use crate::config::metrics::{AppMetrics, Target};
 
 /// Largest application exposition forwarded (Istio's cap).
 pub const MAX_APP_METRICS: usize = 10 * 1024 * 1024;
@@ -37,6 +40,10 @@ pub struct Metrics {
     pub xds_adapt_refused: Counter,
     /// Root bundles refused for holding no usable certificate (the last good roots stay).
     pub root_bundle_errors: Counter,
+    /// Scrapes of 15020's merged exposition, and sources that failed in one (by `type`:
+    /// `envoy`, `application`, `agent`), as Istio's agent counts them.
+    scrapes: Counter,
+    scrape_failures: Family<Vec<(String, String)>, Counter>,
     started: std::time::Instant,
 }
 
@@ -109,8 +116,22 @@ impl Metrics {
             "Root bundles refused (garbage, no certificate, every root expired): the mesh root file or a mounted root-cert.pem; the last good roots and certificate stay",
             root_bundle_errors.clone(),
         );
+        let scrapes = Counter::default();
+        registry.register(
+            "scrapes",
+            "The total number of scrapes of the merged metrics",
+            scrapes.clone(),
+        );
+        let scrape_failures = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "scrape_failures",
+            "The total number of failed scrapes, by the part that failed (envoy, application, agent)",
+            scrape_failures.clone(),
+        );
         Metrics {
             registry,
+            scrapes,
+            scrape_failures,
             root_bundle_errors,
             xds_adapt_removed,
             xds_adapt_refused,
@@ -129,6 +150,13 @@ impl Metrics {
     pub fn xds_adapt_removed(&self, type_name: &str) {
         self.xds_adapt_removed
             .get_or_create(&vec![("type".to_string(), type_name.to_string())])
+            .inc();
+    }
+
+    /// Counts one failed part of a merged scrape (`envoy`, `application`, `agent`).
+    fn scrape_failed(&self, kind: &str) {
+        self.scrape_failures
+            .get_or_create(&vec![("type".to_string(), kind.to_string())])
             .inc();
     }
 
@@ -190,62 +218,97 @@ async fn get(port: u16, path: &str) -> Result<hyper::Response<hyper::body::Incom
         .map_err(|e| e.to_string())
 }
 
-/// Streams the merged exposition into `tx`. `query` is passed to Envoy; each source is bounded by
-/// `timeout` (the scraper's X-Prometheus-Scrape-Timeout-Seconds, else 10 s). With `openmetrics`
-/// (the scraper asked for it) the exposition ends with the one `# EOF`.
+/// One application target's exposition: at most `MAX_APP_METRICS` bytes, without `# EOF`,
+/// ending in a newline.
+async fn scrape_app(target: &Target, timeout: Duration) -> Result<String, String> {
+    let scrape = async {
+        let resp = get(target.port, &target.path).await?;
+        if resp.status() != hyper::StatusCode::OK {
+            return Err(format!("status code {}", resp.status().as_u16()));
+        }
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_APP_METRICS)
+            .collect()
+            .await
+            .map_err(|e| format!("over {MAX_APP_METRICS} bytes or unreadable: {e}"))?
+            .to_bytes();
+        Ok::<String, String>(strip_eof(&String::from_utf8_lossy(&body)))
+    };
+    tokio::time::timeout(timeout, scrape)
+        .await
+        .unwrap_or_else(|_| Err("timed out".into()))
+}
+
+/// What one scrape of 15020 merges, besides the agent's own metrics.
+pub struct Sources {
+    pub envoy_port: u16,
+    /// PILOT_AGENT_MERGE_ENVOY_STATS.
+    pub envoy: bool,
+    /// Passed on to Envoy.
+    pub query: Option<String>,
+    pub app: Option<AppMetrics>,
+}
+
+/// Streams the merged exposition into `tx`. Each source is bounded by `timeout` (the scraper's
+/// X-Prometheus-Scrape-Timeout-Seconds, else 10 s). With `openmetrics` (the scraper asked for
+/// it) the exposition ends with the one `# EOF`.
 pub async fn merged(
     metrics: std::sync::Arc<Metrics>,
-    envoy_port: u16,
-    query: Option<String>,
-    app: Option<AppMetrics>,
+    sources: Sources,
     timeout: Duration,
     openmetrics: bool,
     tx: mpsc::Sender<Bytes>,
 ) {
-    if tx.send(Bytes::from(metrics.encode())).await.is_err() {
+    metrics.scrapes.inc();
+    // The app's targets are fetched while Envoy's part streams, all at once, as Istio's.
+    let apps: Vec<_> = sources
+        .app
+        .iter()
+        .flat_map(|a| a.targets.iter().cloned())
+        .map(|t| tokio::spawn(async move { (scrape_app(&t, timeout).await, t) }))
+        .collect();
+    let agent = metrics.encode();
+    if agent.is_empty() {
+        metrics.scrape_failed("agent");
+    }
+    if tx.send(Bytes::from(agent)).await.is_err() {
         return;
     }
-    let envoy_path = match &query {
-        Some(q) if !q.is_empty() => format!("/stats/prometheus?{q}"),
-        _ => "/stats/prometheus".to_string(),
-    };
-    let envoy = async {
-        let resp = get(envoy_port, &envoy_path).await?;
-        let mut body = resp.into_body();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| e.to_string())?;
-            if let Ok(data) = frame.into_data()
-                && tx.send(data).await.is_err()
-            {
-                return Ok(());
-            }
-        }
-        Ok::<(), String>(())
-    };
-    if let Err(e) = tokio::time::timeout(timeout, envoy)
-        .await
-        .unwrap_or_else(|_| Err("timed out".into()))
-    {
-        tracing::warn!(error = %e, "could not read Envoy's metrics");
-    }
-    if let Some(app) = app {
-        let scrape = async {
-            let resp = get(app.port, &app.path).await?;
-            let body = http_body_util::Limited::new(resp.into_body(), MAX_APP_METRICS)
-                .collect()
-                .await
-                .map_err(|e| format!("over {MAX_APP_METRICS} bytes or unreadable: {e}"))?
-                .to_bytes();
-            Ok::<String, String>(strip_eof(&String::from_utf8_lossy(&body)))
+    if sources.envoy {
+        let envoy_path = match &sources.query {
+            Some(q) if !q.is_empty() => format!("/stats/prometheus?{q}"),
+            _ => "/stats/prometheus".to_string(),
         };
-        match tokio::time::timeout(timeout, scrape).await {
-            Ok(Ok(text)) => {
+        let envoy = async {
+            let resp = get(sources.envoy_port, &envoy_path).await?;
+            let mut body = resp.into_body();
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| e.to_string())?;
+                if let Ok(data) = frame.into_data()
+                    && tx.send(data).await.is_err()
+                {
+                    return Ok(());
+                }
+            }
+            Ok::<(), String>(())
+        };
+        if let Err(e) = tokio::time::timeout(timeout, envoy)
+            .await
+            .unwrap_or_else(|_| Err("timed out".into()))
+        {
+            metrics.scrape_failed("envoy");
+            tracing::warn!(error = %e, "could not read Envoy's metrics");
+        }
+    }
+    for app in apps {
+        match app.await {
+            Ok((Ok(text), _)) => {
                 let _ = tx.send(Bytes::from(text)).await;
             }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, port = app.port, "could not read the app's metrics")
+            Ok((Err(e), t)) => {
+                metrics.scrape_failed("application");
+                tracing::warn!(error = %e, port = t.port, path = %t.path, "could not read the app's metrics");
             }
-            Err(_) => tracing::warn!(port = app.port, "app metrics timed out"),
+            Err(_) => metrics.scrape_failed("application"),
         }
     }
     if openmetrics {

@@ -112,9 +112,12 @@ fn stats(state: &Arc<State>, req: &Request<hyper::body::Incoming>) -> Response<B
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     tokio::spawn(crate::metrics::merged(
         state.metrics.clone(),
-        crate::bootstrap::PROMETHEUS_PORT,
-        req.uri().query().map(str::to_string),
-        state.app_metrics.clone(),
+        crate::metrics::Sources {
+            envoy_port: crate::bootstrap::PROMETHEUS_PORT,
+            envoy: state.merge_envoy_stats,
+            query: req.uri().query().map(str::to_string),
+            app: state.app_metrics.clone(),
+        },
         timeout,
         openmetrics,
         tx,
@@ -145,6 +148,7 @@ pub struct State {
     probe_target: std::net::IpAddr,
     metrics: Arc<crate::metrics::Metrics>,
     app_metrics: Option<crate::config::metrics::AppMetrics>,
+    merge_envoy_stats: bool,
     dns: DnsReadiness,
     certs: CertWatch,
     xds_adapt: Option<Arc<crate::xds_adapt::Adapter>>,
@@ -166,6 +170,7 @@ impl State {
             probe_target: cfg.probe_target,
             metrics,
             app_metrics: cfg.app_metrics.clone(),
+            merge_envoy_stats: cfg.merge_envoy_stats,
             dns,
             certs,
             xds_adapt: None,
@@ -179,7 +184,22 @@ impl State {
     }
 }
 
+/// Every answer of the status port, gzip- or zstd-encoded when the client asks (as Istio's
+/// agent since 1.30).
 async fn handle(
+    state: Arc<State>,
+    peer: SocketAddr,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Body> {
+    let encoding = crate::compress::negotiate(
+        req.headers()
+            .get(hyper::header::ACCEPT_ENCODING)
+            .and_then(|v| v.to_str().ok()),
+    );
+    crate::compress::apply(route(state, peer, req).await, encoding)
+}
+
+async fn route(
     state: Arc<State>,
     peer: SocketAddr,
     req: Request<hyper::body::Incoming>,

@@ -296,7 +296,7 @@ mod tests {
     fn without_flags_proxy_config_sources_apply() {
         let c = config(LegacyFlags::default(), MESH, ANNOTATIONS).unwrap();
         assert_eq!(c.drain_duration, Duration::from_secs(11));
-        assert_eq!(c.parent_shutdown_duration, Duration::from_secs(20));
+        assert_eq!(c.proxy_config_json["parentShutdownDuration"], "20s");
         assert_eq!(c.connect_timeout, Some(Duration::from_secs(2)));
         assert_eq!(c.admin_port, 15100);
         assert_eq!(c.status_port, 15022);
@@ -325,7 +325,7 @@ mod tests {
         };
         let c = config(flags, MESH, ANNOTATIONS).unwrap();
         assert_eq!(c.drain_duration, Duration::from_secs(3));
-        assert_eq!(c.parent_shutdown_duration, Duration::from_secs(4));
+        assert_eq!(c.proxy_config_json["parentShutdownDuration"], "4s");
         assert_eq!(c.connect_timeout, Some(Duration::from_secs(5)));
         assert_eq!(c.admin_port, 16000);
         assert_eq!(c.status_port, 16020);

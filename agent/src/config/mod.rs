@@ -4,6 +4,7 @@
 
 pub mod embedded;
 pub mod env;
+pub mod features;
 pub mod identity;
 pub mod inputs;
 pub mod legacy_flags;
@@ -73,8 +74,6 @@ pub struct Config {
     pub config_path: PathBuf,
     pub binary_path: PathBuf,
     pub drain_duration: Duration,
-    /// ProxyConfig parentShutdownDuration (60s): Envoy's `--parent-shutdown-time-s`.
-    pub parent_shutdown_duration: Duration,
     /// ProxyConfig connectTimeout: the bootstrap xds-grpc cluster's connect timeout (1s unset).
     pub connect_timeout: Option<Duration>,
     /// ProxyConfig tracing.zipkin.address: a Zipkin tracer and cluster in the bootstrap.
@@ -127,12 +126,16 @@ pub struct Config {
     pub probe_target: IpAddr,
     /// The application's metrics to merge into 15020's exposition.
     pub app_metrics: Option<metrics::AppMetrics>,
+    /// PILOT_AGENT_MERGE_ENVOY_STATS (default true): Envoy's metrics in 15020's exposition.
+    pub merge_envoy_stats: bool,
     /// The DNS proxy, when ISTIO_META_DNS_CAPTURE or ISTIO_META_ENABLE_DNS_SERVER is true.
     pub dns: Option<DnsConfig>,
     /// The workload certificate: identity, key type, lifetime, where it comes from.
     pub identity: IdentityConfig,
     /// The embedded control plane's own settings (istiod's env vars).
     pub embedded: embedded::EmbeddedSettings,
+    /// Istio 1.27–1.31's settings for Envoy's bootstrap and command line.
+    pub features: features::EnvoyFeatures,
     /// XDS_ADAPT: remove Istio-only extensions from xDS responses for upstream Envoy (on by
     /// default with a remote control plane; istiod-core emits none).
     pub xds_adapt: bool,
@@ -312,7 +315,14 @@ impl Config {
             .proxy_admin_port
             .unwrap_or(proxy_config::DEFAULT_ADMIN_PORT);
         let status_port = pc.status_port.unwrap_or(proxy_config::DEFAULT_STATUS_PORT);
-        check_ports(&pc, admin_port, status_port, dns.as_ref(), lookup)?;
+        let features = features::EnvoyFeatures::parse(lookup, &pc)?;
+        check_ports(
+            &pc,
+            (admin_port, status_port),
+            dns.as_ref(),
+            &features,
+            lookup,
+        )?;
         let app_metrics = match lookup(env::ISTIO_PROMETHEUS_ANNOTATIONS) {
             Some(json) if !json.trim().is_empty() => metrics::parse_app_metrics(&json)
                 .map_err(|why| err(env::ISTIO_PROMETHEUS_ANNOTATIONS, &json, &why))?,
@@ -320,6 +330,8 @@ impl Config {
         };
         let control_plane = control_plane(args, inputs, &pc);
         let connect_timeout = optional_duration("connectTimeout", &pc.connect_timeout)?;
+        // Checked, not used: Istio's agent stopped passing `--parent-shutdown-time-s` (1.31).
+        optional_duration("parentShutdownDuration", &pc.parent_shutdown_duration)?;
         let xds_client = match &control_plane {
             ControlPlaneSource::Remote { address } => {
                 let mut client = XdsClientConfig::from_env(address, lookup, env_vars)?;
@@ -384,11 +396,6 @@ impl Config {
                 &pc.drain_duration,
                 proxy_config::DEFAULT_DRAIN_SECS,
             )?,
-            parent_shutdown_duration: proxy_duration(
-                "parentShutdownDuration",
-                &pc.parent_shutdown_duration,
-                60,
-            )?,
             connect_timeout,
             zipkin_address: legacy_flags::zipkin_address(&pc)?,
             dns_refresh_rate: flags.dns_refresh_rate,
@@ -418,7 +425,10 @@ impl Config {
             stats,
             runtime_values: pc.runtime_values.clone().unwrap_or_default(),
             metadata_json,
-            proxy_config_json: serde_json::Value::Object(merged),
+            proxy_config_json: {
+                proxy_config::normalize_durations(&mut merged);
+                serde_json::Value::Object(merged)
+            },
             bootstrap_override,
             xds_client,
             bootstrap_template,
@@ -426,9 +436,15 @@ impl Config {
             app_probes,
             probe_target,
             app_metrics,
+            merge_envoy_stats: parse_bool(
+                env::PILOT_AGENT_MERGE_ENVOY_STATS,
+                lookup(env::PILOT_AGENT_MERGE_ENVOY_STATS),
+                true,
+            )?,
             dns,
             identity,
             embedded: embedded::EmbeddedSettings::from_env(lookup)?,
+            features,
             xds_adapt,
         })
     }
@@ -458,9 +474,9 @@ impl Config {
 /// the fixed ports (`ports::check`).
 fn check_ports(
     pc: &ProxyConfigOverlay,
-    admin_port: u16,
-    status_port: u16,
+    (admin_port, status_port): (u16, u16),
     dns: Option<&DnsConfig>,
+    features: &features::EnvoyFeatures,
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
     let mut chosen = vec![
@@ -484,6 +500,27 @@ fn check_ports(
             field: env::DNS_PROXY_ADDR,
             set_by: lookup(env::DNS_PROXY_ADDR).map(|_| env::DNS_PROXY_ADDR.to_string()),
         });
+    }
+    for (port, what, field) in [
+        (
+            features.secure_metrics_port,
+            "Envoy's mTLS metrics port",
+            "ENVOY_SECURE_METRICS_PORT",
+        ),
+        (
+            features.secure_merged_metrics_port,
+            "the merged metrics' mTLS port",
+            "ENVOY_SECURE_MERGED_METRICS_PORT",
+        ),
+    ] {
+        if let Some(port) = port {
+            chosen.push(ports::Chosen {
+                port,
+                what,
+                field,
+                set_by: Some(field.to_string()),
+            });
+        }
     }
     ports::check(&chosen)
 }
@@ -892,6 +929,32 @@ mod tests {
         assert_eq!(c.metadata, vec![("CLUSTER_ID".into(), "Kubernetes".into())]);
         assert_eq!(c.status_port, 15020);
         assert_eq!(c.termination_drain_duration, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn secure_metrics_ports_collide_with_nothing() {
+        for (env, named) in [
+            (
+                vec![
+                    ("ENVOY_SECURE_METRICS_PORT", "15091"),
+                    ("ENVOY_SECURE_MERGED_METRICS_PORT", "15091"),
+                ],
+                "ENVOY_SECURE_",
+            ),
+            (
+                vec![("ENVOY_SECURE_METRICS_PORT", "15090")],
+                "ENVOY_SECURE_METRICS_PORT",
+            ),
+            (
+                vec![("ENVOY_SECURE_MERGED_METRICS_PORT", "15020")],
+                "ENVOY_SECURE_MERGED_METRICS_PORT",
+            ),
+        ] {
+            let e = cfg(&env, embedded()).unwrap_err().to_string();
+            assert!(e.contains(named), "{env:?}: {e}");
+        }
+        let c = cfg(&[("ENVOY_SECURE_METRICS_PORT", "15091")], embedded()).unwrap();
+        assert_eq!(c.features.secure_metrics_port, Some(15091));
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub(super) struct ProxyConfigOverlay {
     pub(super) proxy_stats_matcher: Option<super::stats::ProxyStatsMatcher>,
     pub(super) extra_stat_tags: Option<Vec<String>>,
     pub(super) runtime_values: Option<std::collections::BTreeMap<String, String>>,
+    pub(super) file_flush_interval: Option<String>,
+    pub(super) file_flush_min_size_kb: Option<u32>,
+    pub(super) stats_compression: Option<bool>,
     /// Which input last set each field (`env PROXY_CONFIG proxyAdminPort`, `--statusPort`), so
     /// a check that spans fields can name it.
     #[serde(skip)]
@@ -46,7 +49,7 @@ pub(super) struct Zipkin {
 
 /// ProxyConfig fields (istio/api mesh/v1alpha1/proxy.proto) the agent accepts without acting on
 /// them yet; anything else is a typo and rejected.
-const KNOWN_UNUSED_FIELDS: [&str; 25] = [
+const KNOWN_UNUSED_FIELDS: [&str; 22] = [
     "discoveryRefreshDelay",
     "zipkinAddress",
     "statsdUdpAddress",
@@ -66,15 +69,15 @@ const KNOWN_UNUSED_FIELDS: [&str; 25] = [
     "image",
     "privateKeyProvider",
     "proxyHeaders",
-    "fileFlushInterval",
-    "fileFlushMinSizeKb",
     "tracingServiceName",
     "clusterName",
     "serviceClusterName",
-    "statsCompression",
 ];
 
-const USED_FIELDS: [&str; 18] = [
+const USED_FIELDS: [&str; 21] = [
+    "fileFlushInterval",
+    "fileFlushMinSizeKb",
+    "statsCompression",
     "configPath",
     "binaryPath",
     "serviceCluster",
@@ -195,8 +198,71 @@ pub(super) fn overlay_into(
         tracing,
         proxy_stats_matcher,
         extra_stat_tags,
-        runtime_values
+        runtime_values,
+        file_flush_interval,
+        file_flush_min_size_kb,
+        stats_compression
     );
 
     Ok(())
+}
+
+/// ProxyConfig's duration fields, which Istio's agent writes into the PROXY_CONFIG node
+/// metadata as protojson does (`2.500s` for `2.5s`, `60s` for `1m`).
+const DURATION_FIELDS: [&str; 6] = [
+    "drainDuration",
+    "parentShutdownDuration",
+    "discoveryRefreshDelay",
+    "connectTimeout",
+    "terminationDrainDuration",
+    "fileFlushInterval",
+];
+
+/// A duration as protojson writes it: whole seconds, or 3, 6 or 9 fraction digits.
+pub(super) fn protojson_duration(d: std::time::Duration) -> String {
+    let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
+    match nanos {
+        0 => format!("{secs}s"),
+        n if n % 1_000_000 == 0 => format!("{secs}.{:03}s", n / 1_000_000),
+        n if n % 1_000 == 0 => format!("{secs}.{:06}s", n / 1_000),
+        n => format!("{secs}.{n:09}s"),
+    }
+}
+
+/// Rewrites the merged ProxyConfig's durations as protojson writes them; a value that does not
+/// parse stays as given (the field's own reading names it).
+pub(super) fn normalize_durations(merged: &mut serde_json::Map<String, serde_json::Value>) {
+    for field in DURATION_FIELDS {
+        let parsed = merged
+            .get(field)
+            .and_then(serde_json::Value::as_str)
+            .and_then(|raw| mesh_common::parse_go_duration(raw).ok());
+        if let Some(d) = parsed {
+            merged.insert(field.into(), protojson_duration(d).into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_written_as_protojson() {
+        for (given, written) in [
+            ("2.5s", "2.500s"),
+            ("1m", "60s"),
+            ("1m0s", "60s"),
+            ("45s", "45s"),
+            ("1.000001s", "1.000001s"),
+            ("1ns", "0.000000001s"),
+        ] {
+            let mut m = serde_json::Map::new();
+            m.insert("fileFlushInterval".into(), given.into());
+            m.insert("binaryPath".into(), "1m".into());
+            normalize_durations(&mut m);
+            assert_eq!(m["fileFlushInterval"], written, "{given}");
+            assert_eq!(m["binaryPath"], "1m");
+        }
+    }
 }

@@ -141,6 +141,7 @@ const LAYERS: &[(&str, &[Layer])] = &[
                     "app_uid",
                     "workload",
                     "proxy_module",
+                    "compress",
                 ],
             ),
             ("local clients", &["admin"]),
