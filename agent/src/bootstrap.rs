@@ -129,34 +129,39 @@ fn static_listener(
     } else {
         socket_address("0.0.0.0", port)
     };
-    let router = json!({
-        "name": "envoy.filters.http.router",
-        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
-    });
-    let http_filters: Vec<Value> = filters.into_iter().chain([router]).collect();
     json!({
         "name": format!("0.0.0.0_{port}"),
         "address": address,
         "ignore_global_conn_limit": true,
         "bypass_overload_manager": true,
-        "filter_chains": [{
-            "filters": [{
-                "name": "envoy.filters.network.http_connection_manager",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                    "codec_type": "AUTO",
-                    "stat_prefix": stat_prefix,
-                    "route_config": {
-                        "virtual_hosts": [{
-                            "name": "backend",
-                            "domains": ["*"],
-                            "routes": [{ "match": { "prefix": prefix }, "route": { "cluster": cluster } }]
-                        }]
-                    },
-                    "http_filters": http_filters
-                }
-            }]
-        }]
+        "filter_chains": [{ "filters": [http_connection_manager(stat_prefix, &[(prefix, cluster)], filters)] }]
+    })
+}
+
+/// The connection manager of a static listener: `routes` (path prefix, cluster) on any host,
+/// `filters` then the router.
+fn http_connection_manager(
+    stat_prefix: &str,
+    routes: &[(&str, &str)],
+    filters: Vec<Value>,
+) -> Value {
+    let router = json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
+    });
+    let routes: Vec<Value> = routes
+        .iter()
+        .map(|(prefix, cluster)| json!({ "match": { "prefix": prefix }, "route": { "cluster": cluster } }))
+        .collect();
+    json!({
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "codec_type": "AUTO",
+            "stat_prefix": stat_prefix,
+            "route_config": { "virtual_hosts": [{ "name": "backend", "domains": ["*"], "routes": routes }] },
+            "http_filters": filters.into_iter().chain([router]).collect::<Vec<_>>()
+        }
     })
 }
 

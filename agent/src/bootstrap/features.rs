@@ -25,12 +25,6 @@ fn sds(name: &str) -> Value {
 /// identity chaining to the mesh root, as Istio: no SAN check), serving `routes` (path prefix,
 /// cluster). Like 15090 it bypasses the connection limits.
 fn secure_listener(port: u16, stat_prefix: &str, routes: &[(&str, &str)]) -> Value {
-    let routes: Vec<Value> = routes
-        .iter()
-        .map(|(prefix, cluster)| {
-            json!({ "match": { "prefix": prefix }, "route": { "cluster": cluster } })
-        })
-        .collect();
     json!({
         "name": format!("0.0.0.0_{port}"),
         "address": { "socket_address": { "protocol": "TCP", "address": "0.0.0.0", "port_value": port } },
@@ -56,19 +50,7 @@ fn secure_listener(port: u16, stat_prefix: &str, routes: &[(&str, &str)]) -> Val
                     }
                 }
             },
-            "filters": [{
-                "name": "envoy.filters.network.http_connection_manager",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                    "codec_type": "AUTO",
-                    "stat_prefix": stat_prefix,
-                    "route_config": { "virtual_hosts": [{ "name": "backend", "domains": ["*"], "routes": routes }] },
-                    "http_filters": [{
-                        "name": "envoy.filters.http.router",
-                        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
-                    }]
-                }
-            }]
+            "filters": [super::http_connection_manager(stat_prefix, routes, Vec::new())]
         }]
     })
 }
