@@ -607,6 +607,7 @@ fn render_base(cfg: &Config, ipv6: bool) -> Value {
         }
     });
     features::add_secure_metrics_listeners(&mut b, &cfg.features);
+    features::add_remote_services(&mut b, &cfg.features);
     if cfg.features.self_discovery {
         features::add_local_cluster(&mut b);
     }

@@ -183,6 +183,24 @@ fn cases() -> Vec<Case> {
         "ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS": "20000"
     } });
     v.push(c);
+    let mut c = case("tracing-service-name-canonical");
+    c.proxy_config = json!({ "tracingServiceName": "CANONICAL_NAME_AND_NAMESPACE" });
+    c.labels = vec![
+        ("app", "reviews"),
+        ("version", "v1"),
+        ("service.istio.io/canonical-name", "reviews-canonical"),
+    ];
+    v.push(c);
+    let mut c = case("tracing-service-name-canonical-only");
+    c.proxy_config = json!({ "tracingServiceName": "CANONICAL_NAME_ONLY" });
+    v.push(c);
+    let mut c = case("statsd-als-and-metrics-service");
+    c.proxy_config = json!({
+        "statsdUdpAddress": "10.233.0.1:8125",
+        "envoyAccessLogService": { "address": "als.monitoring:9000", "tcpKeepalive": { "probes": 3, "time": "10s", "interval": "5s" } },
+        "envoyMetricsService": { "address": "metrics.monitoring:9001" }
+    });
+    v.push(c);
     let mut c = case("fips-140-2-and-envoy-flags");
     c.env.extend([
         ("COMPLIANCE_POLICY", "fips-140-2".into()),

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::config::features::EnvoyFeatures;
+use crate::config::features::{EnvoyFeatures, Service};
 
 /// SDS from the agent (the `sds-grpc` cluster) for secret `name`, as Istio's template asks it.
 fn sds(name: &str) -> Value {
@@ -112,5 +112,92 @@ pub fn add_local_cluster(b: &mut Value) {
             "cluster_manager".into(),
             json!({ "local_cluster_name": "local_cluster", "enable_deferred_cluster_creation": true }),
         );
+    }
+}
+
+/// A STRICT_DNS gRPC cluster (HTTP/2) for a ProxyConfig remote service, as Istio's template
+/// writes `envoy_accesslog_service` and `envoy_metrics_service`.
+fn service_cluster(name: &str, s: &Service) -> Value {
+    let mut c = json!({
+        "name": name,
+        "alt_stat_name": format!("{name};"),
+        "type": "STRICT_DNS",
+        "respect_dns_ttl": true,
+        "dns_lookup_family": "V4_ONLY",
+        "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": { "http2_protocol_options": {} }
+            }
+        },
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": {
+                "socket_address": { "address": s.host, "port_value": s.port }
+            } } }] }]
+        }
+    });
+    if let Some((probes, time, interval)) = s.keepalive {
+        let mut k = serde_json::Map::new();
+        // Istio's template writes the wrappers as objects; Envoy takes them.
+        for (key, v) in [
+            ("keepalive_probes", probes.map(u64::from)),
+            ("keepalive_time", time),
+            ("keepalive_interval", interval),
+        ] {
+            if let Some(v) = v {
+                k.insert(key.into(), json!({ "value": v }));
+            }
+        }
+        c["upstream_connection_options"] = json!({ "tcp_keepalive": k });
+    }
+    c
+}
+
+/// ProxyConfig statsdUdpAddress, envoyAccessLogService and envoyMetricsService: their clusters
+/// and stats sinks. A statsd host is resolved once, here, as Istio's agent does; one that does
+/// not resolve gets no sink (as Istio).
+pub fn add_remote_services(b: &mut Value, f: &EnvoyFeatures) {
+    let mut clusters = Vec::new();
+    let mut sinks = Vec::new();
+    if let Some(s) = &f.access_log_service {
+        clusters.push(service_cluster("envoy_accesslog_service", s));
+    }
+    if let Some(s) = &f.metrics_service {
+        clusters.push(service_cluster("envoy_metrics_service", s));
+        sinks.push(json!({
+            "name": "envoy.stat_sinks.metrics_service",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.config.metrics.v3.MetricsServiceConfig",
+                "transport_api_version": "V3",
+                "grpc_service": { "envoy_grpc": { "cluster_name": "envoy_metrics_service" } }
+            }
+        }));
+    }
+    if let Some((host, port)) = &f.statsd_udp_address {
+        let resolved = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), *port))
+            .ok()
+            .and_then(|mut a| a.next());
+        match resolved {
+            Some(addr) => sinks.push(json!({
+                "name": "envoy.stat_sinks.statsd",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.config.metrics.v3.StatsdSink",
+                    "address": { "socket_address": { "address": addr.ip().to_string(), "port_value": addr.port() } }
+                }
+            })),
+            None => tracing::warn!(%host, port, "statsdUdpAddress does not resolve: no statsd sink"),
+        }
+    }
+    if let Some(list) = b
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+    {
+        list.extend(clusters);
+    }
+    if !sinks.is_empty() {
+        b["stats_sinks"] = Value::Array(sinks);
     }
 }

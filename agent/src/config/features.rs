@@ -72,6 +72,83 @@ pub struct EnvoyFeatures {
     pub skip_deprecated_logs: bool,
     /// ISTIO_ENVOY_ENABLE_CORE_DUMP: Envoy's `--enable-core-dump`.
     pub enable_core_dump: bool,
+    /// ProxyConfig statsdUdpAddress (`host:port`): Envoy's statsd sink.
+    pub statsd_udp_address: Option<(String, u16)>,
+    /// ProxyConfig envoyAccessLogService: the `envoy_accesslog_service` cluster istiod's
+    /// gRPC access loggers name.
+    pub access_log_service: Option<Service>,
+    /// ProxyConfig envoyMetricsService: the `envoy_metrics_service` cluster and a
+    /// metrics_service stats sink.
+    pub metrics_service: Option<Service>,
+}
+
+/// A remote gRPC service of ProxyConfig, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    pub host: String,
+    pub port: u16,
+    /// TCP keepalive: probes, time and interval in seconds, each when set.
+    pub keepalive: Option<(Option<u32>, Option<u64>, Option<u64>)>,
+}
+
+/// `host:port` (a DNS name or an IP, IPv6 in brackets), or an error naming `input`.
+fn host_port(input: &str, raw: &str) -> Result<(String, u16), ConfigError> {
+    let bad = || err(input, raw, "host:port");
+    let (host, port) = raw.rsplit_once(':').ok_or_else(bad)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(bad)?;
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(bad());
+    }
+    Ok((host.to_string(), port))
+}
+
+fn service(
+    field: &str,
+    s: &Option<super::proxy_config::RemoteService>,
+) -> Result<Option<Service>, ConfigError> {
+    let Some(s) = s else { return Ok(None) };
+    if s.address.is_empty() {
+        return Ok(None);
+    }
+    let input = format!("ProxyConfig.{field}");
+    if s.tls_settings.is_some() {
+        // Never downgraded to plaintext: refused until the TLS client is written.
+        return Err(err(
+            &format!("{input}.tlsSettings"),
+            "(set)",
+            "no tlsSettings: TLS to this service is not supported yet, and plaintext is not \
+             substituted for it",
+        ));
+    }
+    let (host, port) = host_port(&format!("{input}.address"), &s.address)?;
+    let keepalive = match &s.tcp_keepalive {
+        None => None,
+        Some(k) => {
+            let secs = |name: &str, v: &Option<String>| {
+                v.as_deref()
+                    .map(|raw| {
+                        parse_duration(&format!("{input}.tcpKeepalive.{name}"), raw)
+                            .map(|d| d.as_secs())
+                    })
+                    .transpose()
+            };
+            Some((
+                k.probes,
+                secs("time", &k.time)?,
+                secs("interval", &k.interval)?,
+            ))
+        }
+    };
+    Ok(Some(Service {
+        host,
+        port,
+        keepalive,
+    }))
 }
 
 impl EnvoyFeatures {
@@ -119,6 +196,14 @@ impl EnvoyFeatures {
             )?,
             skip_deprecated_logs: flag("ENVOY_SKIP_DEPRECATED_LOGS", true)?,
             enable_core_dump: flag("ISTIO_ENVOY_ENABLE_CORE_DUMP", false)?,
+            statsd_udp_address: pc
+                .statsd_udp_address
+                .as_deref()
+                .filter(|a| !a.is_empty())
+                .map(|a| host_port("ProxyConfig.statsdUdpAddress", a))
+                .transpose()?,
+            access_log_service: service("envoyAccessLogService", &pc.envoy_access_log_service)?,
+            metrics_service: service("envoyMetricsService", &pc.envoy_metrics_service)?,
         })
     }
 }

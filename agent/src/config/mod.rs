@@ -357,10 +357,11 @@ impl Config {
                 .clone()
                 .or(pc.service_cluster.clone())
                 .unwrap_or_default(),
+            pc.tracing_service_name.as_deref(),
             &labels,
             lookup(env::WORKLOAD_NAME).as_deref(),
             &pod_namespace,
-        );
+        )?;
         let stats = stats::StatsConfig::from_inputs(&stats::StatsInputs {
             matcher: pc.proxy_stats_matcher.as_ref(),
             extra_stat_tags: pc.extra_stat_tags.as_deref(),
@@ -725,12 +726,39 @@ fn metadata(pc: &ProxyConfigOverlay, env_vars: &[(String, String)]) -> Vec<(Stri
 /// else the workload name dot namespace; else `istio-proxy.NAMESPACE`.
 fn service_cluster_or_default(
     name: String,
+    tracing_service_name: Option<&str>,
     labels: &BTreeMap<String, String>,
     workload: Option<&str>,
     namespace: &str,
-) -> String {
+) -> Result<String, ConfigError> {
     if !name.is_empty() && name != "istio-proxy" {
-        return name;
+        return Ok(name);
+    }
+    let workload = workload.filter(|w| !w.is_empty());
+    // ProxyConfig tracingServiceName (the other side of serviceCluster's oneof).
+    let canonical = || {
+        [
+            "service.istio.io/canonical-name",
+            "app.kubernetes.io/name",
+            "app",
+        ]
+        .iter()
+        .find_map(|k| labels.get(*k).map(String::as_str))
+        .or(workload)
+        .unwrap_or("istio-proxy")
+        .to_string()
+    };
+    match tracing_service_name {
+        None | Some("APP_LABEL_AND_NAMESPACE") => {}
+        Some("CANONICAL_NAME_ONLY") => return Ok(canonical()),
+        Some("CANONICAL_NAME_AND_NAMESPACE") => return Ok(format!("{}.{namespace}", canonical())),
+        Some(other) => {
+            return Err(err(
+                "ProxyConfig.tracingServiceName",
+                other,
+                "APP_LABEL_AND_NAMESPACE, CANONICAL_NAME_ONLY or CANONICAL_NAME_AND_NAMESPACE",
+            ));
+        }
     }
     let app = [
         "app",
@@ -739,12 +767,12 @@ fn service_cluster_or_default(
     ]
     .iter()
     .find_map(|k| labels.get(*k));
-    match (app, workload.filter(|w| !w.is_empty())) {
+    Ok(match (app, workload) {
         (Some(app), _) => format!("{app}.{namespace}"),
         (None, Some(w)) => format!("{w}.{namespace}"),
         (None, None) if !namespace.is_empty() => format!("istio-proxy.{namespace}"),
         (None, None) => "istio-proxy".to_string(),
-    }
+    })
 }
 
 /// A ProxyConfig duration field, or its default in seconds.
@@ -929,6 +957,46 @@ mod tests {
         assert_eq!(c.metadata, vec![("CLUSTER_ID".into(), "Kubernetes".into())]);
         assert_eq!(c.status_port, 15020);
         assert_eq!(c.termination_drain_duration, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn remote_services_and_tracing_service_name_are_checked() {
+        for (proxy_config, named) in [
+            (
+                r#"{"tracingServiceName": "CANONICAL"}"#,
+                "ProxyConfig.tracingServiceName",
+            ),
+            (
+                r#"{"statsdUdpAddress": "statsd"}"#,
+                "ProxyConfig.statsdUdpAddress",
+            ),
+            (
+                r#"{"envoyAccessLogService": {"address": "als:9000", "tlsSettings": {"mode": "SIMPLE"}}}"#,
+                "ProxyConfig.envoyAccessLogService.tlsSettings",
+            ),
+            (
+                r#"{"envoyMetricsService": {"address": "m:9001", "tcpKeepalive": {"time": "soon"}}}"#,
+                "ProxyConfig.envoyMetricsService.tcpKeepalive.time",
+            ),
+        ] {
+            let e = cfg(&[("PROXY_CONFIG", proxy_config)], embedded())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(named), "{proxy_config}: {e}");
+        }
+        let c = cfg(
+            &[
+                ("POD_NAMESPACE", "shop"),
+                (
+                    "PROXY_CONFIG",
+                    r#"{"tracingServiceName": "CANONICAL_NAME_AND_NAMESPACE"}"#,
+                ),
+            ],
+            embedded(),
+        )
+        .unwrap();
+        assert_eq!(c.service_cluster, "istio-proxy.shop");
+        assert!(c.proxy_config_json.get("serviceCluster").is_none());
     }
 
     #[test]

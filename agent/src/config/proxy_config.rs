@@ -27,6 +27,10 @@ pub(super) struct ProxyConfigOverlay {
     pub(super) proxy_stats_matcher: Option<super::stats::ProxyStatsMatcher>,
     pub(super) extra_stat_tags: Option<Vec<String>>,
     pub(super) runtime_values: Option<std::collections::BTreeMap<String, String>>,
+    pub(super) tracing_service_name: Option<String>,
+    pub(super) statsd_udp_address: Option<String>,
+    pub(super) envoy_access_log_service: Option<RemoteService>,
+    pub(super) envoy_metrics_service: Option<RemoteService>,
     pub(super) file_flush_interval: Option<String>,
     pub(super) file_flush_min_size_kb: Option<u32>,
     pub(super) stats_compression: Option<bool>,
@@ -34,6 +38,30 @@ pub(super) struct ProxyConfigOverlay {
     /// a check that spans fields can name it.
     #[serde(skip)]
     pub(super) set_by: std::collections::BTreeMap<String, String>,
+}
+
+/// ProxyConfig `envoyAccessLogService` / `envoyMetricsService`: a gRPC service Envoy reaches by
+/// DNS name (`host:port`), kept alive as asked.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteService {
+    pub address: String,
+    #[serde(default)]
+    pub tcp_keepalive: Option<TcpKeepalive>,
+    /// `tlsSettings`: refused by name (see `config::features`).
+    #[serde(default)]
+    pub tls_settings: Option<serde_json::Value>,
+}
+
+/// ProxyConfig's `tcpKeepalive` (networking `ConnectionPoolSettings.TCPSettings.TcpKeepalive`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct TcpKeepalive {
+    #[serde(default)]
+    pub probes: Option<u32>,
+    #[serde(default)]
+    pub time: Option<String>,
+    #[serde(default)]
+    pub interval: Option<String>,
 }
 
 /// ProxyConfig `tracing`: of its tracers only Zipkin is acted on (written into the bootstrap).
@@ -47,34 +75,52 @@ pub(super) struct Zipkin {
     pub(super) address: Option<String>,
 }
 
-/// ProxyConfig fields (istio/api mesh/v1alpha1/proxy.proto) the agent accepts without acting on
-/// them yet; anything else is a typo and rejected.
-const KNOWN_UNUSED_FIELDS: [&str; 22] = [
+/// ProxyConfig fields (istio/api mesh/v1alpha1/proxy.proto) that are not the agent's to act
+/// on, accepted as Istio's agent accepts them: istiod's and the injector's fields, and the
+/// deprecated ones Istio's 1.31 agent ignores too.
+const NOT_THE_AGENTS: [&str; 13] = [
+    // istiod's (listeners, routes, gateways) and the injector's.
+    "gatewayTopology",
+    "proxyHeaders",
+    "connectionSettings",
+    "interceptionMode",
+    "holdApplicationUntilProxyStarts",
+    "image",
+    "meshId",
+    // Deprecated: Istio's agent reads none of them.
     "discoveryRefreshDelay",
     "zipkinAddress",
-    "statsdUdpAddress",
-    "envoyMetricsServiceAddress",
     "availabilityZone",
-    "customConfigFile",
-    "proxyBootstrapTemplatePath",
-    "interceptionMode",
     "sds",
-    "envoyAccessLogService",
-    "envoyMetricsService",
-    "gatewayTopology",
-    "meshId",
-    "readinessProbe",
-    "holdApplicationUntilProxyStarts",
-    "caCertificatesPem",
-    "image",
-    "privateKeyProvider",
-    "proxyHeaders",
-    "tracingServiceName",
+    "envoyMetricsServiceAddress",
+    // The oneof's name, not a field of its JSON form.
     "clusterName",
-    "serviceClusterName",
 ];
 
-const USED_FIELDS: [&str; 21] = [
+/// ProxyConfig fields Istio's agent acts on that this agent does not yet: accepted with a
+/// warning naming what is missing.
+const NOT_YET: [(&str, &str); 3] = [
+    (
+        "readinessProbe",
+        "the VM health checker reporting to istiod (issue #55)",
+    ),
+    (
+        "privateKeyProvider",
+        "CryptoMB/QAT private key providers are contrib extensions upstream Envoy does not ship",
+    ),
+    (
+        "caCertificatesPem",
+        "Istio's agent uses it only with PROXY_CONFIG_XDS_AGENT (ProxyConfig pushed over xDS)",
+    ),
+];
+
+const USED_FIELDS: [&str; 27] = [
+    "tracingServiceName",
+    "statsdUdpAddress",
+    "envoyAccessLogService",
+    "envoyMetricsService",
+    "customConfigFile",
+    "proxyBootstrapTemplatePath",
     "fileFlushInterval",
     "fileFlushMinSizeKb",
     "statsCompression",
@@ -151,15 +197,33 @@ pub(super) fn overlay_into(
         return Err(err(input, text, "a ProxyConfig object"));
     };
     for key in fields.keys() {
-        if !USED_FIELDS.contains(&key.as_str()) && !KNOWN_UNUSED_FIELDS.contains(&key.as_str()) {
+        let not_yet = NOT_YET.iter().find(|(f, _)| f == key);
+        if !USED_FIELDS.contains(&key.as_str())
+            && !NOT_THE_AGENTS.contains(&key.as_str())
+            && not_yet.is_none()
+        {
             return Err(err(
                 input,
                 key,
                 "a ProxyConfig field (istio/api mesh/v1alpha1/proxy.proto)",
             ));
         }
-        if KNOWN_UNUSED_FIELDS.contains(&key.as_str()) {
-            tracing::warn!(field = %key, source = input, "ProxyConfig field accepted but not acted on yet");
+        if let Some((_, missing)) = not_yet {
+            tracing::warn!(field = %key, source = input, missing, "ProxyConfig field accepted but not acted on yet");
+        }
+    }
+    // `serviceCluster` and `tracingServiceName` are one oneof: setting one clears the other.
+    for (set, cleared) in [
+        ("serviceCluster", "tracingServiceName"),
+        ("tracingServiceName", "serviceCluster"),
+    ] {
+        if fields.contains_key(set) {
+            merged.remove(cleared);
+            if cleared == "serviceCluster" {
+                base.service_cluster = None;
+            } else {
+                base.tracing_service_name = None;
+            }
         }
     }
     merged.extend(fields.clone());
@@ -199,6 +263,10 @@ pub(super) fn overlay_into(
         proxy_stats_matcher,
         extra_stat_tags,
         runtime_values,
+        tracing_service_name,
+        statsd_udp_address,
+        envoy_access_log_service,
+        envoy_metrics_service,
         file_flush_interval,
         file_flush_min_size_kb,
         stats_compression
