@@ -51,11 +51,14 @@
 //!   listeners) become `authenticated.principal_name` with the same matcher: what istiod itself
 //!   went back to for sidecars in 1.20 (istio/istio#47395), matched by upstream Envoy against the
 //!   verified peer certificate's URI SAN. So no principal of a DENY policy stops matching;
-//! - whole listeners that need Istio's HBONE filters (`istio.set_internal_dst_address`,
-//!   `io.istio.http.connect_authority`, `connect_baggage`: `connect_originate`,
-//!   `connect_terminate`, `main_internal` of istiod 1.18+ with HBONE on). Without them HBONE
-//!   tunnels to and from this proxy are refused (port 15008 is not served); plain and mTLS
-//!   traffic is not affected.
+//! - whole listeners that need the HBONE filters of istiod 1.18–1.2x (`istio.set_internal_dst_address`,
+//!   `io.istio.http.connect_authority`, `connect_baggage`). Without them HBONE tunnels to and
+//!   from this proxy are refused (port 15008 is not served); plain and mTLS traffic is not
+//!   affected. istiod 1.31's HBONE listeners (`connect_terminate`, `main_internal`,
+//!   `connect_originate`) need none of them: they are upstream Envoy's internal listeners,
+//!   CONNECT and set_filter_state, and are kept, their one Istio factory respelled
+//!   (`istio.hashable_string` → `envoy.hashable_string`, upstream's hashable string) and their
+//!   peer metadata filter given to the module like any other.
 //!
 //! Settings the module does not apply (custom metric `definitions`, baggage discovery, a TCP
 //! exchange's own ALPN, ...) and what goes with a removed filter are logged by name and listed in
@@ -117,6 +120,16 @@ pub const HBONE_ONLY: [&str; 3] = [
     "istio.set_internal_dst_address.v1.Config",
     "io.istio.http.connect_authority.Config",
     "io.istio.http.connect_baggage.Config",
+];
+/// The filter-state object factory istiod 1.29.2+ names in HBONE's `connect_authority`
+/// set_filter_state (istio/proxy's hashable string), and upstream Envoy's of the same kind
+/// (`StringAccessor` plus `Hashable`, so the value still keys upstream connection pools). Same
+/// length: the rewrite keeps every length prefix.
+const ISTIO_HASHABLE_STRING: &[u8] = b"istio.hashable_string";
+const ENVOY_HASHABLE_STRING: &[u8] = b"envoy.hashable_string";
+const SET_FILTER_STATE: [&str; 2] = [
+    "envoy.extensions.filters.http.set_filter_state.v3.Config",
+    "envoy.extensions.filters.network.set_filter_state.v3.Config",
 ];
 /// The filter state `istio_authn` set, and RBAC principals of istiod 1.17–1.19 matched.
 const PEER_PRINCIPAL_KEY: &[u8] = b"io.istio.peer_principal";
@@ -183,6 +196,7 @@ fn istio_only(name: &str) -> bool {
 pub fn needs_adapting(msg: &[u8]) -> bool {
     if memchr::memmem::find(msg, NULL_VM.as_bytes()).is_some()
         || memchr::memmem::find(msg, PEER_PRINCIPAL_KEY).is_some()
+        || memchr::memmem::find(msg, ISTIO_HASHABLE_STRING).is_some()
         || memchr::memmem::find(msg, TCP_PROXY.as_bytes()).is_some()
     {
         return true;
@@ -248,6 +262,11 @@ struct Pass {
     /// whether it is outbound.
     side: &'static str,
     outbound: bool,
+    /// The listener being walked has `istio_authn` (istiod 1.17–1.19): its RBAC principals on
+    /// `io.istio.peer_principal` are rewritten. Elsewhere (istiod 1.31's HBONE `main_internal`,
+    /// where `connect_terminate`'s set_filter_state shares that filter state with the internal
+    /// connection) they match as they are.
+    peer_authn: bool,
 }
 
 /// A listener's side and whether it is outbound: its `traffic_direction` (16: INBOUND 1,
@@ -399,6 +418,25 @@ fn rewrite_principal(principal: &[u8]) -> Edited {
 /// A message, or `None` when unchanged.
 type Edited = Result<Option<Vec<u8>>, WireError>;
 
+/// A set_filter_state filter's Any (HTTP `on_request_headers` 1 or network `on_new_connection`
+/// 1, each a FilterStateValue with `factory_key` 6) with istiod's `istio.hashable_string`
+/// factory as upstream Envoy's `envoy.hashable_string`; `None` when it names none.
+fn upstream_factories(any: &[u8]) -> Edited {
+    let value = |v: &[u8]| {
+        wire::rewrite(v, |f| {
+            Ok(
+                if f.number == 6 && f.is_len() && f.value == ISTIO_HASHABLE_STRING {
+                    Edit::Replace(ENVOY_HASHABLE_STRING.to_vec())
+                } else {
+                    Edit::Keep
+                },
+            )
+        })
+    };
+    let config = |c: &[u8]| rewrite_field(c, 1, &value);
+    rewrite_field(any, 2, &config)
+}
+
 /// `msg` with each length-delimited field `number` edited by `inner`.
 fn rewrite_field(msg: &[u8], number: u32, inner: &dyn Fn(&[u8]) -> Edited) -> Edited {
     wire::rewrite(msg, |f| {
@@ -478,6 +516,22 @@ impl Pass {
             }
         }
         if types.iter().all(|t| loadable(t)) {
+            if let (Some(any), [t]) = (typed_config, types.as_slice())
+                && SET_FILTER_STATE.contains(&t.as_str())
+                && let Some(config) = upstream_factories(any)?
+            {
+                self.found
+                    .mapped
+                    .push(self.finding(name, "istio.hashable_string"));
+                let edited = wire::rewrite(filter, |f| {
+                    Ok(if f.number == shape.typed_config && f.is_len() {
+                        Edit::Replace(config.clone())
+                    } else {
+                        Edit::Keep
+                    })
+                })?;
+                return Ok(Decision::Replace(edited.unwrap_or_else(|| filter.to_vec())));
+            }
             return Ok(Decision::Keep);
         }
         if let Some(t) = types.iter().find(|t| HBONE_ONLY.contains(&t.as_str())) {
@@ -555,6 +609,9 @@ impl Pass {
     /// A filter whose typed_config is an RBAC filter config, with its `io.istio.peer_principal`
     /// principals rewritten (see the module docs).
     fn rbac_principals(&mut self, filter: &[u8], shape: &FilterShape) -> Result<Edit, WireError> {
+        if !self.peer_authn {
+            return Ok(Edit::Keep);
+        }
         let edited = wire::rewrite(filter, |field| {
             if field.number != shape.typed_config || !field.is_len() {
                 return Ok(Edit::Keep);
@@ -645,6 +702,7 @@ impl Pass {
 
     fn listener(&mut self, listener: &[u8]) -> Edited {
         (self.side, self.outbound) = listener_direction(listener)?;
+        self.peer_authn = memchr::memmem::find(listener, PEER_AUTHN.as_bytes()).is_some();
         // filter_chains (3) and default_filter_chain (25); listener_filters (9) are judged (an
         // HBONE one removes the listener).
         wire::rewrite(listener, |field| match (field.number, field.is_len()) {

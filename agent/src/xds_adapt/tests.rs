@@ -1298,6 +1298,16 @@ mod istiod_1_18 {
         assert!(found.unknown.is_empty() && found.refused.is_empty());
     }
 
+    /// Without `istio_authn` in the listener (istiod 1.31's HBONE `main_internal`, whose peer
+    /// principal is the filter state `connect_terminate` shares with the internal connection),
+    /// the principals match as istiod wrote them: rewritten, a DENY would never match there.
+    #[test]
+    fn peer_principals_without_istio_authn_stay() {
+        let key = |m| filter_state("io.istio.peer_principal", m);
+        let msg = sotw(LISTENER_TYPE, vec![listener_any(&inbound(key, false))]);
+        assert_eq!(adapt(false, &msg).unwrap(), Adapted::Unchanged);
+    }
+
     #[test]
     fn hbone_listeners_are_removed_whole_in_both_protocols() {
         let set_dst = ListenerFilter {
@@ -1369,4 +1379,89 @@ mod istiod_1_18 {
             vec!["gone".to_string(), "main_internal".to_string()]
         );
     }
+}
+
+/// istiod 1.31's HBONE inbound listener `connect_terminate` keeps its set_filter_state, with its
+/// factory `istio.hashable_string` (istio/proxy's) respelled as upstream Envoy's
+/// `envoy.hashable_string`; the other values and the rest of the listener are kept.
+#[test]
+fn hbone_connect_authority_gets_upstreams_hashable_string() {
+    use envoy_types::pb::envoy::config::core::v3::{
+        SubstitutionFormatString, substitution_format_string,
+    };
+    use envoy_types::pb::envoy::extensions::filters::common::set_filter_state::v3::{
+        FilterStateValue, filter_state_value,
+    };
+    use envoy_types::pb::envoy::extensions::filters::http::set_filter_state::v3::Config;
+    let value = |key: &str, factory: &str, format: &str| {
+        FilterStateValue {
+        key: Some(filter_state_value::Key::ObjectKey(key.into())),
+        factory_key: factory.into(),
+        value: Some(filter_state_value::Value::FormatString(SubstitutionFormatString {
+            format: Some(substitution_format_string::Format::TextFormatSource(
+                envoy_types::pb::envoy::config::core::v3::DataSource {
+                    specifier: Some(
+                        envoy_types::pb::envoy::config::core::v3::data_source::Specifier::InlineString(
+                            format.into(),
+                        ),
+                    ),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        })),
+        shared_with_upstream: 1,
+        ..Default::default()
+    }
+    };
+    let config = |factory: &str| Config {
+        on_request_headers: vec![
+            value(
+                "envoy.filters.listener.original_dst.local_ip",
+                "",
+                "%REQ(:AUTHORITY)%",
+            ),
+            value("io.istio.connect_authority", factory, "%REQ(:AUTHORITY)%"),
+            value(
+                "io.istio.peer_principal",
+                factory,
+                "%DOWNSTREAM_PEER_URI_SAN%",
+            ),
+        ],
+        ..Default::default()
+    };
+    let listener = |factory: &str| Listener {
+        name: "connect_terminate".into(),
+        filter_chains: vec![FilterChain {
+            filters: vec![hcm(vec![http_filter(
+                "connect_authority",
+                any(
+                    "envoy.extensions.filters.http.set_filter_state.v3.Config",
+                    config(factory).encode_to_vec(),
+                ),
+            )])],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let msg = sotw(
+        LISTENER_TYPE,
+        vec![listener_any(&listener("istio.hashable_string"))],
+    );
+    let (bytes, found) = changed(adapt(false, &msg).unwrap());
+    assert_eq!(
+        sotw_listeners(bytes),
+        vec![listener("envoy.hashable_string")]
+    );
+    assert_eq!(
+        pairs(&found.mapped),
+        vec![("connect_authority", "istio.hashable_string")]
+    );
+    assert!(found.removed.is_empty() && found.refused.is_empty() && found.unknown.is_empty());
+    // Upstream's spelling needs nothing.
+    let msg = sotw(
+        LISTENER_TYPE,
+        vec![listener_any(&listener("envoy.hashable_string"))],
+    );
+    assert_eq!(adapt(false, &msg).unwrap(), Adapted::Unchanged);
 }
