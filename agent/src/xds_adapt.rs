@@ -418,6 +418,22 @@ fn rewrite_principal(principal: &[u8]) -> Edited {
 /// A message, or `None` when unchanged.
 type Edited = Result<Option<Vec<u8>>, WireError>;
 
+/// `filter` with its typed_config replaced by `config`.
+fn with_typed_config(
+    filter: &[u8],
+    shape: &FilterShape,
+    config: Vec<u8>,
+) -> Result<Vec<u8>, WireError> {
+    let edited = wire::rewrite(filter, |f| {
+        Ok(if f.number == shape.typed_config && f.is_len() {
+            Edit::Replace(config.clone())
+        } else {
+            Edit::Keep
+        })
+    })?;
+    Ok(edited.unwrap_or_else(|| filter.to_vec()))
+}
+
 /// A set_filter_state filter's Any (HTTP `on_request_headers` 1 or network `on_new_connection`
 /// 1, each a FilterStateValue with `factory_key` 6) with istiod's `istio.hashable_string`
 /// factory as upstream Envoy's `envoy.hashable_string`; `None` when it names none.
@@ -523,14 +539,7 @@ impl Pass {
                 self.found
                     .mapped
                     .push(self.finding(name, "istio.hashable_string"));
-                let edited = wire::rewrite(filter, |f| {
-                    Ok(if f.number == shape.typed_config && f.is_len() {
-                        Edit::Replace(config.clone())
-                    } else {
-                        Edit::Keep
-                    })
-                })?;
-                return Ok(Decision::Replace(edited.unwrap_or_else(|| filter.to_vec())));
+                return Ok(Decision::Replace(with_typed_config(filter, shape, config)?));
             }
             return Ok(Decision::Keep);
         }
@@ -563,14 +572,7 @@ impl Pass {
                     }
                     self.found.mapped.push(finding);
                     let config = config.encode_to_vec();
-                    let edited = wire::rewrite(filter, |f| {
-                        Ok(if f.number == shape.typed_config && f.is_len() {
-                            Edit::Replace(config.clone())
-                        } else {
-                            Edit::Keep
-                        })
-                    })?;
-                    return Ok(Decision::Replace(edited.unwrap_or_else(|| filter.to_vec())));
+                    return Ok(Decision::Replace(with_typed_config(filter, shape, config)?));
                 }
                 Some(Mapped::Invalid(why)) => {
                     self.found.invalid.push((self.finding(name, t), why));

@@ -14,42 +14,24 @@ use cluster::Cluster;
 use cluster::apply;
 use cluster::bookinfo::{apply_text, curl, pods, sample, wait_pods_ready};
 
-/// The connections the Envoy of pod `name` (namespace hbone) opened to hosts whose address
-/// starts with `host` (its admin's `/clusters`, on the pod's loopback).
-fn host_connections(c: &Cluster, name: &str, host: &str) -> u64 {
+/// GET `path` of the admin of the Envoy in pod `name` (namespace hbone), on the pod's loopback.
+fn admin(c: &Cluster, name: &str, path: &str) -> String {
     let netns = c.kubelet.pod("hbone", name).unwrap().netns.clone();
     let out = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &netns,
-            "curl",
-            "-s",
-            "http://127.0.0.1:15000/clusters",
-        ])
+        .args(["netns", "exec", &netns, "curl", "-s"])
+        .arg(format!("http://127.0.0.1:15000{path}"))
         .output()
         .unwrap();
-    String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The connections the Envoy of pod `name` opened to hosts whose address starts with `host`.
+fn host_connections(c: &Cluster, name: &str, host: &str) -> u64 {
+    admin(c, name, "/clusters")
         .lines()
         .filter(|l| l.contains(&format!("::{host}")) && l.contains("::cx_total::"))
         .filter_map(|l| l.rsplit("::").next()?.parse::<u64>().ok())
         .sum()
-}
-
-fn listeners(c: &Cluster, namespace: &str, name: &str) -> String {
-    let netns = c.kubelet.pod(namespace, name).unwrap().netns.clone();
-    let out = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &netns,
-            "curl",
-            "-s",
-            "http://127.0.0.1:15000/listeners",
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 #[test]
@@ -103,7 +85,7 @@ fn our_sidecars_talk_hbone_under_istiod() {
             p.metadata.name
         );
     }
-    let server_listeners = listeners(&c, "hbone", &server);
+    let server_listeners = admin(&c, &server, "/listeners");
     assert!(
         server_listeners.contains("connect_terminate"),
         "the server's Envoy has no connect_terminate:\n{server_listeners}"
