@@ -13,6 +13,7 @@ pub mod drain;
 pub mod embedded;
 pub mod envoy;
 pub mod grpc_client;
+pub mod health;
 pub mod http_client;
 pub mod identity;
 pub mod metrics;
@@ -255,6 +256,35 @@ fn start_dns(
     })
 }
 
+/// Starts the VM health checker when ProxyConfig has a `readinessProbe`: its verdicts, which
+/// the xDS proxy reports to the control plane, take Envoy's readiness (as 15021's) with the
+/// probe.
+fn start_health(
+    cfg: &Config,
+    tasks: &mut Supervisor,
+    drain: &Drain,
+    certs: &identity::CertWatch,
+    status_dns: &tokio::sync::watch::Sender<Option<dns::TableWatch>>,
+) -> Option<health::HealthWatch> {
+    let probe = cfg.health_probe.clone()?;
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let (admin_port, drain, certs, dns) = (
+        cfg.admin_port,
+        drain.clone(),
+        certs.clone(),
+        status_dns.subscribe(),
+    );
+    let envoy_ready = move || {
+        let (drain, certs, dns) = (drain.clone(), certs.clone(), dns.clone());
+        async move { status::readiness(admin_port, &drain, &dns, &certs).await }
+    };
+    tasks.spawn_forever(
+        "health",
+        health::run(probe, cfg.probe_target, envoy_ready, tx),
+    );
+    Some(rx)
+}
+
 /// Serves Envoy's xDS on the socket in the config directory, proxied to `upstream`. Returns the
 /// socket's path.
 #[allow(clippy::too_many_arguments)]
@@ -264,7 +294,7 @@ fn start_xds(
     upstream: xds_proxy::Upstream,
     drain: &Drain,
     metrics: &Arc<metrics::Metrics>,
-    dns: Option<xds_proxy::DnsState>,
+    (dns, health): (Option<xds_proxy::DnsState>, Option<health::HealthWatch>),
     adapt: Option<Arc<xds_adapt::Adapter>>,
     access: &SocketAccess,
 ) -> Result<PathBuf, AgentError> {
@@ -279,6 +309,7 @@ fn start_xds(
             upstream,
             metrics.clone(),
             dns,
+            health,
             adapt,
             async move { drain.finished().await },
         ),
@@ -307,8 +338,16 @@ pub async fn run(cfg: Config) -> Result<(), AgentError> {
     let status_dns =
         start_status(&cfg, &mut tasks, &drain, &metrics, &certs, adapt.clone()).await?;
     let dns = start_dns(&cfg, &mut tasks, &metrics, &status_dns);
+    let health = start_health(&cfg, &mut tasks, &drain, &certs, &status_dns);
     let xds_socket = start_xds(
-        &cfg, &mut tasks, upstream, &drain, &metrics, dns, adapt, &access,
+        &cfg,
+        &mut tasks,
+        upstream,
+        &drain,
+        &metrics,
+        (dns, health),
+        adapt,
+        &access,
     )?;
 
     let module_dir = proxy_module::prepare(&cfg.binary_path).await?;

@@ -214,18 +214,46 @@ fn nds_answer(delta: bool, version: &str, nonce: &str, error: Option<String>) ->
 /// LDS request is followed by the agent's own NDS subscription (as Istio's agent does). A request
 /// that cannot be read (too large, broken framing) is reported on `failed`, which ends Envoy's
 /// stream with that status: Envoy reconnects, rather than waiting on a stream that is deaf.
+///
+/// With a health checker (a VM's `readinessProbe`), its latest verdict follows the first LDS
+/// request (istiod drops a health report that comes before the proxy is known, so a verdict
+/// reached earlier waits for it, and each new upstream stream gets it again), and every later
+/// change of verdict is sent as it comes (Istio's agent's `initialHealthRequest`).
 fn forward(
     mut from: Streaming<Bytes>,
     tx: tokio::sync::mpsc::Sender<Bytes>,
     delta: bool,
     subscribe_nds: bool,
+    mut health: Option<crate::health::HealthWatch>,
     metrics: Arc<crate::metrics::Metrics>,
     failed: tokio::sync::oneshot::Sender<Status>,
 ) {
     tokio::spawn(async move {
-        let mut nds_sent = !subscribe_nds;
+        let mut lds_seen = false;
         loop {
-            let item = match from.next().await {
+            let changed = async {
+                match (&mut health, lds_seen) {
+                    (Some(h), true) => h.changed().await.is_ok(),
+                    _ => std::future::pending().await,
+                }
+            };
+            let item = tokio::select! {
+                item = from.next() => item,
+                alive = changed => {
+                    if !alive {
+                        health = None;
+                        continue;
+                    }
+                    let verdict = health.as_mut().and_then(|h| h.borrow_and_update().clone());
+                    if let Some(verdict) = verdict
+                        && tx.send(crate::health::request(delta, &verdict)).await.is_err()
+                    {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let item = match item {
                 Some(Ok(item)) => item,
                 Some(Err(status)) => {
                     tracing::warn!(error = %status.message(), "unreadable request from Envoy; closing its stream");
@@ -235,13 +263,22 @@ fn forward(
                 None => break,
             };
             metrics.xds_proxy_requests.inc();
-            let is_lds = !nds_sent && request_type(delta, &item) == LISTENER_TYPE;
+            let first_lds = !lds_seen && request_type(delta, &item) == LISTENER_TYPE;
             if tx.send(item).await.is_err() {
                 break;
             }
-            if is_lds {
-                nds_sent = true;
-                if tx.send(nds_request(delta, "", "")).await.is_err() {
+            if first_lds {
+                lds_seen = true;
+                if subscribe_nds && tx.send(nds_request(delta, "", "")).await.is_err() {
+                    break;
+                }
+                let verdict = health.as_mut().and_then(|h| h.borrow_and_update().clone());
+                if let Some(verdict) = verdict
+                    && tx
+                        .send(crate::health::request(delta, &verdict))
+                        .await
+                        .is_err()
+                {
                     break;
                 }
             }
@@ -327,6 +364,8 @@ struct Inner {
     adapt: Option<Arc<crate::xds_adapt::Adapter>>,
     metrics: Arc<crate::metrics::Metrics>,
     dns: Option<DnsState>,
+    /// The VM health checker's verdicts, reported upstream.
+    health: Option<crate::health::HealthWatch>,
     /// Consecutive failed dials to the control plane.
     failures: AtomicU32,
 }
@@ -348,6 +387,7 @@ impl Inner {
             tx.clone(),
             delta,
             self.dns.is_some(),
+            self.health.clone(),
             metrics.clone(),
             failed_tx,
         );
@@ -472,12 +512,14 @@ pub fn bind(path: &Path, envoy_uid: Option<u32>) -> Result<UnixListener, XdsProx
 }
 
 /// Serves connections from `allowed_uids` (SO_PEERCRED) until `shutdown` resolves.
+#[allow(clippy::too_many_arguments)] // what the proxy serves with, each optional part its own
 pub async fn serve(
     listener: UnixListener,
     allowed_uids: Vec<u32>,
     upstream: Upstream,
     metrics: Arc<crate::metrics::Metrics>,
     dns: Option<DnsState>,
+    health: Option<crate::health::HealthWatch>,
     adapt: Option<Arc<crate::xds_adapt::Adapter>>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), XdsProxyError> {
@@ -487,6 +529,7 @@ pub async fn serve(
             adapt,
             metrics,
             dns,
+            health,
             failures: AtomicU32::new(0),
         }),
     };
@@ -525,6 +568,7 @@ mod tests {
             crate::uds::allowed_uids(1337),
             Upstream::Embedded(crate::embedded::InProcess::in_memory().unwrap()),
             Arc::new(crate::metrics::Metrics::new()),
+            None,
             None,
             None,
             std::future::pending(),

@@ -5,6 +5,7 @@
 pub mod embedded;
 pub mod env;
 pub mod features;
+pub mod health;
 pub mod identity;
 pub mod inputs;
 pub mod legacy_flags;
@@ -128,6 +129,8 @@ pub struct Config {
     pub app_metrics: Option<metrics::AppMetrics>,
     /// PILOT_AGENT_MERGE_ENVOY_STATS (default true): Envoy's metrics in 15020's exposition.
     pub merge_envoy_stats: bool,
+    /// ProxyConfig readinessProbe: the VM health check reported to istiod (`crate::health`).
+    pub health_probe: Option<health::HealthProbe>,
     /// The DNS proxy, when ISTIO_META_DNS_CAPTURE or ISTIO_META_ENABLE_DNS_SERVER is true.
     pub dns: Option<DnsConfig>,
     /// The workload certificate: identity, key type, lifetime, where it comes from.
@@ -437,6 +440,12 @@ impl Config {
             app_probes,
             probe_target,
             app_metrics,
+            health_probe: pc
+                .readiness_probe
+                .as_ref()
+                .filter(|v| !v.is_null())
+                .map(health::parse)
+                .transpose()?,
             merge_envoy_stats: parse_bool(
                 env::PILOT_AGENT_MERGE_ENVOY_STATS,
                 lookup(env::PILOT_AGENT_MERGE_ENVOY_STATS),

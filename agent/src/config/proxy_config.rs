@@ -27,6 +27,7 @@ pub(super) struct ProxyConfigOverlay {
     pub(super) proxy_stats_matcher: Option<super::stats::ProxyStatsMatcher>,
     pub(super) extra_stat_tags: Option<Vec<String>>,
     pub(super) runtime_values: Option<std::collections::BTreeMap<String, String>>,
+    pub(super) readiness_probe: Option<serde_json::Value>,
     pub(super) tracing_service_name: Option<String>,
     pub(super) statsd_udp_address: Option<String>,
     pub(super) envoy_access_log_service: Option<RemoteService>,
@@ -99,11 +100,7 @@ const NOT_THE_AGENTS: [&str; 13] = [
 
 /// ProxyConfig fields Istio's agent acts on that this agent does not yet: accepted with a
 /// warning naming what is missing.
-const NOT_YET: [(&str, &str); 3] = [
-    (
-        "readinessProbe",
-        "the VM health checker reporting to istiod (issue #55)",
-    ),
+const NOT_YET: [(&str, &str); 2] = [
     (
         "privateKeyProvider",
         "CryptoMB/QAT private key providers are contrib extensions upstream Envoy does not ship",
@@ -114,7 +111,8 @@ const NOT_YET: [(&str, &str); 3] = [
     ),
 ];
 
-const USED_FIELDS: [&str; 27] = [
+const USED_FIELDS: [&str; 28] = [
+    "readinessProbe",
     "tracingServiceName",
     "statsdUdpAddress",
     "envoyAccessLogService",
@@ -263,6 +261,7 @@ pub(super) fn overlay_into(
         proxy_stats_matcher,
         extra_stat_tags,
         runtime_values,
+        readiness_probe,
         tracing_service_name,
         statsd_udp_address,
         envoy_access_log_service,

@@ -99,6 +99,17 @@ async fn proxy(
     max: usize,
     dns: Option<DnsState>,
 ) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
+    proxy_reporting(dir, upstream, max, dns, None).await
+}
+
+/// `proxy` with a health checker's verdicts to report.
+async fn proxy_reporting(
+    dir: &Path,
+    upstream: SocketAddr,
+    max: usize,
+    dns: Option<DnsState>,
+    health: Option<crate::health::HealthWatch>,
+) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
     let path = dir.join("XDS");
     let listener = bind(&path, None).unwrap();
     let client = XdsClientConfig {
@@ -119,6 +130,7 @@ async fn proxy(
         },
         Arc::new(crate::metrics::Metrics::new()),
         dns,
+        health,
         None,
         std::future::pending(),
     ));
@@ -346,4 +358,77 @@ async fn a_length_prefix_over_the_cap_is_refused_before_the_body() {
     let err = outcome.map(|r| r.map(|r| r.nonce)).unwrap_err();
     assert!(err.message().contains("too large"), "{err:?}");
     assert!(err.message().contains("314572800"), "{err:?}");
+}
+
+/// The next request the fake control plane was sent.
+async fn next_request(seen: &mut mpsc::UnboundedReceiver<Bytes>) -> DiscoveryRequest {
+    let got = tokio::time::timeout(WAIT, seen.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    DiscoveryRequest::decode(got).unwrap()
+}
+
+/// A VM's health reports (Istio's `HealthInformation` requests) go upstream on Envoy's stream:
+/// none before Envoy's first LDS request (istiod drops a report that precedes the proxy's
+/// config), the latest verdict right after it, then each change as it comes.
+#[tokio::test]
+async fn health_reports_follow_the_first_lds_request_and_each_change() {
+    use crate::health::{HEALTH_INFO_TYPE, Health};
+    const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+    let (addr, mut seen) = fake(vec![]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (verdicts, watch) = tokio::sync::watch::channel(Some(Health::Unhealthy("app down".into())));
+    let mut client = proxy_reporting(dir.path(), addr, 1 << 20, None, Some(watch)).await;
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(DiscoveryRequest {
+        node: Some(envoy_types::pb::envoy::config::core::v3::Node {
+            id: "sidecar~10.0.0.9~vm.demo~demo.svc.cluster.local".into(),
+            ..Default::default()
+        }),
+        type_url: CLUSTER.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let _responses = tokio::time::timeout(
+        WAIT,
+        client.stream_aggregated_resources(ReceiverStream::new(rx)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(next_request(&mut seen).await.type_url, CLUSTER);
+    // No report yet: the verdict waits for the first LDS request.
+    tx.send(DiscoveryRequest {
+        type_url: LISTENER.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(next_request(&mut seen).await.type_url, LISTENER);
+    let report = next_request(&mut seen).await;
+    assert_eq!(report.type_url, HEALTH_INFO_TYPE);
+    let detail = report.error_detail.unwrap();
+    assert_eq!((detail.code, detail.message.as_str()), (13, "app down"));
+    assert!(report.node.is_none() && report.response_nonce.is_empty());
+    verdicts.send_replace(Some(Health::Healthy));
+    let report = next_request(&mut seen).await;
+    assert_eq!(report.type_url, HEALTH_INFO_TYPE);
+    assert!(report.error_detail.is_none());
+    // A later LDS request carries no repeat.
+    tx.send(DiscoveryRequest {
+        type_url: LISTENER.into(),
+        version_info: "1".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(next_request(&mut seen).await.type_url, LISTENER);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), seen.recv())
+            .await
+            .is_err(),
+        "an unchanged verdict was sent again"
+    );
 }

@@ -239,6 +239,7 @@ fn proxy_to(dir: &Path, upstream: SocketAddr) -> PathBuf {
         Arc::new(crate::metrics::Metrics::new()),
         None,
         None,
+        None,
         std::future::pending(),
     ));
     path

@@ -226,6 +226,7 @@ pub fn start_proxy(dir: &Path, upstream: pilot_agent::xds_proxy::Upstream) -> Pa
         Arc::new(pilot_agent::metrics::Metrics::new()),
         None,
         None,
+        None,
         std::future::pending(),
     ));
     path

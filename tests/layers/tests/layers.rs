@@ -145,7 +145,7 @@ const LAYERS: &[(&str, &[Layer])] = &[
                 ],
             ),
             ("local clients", &["admin"]),
-            ("services", &["metrics", "probes", "grpc_client"]),
+            ("services", &["metrics", "probes", "grpc_client", "health"]),
             ("workload", &["identity", "dns"]),
             ("identity users", &["embedded", "sds"]),
             ("Envoy", &["bootstrap", "envoy", "xds_adapt"]),
