@@ -41,6 +41,16 @@ fn static_cluster(name: &str, ip: &str, port: u16) -> Value {
     })
 }
 
+/// A gRPC cluster's upstream protocol: HTTP/2 only.
+fn http2_only() -> Value {
+    json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": { "http2_protocol_options": {} }
+        }
+    })
+}
+
 fn pipe_cluster(name: &str, path: &str, extra: Value) -> Value {
     let mut c = json!({
         "name": name,
@@ -48,12 +58,7 @@ fn pipe_cluster(name: &str, path: &str, extra: Value) -> Value {
         "type": "STATIC",
         "connect_timeout": "1s",
         "lb_policy": "ROUND_ROBIN",
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": { "http2_protocol_options": {} }
-            }
-        },
+        "typed_extension_protocol_options": http2_only(),
         "load_assignment": {
             "cluster_name": name,
             "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": { "pipe": { "path": path } } } }] }]

@@ -193,10 +193,15 @@ pub fn run(cfg: &Config) -> Result<Report, Error> {
         .iter()
         .map(|f| plan::plan(&tproxy_cfg, *f, &facts))
         .collect();
-    let payloads = plans
-        .iter()
-        .map(|p| (p.family, render::restore_payload(p)))
-        .collect();
+    // The iptables payloads, unless the plans go to nftables instead.
+    let payloads = if cfg.native_nftables {
+        Vec::new()
+    } else {
+        plans
+            .iter()
+            .map(|p| (p.family, render::restore_payload(p)))
+            .collect()
+    };
     let mut report = Report {
         payloads,
         nft: None,
@@ -205,7 +210,6 @@ pub fn run(cfg: &Config) -> Result<Report, Error> {
         validated: false,
     };
     if cfg.native_nftables {
-        report.payloads.clear();
         let transaction = nft::transaction(&plans).map_err(nft::NftError::from)?;
         report.nft = Some(transaction.clone());
         if cfg.dry_run {

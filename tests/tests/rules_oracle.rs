@@ -1814,6 +1814,10 @@ fn oracle(nft: bool) {
             keys.insert((e.addrs, e.resolv));
         }
     }
+    // The nftables runs make a namespace each (`Bench::nft_run`): no shared ones.
+    if nft {
+        keys.clear();
+    }
     let (namespaces, netns) = Namespaces::create(&keys);
     let bench = Bench {
         istio,

@@ -59,6 +59,36 @@ fn assert_valid_exposition(text: &str) {
     }
 }
 
+/// A pod (10.233.0.2, `web` of `demo`) running the embedded agent with `env` added to its own,
+/// and `app` (a Python program, as uid 1000) beside it when given; ready. The second pod
+/// (10.233.0.3) is the scraper. Returns them and the mesh directory (the embedded CA's home).
+fn scraped_pod(app: Option<&str>, env: &[(&str, &str)]) -> (Network, std::path::PathBuf) {
+    let mut net = Network::new().unwrap();
+    net.add_pod("pod", 2).unwrap();
+    net.add_pod("prometheus", 3).unwrap();
+    let mesh = net.dir().join("mesh");
+    std::fs::create_dir_all(&mesh).unwrap();
+    if let Some(app) = app {
+        net.pods[0]
+            .spawn("app", 1000, 1000, &[], &["/usr/bin/python3", "-c", app])
+            .unwrap();
+    }
+    let mut all = vec![
+        ("POD_NAME", "web"),
+        ("POD_NAMESPACE", "demo"),
+        ("INSTANCE_IP", "10.233.0.2"),
+        ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
+    ];
+    all.extend_from_slice(env);
+    net.pods[0].spawn_embedded_agent(&mesh, &all).unwrap();
+    let ready = net.pods[0].wait_http_ok(
+        "http://127.0.0.1:15021/healthz/ready",
+        Duration::from_secs(60),
+    );
+    assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
+    (net, mesh)
+}
+
 #[test]
 fn merged_stats_hold_agent_envoy_and_app_metrics() {
     if !require_root("merged_stats_hold_agent_envoy_and_app_metrics")
@@ -66,34 +96,13 @@ fn merged_stats_hold_agent_envoy_and_app_metrics() {
     {
         return;
     }
-    let mut net = Network::new().unwrap();
-    net.add_pod("pod", 2).unwrap();
-    net.add_pod("prometheus", 3).unwrap();
-    let mesh = net.dir().join("mesh");
-    std::fs::create_dir_all(&mesh).unwrap();
-    net.pods[0]
-        .spawn("app", 1000, 1000, &[], &["/usr/bin/python3", "-c", APP])
-        .unwrap();
-    net.pods[0]
-        .spawn_embedded_agent(
-            &mesh,
-            &[
-                ("POD_NAME", "web"),
-                ("POD_NAMESPACE", "demo"),
-                ("INSTANCE_IP", "10.233.0.2"),
-                ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
-                (
-                    "ISTIO_PROMETHEUS_ANNOTATIONS",
-                    "{\"scrape\":\"true\",\"path\":\"/custom-metrics\",\"port\":\"9100\"}",
-                ),
-            ],
-        )
-        .unwrap();
-    let ready = net.pods[0].wait_http_ok(
-        "http://127.0.0.1:15021/healthz/ready",
-        Duration::from_secs(60),
+    let (net, _) = scraped_pod(
+        Some(APP),
+        &[(
+            "ISTIO_PROMETHEUS_ANNOTATIONS",
+            "{\"scrape\":\"true\",\"path\":\"/custom-metrics\",\"port\":\"9100\"}",
+        )],
     );
-    assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
 
     let (code, text) = net.pods[1]
         .http_get(0, "http://10.233.0.2:15020/stats/prometheus")
@@ -168,39 +177,14 @@ fn scrape_targets_merge_envoy_stats_and_compression() {
     {
         return;
     }
-    let mut net = Network::new().unwrap();
-    net.add_pod("pod", 2).unwrap();
-    net.add_pod("prometheus", 3).unwrap();
-    let mesh = net.dir().join("mesh");
-    std::fs::create_dir_all(&mesh).unwrap();
-    net.pods[0]
-        .spawn(
-            "apps",
-            1000,
-            1000,
-            &[],
-            &["/usr/bin/python3", "-c", TWO_APPS],
-        )
-        .unwrap();
     let annotations = r#"{"scrape":"true","path":"/metrics","port":"9101","targets":[{"port":"9101","path":"/metrics"},{"port":"9103","path":"/down"},{"port":"9102","path":"/metrics"}]}"#;
-    net.pods[0]
-        .spawn_embedded_agent(
-            &mesh,
-            &[
-                ("POD_NAME", "web"),
-                ("POD_NAMESPACE", "demo"),
-                ("INSTANCE_IP", "10.233.0.2"),
-                ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
-                ("ISTIO_PROMETHEUS_ANNOTATIONS", annotations),
-                ("PILOT_AGENT_MERGE_ENVOY_STATS", "false"),
-            ],
-        )
-        .unwrap();
-    let ready = net.pods[0].wait_http_ok(
-        "http://127.0.0.1:15021/healthz/ready",
-        Duration::from_secs(60),
+    let (net, _) = scraped_pod(
+        Some(TWO_APPS),
+        &[
+            ("ISTIO_PROMETHEUS_ANNOTATIONS", annotations),
+            ("PILOT_AGENT_MERGE_ENVOY_STATS", "false"),
+        ],
     );
-    assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
     let url = "http://10.233.0.2:15020/stats/prometheus";
     let (code, text) = net.pods[1].http_get(0, url).unwrap();
     assert_eq!(code, 200);
@@ -257,29 +241,13 @@ fn secure_metrics_ports_take_only_mesh_clients() {
     {
         return;
     }
-    let mut net = Network::new().unwrap();
-    net.add_pod("pod", 2).unwrap();
-    net.add_pod("prometheus", 3).unwrap();
-    let mesh = net.dir().join("mesh");
-    std::fs::create_dir_all(&mesh).unwrap();
-    net.pods[0]
-        .spawn_embedded_agent(
-            &mesh,
-            &[
-                ("POD_NAME", "web"),
-                ("POD_NAMESPACE", "demo"),
-                ("INSTANCE_IP", "10.233.0.2"),
-                ("PROXY_CONFIG", "{\"terminationDrainDuration\": \"1s\"}"),
-                ("ENVOY_SECURE_METRICS_PORT", "15091"),
-                ("ENVOY_SECURE_MERGED_METRICS_PORT", "15092"),
-            ],
-        )
-        .unwrap();
-    let ready = net.pods[0].wait_http_ok(
-        "http://127.0.0.1:15021/healthz/ready",
-        Duration::from_secs(60),
+    let (net, mesh) = scraped_pod(
+        None,
+        &[
+            ("ENVOY_SECURE_METRICS_PORT", "15091"),
+            ("ENVOY_SECURE_MERGED_METRICS_PORT", "15092"),
+        ],
     );
-    assert!(ready.is_ok(), "{ready:?}\n{}", net.logs());
     // A scraper's certificate from the mesh's CA (the embedded control plane's, in the mesh
     // directory), and one from a CA of its own.
     let dir = net.dir().join("scraper");

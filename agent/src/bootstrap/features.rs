@@ -120,18 +120,13 @@ pub fn add_local_cluster(b: &mut Value) {
 fn service_cluster(name: &str, s: &Service) -> Value {
     let mut c = json!({
         "name": name,
-        "alt_stat_name": format!("{name};"),
+        "alt_stat_name": super::alt_stat_name(name),
         "type": "STRICT_DNS",
         "respect_dns_ttl": true,
         "dns_lookup_family": "V4_ONLY",
         "connect_timeout": "1s",
         "lb_policy": "ROUND_ROBIN",
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": { "http2_protocol_options": {} }
-            }
-        },
+        "typed_extension_protocol_options": super::http2_only(),
         "load_assignment": {
             "cluster_name": name,
             "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": {

@@ -168,6 +168,21 @@ fn status_and_body(stdout: &[u8]) -> (u16, String) {
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
+/// Bookinfo's details (its Service, ServiceAccount and Deployment) and Istio's curl sample, as
+/// objects to apply: the smallest client and server pair of Istio's samples.
+pub fn details_and_curl() -> Result<Vec<serde_json::Value>> {
+    let mut objects: Vec<serde_json::Value> =
+        apply::parse_objects(&sample("bookinfo/platform/kube/bookinfo.yaml")?)?
+            .into_iter()
+            .filter(|o| {
+                let name = o["metadata"]["name"].as_str().unwrap_or_default();
+                name.starts_with("details") || name == "bookinfo-details"
+            })
+            .collect();
+    objects.extend(apply::parse_objects(&sample("curl/curl.yaml")?)?);
+    Ok(objects)
+}
+
 /// What a pod's sidecar serves on a local port (Envoy's admin, its Prometheus endpoint), fetched
 /// from inside the pod.
 pub fn pod_local(c: &Cluster, namespace: &str, pod: &str, url: &str) -> Result<String> {

@@ -12,22 +12,14 @@ use std::time::Duration;
 
 use cluster::Cluster;
 use cluster::apply;
-use cluster::bookinfo::{apply_text, curl, pods, sample, wait_pods_ready};
-
-/// GET `path` of the admin of the Envoy in pod `name` (namespace hbone), on the pod's loopback.
-fn admin(c: &Cluster, name: &str, path: &str) -> String {
-    let netns = c.kubelet.pod("hbone", name).unwrap().netns.clone();
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &netns, "curl", "-s"])
-        .arg(format!("http://127.0.0.1:15000{path}"))
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
+use cluster::bookinfo::{
+    apply_text, curl, details_and_curl, pod_local, pod_named, pods, wait_pods_ready,
+};
 
 /// The connections the Envoy of pod `name` opened to hosts whose address starts with `host`.
 fn host_connections(c: &Cluster, name: &str, host: &str) -> u64 {
-    admin(c, name, "/clusters")
+    pod_local(c, "hbone", name, "http://127.0.0.1:15000/clusters")
+        .unwrap()
         .lines()
         .filter(|l| l.contains(&format!("::{host}")) && l.contains("::cx_total::"))
         .filter_map(|l| l.rsplit("::").next()?.parse::<u64>().ok())
@@ -51,31 +43,18 @@ fn our_sidecars_talk_hbone_under_istiod() {
     )
     .expect("install Istio");
     apply_text(&c, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hbone\n  labels:\n    istio-injection: enabled\n", "hbone").unwrap();
-    let mut objects =
-        apply::parse_objects(&sample("bookinfo/platform/kube/bookinfo.yaml").unwrap())
-            .unwrap()
-            .into_iter()
-            .filter(|o| {
-                let name = o["metadata"]["name"].as_str().unwrap_or_default();
-                name.starts_with("details") || name == "bookinfo-details"
-            })
-            .collect::<Vec<_>>();
-    objects.extend(apply::parse_objects(&sample("curl/curl.yaml").unwrap()).unwrap());
+    let mut objects = details_and_curl().unwrap();
     for o in objects.iter_mut().filter(|o| o["kind"] == "Deployment") {
         o["spec"]["template"]["metadata"]["annotations"]["proxy.istio.io/config"] =
             "proxyMetadata:\n  ISTIO_META_ENABLE_HBONE: \"true\"\n".into();
     }
     c.block_on(apply::apply_all(&c.client, &objects, Some("hbone")))
         .unwrap();
-    let ready = wait_pods_ready(&c, "hbone", 2, Duration::from_secs(120)).unwrap();
-    let name_of = |prefix: &str| {
-        ready
-            .iter()
-            .filter_map(|p| p.metadata.name.clone())
-            .find(|n| n.starts_with(prefix))
-            .unwrap()
-    };
-    let (client, server) = (name_of("curl-"), name_of("details-"));
+    wait_pods_ready(&c, "hbone", 2, Duration::from_secs(120)).unwrap();
+    let (client, server) = (
+        pod_named(&c, "hbone", "curl-").unwrap(),
+        pod_named(&c, "hbone", "details-").unwrap(),
+    );
     for p in pods(&c, "hbone") {
         let labels = p.metadata.labels.unwrap_or_default();
         assert_eq!(
@@ -85,7 +64,8 @@ fn our_sidecars_talk_hbone_under_istiod() {
             p.metadata.name
         );
     }
-    let server_listeners = admin(&c, &server, "/listeners");
+    let server_listeners =
+        pod_local(&c, "hbone", &server, "http://127.0.0.1:15000/listeners").unwrap();
     assert!(
         server_listeners.contains("connect_terminate"),
         "the server's Envoy has no connect_terminate:\n{server_listeners}"

@@ -11,18 +11,9 @@ use std::time::Duration;
 
 use cluster::Cluster;
 use cluster::apply;
-use cluster::bookinfo::{apply_text, curl, no_update_rejected, sample, wait_pods_ready};
-
-/// GET `path` of the admin of the Envoy in pod `name` (namespace `ns`), on the pod's loopback.
-fn admin(c: &Cluster, ns: &str, name: &str, path: &str) -> String {
-    let netns = c.kubelet.pod(ns, name).unwrap().netns.clone();
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &netns, "curl", "-s"])
-        .arg(format!("http://127.0.0.1:15000{path}"))
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
+use cluster::bookinfo::{
+    apply_text, curl, details_and_curl, no_update_rejected, pod_local, pod_named, wait_pods_ready,
+};
 
 #[test]
 fn istiods_newer_settings_load_on_our_sidecars() {
@@ -44,16 +35,7 @@ fn istiods_newer_settings_load_on_our_sidecars() {
     .expect("install Istio");
     let ns = "newer";
     apply_text(&c, &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n    istio-injection: enabled\n"), ns).unwrap();
-    let mut objects =
-        apply::parse_objects(&sample("bookinfo/platform/kube/bookinfo.yaml").unwrap())
-            .unwrap()
-            .into_iter()
-            .filter(|o| {
-                let name = o["metadata"]["name"].as_str().unwrap_or_default();
-                name.starts_with("details") || name == "bookinfo-details"
-            })
-            .collect::<Vec<_>>();
-    objects.extend(apply::parse_objects(&sample("curl/curl.yaml").unwrap()).unwrap());
+    let objects = details_and_curl().unwrap();
     c.block_on(apply::apply_all(&c.client, &objects, Some(ns)))
         .unwrap();
     let ready = wait_pods_ready(&c, ns, 2, Duration::from_secs(120)).unwrap();
@@ -65,19 +47,13 @@ fn istiods_newer_settings_load_on_our_sidecars() {
     });
     assert!(answered, "curl -> details under the FIPS policy: {last:?}");
     no_update_rejected(&c, ns, &ready).unwrap();
-    let client = ready
-        .iter()
-        .filter_map(|p| p.metadata.name.clone())
-        .find(|n| n.starts_with("curl-"))
-        .unwrap();
-    let server = ready
-        .iter()
-        .filter_map(|p| p.metadata.name.clone())
-        .find(|n| n.starts_with("details-"))
-        .unwrap();
+    let (client, server) = (
+        pod_named(&c, ns, "curl-").unwrap(),
+        pod_named(&c, ns, "details-").unwrap(),
+    );
     // Where istiod puts them, as Envoy holds them.
-    let client_dump = admin(&c, ns, &client, "/config_dump");
-    let server_dump = admin(&c, ns, &server, "/config_dump");
+    let dump = |pod: &str| pod_local(&c, ns, pod, "http://127.0.0.1:15000/config_dump").unwrap();
+    let (client_dump, server_dump) = (dump(&client), dump(&server));
     assert!(
         server_dump.contains("FIPS_202205"),
         "no FIPS 140-3 policy on the server's mTLS contexts"
