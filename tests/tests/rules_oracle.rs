@@ -1625,6 +1625,24 @@ fn make_netns(ns: &str, addrs: Addrs, resolv: Resolv) {
         )
         .unwrap();
     }
+    // The kernel adds an IPv6 address's local route a moment after the address: wait for every
+    // one, so a run's routing snapshot never sees it appear (the nftables oracle compares what
+    // a run added).
+    for cidr in addrs.cidrs() {
+        let local = format!("local {} ", cidr.split('/').next().unwrap_or_default());
+        let present = || {
+            ["-4", "-6"].iter().any(|fam| {
+                Command::new("ip")
+                    .args(["-n", ns, fam, "route", "show", "table", "local"])
+                    .output()
+                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&local))
+            })
+        };
+        assert!(
+            harness::wait_until(std::time::Duration::from_secs(5), present),
+            "{ns}: no local route for {cidr}"
+        );
+    }
     // `ip netns exec` mounts /etc/netns/NS/resolv.conf over /etc/resolv.conf.
     let etc = Path::new("/etc/netns").join(ns);
     std::fs::create_dir_all(&etc).unwrap();
