@@ -16,7 +16,7 @@ use crate::config::health::{HealthProbe, Method};
 use crate::config::probes::Probe;
 
 /// The type istiod reads health reports by (`model.HealthInfoType`).
-pub const HEALTH_INFO_TYPE: &str = "type.googleapis.com/istio.v1.HealthInformation";
+pub use mesh_common::xds::HEALTH_INFO_TYPE;
 
 /// A verdict of the health checker.
 #[derive(Debug, Clone, PartialEq, Eq)]

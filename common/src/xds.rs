@@ -5,6 +5,11 @@
 //! empty nonce is a fresh request (a stream's first for the type). In state of the world, an
 //! ACK that names the resources already served asks for nothing new.
 
+/// The type of the health reports an agent sends upstream on its xDS stream (Istio's
+/// `model.HealthInfoType`): a bare request, healthy without `error_detail`, unhealthy with it;
+/// the control plane answers nothing.
+pub const HEALTH_INFO_TYPE: &str = "type.googleapis.com/istio.v1.HealthInformation";
+
 /// How a request relates to the last response sent for its type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {

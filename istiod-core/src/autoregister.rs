@@ -5,6 +5,13 @@
 //! its last stream ends the entry is removed after a grace period
 //! (`PILOT_WORKLOAD_ENTRY_GRACE_PERIOD`, 10 s), so a reconnecting proxy keeps its entry.
 //!
+//! Health, as istiod's health controller: a proxy whose ProxyConfig has a `readinessProbe`
+//! (node metadata `PROXY_CONFIG`) reports its workload's health on its xDS stream
+//! (`istio.v1.HealthInformation` requests: healthy without `error_detail`, unhealthy with it).
+//! Its entry is an endpoint only while the last report said healthy; until the first report it
+//! is not (Istio: "newly created WorkloadEntries are treated as unhealthy until we prove they
+//! are healthy"). A reconnection within the grace period keeps the last report.
+//!
 //! Registering puts an address into every client's load balancing, so only a proxy that proved
 //! the group's identity may do it: one embedded in the same process, or a peer whose mesh client
 //! certificate (verified by TLS) is `spiffe://<trust domain>/ns/<group namespace>/sa/<template
@@ -50,8 +57,40 @@ pub struct AutoRegistration {
     memory: Arc<MemoryStore>,
     /// Grace period in milliseconds.
     grace_ms: std::sync::atomic::AtomicU64,
-    /// Live streams per registered entry (namespace, name).
-    live: Mutex<HashMap<Key, usize>>,
+    /// Registered entries (namespace, name): their streams and health.
+    live: Mutex<HashMap<Key, Live>>,
+}
+
+/// One registered entry.
+struct Live {
+    streams: usize,
+    entry: Resource,
+    /// Health-checked (the proxy has a readiness probe): published only while healthy.
+    checked: bool,
+    /// The last report: healthy, and the reason when not; `None` before the first.
+    health: Option<(bool, String)>,
+}
+
+impl Live {
+    fn published(&self) -> bool {
+        !self.checked || self.health.as_ref().is_some_and(|(ok, _)| *ok)
+    }
+}
+
+/// The health of an auto-registered entry, as istiod's `Healthy` condition says it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct EntryHealth {
+    pub namespace: String,
+    pub name: String,
+    pub address: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub service_account: String,
+    /// Its proxy reports health (a readiness probe); otherwise always an endpoint.
+    pub checked: bool,
+    /// The last report (healthy, message when not); `None` before the first.
+    pub health: Option<(bool, String)>,
+    /// Whether it is an endpoint now.
+    pub published: bool,
 }
 
 /// Held by a stream while its proxy is registered; dropping it starts the grace period.
@@ -162,24 +201,111 @@ impl AutoRegistration {
             },
         );
         let key = (proxy.namespace.clone(), name);
-        if let Ok(mut live) = self.live.lock() {
-            *live.entry(key.clone()).or_default() += 1;
-        }
-        tracing::info!(entry = %format!("{}/{}", key.0, key.1), %address, "auto-registered workload");
-        self.memory.apply(entry);
+        let published = match self.live.lock() {
+            Ok(mut live) => {
+                let l = live.entry(key.clone()).or_insert_with(|| Live {
+                    streams: 0,
+                    entry: entry.clone(),
+                    checked: proxy.health_checked,
+                    health: None,
+                });
+                l.streams += 1;
+                l.entry = entry.clone();
+                l.checked = proxy.health_checked;
+                l.published()
+            }
+            Err(_) => true,
+        };
+        tracing::info!(
+            entry = %format!("{}/{}", key.0, key.1),
+            %address,
+            health_checked = proxy.health_checked,
+            "auto-registered workload"
+        );
+        self.publish(&key, published.then_some(entry));
         Ok(Some(Registration {
             owner: self.clone(),
             key,
         }))
     }
 
+    /// Puts the entry into the store, or takes it out (`None`).
+    fn publish(&self, key: &Key, entry: Option<Resource>) {
+        match entry {
+            Some(entry) => self.memory.apply(entry),
+            None => {
+                self.memory.delete("WorkloadEntry", &key.0, &key.1);
+            }
+        }
+    }
+
+    /// The registered entries and their health (`/debug/registrationz`, tests).
+    pub fn entries(&self) -> Vec<EntryHealth> {
+        let Ok(live) = self.live.lock() else {
+            return Vec::new();
+        };
+        let mut out: Vec<EntryHealth> = live
+            .iter()
+            .map(|((namespace, name), l)| EntryHealth {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                address: spec_of(&l.entry)
+                    .map(|s| s.address.clone())
+                    .unwrap_or_default(),
+                labels: spec_of(&l.entry)
+                    .map(|s| s.labels.clone().into_iter().collect())
+                    .unwrap_or_default(),
+                service_account: spec_of(&l.entry)
+                    .and_then(|s| s.service_account.clone())
+                    .unwrap_or_default(),
+                checked: l.checked,
+                health: l.health.clone(),
+                published: l.published(),
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        out
+    }
+
+    fn report(&self, key: &Key, healthy: bool, message: String) {
+        let change = match self.live.lock() {
+            Ok(mut live) => {
+                let Some(l) = live.get_mut(key) else {
+                    return;
+                };
+                let before = l.published();
+                let changed = l.health.as_ref().map(|(ok, _)| *ok) != Some(healthy);
+                l.health = Some((healthy, message.clone()));
+                let after = l.published();
+                (
+                    changed,
+                    (before != after).then(|| after.then(|| l.entry.clone())),
+                )
+            }
+            Err(_) => return,
+        };
+        if change.0 {
+            tracing::info!(
+                entry = %format!("{}/{}", key.0, key.1),
+                healthy,
+                message = %message,
+                "workload health"
+            );
+        }
+        if let Some(publish) = change.1 {
+            self.publish(key, publish);
+        }
+    }
+
     fn disconnect(self: &Arc<Self>, key: Key) {
         let last = match self.live.lock() {
-            Ok(mut live) => {
-                let n = live.entry(key.clone()).or_default();
-                *n = n.saturating_sub(1);
-                *n == 0
-            }
+            Ok(mut live) => match live.get_mut(&key) {
+                Some(l) => {
+                    l.streams = l.streams.saturating_sub(1);
+                    l.streams == 0
+                }
+                None => false,
+            },
             Err(_) => false,
         };
         if !last {
@@ -192,7 +318,7 @@ impl AutoRegistration {
                 .live
                 .lock()
                 .map(|mut live| {
-                    let gone = live.get(&key).is_none_or(|n| *n == 0);
+                    let gone = live.get(&key).is_none_or(|l| l.streams == 0);
                     if gone {
                         live.remove(&key);
                     }
@@ -206,6 +332,21 @@ impl AutoRegistration {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(remove);
         }
+    }
+}
+
+fn spec_of(r: &Resource) -> Option<&WorkloadEntrySpec> {
+    match r {
+        Resource::WorkloadEntry(_, spec) => Some(spec),
+        _ => None,
+    }
+}
+
+impl Registration {
+    /// A health report of the registered proxy (`istio.v1.HealthInformation`): healthy, or
+    /// not with the reason.
+    pub fn report(&self, healthy: bool, message: String) {
+        self.owner.report(&self.key, healthy, message);
     }
 }
 

@@ -133,10 +133,13 @@ fn route(uri: &hyper::Uri, cp: &ControlPlane, xds: &XdsServer) -> Response<Full<
             "services": push.services,
         })),
         "/debug/endpointz" | "/debug/endpointShardz" => json(endpoint_shards(&push)),
+        // Ours: the auto-registered WorkloadEntries, their health reports and whether each is
+        // an endpoint now (istiod keeps this in the entries' `Healthy` condition).
+        "/debug/autoregistrationz" => json(serde_json::json!(cp.auto_registration().entries())),
         "/debug/push_status" => json(push_status(&push)),
         _ => {
             let mut resp = Response::new(Full::new(Bytes::from_static(
-                b"not found: /debug/syncz, /debug/config_dump?proxyID=, /debug/adsz, /debug/configz, /debug/registryz, /debug/endpointz, /debug/endpointShardz, /debug/push_status\n",
+                b"not found: /debug/syncz, /debug/config_dump?proxyID=, /debug/adsz, /debug/configz, /debug/registryz, /debug/endpointz, /debug/endpointShardz, /debug/push_status, /debug/autoregistrationz\n",
             )));
             *resp.status_mut() = StatusCode::NOT_FOUND;
             resp

@@ -307,6 +307,10 @@ pub struct Proxy {
     pub labels: BTreeMap<String, String>,
     /// The WorkloadGroup this proxy registers itself in (node metadata `AUTO_REGISTER_GROUP`).
     pub auto_register_group: Option<String>,
+    /// Whether its ProxyConfig (node metadata `PROXY_CONFIG`) has a `readinessProbe`: the agent
+    /// then reports the workload's health, and its auto-registered WorkloadEntry is an endpoint
+    /// only while healthy (Istio's `proxy.istio.io/health-checks-enabled`).
+    pub health_checked: bool,
     /// Whether the stream's caller is known to act for `namespace` (in process, or a verified
     /// client certificate of that namespace): only then does a router get its namespace's
     /// Secrets (`credentialName`).
@@ -360,6 +364,7 @@ impl Proxy {
             dns_domain: domain.to_string(),
             labels: BTreeMap::new(),
             auto_register_group: None,
+            health_checked: false,
             reads_secrets: false,
             tracing_sampling: None,
             metadata: BTreeMap::new(),

@@ -257,7 +257,13 @@ pub fn services(config: &ConfigSet, domain_suffix: &str) -> Result<Vec<Service>,
                 out.extend(service_entry_services(meta, spec, &workload_entries)?);
             }
             Resource::Service(meta, spec) => {
-                out.push(kube_service(&index, meta, spec, domain_suffix)?);
+                out.push(kube_service(
+                    &index,
+                    meta,
+                    spec,
+                    domain_suffix,
+                    &workload_entries,
+                )?);
             }
             Resource::WorkloadEntry(..)
             | Resource::Endpoints(..)
@@ -453,12 +459,14 @@ fn default_target_ports(spec: &ServiceEntrySpec, ports: &mut BTreeMap<String, u1
 }
 
 /// A Kubernetes Service `NAME.NAMESPACE.svc.<domain_suffix>`, with the endpoints of its
-/// Endpoints and EndpointSlices.
+/// Endpoints and EndpointSlices, and the WorkloadEntries of its namespace its selector selects
+/// (istiod's `PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES`, on by default: VMs behind a Service).
 fn kube_service(
     index: &KubeIndex,
     meta: &Metadata,
     spec: &ServiceSpec,
     domain_suffix: &str,
+    workload_entries: &[(&Metadata, &WorkloadEntrySpec)],
 ) -> Result<Service, RegistryError> {
     let addresses = match spec.cluster_ip.as_deref() {
         None | Some("") | Some("None") => Vec::new(),
@@ -473,7 +481,34 @@ fn kube_service(
             protocol: Protocol::infer(p.app_protocol.as_deref(), &p.name),
         })
         .collect();
-    let endpoints = kube_endpoints(index, meta, spec, &ports)?;
+    let mut endpoints = kube_endpoints(index, meta, spec, &ports)?;
+    if !spec.selector.is_empty() {
+        for (wm, we) in workload_entries {
+            if wm.namespace() != meta.namespace() || !selects(&spec.selector, &we.labels) {
+                continue;
+            }
+            let mut e = workload_endpoint("WorkloadEntry", wm, we)?;
+            if endpoints.iter().any(|x| x.address == e.address) {
+                continue;
+            }
+            // Each Service port on the entry's port of that name, else the numeric targetPort,
+            // else the Service port itself.
+            e.ports = spec
+                .ports
+                .iter()
+                .map(|p| {
+                    let target = we.ports.get(&p.name).copied().or_else(|| {
+                        p.target_port
+                            .as_ref()
+                            .and_then(|t| t.as_u64())
+                            .and_then(|t| u16::try_from(t).ok())
+                    });
+                    (p.name.clone(), target.unwrap_or(p.port))
+                })
+                .collect();
+            endpoints.push(e);
+        }
+    }
     Ok(Service {
         hostname: format!("{}.{}.svc.{domain_suffix}", meta.name, meta.namespace()),
         namespace: meta.namespace().to_string(),
@@ -744,6 +779,24 @@ metadata: {name: node-a, labels: {topology.kubernetes.io/region: us, topology.ku
             Some("reviews")
         );
         assert_eq!(eps[2].locality, "");
+    }
+
+    #[test]
+    fn kubernetes_service_selects_workload_entries_in_its_namespace() {
+        let yaml = "kind: Service\nmetadata: {name: vm, namespace: n}\nspec: {clusterIP: 10.96.0.9, selector: {app: vm}, ports: [{name: http, port: 80, targetPort: 8080}, {name: grpc, port: 90}]}\n---\nkind: WorkloadEntry\nmetadata: {name: a, namespace: n}\nspec: {address: 10.0.0.7, labels: {app: vm}, serviceAccount: vm, ports: {grpc: 9090}}\n---\nkind: WorkloadEntry\nmetadata: {name: b, namespace: other}\nspec: {address: 10.0.0.8, labels: {app: vm}}\n---\nkind: WorkloadEntry\nmetadata: {name: c, namespace: n}\nspec: {address: 10.0.0.9, labels: {app: web}}\n";
+        let set = ConfigSet {
+            resources: parse_file(Path::new("s.yaml"), yaml).unwrap(),
+        };
+        let svcs = services(&set, "cluster.local").unwrap();
+        let eps = &svcs[0].endpoints;
+        assert_eq!(eps.len(), 1, "{eps:?}");
+        assert_eq!(eps[0].address.to_string(), "10.0.0.7");
+        assert_eq!(
+            eps[0].ports,
+            BTreeMap::from([("grpc".to_string(), 9090), ("http".to_string(), 8080)])
+        );
+        assert_eq!(eps[0].service_account, "vm");
+        assert_eq!(eps[0].workload.name, "a");
     }
 
     #[test]

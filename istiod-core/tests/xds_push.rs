@@ -568,6 +568,99 @@ async fn proxies_register_themselves_in_their_workload_group() {
     assert!(err.message().contains("vms/nope"), "{}", err.message());
 }
 
+/// A proxy with a readiness probe (ProxyConfig in its node metadata) registers a health-checked
+/// entry: no endpoint until it reports healthy, none again while it reports unhealthy, as
+/// istiod's health controller; a report before the proxy is known is dropped.
+#[tokio::test]
+async fn a_health_checked_entry_is_an_endpoint_only_while_its_reports_say_healthy() {
+    use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+    use mesh_common::xds::HEALTH_INFO_TYPE;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), group_mesh()).unwrap();
+    let cp = checked(dir.path());
+    let server = cp.xds();
+    let mut node = registering_node("10.2.0.7", "vm");
+    let probe = Struct {
+        fields: [(
+            "readinessProbe".to_string(),
+            Value {
+                kind: Some(Kind::StructValue(Struct {
+                    fields: [(
+                        "periodSeconds".to_string(),
+                        Value {
+                            kind: Some(Kind::NumberValue(1.0)),
+                        },
+                    )]
+                    .into(),
+                })),
+            },
+        )]
+        .into(),
+    };
+    node.metadata.as_mut().unwrap().fields.insert(
+        "PROXY_CONFIG".into(),
+        Value {
+            kind: Some(Kind::StructValue(probe)),
+        },
+    );
+    let report = |error: Option<&str>| {
+        Ok(DiscoveryRequest {
+            type_url: HEALTH_INFO_TYPE.into(),
+            error_detail: error.map(|m| RpcStatus {
+                code: 13,
+                message: m.into(),
+                details: vec![],
+            }),
+            ..Default::default()
+        })
+    };
+
+    // A report as the first message of a stream: dropped (the proxy is not known yet).
+    let mut vm = Client::new(&server, "10.2.0.7");
+    vm.node = node.clone();
+    vm.tx.send(report(None)).await.unwrap();
+    vm.request(CLUSTER_TYPE, &[], "").await;
+    assert!(vm.next().await.is_some());
+    cp.reload().unwrap();
+    assert!(
+        vm_endpoints(&cp).is_empty(),
+        "an entry before any report is not an endpoint"
+    );
+    let entries = cp.auto_registration().entries();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert!(entries[0].checked && entries[0].health.is_none() && !entries[0].published);
+
+    let settle = || async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cp.reload().unwrap();
+        vm_endpoints(&cp)
+    };
+    vm.tx.send(report(None)).await.unwrap();
+    assert_eq!(
+        settle().await,
+        ["10.2.0.7 {\"http\": 18080} vm-sa".to_string()]
+    );
+    vm.tx
+        .send(report(Some("connect 10.2.0.7:8080: refused")))
+        .await
+        .unwrap();
+    assert!(settle().await.is_empty());
+    let entries = cp.auto_registration().entries();
+    assert_eq!(
+        entries[0].health,
+        Some((false, "connect 10.2.0.7:8080: refused".to_string()))
+    );
+    vm.tx.send(report(None)).await.unwrap();
+    assert_eq!(settle().await.len(), 1);
+    // No response to a report: the next message on the stream is the push of the new entry, not
+    // an answer to the report's type.
+    let answered = tokio::time::timeout(Duration::from_millis(300), vm.rx.next()).await;
+    if let Ok(Some(Ok(resp))) = answered {
+        assert_ne!(resp.type_url, HEALTH_INFO_TYPE);
+    }
+}
+
 /// Over the network only the group's own identity may register.
 #[tokio::test]
 async fn only_the_groups_identity_may_register_over_the_network() {

@@ -20,6 +20,7 @@ pub mod collector;
 pub mod istio;
 pub mod podman;
 pub mod sandbox;
+pub mod vm;
 pub mod xds_descriptors;
 
 /// Every namespace the harness creates starts with this.

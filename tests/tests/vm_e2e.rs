@@ -9,24 +9,17 @@
 //! rules, the files and the istio-proxy user. The control plane is `istiod-core serve` with its
 //! CA, on 15012 over TLS.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use harness::podman::{podman, podman_ok};
-use harness::{Network, TestCa, binary, cannot_run, require_root, run, wait_until, write_readable};
+use harness::vm::{GuideFiles, Vm, deb_path, debian_root};
+use harness::{Network, TestCa, binary, cannot_run, require_root, wait_until};
 
 const NS: &str = "vmns";
 const SA: &str = "vmsa";
 const EXT_VIP: &str = "10.234.0.90";
 const ISTIOD_IP: &str = "10.233.0.2";
 const VM_IP: &str = "10.233.0.3";
-
-fn deb_path() -> PathBuf {
-    let version = env!("CARGO_PKG_VERSION");
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(format!("target/debian/istio-sidecar_{version}_amd64.deb"))
-}
 
 fn mesh_config(dir: &Path, ext_ip: &str) {
     std::fs::create_dir_all(dir).unwrap();
@@ -57,12 +50,11 @@ spec: {{address: {VM_IP}, labels: {{app: vmapp}}, serviceAccount: {SA}}}
     std::fs::write(dir.join("mesh.yaml"), yaml).unwrap();
 }
 
-/// The files `istioctl x workload entry configure` writes, placed as Istio's VM guide says.
-fn place_vm_files(root: &Path, ca: &TestCa) {
-    let put = |rel: &str, text: &str| write_readable(&root.join(rel), text).unwrap();
-    put(
-        "var/lib/istio/envoy/cluster.env",
-        &format!(
+/// The files `istioctl x workload entry configure` writes for this VM (the control plane here is
+/// istiod-core without Kubernetes, so they are written by hand as istioctl would).
+fn guide_files(ca: &TestCa) -> GuideFiles {
+    GuideFiles {
+        cluster_env: format!(
             "CANONICAL_REVISION='latest'\nCANONICAL_SERVICE='vmapp'\nISTIO_INBOUND_PORTS='8000'\n\
              ISTIO_LOCAL_EXCLUDE_PORTS='22,15090,15021,15020'\n\
              ISTIO_METAJSON_LABELS='{{\"app\":\"vmapp\",\"service.istio.io/canonical-name\":\"vmapp\",\"service.istio.io/canonical-revision\":\"latest\"}}'\n\
@@ -72,61 +64,16 @@ fn place_vm_files(root: &Path, ca: &TestCa) {
              ISTIO_SERVICE_CIDR='*'\nISTIO_SVC_IP='{VM_IP}'\nPOD_NAMESPACE='{NS}'\n\
              SERVICE_ACCOUNT='{SA}'\nTRUST_DOMAIN='cluster.local'\n"
         ),
-    );
-    put(
-        "etc/istio/config/mesh",
-        "defaultConfig:\n  discoveryAddress: istiod.istio-system.svc:15012\n  meshId: cluster.local\n  \
+        mesh: "defaultConfig:\n  discoveryAddress: istiod.istio-system.svc:15012\n  meshId: cluster.local\n  \
          terminationDrainDuration: 1s\n  proxyMetadata:\n    CANONICAL_REVISION: latest\n    \
          CANONICAL_SERVICE: vmapp\n    ISTIO_META_CLUSTER_ID: Kubernetes\n    ISTIO_META_DNS_CAPTURE: \"true\"\n    \
          ISTIO_META_MESH_ID: cluster.local\n    ISTIO_META_WORKLOAD_NAME: vmapp\n    POD_NAMESPACE: vmns\n    \
-         SERVICE_ACCOUNT: vmsa\n    TRUST_DOMAIN: cluster.local\n",
-    );
-    put(
-        "etc/certs/root-cert.pem",
-        &std::fs::read_to_string(ca.root_cert()).unwrap(),
-    );
-    let hosts = root.join("etc/hosts");
-    let mut text = std::fs::read_to_string(&hosts).unwrap_or_default();
-    text.push_str(&format!("{ISTIOD_IP} istiod.istio-system.svc\n"));
-    std::fs::write(&hosts, text).unwrap();
-    // `chown -R istio-proxy` on those directories, as the guide says.
-    for dir in ["var/lib/istio", "etc/certs", "etc/istio/config"] {
-        run(
-            "chown",
-            &["-R", "1337:1337", root.join(dir).to_str().unwrap()],
-        )
-        .unwrap();
+         SERVICE_ACCOUNT: vmsa\n    TRUST_DOMAIN: cluster.local\n"
+            .into(),
+        root_cert: std::fs::read_to_string(ca.root_cert()).unwrap(),
+        token: ca.token(NS, SA).unwrap(),
+        hosts: format!("{ISTIOD_IP} istiod.istio-system.svc\n"),
     }
-}
-
-/// A container on the VM's root filesystem in its network namespace (root, with NET_ADMIN and
-/// NET_RAW as the package's start script needs), running `args`; `name` detaches it.
-/// `tokens` is mounted at /var/run/secrets/tokens: /run is a tmpfs on a VM (the token is placed
-/// after boot) and in the container, so a file put in the root's /var/run would be hidden.
-fn vm_container<'a>(
-    root: &'a str,
-    netns: &'a str,
-    tokens: &'a str,
-    name: Option<&'a str>,
-    args: &[&'a str],
-) -> Vec<&'a str> {
-    let mut all = vec![
-        "run",
-        "--rootfs",
-        "--network",
-        netns,
-        "--no-hosts",
-        "-v",
-        tokens,
-    ];
-    all.extend(["--cap-add", "NET_ADMIN,NET_RAW", "--user", "0:0"]);
-    match name {
-        Some(name) => all.extend(["-d", "--name", name]),
-        None => all.push("--rm"),
-    }
-    all.push(root);
-    all.extend(args);
-    all
 }
 
 fn capture_rules(net: &Network, vm: usize) -> String {
@@ -142,11 +89,10 @@ fn vm_package_installs_captures_both_ways_and_purges_cleanly() {
     if !require_root(test) {
         return;
     }
-    let deb = deb_path().canonicalize().unwrap_or_else(|_| deb_path());
-    if !deb.exists() {
+    if !deb_path().exists() {
         cannot_run(&format!(
             "{test}: no {} (build it with ./scripts/deb.sh --debug)",
-            deb.display()
+            deb_path().display()
         ));
         return;
     }
@@ -166,34 +112,8 @@ fn vm_package_installs_captures_both_ways_and_purges_cleanly() {
         .spawn("ext", 1000, 1000, &[], &[probe, "http-echo", "8000"])
         .unwrap();
 
-    // A fresh Debian root, the package installed into it by apt (dependencies resolved, the
-    // maintainer scripts run in the root).
     let root = net.dir().join("vm-root");
-    let file = deb.file_name().unwrap().to_str().unwrap();
-    let copy_in = format!("--customize-hook=copy-in {} /tmp", deb.display());
-    let install = format!(
-        "--customize-hook=chroot \"$1\" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq /tmp/{file}"
-    );
-    let remove = format!("--customize-hook=rm -f \"$1\"/tmp/{file}");
-    run(
-        "mmdebstrap",
-        &[
-            "--quiet",
-            "--variant=minbase",
-            &copy_in,
-            &install,
-            &remove,
-            "bookworm",
-            root.to_str().unwrap(),
-        ],
-    )
-    .unwrap();
-    let installed = std::fs::read(root.join("usr/local/bin/pilot-agent")).unwrap();
-    assert!(
-        installed == std::fs::read(binary("pilot-agent")).unwrap(),
-        "{} holds another pilot-agent than target/ (stale: ./scripts/deb.sh --debug)",
-        deb.display()
-    );
+    debian_root(&root).unwrap();
     assert!(root.join("lib/systemd/system/istio.service").exists());
     let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
     assert!(passwd.contains("istio-proxy:x:1337:1337:"), "{passwd}");
@@ -202,30 +122,21 @@ fn vm_package_installs_captures_both_ways_and_purges_cleanly() {
         "no root from the control plane\n{}",
         net.logs()
     );
-    place_vm_files(&root, &ca);
+    let machine = Vm::new(&root, &net.pods[vm].ns, &net.dir().join("vm-tokens"));
+    machine.place(&guide_files(&ca)).unwrap();
 
     // The unit's ExecStart, in the VM's network namespace.
-    let root_s = root.to_str().unwrap().to_string();
-    let netns = format!("ns:/run/netns/{}", net.pods[vm].ns);
-    let name = format!("{}-vm", net.pods[vm].ns);
-    let tokens = net.dir().join("vm-tokens");
-    std::fs::create_dir_all(&tokens).unwrap();
-    std::fs::write(tokens.join("istio-token"), ca.token(NS, SA).unwrap()).unwrap();
-    let tokens = format!("{}:/var/run/secrets/tokens:ro", tokens.display());
-    let start = vm_container(
-        &root_s,
-        &netns,
-        &tokens,
-        Some(&name),
-        &["/usr/local/bin/istio-start.sh"],
-    );
-    podman_ok(&start).unwrap();
-    let _stop = Stop(name.clone());
+    machine.start().unwrap();
     let ready = net.pods[vm].wait_http_ok(
         "http://127.0.0.1:15021/healthz/ready",
         Duration::from_secs(60),
     );
-    assert!(ready.is_ok(), "{ready:?}\n{}", vm_logs(&root, &net));
+    assert!(
+        ready.is_ok(),
+        "{ready:?}\n{}\n{}",
+        machine.logs(),
+        net.logs()
+    );
     assert!(capture_rules(&net, vm).contains("ISTIO_INBOUND"));
     net.pods[vm]
         .spawn("app", 1000, 1000, &[], &[probe, "http-echo", "8000"])
@@ -241,8 +152,9 @@ fn vm_package_installs_captures_both_ways_and_purges_cleanly() {
     });
     assert!(
         inbound && last.1.to_ascii_lowercase().contains("x-request-id"),
-        "{last:?}\n{}",
-        vm_logs(&root, &net)
+        "{last:?}\n{}\n{}",
+        machine.logs(),
+        net.logs()
     );
     // Outbound: the VM's app reaches the external service by a VIP only its Envoy knows.
     let out = net.pods[vm]
@@ -250,20 +162,14 @@ fn vm_package_installs_captures_both_ways_and_purges_cleanly() {
         .unwrap();
     assert!(
         out.0 == 200 && out.1.contains("GET /out"),
-        "{out:?}\n{}",
-        vm_logs(&root, &net)
+        "{out:?}\n{}\n{}",
+        machine.logs(),
+        net.logs()
     );
 
     // Stop the proxy, then purge: the capture rules, the files and the user go.
-    let _ = podman(&["stop", "--time", "5", &name]);
-    let purge = vm_container(
-        &root_s,
-        &netns,
-        &tokens,
-        None,
-        &["dpkg", "--purge", "istio-sidecar"],
-    );
-    let purged = podman(&purge).unwrap();
+    machine.stop(5);
+    let purged = machine.run(&["dpkg", "--purge", "istio-sidecar"]).unwrap();
     assert!(purged.status.success(), "{purged:?}");
     let rules = capture_rules(&net, vm);
     assert!(!rules.contains("ISTIO"), "capture rules left:\n{rules}");
@@ -279,24 +185,4 @@ fn vm_package_installs_captures_both_ways_and_purges_cleanly() {
     }
     let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
     assert!(!passwd.contains("istio-proxy"), "{passwd}");
-}
-
-/// The agent's logs on the VM (where istio-start.sh sends them) and the harness's.
-fn vm_logs(root: &Path, net: &Network) -> String {
-    let read =
-        |f: &str| std::fs::read_to_string(root.join("var/log/istio").join(f)).unwrap_or_default();
-    format!(
-        "istio.log:\n{}\nistio.err.log:\n{}\n{}",
-        read("istio.log"),
-        read("istio.err.log"),
-        net.logs()
-    )
-}
-
-/// Removes the VM container when the test ends, however it ends.
-struct Stop(String);
-impl Drop for Stop {
-    fn drop(&mut self) {
-        let _ = podman(&["rm", "--force", "--time", "0", &self.0]);
-    }
 }

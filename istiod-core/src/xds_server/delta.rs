@@ -93,6 +93,9 @@ impl StreamState for DeltaConnection {
     fn proxy(&self) -> Option<&Proxy> {
         self.proxy.as_deref()
     }
+    fn health_report(&self, req: &DeltaRequest) -> Option<Result<(), String>> {
+        super::health_report(&req.type_url, req.error.as_ref())
+    }
     /// istioctl asks its debug types over state of the world only.
     fn debug_ask(&self, _: &DeltaRequest) -> Option<(String, Vec<Arc<str>>)> {
         None

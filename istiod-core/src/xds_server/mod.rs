@@ -293,6 +293,19 @@ impl XdsServer {
     }
 }
 
+/// A request's health report, if it is one: healthy without an error detail, else the
+/// detail's message (its code when it has none).
+fn health_report(
+    type_url: &str,
+    error: Option<&envoy_types::pb::google::rpc::Status>,
+) -> Option<Result<(), String>> {
+    (type_url == mesh_common::xds::HEALTH_INFO_TYPE).then(|| match error {
+        None => Ok(()),
+        Some(e) if e.message.is_empty() => Err(format!("unhealthy (code {})", e.code)),
+        Some(e) => Err(e.message.clone()),
+    })
+}
+
 /// The per-stream protocol state of one xDS flavour (state of the world or Delta).
 trait StreamState: Send + 'static {
     type Request: Send + 'static;
@@ -317,6 +330,9 @@ trait StreamState: Send + 'static {
     /// A request of an `istio.io/debug` type: its type and names. Answered apart
     /// (`xds_debug`), never subscribed to.
     fn debug_ask(&self, req: &Self::Request) -> Option<(String, Vec<Arc<str>>)>;
+    /// A health report (`istio.v1.HealthInformation`): healthy, or the reason it is not.
+    /// Never a subscription, never answered.
+    fn health_report(&self, req: &Self::Request) -> Option<Result<(), String>>;
     /// Who is on the other end.
     fn scope(&self) -> &CallerScope;
     /// Whether the proxy holds or asked for any of `names` of `type_url`.
@@ -453,6 +469,29 @@ where
                     // Not marked seen: a snapshot that arrived meanwhile is still pushed in
                     // full later, even if this request was answered from it.
                     let push = push_rx.borrow().clone();
+                    if let Some(report) = conn.health_report(&req) {
+                        // As istiod: a report before the proxy is known (its first request)
+                        // is dropped; so is one of a proxy that registered nothing.
+                        match (conn.proxy(), &registration) {
+                            (Some(proxy), Some(Some(reg))) => {
+                                let (healthy, message) = match report {
+                                    Ok(()) => (true, String::new()),
+                                    Err(why) => (false, why),
+                                };
+                                tracing::debug!(proxy = %proxy.id, healthy, "health report");
+                                reg.report(healthy, message);
+                            }
+                            (None, _) => tracing::warn!(
+                                peer = ?remote,
+                                "health report before any xDS request: dropped"
+                            ),
+                            (Some(proxy), _) => tracing::debug!(
+                                proxy = %proxy.id,
+                                "health report of a proxy with no registered WorkloadEntry: dropped"
+                            ),
+                        }
+                        continue;
+                    }
                     if let Some((type_url, names)) = conn.debug_ask(&req) {
                         debug_nonce += 1;
                         let nonce = format!("{}-debug-{debug_nonce}", push.version);

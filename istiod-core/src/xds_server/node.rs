@@ -50,6 +50,7 @@ pub(super) fn identify(
             ],
         );
         p.auto_register_group = node_string(node, "AUTO_REGISTER_GROUP");
+        p.health_checked = node_has_readiness_probe(node);
         p.tracing_sampling = node_tracing_sampling(node);
         p.metadata = node_strings(node);
         // Istio's checkConnectionIdentity: a client certificate speaks for its namespace only,
@@ -89,6 +90,18 @@ pub(super) fn node_field<'a>(
         .as_ref()
         .and_then(|m| m.fields.get(key))
         .and_then(|v| v.kind.as_ref())
+}
+
+/// Whether the node metadata's `PROXY_CONFIG` has a `readinessProbe` (istiod checks only that
+/// it is there).
+pub(super) fn node_has_readiness_probe(
+    node: &envoy_types::pb::envoy::config::core::v3::Node,
+) -> bool {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    matches!(
+        node_field(node, "PROXY_CONFIG"),
+        Some(Kind::StructValue(pc)) if pc.fields.get("readinessProbe").is_some_and(|v| !matches!(v.kind, None | Some(Kind::NullValue(_))))
+    )
 }
 
 /// ProxyConfig `tracing.sampling` of the node metadata's `PROXY_CONFIG`, when set (0 or unset:

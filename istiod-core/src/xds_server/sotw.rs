@@ -155,6 +155,9 @@ impl StreamState for Connection {
     fn proxy(&self) -> Option<&Proxy> {
         self.proxy.as_deref()
     }
+    fn health_report(&self, req: &SotwRequest) -> Option<Result<(), String>> {
+        super::health_report(&req.type_url, req.error.as_ref())
+    }
     fn debug_ask(&self, req: &SotwRequest) -> Option<(String, Vec<Arc<str>>)> {
         crate::xds_debug::is_debug(&req.type_url).then(|| (req.type_url.clone(), req.names.clone()))
     }

@@ -22,5 +22,6 @@ pub mod istiod_core;
 pub mod kubelet;
 pub mod node;
 pub mod standard_metrics;
+pub mod vm;
 
 pub use cluster::Cluster;

@@ -142,6 +142,18 @@ impl Kubelet {
         refresh_hosts(&self.inner);
     }
 
+    /// Takes an address of the pod range for a machine this kubelet does not run (a VM on the
+    /// node's network): no pod gets it while the kubelet lives.
+    pub fn reserve_address(&self) -> Result<String> {
+        let mut ips = lock(&self.inner.ips);
+        let n = (2u8..=254)
+            .rev()
+            .find(|n| !ips.contains(n))
+            .context("no address left in 10.244.0.0/24")?;
+        ips.insert(n);
+        Ok(format!("10.244.0.{n}"))
+    }
+
     /// The running pods (not yet torn down).
     pub fn pods(&self) -> Vec<Arc<PodRun>> {
         let pods = lock(&self.inner.pods);

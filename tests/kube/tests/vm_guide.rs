@@ -1,0 +1,401 @@
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+//! Istio's VM guide (https://istio.io/latest/docs/setup/install/virtual-machine/, single
+//! network, auto-registration and health checks) with our package on the VM: a WorkloadGroup
+//! with a readiness probe, `istioctl x workload entry configure --autoregister` writing the VM's
+//! files, the package installed by apt on a Debian root and its unit's start script run in the
+//! VM's network namespace on the cluster's network. The control plane registers the VM (a
+//! WorkloadEntry with the group's labels), follows its health reports (the entry's `Healthy`
+//! condition, and its endpoint only while healthy), and removes the entry after its grace period
+//! once the VM stops; the VM restarted registers again. Pods call the VM's Service and the VM
+//! calls theirs by name (the agent's DNS proxy), both over mTLS with the control plane's
+//! certificates, and authorization applies to the VM's identity.
+//!
+//! What differs from the guide, and why: istiod listens on the node (no load balancer or
+//! east-west gateway runs), so istioctl's `--ingressIP` is the node's address; the unit's
+//! ExecStart runs in a container on the VM's root (no systemd in the test).
+
+use std::time::{Duration, Instant};
+
+use cluster::Cluster;
+use cluster::apply;
+use cluster::bookinfo::{apply_text, curl, details_and_curl, wait_pods_ready};
+use cluster::istiod_core::{self, IstiodCore};
+use cluster::node::NODE_IP;
+use cluster::vm::MeshVm;
+use kube::api::{Api, ApiResource, DynamicObject};
+
+const MESH_NS: &str = "mesh";
+const VM_NS: &str = "vm";
+
+/// The control plane the VM joins.
+enum Plane {
+    Istiod,
+    Core(IstiodCore),
+}
+
+/// The VM's auto-registered entry as the control plane shows it: istiod's WorkloadEntry object
+/// (the `Healthy` condition of its status), or istiod-core's `/debug/autoregistrationz` (it
+/// keeps auto-registered entries in memory).
+#[derive(Debug, Clone)]
+struct Entry {
+    address: String,
+    app: String,
+    service_account: String,
+    health_checked: bool,
+    /// `True`/`False` and the message; `None` before the first report.
+    health: Option<(String, String)>,
+}
+
+fn entry(c: &Cluster, plane: &Plane, name: &str) -> Option<Entry> {
+    match plane {
+        Plane::Istiod => {
+            let ar = ApiResource {
+                group: "networking.istio.io".into(),
+                version: "v1".into(),
+                api_version: "networking.istio.io/v1".into(),
+                kind: "WorkloadEntry".into(),
+                plural: "workloadentries".into(),
+            };
+            let api: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), VM_NS, &ar);
+            let e = serde_json::to_value(c.block_on(api.get_opt(name)).ok()??).ok()?;
+            let health = e["status"]["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == "Healthy"))
+                .map(|c| {
+                    (
+                        c["status"].as_str().unwrap_or_default().to_string(),
+                        c["message"].as_str().unwrap_or_default().to_string(),
+                    )
+                });
+            Some(Entry {
+                address: e["spec"]["address"].as_str()?.to_string(),
+                app: e["spec"]["labels"]["app"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                service_account: e["spec"]["serviceAccount"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                health_checked: e["metadata"]["annotations"]["proxy.istio.io/health-checks-enabled"]
+                    == "true",
+                health,
+            })
+        }
+        Plane::Core(core) => {
+            let all = core.debug(c, "/debug/autoregistrationz").ok()?;
+            let e = all
+                .as_array()?
+                .iter()
+                .find(|e| e["namespace"] == VM_NS && e["name"] == name)?
+                .clone();
+            let health = e["health"].as_array().map(|h| {
+                (
+                    if h[0] == true { "True" } else { "False" }.to_string(),
+                    h[1].as_str().unwrap_or_default().to_string(),
+                )
+            });
+            Some(Entry {
+                address: e["address"].as_str()?.to_string(),
+                app: e["labels"]["app"].as_str().unwrap_or_default().to_string(),
+                service_account: e["service_account"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                health_checked: e["checked"] == true,
+                health,
+            })
+        }
+    }
+}
+
+/// Waits until the VM's auto-registered entry satisfies `want`; the entry and the seconds it
+/// took.
+fn wait_entry(
+    c: &Cluster,
+    plane: &Plane,
+    vm: &MeshVm,
+    what: &str,
+    limit: Duration,
+    want: impl Fn(Option<&Entry>) -> bool,
+) -> (Option<Entry>, f64) {
+    let name = format!("vmapp-{}", vm.ip);
+    let started = Instant::now();
+    let mut last = None;
+    let ok = harness::wait_until(limit, || {
+        last = entry(c, plane, &name);
+        want(last.as_ref())
+    });
+    assert!(
+        ok,
+        "{what}: not within {limit:?}; entry {name}: {last:?}\n{}",
+        vm.logs()
+    );
+    (last, started.elapsed().as_secs_f64())
+}
+
+fn is_healthy(e: Option<&Entry>, status: &str) -> bool {
+    e.and_then(|e| e.health.as_ref())
+        .is_some_and(|(s, _)| s == status)
+}
+
+/// The objects of the guide: the VM's namespace, its service account, the WorkloadGroup (with
+/// the probe the guide shows, faster), and a Service for the VM's app; the mesh namespace with
+/// Bookinfo's details and Istio's curl sample.
+fn apply_guide_objects(c: &Cluster, plane: &Plane) -> String {
+    apply_text(
+        c,
+        &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {MESH_NS}\n  labels:\n    istio-injection: enabled\n"),
+        MESH_NS,
+    )
+    .unwrap();
+    let mut objects = details_and_curl().unwrap();
+    if matches!(plane, Plane::Core(_)) {
+        // No injector webhook runs beside istiod-core: Istio's injector offline.
+        let yaml: Vec<String> = objects
+            .iter()
+            .map(|o| serde_yaml_ng::to_string(o).unwrap())
+            .collect();
+        let injected = istiod_core::kube_inject(c, &yaml.join("---\n")).unwrap();
+        objects = apply::parse_objects(&injected).unwrap();
+    }
+    c.block_on(apply::apply_all(&c.client, &objects, Some(MESH_NS)))
+        .unwrap();
+    let group = format!(
+        r#"apiVersion: networking.istio.io/v1
+kind: WorkloadGroup
+metadata:
+  name: vmapp
+  namespace: {VM_NS}
+spec:
+  metadata:
+    labels:
+      app: vmapp
+  template:
+    serviceAccount: vmapp
+  probe:
+    periodSeconds: 1
+    initialDelaySeconds: 1
+    httpGet:
+      port: 8080
+      path: /ready
+"#
+    );
+    apply_text(
+        c,
+        &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {VM_NS}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: vmapp\n  namespace: {VM_NS}\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: vmapp\n  namespace: {VM_NS}\n  labels:\n    app: vmapp\nspec:\n  ports:\n  - name: http\n    port: 8080\n    targetPort: 8080\n  selector:\n    app: vmapp\n---\n{group}"
+        ),
+        VM_NS,
+    )
+    .unwrap();
+    let file = c.dir.join("workloadgroup.yaml");
+    std::fs::write(&file, &group).unwrap();
+    file.display().to_string()
+}
+
+/// The guide end to end against whichever control plane `c` runs.
+fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
+    let group_file = apply_guide_objects(c, plane);
+    wait_pods_ready(c, MESH_NS, 2, Duration::from_secs(120)).unwrap();
+    let mut vm = MeshVm::create(c, "vm", root).unwrap();
+    let files = vm
+        .configure(c, &group_file, &["--ingressIP", NODE_IP])
+        .unwrap();
+    assert!(
+        files.mesh.contains("readinessProbe") && files.mesh.contains("AUTO_REGISTER_GROUP"),
+        "istioctl's mesh.yaml:\n{}",
+        files.mesh
+    );
+    assert!(
+        files.hosts.contains("istiod.istio-system.svc"),
+        "{}",
+        files.hosts
+    );
+
+    // The VM starts with its app down: registered, unhealthy.
+    vm.machine().start().unwrap();
+    let (entry, took) = wait_entry(
+        c,
+        plane,
+        &vm,
+        "the VM registers, unhealthy while its app is down",
+        Duration::from_secs(90),
+        |e| is_healthy(e, "False"),
+    );
+    let entry = entry.unwrap();
+    assert_eq!(entry.address, vm.ip, "{entry:?}");
+    assert_eq!(entry.app, "vmapp", "{entry:?}");
+    assert_eq!(entry.service_account, "vmapp", "{entry:?}");
+    assert!(entry.health_checked, "{entry:?}");
+    let message = &entry.health.as_ref().unwrap().1;
+    assert!(message.contains("8080"), "the probe's reason: {entry:?}");
+    eprintln!(
+        "STEP VM registered in {took:.1} s as vmapp-{}, Healthy=False ({message})",
+        vm.ip
+    );
+    let url = format!("http://vmapp.{VM_NS}:8080/from-pod");
+    let (code, body) = curl(c, MESH_NS, &url, &[]).unwrap();
+    assert_eq!(code, 503, "an unhealthy VM is no endpoint: {body}");
+
+    // The app answers: healthy, and pods reach it over mTLS.
+    vm.start_app(8080).unwrap();
+    let (_, took) = wait_entry(
+        c,
+        plane,
+        &vm,
+        "the VM turns healthy once its app answers the probe",
+        Duration::from_secs(30),
+        |e| is_healthy(e, "True"),
+    );
+    eprintln!("STEP the probe passes: Healthy=True in {took:.1} s");
+    let mut last = (0, String::new());
+    let reached = harness::wait_until(Duration::from_secs(30), || {
+        last = curl(c, MESH_NS, &url, &[]).unwrap_or_default();
+        last.0 == 200
+    });
+    assert!(reached, "curl pod -> VM: {last:?}\n{}", vm.logs());
+    let xfcc = last
+        .1
+        .lines()
+        .find(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("x-forwarded-client-cert:")
+        })
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        xfcc.contains(&format!("By=spiffe://cluster.local/ns/{VM_NS}/sa/vmapp"))
+            && xfcc.contains(&format!("URI=spiffe://cluster.local/ns/{MESH_NS}/sa/curl")),
+        "not mTLS with both identities: {:?}",
+        last.1
+    );
+    eprintln!("STEP pod -> VM over mTLS ({xfcc})");
+
+    // The VM calls the mesh by name: only the agent's DNS proxy knows it.
+    let details = format!("http://details.{MESH_NS}.svc.cluster.local:9080/details/0");
+    let reached = harness::wait_until(Duration::from_secs(30), || {
+        last = vm.curl(&details).unwrap_or_default();
+        last.0 == 200
+    });
+    assert!(reached, "VM -> details by name: {last:?}\n{}", vm.logs());
+    eprintln!("STEP VM -> details by name through the DNS proxy: 200");
+
+    // Authorization on the VM's identity: a DENY for it, then gone.
+    let deny = format!(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-vm\n  namespace: {MESH_NS}\nspec:\n  selector:\n    matchLabels:\n      app: details\n  action: DENY\n  rules:\n  - from:\n    - source:\n        principals: [\"cluster.local/ns/{VM_NS}/sa/vmapp\"]\n"
+    );
+    apply_text(c, &deny, MESH_NS).unwrap();
+    let denied = harness::wait_until(Duration::from_secs(30), || {
+        last = vm.curl(&details).unwrap_or_default();
+        last.0 == 403
+    });
+    assert!(denied, "a DENY for the VM's identity: {last:?}");
+    let pod_call = curl(
+        c,
+        MESH_NS,
+        &format!("http://details.{MESH_NS}:9080/details/0"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(pod_call.0, 200, "the DENY is for the VM only: {pod_call:?}");
+    eprintln!(
+        "STEP a DENY for spiffe://cluster.local/ns/{VM_NS}/sa/vmapp answers the VM 403, the pod 200"
+    );
+
+    // The app stops answering: unhealthy, no endpoint; back: healthy.
+    vm.stop_app();
+    let (entry, took) = wait_entry(
+        c,
+        plane,
+        &vm,
+        "the VM turns unhealthy when its app stops",
+        Duration::from_secs(30),
+        |e| is_healthy(e, "False"),
+    );
+    let down = harness::wait_until(Duration::from_secs(30), || {
+        last = curl(c, MESH_NS, &url, &[]).unwrap_or_default();
+        last.0 == 503
+    });
+    assert!(down, "pods still sent to the unhealthy VM: {last:?}");
+    eprintln!(
+        "STEP app down: Healthy=False in {took:.1} s ({}), pods get 503",
+        entry.unwrap().health.unwrap().1
+    );
+    vm.start_app(8080).unwrap();
+    wait_entry(
+        c,
+        plane,
+        &vm,
+        "healthy again",
+        Duration::from_secs(30),
+        |e| is_healthy(e, "True"),
+    );
+    let up = harness::wait_until(Duration::from_secs(30), || {
+        last = curl(c, MESH_NS, &url, &[]).unwrap_or_default();
+        last.0 == 200
+    });
+    assert!(
+        up,
+        "the VM is healthy again but pods do not reach it: {last:?}"
+    );
+
+    // The VM stops: its entry goes after the grace period; started again, it registers again.
+    let stopped = Instant::now();
+    vm.machine().stop(10);
+    let (_, took) = wait_entry(
+        c,
+        plane,
+        &vm,
+        "the stopped VM's entry is removed",
+        Duration::from_secs(60),
+        |e| e.is_none(),
+    );
+    eprintln!(
+        "STEP VM stopped: its WorkloadEntry removed {:.1} s after the stop ({took:.1} s of waiting)",
+        stopped.elapsed().as_secs_f64()
+    );
+    vm.machine().restart().unwrap();
+    let (_, took) = wait_entry(
+        c,
+        plane,
+        &vm,
+        "the restarted VM registers again, healthy",
+        Duration::from_secs(90),
+        |e| is_healthy(e, "True"),
+    );
+    let back = harness::wait_until(Duration::from_secs(30), || {
+        last = curl(c, MESH_NS, &url, &[]).unwrap_or_default();
+        last.0 == 200
+    });
+    assert!(
+        back,
+        "pods -> the re-registered VM: {last:?}\n{}",
+        vm.logs()
+    );
+    eprintln!("STEP VM restarted: registered again and healthy in {took:.1} s, pods reach it");
+}
+
+#[test]
+fn a_vm_joins_istiods_mesh_by_istios_vm_guide() {
+    let test = "a_vm_joins_istiods_mesh_by_istios_vm_guide";
+    if !harness::require_root(test) || !harness::require_envoy(test) {
+        return;
+    }
+    let root = MeshVm::prepare_root().unwrap();
+    let mut c = Cluster::start().expect("start the cluster");
+    cluster::istio::install(&mut c, &[]).expect("install Istio");
+    the_guide(&c, &Plane::Istiod, &root);
+}
+
+#[test]
+fn a_vm_joins_istiod_cores_mesh_by_istios_vm_guide() {
+    let test = "a_vm_joins_istiod_cores_mesh_by_istios_vm_guide";
+    if !harness::require_root(test) || !harness::require_envoy(test) {
+        return;
+    }
+    let root = MeshVm::prepare_root().unwrap();
+    let mut c = Cluster::start().expect("start the cluster");
+    let core = istiod_core::install(&mut c, &[]).expect("install Istio's config and istiod-core");
+    the_guide(&c, &Plane::Core(core), &root);
+}
