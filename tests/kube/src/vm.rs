@@ -182,6 +182,16 @@ impl MeshVm {
         Ok((code.trim().parse().unwrap_or(0), body.to_string()))
     }
 
+    /// The VM's capture rules (iptables of either backend).
+    pub fn capture_rules(&self) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.netns, "sh", "-c"])
+            .arg("iptables-nft-save 2>/dev/null; iptables-legacy-save 2>/dev/null")
+            .output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default()
+    }
+
     /// The agent's logs on the VM.
     pub fn logs(&self) -> String {
         self.machine().logs()

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use cluster::Cluster;
 use cluster::apply;
-use cluster::bookinfo::{apply_text, curl, details_and_curl, wait_pods_ready};
+use cluster::bookinfo::{apply_text, curl, details_and_curl, pod_named, wait_pods_ready};
 use cluster::istiod_core::{self, IstiodCore};
 use cluster::node::NODE_IP;
 use cluster::vm::MeshVm;
@@ -213,8 +213,50 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
         files.hosts
     );
 
-    // The VM starts with its app down: registered, unhealthy.
+    eprintln!(
+        "STEP istioctl wrote cluster.env:\n{}\nmesh.yaml:\n{}\nhosts: {}",
+        files.cluster_env,
+        files.mesh,
+        files.hosts.trim()
+    );
+
+    // First with istiod out of reach (its hosts line names an address where nothing is): the
+    // agent names what it cannot reach and retries; the VM's captured traffic meanwhile goes
+    // nowhere, never around the sidecar (details would answer a plaintext request).
+    let hosts = vm.machine().root.join("etc/hosts");
+    let good = std::fs::read_to_string(&hosts).unwrap();
+    let nowhere = c.kubelet.reserve_address().unwrap();
+    std::fs::write(
+        &hosts,
+        good.replace(&format!("{NODE_IP} istiod"), &format!("{nowhere} istiod")),
+    )
+    .unwrap();
     vm.machine().start().unwrap();
+    let details_pod = pod_named(c, MESH_NS, "details-").unwrap();
+    let details_ip = c.kubelet.pod(MESH_NS, &details_pod).unwrap().ip.clone();
+    let captured = harness::wait_until(Duration::from_secs(30), || {
+        vm.capture_rules().contains("ISTIO_OUTPUT")
+    });
+    assert!(captured, "no capture on the VM\n{}", vm.logs());
+    let direct = format!("http://{details_ip}:9080/details/0");
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        let got = vm.curl(&direct).unwrap();
+        assert_ne!(got.0, 200, "the VM's traffic bypassed its sidecar: {got:?}");
+    }
+    let named = harness::wait_until(Duration::from_secs(30), || {
+        vm.logs().lines().any(|l| {
+            l.contains("workload certificate request failed")
+                && l.contains("istiod.istio-system.svc:15012")
+        })
+    });
+    assert!(named, "the unreachable istiod is not named:\n{}", vm.logs());
+    eprintln!("STEP istiod unreachable: the agent names it and retries; the VM's requests fail, none bypasses the sidecar");
+    vm.machine().stop(5);
+    std::fs::write(&hosts, &good).unwrap();
+
+    // The VM starts with its app down: registered, unhealthy.
+    vm.machine().restart().unwrap();
     let (entry, took) = wait_entry(
         c,
         plane,
