@@ -21,11 +21,12 @@ if [ "${1:-}" = --print ]; then echo "$ISTIO_HOME"; exit 0; fi
 # What the module gives besides the binaries: pilot-agent reads its Envoy bootstrap template from
 # ./var/lib/istio/envoy/envoy_bootstrap_tmpl.json (Istio's proxy image puts this file there), and
 # the Kubernetes tests apply Istio's samples verbatim (Bookinfo, its networking and Gateway API
-# samples, curl, tcp-echo).
+# samples, curl, tcp-echo, the multicluster samples of the VM guide's east-west gateway).
 files_present() {
   [ -f "$ISTIO_HOME/envoy_bootstrap_tmpl.json" ] && [ -f "$ISTIO_HOME/samples/bookinfo/platform/kube/bookinfo.yaml" ] \
     && [ -f "$ISTIO_HOME/samples/curl/curl.yaml" ] && [ -f "$ISTIO_HOME/samples/bookinfo/gateway-api/bookinfo-gateway.yaml" ] \
-    && [ -f "$ISTIO_HOME/samples/tcp-echo/tcp-echo.yaml" ]
+    && [ -f "$ISTIO_HOME/samples/tcp-echo/tcp-echo.yaml" ] \
+    && [ -f "$ISTIO_HOME/samples/multicluster/gen-eastwest-gateway.sh" ]
 }
 copy_files() {
   local mod
@@ -38,6 +39,7 @@ copy_files() {
   cp -r "$mod/samples/bookinfo/gateway-api" "$ISTIO_HOME/samples/bookinfo/gateway-api"
   cp "$mod/samples/curl/curl.yaml" "$ISTIO_HOME/samples/curl/curl.yaml"
   cp "$mod/samples/tcp-echo/"*.yaml "$ISTIO_HOME/samples/tcp-echo/"
+  cp -r "$mod/samples/multicluster" "$ISTIO_HOME/samples/multicluster"
   chmod -R u+w,a+rX "$ISTIO_HOME/samples"
 }
 

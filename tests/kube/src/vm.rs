@@ -21,6 +21,64 @@ use crate::Cluster;
 use crate::istioctl;
 use crate::node::NODE_IP;
 
+/// The VM's network: the pods' (the node's bridge, an address the kubelet does not hand out), or
+/// one of its own that reaches the cluster only at `gateway` (the east-west gateway's address)
+/// on 15443, 15012 and 15017, as Istio's multi-network VM guide has it: a bridge of its own on
+/// the node, which forwards nothing else between it and the pods.
+pub enum VmNetwork<'a> {
+    Pods,
+    Own { gateway: &'a str },
+}
+
+/// The own network's bridge, its range and the node's address on it.
+const OWN_BRIDGE: &str = "vmbr0";
+const OWN_NODE_IP: &str = "10.245.0.1";
+const OWN_VM_IP: &str = "10.245.0.2";
+
+/// Makes the node's bridge for a VM network of its own and lets through only the VM's
+/// connections to the gateway (and their replies).
+fn own_network(c: &Cluster, gateway: &str) -> Result<()> {
+    let node = c.node_ns.as_str();
+    for args in [
+        vec!["link", "add", OWN_BRIDGE, "type", "bridge"],
+        vec![
+            "addr",
+            "add",
+            &format!("{OWN_NODE_IP}/24"),
+            "dev",
+            OWN_BRIDGE,
+        ],
+        vec!["link", "set", OWN_BRIDGE, "up"],
+    ] {
+        let mut full = vec!["-n", node];
+        full.extend(args);
+        harness::run("ip", &full)?;
+    }
+    netns::set_sysctl(node, "net.ipv4.ip_forward", "1")?;
+    let rules = format!(
+        "*filter\n:FORWARD ACCEPT [0:0]\n\
+         -A FORWARD -i {OWN_BRIDGE} -d {gateway}/32 -p tcp -m multiport --dports 15443,15012,15017 -j ACCEPT\n\
+         -A FORWARD -i {OWN_BRIDGE} -j DROP\n\
+         -A FORWARD -o {OWN_BRIDGE} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n\
+         -A FORWARD -o {OWN_BRIDGE} -j DROP\nCOMMIT\n"
+    );
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", node, "iptables-restore", "--noflush"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .context("iptables-restore in the node's namespace")?;
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .context("iptables-restore's stdin")?
+        .write_all(rules.as_bytes())?;
+    if !child.wait()?.success() {
+        bail!("iptables-restore of the VM network's forwarding rules failed");
+    }
+    Ok(())
+}
+
 pub struct MeshVm {
     pub ip: String,
     pub netns: String,
@@ -45,8 +103,19 @@ impl MeshVm {
 
     /// The VM's namespace on the node's bridge, on the root `prepare_root` made (moved into the
     /// cluster's directory).
-    pub fn create(c: &Cluster, name: &str, root: &std::path::Path) -> Result<MeshVm> {
-        let ip = c.kubelet.reserve_address()?;
+    pub fn create(
+        c: &Cluster,
+        name: &str,
+        root: &std::path::Path,
+        network: VmNetwork,
+    ) -> Result<MeshVm> {
+        let (ip, bridge, via) = match network {
+            VmNetwork::Pods => (c.kubelet.reserve_address()?, "cbr0", NODE_IP),
+            VmNetwork::Own { gateway } => {
+                own_network(c, gateway)?;
+                (OWN_VM_IP.to_string(), OWN_BRIDGE, OWN_NODE_IP)
+            }
+        };
         let ns = format!("{}-{name}", c.id);
         let dir = c.dir.join(name);
         std::fs::create_dir_all(&dir)?;
@@ -54,13 +123,13 @@ impl MeshVm {
             netns: &ns,
             bridge: netns::Bridge {
                 netns: Some(&c.node_ns),
-                name: "cbr0",
+                name: bridge,
             },
             link: &format!("v{name}"),
             addresses: &[format!("{ip}/24")],
             routes: &[netns::Route {
                 dest: "default",
-                via: Some(NODE_IP),
+                via: Some(via),
             }],
         })
         .with_context(|| format!("the VM {name}'s network"))?;
@@ -90,9 +159,9 @@ impl MeshVm {
             .expect("the VM's machine lives as long as it")
     }
 
-    /// `istioctl x workload entry configure -f GROUP_FILE -o DIR --clusterID Kubernetes
-    /// --autoregister` plus `extra`, as the guide runs it, once the group's namespace has
-    /// istiod's root certificate; the files are placed on the VM and returned.
+    /// `istioctl x workload entry configure -f GROUP_FILE -o DIR --autoregister` plus `extra`
+    /// (`--clusterID`, ...), as the guide runs it, once the group's namespace has istiod's root
+    /// certificate; the files are placed on the VM and returned.
     pub fn configure(&self, c: &Cluster, group_file: &str, extra: &[&str]) -> Result<GuideFiles> {
         let group: serde_json::Value = serde_yaml_ng::from_str(
             &std::fs::read_to_string(group_file).with_context(|| group_file.to_string())?,
@@ -120,8 +189,6 @@ impl MeshVm {
             group_file,
             "-o",
             &out_s,
-            "--clusterID",
-            "Kubernetes",
             "--autoregister",
         ];
         args.extend(extra);

@@ -21,7 +21,7 @@ use cluster::apply;
 use cluster::bookinfo::{apply_text, curl, details_and_curl, pod_named, wait_pods_ready};
 use cluster::istiod_core::{self, IstiodCore};
 use cluster::node::NODE_IP;
-use cluster::vm::MeshVm;
+use cluster::vm::{MeshVm, VmNetwork};
 use kube::api::{Api, ApiResource, DynamicObject};
 
 const MESH_NS: &str = "mesh";
@@ -142,7 +142,7 @@ fn is_healthy(e: Option<&Entry>, status: &str) -> bool {
 /// The objects of the guide: the VM's namespace, its service account, the WorkloadGroup (with
 /// the probe the guide shows, faster), and a Service for the VM's app; the mesh namespace with
 /// Bookinfo's details and Istio's curl sample.
-fn apply_guide_objects(c: &Cluster, plane: &Plane) -> String {
+fn apply_guide_objects(c: &Cluster, plane: &Plane, network: &str) -> String {
     apply_text(
         c,
         &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {MESH_NS}\n  labels:\n    istio-injection: enabled\n"),
@@ -173,6 +173,7 @@ spec:
       app: vmapp
   template:
     serviceAccount: vmapp
+    network: "{network}"
   probe:
     periodSeconds: 1
     initialDelaySeconds: 1
@@ -196,11 +197,15 @@ spec:
 
 /// The guide end to end against whichever control plane `c` runs.
 fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
-    let group_file = apply_guide_objects(c, plane);
+    let group_file = apply_guide_objects(c, plane, "");
     wait_pods_ready(c, MESH_NS, 2, Duration::from_secs(120)).unwrap();
-    let mut vm = MeshVm::create(c, "vm", root).unwrap();
+    let mut vm = MeshVm::create(c, "vm", root, VmNetwork::Pods).unwrap();
     let files = vm
-        .configure(c, &group_file, &["--ingressIP", NODE_IP])
+        .configure(
+            c,
+            &group_file,
+            &["--clusterID", "Kubernetes", "--ingressIP", NODE_IP],
+        )
         .unwrap();
     assert!(
         files.mesh.contains("readinessProbe") && files.mesh.contains("AUTO_REGISTER_GROUP"),
@@ -251,7 +256,9 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
         })
     });
     assert!(named, "the unreachable istiod is not named:\n{}", vm.logs());
-    eprintln!("STEP istiod unreachable: the agent names it and retries; the VM's requests fail, none bypasses the sidecar");
+    eprintln!(
+        "STEP istiod unreachable: the agent names it and retries; the VM's requests fail, none bypasses the sidecar"
+    );
     vm.machine().stop(5);
     std::fs::write(&hosts, &good).unwrap();
 
@@ -440,4 +447,190 @@ fn a_vm_joins_istiod_cores_mesh_by_istios_vm_guide() {
     let mut c = Cluster::start().expect("start the cluster");
     let core = istiod_core::install(&mut c, &[]).expect("install Istio's config and istiod-core");
     the_guide(&c, &Plane::Core(core), &root);
+}
+
+/// Istio's multi-network VM guide: istiod on network `kube-network` (mesh `mesh1`, cluster
+/// `cluster1`), the east-west gateway `samples/multicluster/gen-eastwest-gateway.sh` describes,
+/// rendered by istioctl and run from our proxy image (Istio's `gateway` injection template, our
+/// `pilot-agent proxy router`), istiod and the services exposed through it
+/// (`expose-istiod.yaml`, `expose-services.yaml`), and the VM on network `vm-network`, which
+/// reaches the cluster only at the gateway's address. The VM gets its certificate and config
+/// from istiod through the gateway's 15012, registers (its entry named after its network),
+/// reports its health, and calls details by name through the gateway's 15443
+/// (AUTO_PASSTHROUGH, mTLS end to end: a DENY on its identity applies at details).
+#[test]
+fn a_vm_on_another_network_joins_through_the_east_west_gateway() {
+    let test = "a_vm_on_another_network_joins_through_the_east_west_gateway";
+    if !harness::require_root(test) || !harness::require_envoy(test) {
+        return;
+    }
+    let root = MeshVm::prepare_root().unwrap();
+    let mut c = Cluster::start().expect("start the cluster");
+    cluster::istio::install(
+        &mut c,
+        &[
+            "values.global.meshID=mesh1",
+            "values.global.multiCluster.clusterName=cluster1",
+            "values.global.network=kube-network",
+        ],
+    )
+    .expect("install Istio");
+    let gateway = east_west_gateway(&c);
+    let plane = Plane::Istiod;
+    let group_file = apply_guide_objects(&c, &plane, "vm-network");
+    wait_pods_ready(&c, MESH_NS, 2, Duration::from_secs(120)).unwrap();
+    let mut vm = MeshVm::create(&c, "vm", &root, VmNetwork::Own { gateway: &gateway }).unwrap();
+    // istioctl finds the gateway's address itself (its Service's load balancer address).
+    let files = vm
+        .configure(&c, &group_file, &["--clusterID", "cluster1"])
+        .unwrap();
+    assert!(
+        files
+            .hosts
+            .contains(&format!("{gateway} istiod.istio-system.svc")),
+        "istioctl's hosts: {:?}",
+        files.hosts
+    );
+    assert!(
+        files
+            .cluster_env
+            .contains("ISTIO_META_NETWORK='vm-network'"),
+        "{}",
+        files.cluster_env
+    );
+    vm.machine().start().unwrap();
+    vm.start_app(8080).unwrap();
+    let name = format!("vmapp-{}-vm-network", vm.ip);
+    let mut last = None;
+    let healthy = harness::wait_until(Duration::from_secs(90), || {
+        last = entry(&c, &plane, &name);
+        is_healthy(last.as_ref(), "True")
+    });
+    assert!(healthy, "{name}: {last:?}\n{}", vm.logs());
+    eprintln!(
+        "STEP VM on vm-network: certificate and config through the gateway's 15012, registered as {name}, healthy"
+    );
+
+    let details = format!("http://details.{MESH_NS}.svc.cluster.local:9080/details/0");
+    let mut got = (0, String::new());
+    let reached = harness::wait_until(Duration::from_secs(30), || {
+        got = vm.curl(&details).unwrap_or_default();
+        got.0 == 200
+    });
+    assert!(
+        reached,
+        "VM -> details through the gateway: {got:?}\n{}",
+        vm.logs()
+    );
+    let gw_pod = pod_named(&c, "istio-system", "istio-eastwestgateway-").unwrap();
+    // The gateway's connections to details' pod (its SNI cluster's hosts).
+    let clusters = cluster::bookinfo::pod_local(
+        &c,
+        "istio-system",
+        &gw_pod,
+        "http://127.0.0.1:15000/clusters",
+    )
+    .unwrap();
+    let through: u64 = clusters
+        .lines()
+        .filter(|l| l.contains("details.mesh.svc.cluster.local") && l.contains("::cx_total::"))
+        .filter_map(|l| l.rsplit("::").next()?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        through >= 1,
+        "the gateway did not carry it:\n{}",
+        clusters
+            .lines()
+            .filter(|l| l.contains("details"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    eprintln!(
+        "STEP VM -> details by name, through the east-west gateway's 15443: 200 ({through} gateway connections to details)"
+    );
+
+    let deny = format!(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-vm\n  namespace: {MESH_NS}\nspec:\n  selector:\n    matchLabels:\n      app: details\n  action: DENY\n  rules:\n  - from:\n    - source:\n        principals: [\"cluster.local/ns/{VM_NS}/sa/vmapp\"]\n"
+    );
+    apply_text(&c, &deny, MESH_NS).unwrap();
+    let denied = harness::wait_until(Duration::from_secs(30), || {
+        got = vm.curl(&details).unwrap_or_default();
+        got.0 == 403
+    });
+    assert!(
+        denied,
+        "a DENY for the VM's identity across networks: {got:?}"
+    );
+    eprintln!(
+        "STEP a DENY on the VM's identity applies at details across the gateway (mTLS end to end)"
+    );
+}
+
+/// The east-west gateway of Istio's multi-network guide, running; its address. The cluster has
+/// no load balancer: the gateway's Service gets its pod's address as its load balancer address
+/// (what a cloud's would publish). istiod runs on the node, outside any pod: its Service gets an
+/// EndpointSlice naming the node, so the gateway can pass 15012 through to it.
+fn east_west_gateway(c: &Cluster) -> String {
+    use k8s_openapi::api::core::v1::{Namespace, Service};
+    use kube::api::{Patch, PatchParams};
+    let samples = harness::istio::istio_home().join("samples/multicluster");
+    let namespaces: Api<Namespace> = Api::all(c.client.clone());
+    let label =
+        serde_json::json!({"metadata": {"labels": {"topology.istio.io/network": "kube-network"}}});
+    c.block_on(namespaces.patch(
+        "istio-system",
+        &PatchParams::default(),
+        &Patch::Merge(&label),
+    ))
+    .unwrap();
+    let slice = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: istiod-on-the-node\n  namespace: istio-system\n  labels:\n    kubernetes.io/service-name: istiod\n    endpointslice.kubernetes.io/managed-by: vm-guide-test\naddressType: IPv4\nendpoints:\n- addresses: [\"{NODE_IP}\"]\n  conditions: {{ready: true}}\nports:\n- {{name: grpc-xds, port: 15010, protocol: TCP}}\n- {{name: https-dns, port: 15012, protocol: TCP}}\n- {{name: https-webhook, port: 15017, protocol: TCP}}\n- {{name: http-monitoring, port: 15014, protocol: TCP}}\n"
+    );
+    apply_text(c, &slice, "istio-system").unwrap();
+
+    let iop = std::process::Command::new("bash")
+        .arg(samples.join("gen-eastwest-gateway.sh"))
+        .args(["--network", "kube-network"])
+        .output()
+        .unwrap();
+    assert!(iop.status.success(), "{iop:?}");
+    let iop_file = c.dir.join("eastwest-iop.yaml");
+    std::fs::write(&iop_file, &iop.stdout).unwrap();
+    let mut args: Vec<String> = cluster::istio::manifest_args(&[]);
+    args.retain(|a| a != "profile=minimal");
+    let pos = args.iter().position(|a| a == "--set").unwrap();
+    args.remove(pos);
+    args.extend(["-f".into(), iop_file.display().to_string()]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let rendered = cluster::istioctl::ok(c, &argv).unwrap();
+    let objects: Vec<serde_json::Value> = apply::parse_objects(&rendered)
+        .unwrap()
+        .into_iter()
+        .filter(|o| o["kind"] != "HorizontalPodAutoscaler")
+        .collect();
+    c.block_on(apply::apply_all(&c.client, &objects, Some("istio-system")))
+        .unwrap();
+    cluster::bookinfo::wait_named_ready(
+        c,
+        "istio-system",
+        "istio-eastwestgateway-",
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    let pod = pod_named(c, "istio-system", "istio-eastwestgateway-").unwrap();
+    let ip = c.kubelet.pod("istio-system", &pod).unwrap().ip.clone();
+    let services: Api<Service> = Api::namespaced(c.client.clone(), "istio-system");
+    let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}});
+    c.block_on(services.patch_status(
+        "istio-eastwestgateway",
+        &PatchParams::default(),
+        &Patch::Merge(&status),
+    ))
+    .unwrap();
+    for f in ["expose-istiod.yaml", "expose-services.yaml"] {
+        let text = std::fs::read_to_string(samples.join(f)).unwrap();
+        apply_text(c, &text, "istio-system").unwrap();
+    }
+    eprintln!("STEP east-west gateway {pod} ready at {ip}, istiod and *.local exposed through it");
+    ip
 }
