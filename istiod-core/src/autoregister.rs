@@ -177,7 +177,18 @@ impl AutoRegistration {
             .ip_addresses
             .first()
             .ok_or_else(|| Status::invalid_argument("auto-registration: the proxy has no IP"))?;
-        let name = format!("{group}-{address}").replace(':', "-");
+        // Istio's name: the group, the address, and the proxy's network when it names one.
+        let name = match proxy.network() {
+            "" => format!("{group}-{address}"),
+            net => format!("{group}-{address}-{net}"),
+        }
+        .replace(':', "-");
+        let network = Some(proxy.network())
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .or_else(|| spec.template.network.clone())
+            .filter(|n| !n.is_empty())
+            .map(Box::new);
         let mut labels = spec.template.labels.clone();
         labels.extend(spec.metadata.labels.clone());
         labels.extend(proxy.labels.clone());
@@ -198,6 +209,7 @@ impl AutoRegistration {
                 service_account: Some(account),
                 locality: None,
                 weight: None,
+                network,
             },
         );
         let key = (proxy.namespace.clone(), name);

@@ -73,6 +73,10 @@ pub struct Endpoint {
     /// Its load-balancing weight among the service's endpoints (a WorkloadEntry's `weight`;
     /// Kubernetes endpoints 1).
     pub weight: u32,
+    /// The network it is on (`topology.istio.io/network`): a pod's label, else the cluster's
+    /// (its system namespace's label); a WorkloadEntry's `network`. Empty: the same network as
+    /// every proxy.
+    pub network: String,
 }
 
 /// The workload behind an endpoint (see [`Endpoint::workload`]).
@@ -202,8 +206,15 @@ pub fn spiffe_id(trust_domain: &str, namespace: &str, sa: &str) -> String {
 /// locality's region, zone and subzone, the cluster, the node as `kubernetes.io/hostname`, and
 /// the network (none here: `topology.istio.io/network` is empty) unless the workload names one.
 pub fn endpoint_labels(ep: &Endpoint, cluster_id: &str) -> BTreeMap<String, String> {
-    augmented_labels(&ep.labels, &ep.locality, cluster_id, &ep.workload.node)
+    let mut labels = augmented_labels(&ep.labels, &ep.locality, cluster_id, &ep.workload.node);
+    if !ep.network.is_empty() {
+        labels.insert(NETWORK_LABEL.into(), ep.network.clone());
+    }
+    labels
 }
+
+/// The label naming a workload's (or a namespace's, a gateway Service's) network.
+pub const NETWORK_LABEL: &str = "topology.istio.io/network";
 
 /// `labels` with istiod's topology labels added (`AugmentLabels`; see [`endpoint_labels`]):
 /// what subsets and `failoverPriority` match, for endpoints and proxies alike.
@@ -337,6 +348,11 @@ pub struct NodeIdError {
 pub const ROUTER: &str = "router";
 
 impl Proxy {
+    /// The network the proxy is on (node metadata `NETWORK`; empty: the cluster's, or unknown).
+    pub fn network(&self) -> &str {
+        self.metadata.get("NETWORK").map_or("", String::as_str)
+    }
+
     /// A gateway (node id type `router`): its listeners come from the Gateways that select it.
     pub fn is_router(&self) -> bool {
         self.kind == ROUTER

@@ -47,6 +47,9 @@ pub struct PushContext {
     pub generation: u64,
     pub change: Change,
     pub services: Vec<Service>,
+    /// Each network's east-west gateways (`registry::network_gateways`): where a proxy on
+    /// another network sends the network's endpoints.
+    pub network_gateways: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
     pub peer_authentications: Vec<(Metadata, PeerAuthenticationSpec)>,
     /// Every AuthorizationPolicy, by (namespace, name) (generators::authz picks a proxy's).
     pub authorization_policies: Vec<(Metadata, crate::config_store::AuthorizationPolicySpec)>,
@@ -343,6 +346,7 @@ impl Default for PushContext {
             generation: 0,
             change: Change::Full,
             services: Vec::new(),
+            network_gateways: Default::default(),
             peer_authentications: Vec::new(),
             authorization_policies: Vec::new(),
             request_authentications: Vec::new(),
@@ -523,7 +527,9 @@ impl PushContext {
             &config.resources,
             previous.map_or(&[][..], |p| &p.envoy_filters),
         );
+        let network_gateways = registry::network_gateways(&config);
         Ok(PushContext {
+            network_gateways,
             envoy_filters,
             reference_grants,
             gateways,

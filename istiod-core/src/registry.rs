@@ -75,6 +75,7 @@ fn workload_endpoint(
             node: String::new(),
         },
         weight: we.weight.filter(|w| *w > 0).unwrap_or(1),
+        network: we.network.as_deref().cloned().unwrap_or_default(),
     })
 }
 
@@ -99,6 +100,9 @@ struct KubeIndex<'a> {
     nodes: HashMap<&'a str, &'a Metadata>,
     endpoints: HashMap<NsName<'a>, Vec<(&'a Metadata, &'a [EndpointSubset])>>,
     slices: HashMap<NsName<'a>, Vec<(&'a Metadata, &'a EndpointSliceSpec)>>,
+    /// The cluster's network: the system namespace's `topology.istio.io/network` label (as
+    /// istiod reads it), empty when unlabelled.
+    network: String,
 }
 
 impl<'a> KubeIndex<'a> {
@@ -120,6 +124,11 @@ impl<'a> KubeIndex<'a> {
                 }
                 Resource::Node(m) => {
                     index.nodes.insert(m.name.as_str(), m);
+                }
+                Resource::Namespace(m) if m.name == crate::config::DEFAULT_POD_NAMESPACE => {
+                    if let Some(n) = m.labels.get(crate::model::NETWORK_LABEL) {
+                        index.network = n.clone();
+                    }
                 }
                 Resource::Endpoints(m, subsets) => index
                     .endpoints
@@ -190,6 +199,11 @@ fn kube_endpoint(
     pod: Option<(&Metadata, &PodInfo)>,
     index: &KubeIndex,
 ) -> Endpoint {
+    // A pod's network label, else the cluster's.
+    let network = pod
+        .and_then(|(m, _)| m.labels.get(crate::model::NETWORK_LABEL))
+        .unwrap_or(&index.network)
+        .clone();
     let mut named = BTreeMap::new();
     for sp in service_ports {
         let target = endpoint_ports
@@ -218,6 +232,7 @@ fn kube_endpoint(
                 node: pod.node_name.clone().unwrap_or_default(),
             },
             weight: 1,
+            network,
         },
         None => Endpoint {
             address,
@@ -229,8 +244,36 @@ fn kube_endpoint(
             locality: String::new(),
             workload: WorkloadRef::default(),
             weight: 1,
+            network,
         },
     }
+}
+
+/// The port a network's gateway takes cross-network mTLS on (istiod's default; Istio's
+/// `networking.istio.io/gatewayPort` annotation is not read).
+pub const NETWORK_GATEWAY_PORT: u16 = 15443;
+
+/// Each network's gateways, as istiod finds them: the load balancer addresses (else the external
+/// IPs) of the Services labelled `topology.istio.io/network` (the east-west gateway's).
+pub fn network_gateways(config: &ConfigSet) -> BTreeMap<String, Vec<IpAddr>> {
+    let mut out: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+    for r in &config.resources {
+        if let Resource::Service(m, spec) = r
+            && let Some(net) = m.labels.get(crate::model::NETWORK_LABEL)
+            && !net.is_empty()
+        {
+            let addrs = out.entry(net.clone()).or_default();
+            addrs.extend(
+                spec.published_ips
+                    .iter()
+                    .filter_map(|ip| ip.parse::<IpAddr>().ok()),
+            );
+            addrs.sort();
+            addrs.dedup();
+        }
+    }
+    out.retain(|_, a| !a.is_empty());
+    out
 }
 
 /// Whether `labels` carry every label of `selector` (an empty selector selects everything): a

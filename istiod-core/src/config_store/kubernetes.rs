@@ -15,6 +15,10 @@ pub struct ServiceSpec {
     pub cluster_ip: Option<String>,
     pub ports: Vec<ServicePortSpec>,
     pub selector: BTreeMap<String, String>,
+    /// Where the Service is published outside the cluster: its load balancer's addresses
+    /// (`status.loadBalancer.ingress`), else `spec.externalIPs` (filled by the parser).
+    #[serde(skip)]
+    pub published_ips: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]

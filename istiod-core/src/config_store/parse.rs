@@ -107,7 +107,26 @@ pub(crate) fn parse_document(value: serde_json::Value) -> Result<Option<Resource
             Resource::ServiceEntry(meta, Box::new(spec))
         }
         "WorkloadEntry" => Resource::WorkloadEntry(meta, plain_spec(spec, &typed, |_| Ok(()))?),
-        "Service" => Resource::Service(meta, plain_spec(spec, &typed, |_| Ok(()))?),
+        "Service" => {
+            let external: Vec<String> = spec["externalIPs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|ip| ip.as_str().map(str::to_string))
+                .collect();
+            let mut svc: super::ServiceSpec = plain_spec(spec, &typed, |_| Ok(()))?;
+            svc.published_ips = status
+                .as_ref()
+                .and_then(|s| s["loadBalancer"]["ingress"].as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i["ip"].as_str().map(str::to_string))
+                .collect();
+            if svc.published_ips.is_empty() {
+                svc.published_ips = external;
+            }
+            Resource::Service(meta, svc)
+        }
         "Endpoints" => {
             let subsets: Vec<EndpointSubset> =
                 serde_json::from_value(subsets.unwrap_or(serde_json::Value::Array(vec![])))

@@ -59,6 +59,11 @@ pub struct WorkloadEntrySpec {
     /// The endpoint's load-balancing weight (unset or 0: 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
+    /// The network it is on (unset: the cluster's). Behind a thin pointer: a Resource stays
+    /// within its size bound (`size_tests`), and few entries name a network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[allow(clippy::box_collection)] // one word instead of three, on every WorkloadEntry
+    pub network: Option<Box<String>>,
 }
 
 /// networking.istio.io WorkloadGroup: the template of the WorkloadEntries that proxies of the

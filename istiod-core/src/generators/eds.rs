@@ -130,6 +130,71 @@ pub fn carry_over(
     let _ = push.cache.endpoints.set(all);
 }
 
+/// The assignment of `cluster` for a proxy on network `net`, when some of its endpoints are on
+/// another network (None otherwise: the shared or locality assignment holds), as istiod's
+/// network filter makes it: endpoints on the proxy's network (or on none) as they are; those of
+/// another network replaced by that network's east-west gateways at
+/// `registry::NETWORK_GATEWAY_PORT`, each weighted by the endpoints it stands for and carrying
+/// their TLS metadata (mTLS goes end to end, the gateway passes it through by SNI); those of a
+/// network without a gateway left out (unreachable). One locality group (locality load
+/// balancing does not apply across networks here).
+fn network_view(push: &PushContext, cluster: &str, net: &str) -> Option<Named> {
+    let (svc, _, subset) = resolve(push, cluster)?;
+    let remote = |ep: &crate::model::Endpoint| !ep.network.is_empty() && ep.network != net;
+    if !svc
+        .endpoints
+        .iter()
+        .filter(|ep| subset.is_none_or(|s| s.selects(ep)))
+        .any(remote)
+    {
+        return None;
+    }
+    let key = format!("{cluster}\0network\0{net}");
+    Some(push.cache.localized(&key, || {
+        let mut lb = Vec::new();
+        let mut others: std::collections::BTreeMap<&str, (u32, bool)> = Default::default();
+        for m in members(push, cluster).into_iter().flatten() {
+            if remote(m.endpoint) {
+                let e = others.entry(m.endpoint.network.as_str()).or_default();
+                e.0 += m.endpoint.weight.max(1);
+                e.1 |= m.lb.metadata.is_some();
+            } else {
+                lb.push(m.lb);
+            }
+        }
+        for (network, (weight, mtls)) in others {
+            for gw in push.network_gateways.get(network).into_iter().flatten() {
+                lb.push(LbEndpoint {
+                    metadata: mtls.then(tls::istio_endpoint_metadata),
+                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                        address: Some(socket_address(
+                            &gw.to_string(),
+                            crate::registry::NETWORK_GATEWAY_PORT,
+                        )),
+                        ..Default::default()
+                    })),
+                    health_status: HealthStatus::Healthy.into(),
+                    load_balancing_weight: Some(UInt32Value { value: weight }),
+                });
+            }
+        }
+        let weight: u32 = lb
+            .iter()
+            .map(|e| e.load_balancing_weight.as_ref().map_or(1, |w| w.value))
+            .sum();
+        let cla = ClusterLoadAssignment {
+            cluster_name: cluster.to_string(),
+            endpoints: vec![LocalityLbEndpoints {
+                load_balancing_weight: (weight > 0).then_some(UInt32Value { value: weight }),
+                lb_endpoints: lb,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        Named::new(cluster.to_string(), pack_any(cla))
+    }))
+}
+
 /// The requested assignments for `proxy`; an unknown cluster gets an empty assignment so Envoy
 /// stops waiting. A cluster under locality load balancing gets the proxy's own (see
 /// `locality`), cached by what it depends on.
@@ -142,6 +207,11 @@ pub fn generate(push: &PushContext, proxy: &Proxy, names: &[impl AsRef<str>]) ->
         .iter()
         .map(|name| {
             let name = name.as_ref();
+            if !proxy.network().is_empty()
+                && let Some(view) = network_view(push, name, proxy.network())
+            {
+                return view;
+            }
             if let Some(plan) = plan(push, name) {
                 let (loc, labels) = whereabouts.get_or_insert_with(|| {
                     let loc = locality::proxy_locality(push, proxy);
@@ -224,5 +294,66 @@ mod tests {
             <ClusterLoadAssignment as prost::Message>::decode(after[1].resource.value.as_slice())
                 .unwrap_or_else(|e| panic!("{e}"));
         assert!(format!("{cla:?}").contains("10.1.0.9"), "{cla:?}");
+    }
+
+    /// Endpoints on another network than the proxy's go through that network's east-west
+    /// gateway (weighted by the endpoints it stands for, with their mTLS metadata); a network
+    /// without a gateway is unreachable; a proxy of no network, or of theirs, gets them as they
+    /// are.
+    #[test]
+    fn endpoints_of_other_networks_go_through_their_gateways() {
+        let yaml = "kind: ServiceEntry\nmetadata: {name: s, namespace: n}\nspec: {hosts: [s.example], addresses: [240.0.0.1], ports: [{number: 80, name: http}], workloadSelector: {labels: {app: s}}}\n---\nkind: WorkloadEntry\nmetadata: {name: here, namespace: n}\nspec: {address: 10.0.0.1, labels: {app: s}, serviceAccount: s, network: n1}\n---\nkind: WorkloadEntry\nmetadata: {name: there, namespace: n}\nspec: {address: 10.0.0.2, labels: {app: s}, serviceAccount: s, network: n2}\n---\nkind: WorkloadEntry\nmetadata: {name: there2, namespace: n}\nspec: {address: 10.0.0.3, labels: {app: s}, serviceAccount: s, network: n2}\n---\nkind: Service\nmetadata: {name: eastwest, namespace: istio-system, labels: {topology.istio.io/network: n2}}\nspec: {clusterIP: 10.96.0.9, externalIPs: [192.0.2.20], ports: [{name: tls, port: 15443}]}\n";
+        let set = ConfigSet {
+            resources: parse_file(std::path::Path::new("e.yaml"), yaml)
+                .unwrap_or_else(|e| panic!("{e}")),
+        };
+        let mut push = PushContext::build(std::sync::Arc::new(set), "cluster.local", "1".into())
+            .unwrap_or_else(|e| panic!("{e}"));
+        push.cache = crate::push_context::GenCache::checked();
+        let cluster = "outbound|80||s.example";
+        let view = |network: &str| {
+            let mut proxy =
+                Proxy::from_node_id("sidecar~10.0.0.50~c.n~n.svc.cluster.local").unwrap();
+            if !network.is_empty() {
+                proxy.metadata.insert("NETWORK".into(), network.into());
+            }
+            let named = generate(&push, &proxy, &[cluster]);
+            let cla = <ClusterLoadAssignment as prost::Message>::decode(
+                named[0].resource.value.as_slice(),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let mut out: Vec<String> = cla
+                .endpoints
+                .iter()
+                .flat_map(|g| &g.lb_endpoints)
+                .map(|e| {
+                    let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) = &e.host_identifier else {
+                        panic!("{e:?}")
+                    };
+                    let a = format!("{:?}", ep.address);
+                    let ip = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "192.0.2.20"]
+                        .into_iter()
+                        .find(|ip| a.contains(ip))
+                        .unwrap_or("?");
+                    let port = if a.contains("15443") { ":15443" } else { "" };
+                    let w = e.load_balancing_weight.as_ref().map_or(1, |w| w.value);
+                    let tls = if e.metadata.is_some() { " mtls" } else { "" };
+                    format!("{ip}{port} w{w}{tls}")
+                })
+                .collect();
+            out.sort();
+            out
+        };
+        assert_eq!(
+            view(""),
+            ["10.0.0.1 w1 mtls", "10.0.0.2 w1 mtls", "10.0.0.3 w1 mtls"]
+        );
+        assert_eq!(
+            view("n2"),
+            ["10.0.0.2 w1 mtls", "10.0.0.3 w1 mtls"],
+            "n1 has no gateway"
+        );
+        assert_eq!(view("n1"), ["10.0.0.1 w1 mtls", "192.0.2.20:15443 w2 mtls"]);
+        assert_eq!(view("n3"), ["192.0.2.20:15443 w2 mtls"]);
     }
 }

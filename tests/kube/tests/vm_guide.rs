@@ -458,6 +458,12 @@ fn a_vm_joins_istiod_cores_mesh_by_istios_vm_guide() {
 /// from istiod through the gateway's 15012, registers (its entry named after its network),
 /// reports its health, and calls details by name through the gateway's 15443
 /// (AUTO_PASSTHROUGH, mTLS end to end: a DENY on its identity applies at details).
+const MULTI_NETWORK: [&str; 3] = [
+    "values.global.meshID=mesh1",
+    "values.global.multiCluster.clusterName=cluster1",
+    "values.global.network=kube-network",
+];
+
 #[test]
 fn a_vm_on_another_network_joins_through_the_east_west_gateway() {
     let test = "a_vm_on_another_network_joins_through_the_east_west_gateway";
@@ -466,23 +472,32 @@ fn a_vm_on_another_network_joins_through_the_east_west_gateway() {
     }
     let root = MeshVm::prepare_root().unwrap();
     let mut c = Cluster::start().expect("start the cluster");
-    cluster::istio::install(
-        &mut c,
-        &[
-            "values.global.meshID=mesh1",
-            "values.global.multiCluster.clusterName=cluster1",
-            "values.global.network=kube-network",
-        ],
-    )
-    .expect("install Istio");
-    let gateway = east_west_gateway(&c);
-    let plane = Plane::Istiod;
-    let group_file = apply_guide_objects(&c, &plane, "vm-network");
-    wait_pods_ready(&c, MESH_NS, 2, Duration::from_secs(120)).unwrap();
-    let mut vm = MeshVm::create(&c, "vm", &root, VmNetwork::Own { gateway: &gateway }).unwrap();
+    cluster::istio::install(&mut c, &MULTI_NETWORK).expect("install Istio");
+    the_multi_network_guide(&c, &Plane::Istiod, &root);
+}
+
+#[test]
+fn a_vm_on_another_network_joins_istiod_core_through_the_east_west_gateway() {
+    let test = "a_vm_on_another_network_joins_istiod_core_through_the_east_west_gateway";
+    if !harness::require_root(test) || !harness::require_envoy(test) {
+        return;
+    }
+    let root = MeshVm::prepare_root().unwrap();
+    let mut c = Cluster::start().expect("start the cluster");
+    let core = istiod_core::install(&mut c, &MULTI_NETWORK)
+        .expect("install Istio's config and istiod-core");
+    the_multi_network_guide(&c, &Plane::Core(core), &root);
+}
+
+/// The multi-network guide against whichever control plane `c` runs.
+fn the_multi_network_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
+    let gateway = east_west_gateway(c, plane);
+    let group_file = apply_guide_objects(c, plane, "vm-network");
+    wait_pods_ready(c, MESH_NS, 2, Duration::from_secs(120)).unwrap();
+    let mut vm = MeshVm::create(c, "vm", root, VmNetwork::Own { gateway: &gateway }).unwrap();
     // istioctl finds the gateway's address itself (its Service's load balancer address).
     let files = vm
-        .configure(&c, &group_file, &["--clusterID", "cluster1"])
+        .configure(c, &group_file, &["--clusterID", "cluster1"])
         .unwrap();
     assert!(
         files
@@ -503,7 +518,7 @@ fn a_vm_on_another_network_joins_through_the_east_west_gateway() {
     let name = format!("vmapp-{}-vm-network", vm.ip);
     let mut last = None;
     let healthy = harness::wait_until(Duration::from_secs(90), || {
-        last = entry(&c, &plane, &name);
+        last = entry(c, plane, &name);
         is_healthy(last.as_ref(), "True")
     });
     assert!(healthy, "{name}: {last:?}\n{}", vm.logs());
@@ -522,10 +537,10 @@ fn a_vm_on_another_network_joins_through_the_east_west_gateway() {
         "VM -> details through the gateway: {got:?}\n{}",
         vm.logs()
     );
-    let gw_pod = pod_named(&c, "istio-system", "istio-eastwestgateway-").unwrap();
+    let gw_pod = pod_named(c, "istio-system", "istio-eastwestgateway-").unwrap();
     // The gateway's connections to details' pod (its SNI cluster's hosts).
     let clusters = cluster::bookinfo::pod_local(
-        &c,
+        c,
         "istio-system",
         &gw_pod,
         "http://127.0.0.1:15000/clusters",
@@ -552,7 +567,7 @@ fn a_vm_on_another_network_joins_through_the_east_west_gateway() {
     let deny = format!(
         "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-vm\n  namespace: {MESH_NS}\nspec:\n  selector:\n    matchLabels:\n      app: details\n  action: DENY\n  rules:\n  - from:\n    - source:\n        principals: [\"cluster.local/ns/{VM_NS}/sa/vmapp\"]\n"
     );
-    apply_text(&c, &deny, MESH_NS).unwrap();
+    apply_text(c, &deny, MESH_NS).unwrap();
     let denied = harness::wait_until(Duration::from_secs(30), || {
         got = vm.curl(&details).unwrap_or_default();
         got.0 == 403
@@ -570,7 +585,7 @@ fn a_vm_on_another_network_joins_through_the_east_west_gateway() {
 /// no load balancer: the gateway's Service gets its pod's address as its load balancer address
 /// (what a cloud's would publish). istiod runs on the node, outside any pod: its Service gets an
 /// EndpointSlice naming the node, so the gateway can pass 15012 through to it.
-fn east_west_gateway(c: &Cluster) -> String {
+fn east_west_gateway(c: &Cluster, plane: &Plane) -> String {
     use k8s_openapi::api::core::v1::{Namespace, Service};
     use kube::api::{Patch, PatchParams};
     let samples = harness::istio::istio_home().join("samples/multicluster");
@@ -603,6 +618,12 @@ fn east_west_gateway(c: &Cluster) -> String {
     args.extend(["-f".into(), iop_file.display().to_string()]);
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let rendered = cluster::istioctl::ok(c, &argv).unwrap();
+    // istiod injects the gateway's pod (Istio's `gateway` template); beside istiod-core,
+    // Istio's injector runs offline.
+    let rendered = match plane {
+        Plane::Istiod => rendered,
+        Plane::Core(_) => istiod_core::kube_inject(c, &rendered).unwrap(),
+    };
     let objects: Vec<serde_json::Value> = apply::parse_objects(&rendered)
         .unwrap()
         .into_iter()
