@@ -176,6 +176,31 @@ pub fn read_token(path: &Path) -> Result<Option<String>, TokenError> {
     Ok((!token.is_empty()).then(|| token.to_string()))
 }
 
+/// What to say of the token in `path` when its JWT `exp` claim is past at `now`: the file and
+/// how long ago it expired; `None` when it has not, or the file holds no readable JWT. The
+/// control plane refuses such a token with a bare "authentication failure"; on a VM the token
+/// `istioctl x workload entry configure` wrote lasts `--tokenDuration` (1 h by default), so this
+/// names the usual cause of a VM that stopped getting certificates.
+pub fn expired_token(path: &Path, now: std::time::SystemTime) -> Option<String> {
+    use base64::Engine as _;
+    let token = read_token(path).ok()??;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let exp = claims.get("exp")?.as_u64()?;
+    let now = now.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    (exp <= now).then(|| {
+        format!(
+            "the token in {} expired {} s ago (its exp claim is {exp}); give the workload a new \
+             one (on a VM: istioctl x workload entry configure, --tokenDuration)",
+            path.display(),
+            now - exp
+        )
+    })
+}
+
 /// `e` and its sources, outermost first: tonic's own message ("transport error") says nothing of
 /// the cause, such as the certificate the server presented being refused.
 fn causes(e: &dyn std::error::Error) -> String {
@@ -296,5 +321,35 @@ mod tests {
         assert!((150..=250).contains(&one), "{one}");
         let many = Backoff::CONTROL_PLANE.after(30).as_millis();
         assert!((11_250..=18_750).contains(&many), "{many}");
+    }
+
+    /// An expired JWT is named with its file; a live one, a non-JWT and a missing file are not.
+    #[test]
+    fn an_expired_token_is_named_with_its_file() {
+        use base64::Engine as _;
+        let dir = tempfile::tempdir().unwrap();
+        let jwt = |exp: u64| {
+            let b = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+            format!(
+                "{}.{}.sig",
+                b(r#"{"alg":"RS256"}"#),
+                b(&format!(
+                    r#"{{"sub":"system:serviceaccount:vm:vmapp","exp":{exp}}}"#
+                ))
+            )
+        };
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+        let path = dir.path().join("istio-token");
+        std::fs::write(&path, jwt(2_000_000_000 - 3600)).unwrap();
+        let said = expired_token(&path, now).unwrap();
+        assert!(
+            said.contains(&path.display().to_string()) && said.contains("expired 3600 s ago"),
+            "{said}"
+        );
+        std::fs::write(&path, jwt(2_000_000_000 + 60)).unwrap();
+        assert_eq!(expired_token(&path, now), None);
+        std::fs::write(&path, "not-a-jwt").unwrap();
+        assert_eq!(expired_token(&path, now), None);
+        assert_eq!(expired_token(&dir.path().join("none"), now), None);
     }
 }

@@ -362,6 +362,12 @@ pub async fn run_rotation<S: Signer>(
                     keeping_current = remaining.is_some(),
                     "workload certificate request failed"
                 );
+                if let crate::config::CertSource::Remote { client, .. } = &cfg.source
+                    && let Some(why) =
+                        crate::grpc_client::expired_token(&client.token_path, SystemTime::now())
+                {
+                    tracing::error!("{why}");
+                }
                 delay
             }
         };

@@ -63,6 +63,28 @@ pub fn debian_root(root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A service-account token for `namespace/account` in the shape the API server issues (audience
+/// `istio-ca`) that expired an hour ago: as istioctl's token an hour and more after it was made.
+/// Unsigned: it fails the control plane's check in any case, what matters is that the agent
+/// names its expiry.
+pub fn expired_token(namespace: &str, account: &str) -> String {
+    use base64::Engine as _;
+    let b = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    format!(
+        "{}.{}.c2ln",
+        b(r#"{"alg":"RS256","typ":"JWT"}"#),
+        b(&format!(
+            r#"{{"aud":["istio-ca"],"sub":"system:serviceaccount:{namespace}:{account}","iat":{},"exp":{}}}"#,
+            now - 7200,
+            now - 3600
+        ))
+    )
+}
+
 /// What `istioctl x workload entry configure` writes for one VM.
 #[derive(Debug, Clone)]
 pub struct GuideFiles {
@@ -197,6 +219,18 @@ impl Vm {
     pub fn run(&self, args: &[&str]) -> Result<Output> {
         let args = self.container(false, args);
         podman(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// The VM's token file (on the host).
+    pub fn token_file(&self) -> PathBuf {
+        self.tokens.join("istio-token")
+    }
+
+    /// Empties the agent's log files (while it is stopped): each step reads only its own.
+    pub fn clear_logs(&self) {
+        for f in ["istio.log", "istio.err.log"] {
+            let _ = fs::write(self.root.join("var/log/istio").join(f), "");
+        }
     }
 
     /// The agent's logs where istio-start.sh sends them.

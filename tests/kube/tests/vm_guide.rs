@@ -225,7 +225,27 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
         files.hosts.trim()
     );
 
-    // First with istiod out of reach (its hosts line names an address where nothing is): the
+    // First with an expired token (istioctl's, an hour and more after it was made): the
+    // agent names it, file and age, beside the control plane's refusal.
+    let machine = vm.machine();
+    let token = std::fs::read_to_string(machine.token_file()).unwrap();
+    std::fs::write(
+        machine.token_file(),
+        harness::vm::expired_token(VM_NS, "vmapp"),
+    )
+    .unwrap();
+    machine.start().unwrap();
+    let named = harness::wait_until(Duration::from_secs(30), || {
+        vm.logs()
+            .contains("the token in ./var/run/secrets/tokens/istio-token expired")
+    });
+    assert!(named, "the expired token is not named:\n{}", vm.logs());
+    eprintln!("STEP an expired token: the agent names the file and its age");
+    machine.stop(5);
+    machine.clear_logs();
+    std::fs::write(machine.token_file(), &token).unwrap();
+
+    // Then with istiod out of reach (its hosts line names an address where nothing is): the
     // agent names what it cannot reach and retries; the VM's captured traffic meanwhile goes
     // nowhere, never around the sidecar (details would answer a plaintext request).
     let hosts = vm.machine().root.join("etc/hosts");
@@ -236,11 +256,13 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
         good.replace(&format!("{NODE_IP} istiod"), &format!("{nowhere} istiod")),
     )
     .unwrap();
-    vm.machine().start().unwrap();
+    vm.machine().restart().unwrap();
     let details_pod = pod_named(c, MESH_NS, "details-").unwrap();
     let details_ip = c.kubelet.pod(MESH_NS, &details_pod).unwrap().ip.clone();
+    // The start script removes the last run's capture and applies it again before it starts
+    // the agent (as Istio's does): the agent's first line says capture is in place.
     let captured = harness::wait_until(Duration::from_secs(30), || {
-        vm.capture_rules().contains("ISTIO_OUTPUT")
+        vm.logs().contains("starting pilot-agent") && vm.capture_rules().contains("ISTIO_OUTPUT")
     });
     assert!(captured, "no capture on the VM\n{}", vm.logs());
     let direct = format!("http://{details_ip}:9080/details/0");
@@ -260,6 +282,7 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
         "STEP istiod unreachable: the agent names it and retries; the VM's requests fail, none bypasses the sidecar"
     );
     vm.machine().stop(5);
+    vm.machine().clear_logs();
     std::fs::write(&hosts, &good).unwrap();
 
     // The VM starts with its app down: registered, unhealthy.
