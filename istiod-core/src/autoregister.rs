@@ -280,7 +280,9 @@ impl AutoRegistration {
     }
 
     fn report(&self, key: &Key, healthy: bool, message: String) {
-        let change = match self.live.lock() {
+        // Whether the verdict changed, and the store's change if publication did (the entry, or
+        // None to take it out).
+        let (changed, publish) = match self.live.lock() {
             Ok(mut live) => {
                 let Some(l) = live.get_mut(key) else {
                     return;
@@ -296,7 +298,7 @@ impl AutoRegistration {
             }
             Err(_) => return,
         };
-        if change.0 {
+        if changed {
             tracing::info!(
                 entry = %format!("{}/{}", key.0, key.1),
                 healthy,
@@ -304,8 +306,8 @@ impl AutoRegistration {
                 "workload health"
             );
         }
-        if let Some(publish) = change.1 {
-            self.publish(key, publish);
+        if let Some(entry) = publish {
+            self.publish(key, entry);
         }
     }
 

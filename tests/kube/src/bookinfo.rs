@@ -162,7 +162,7 @@ pub fn node_get(url: &str) -> Result<(u16, String)> {
 }
 
 /// What `curl -w "\n%{http_code}"` printed, as (status, body).
-fn status_and_body(stdout: &[u8]) -> (u16, String) {
+pub fn status_and_body(stdout: &[u8]) -> (u16, String) {
     let text = String::from_utf8_lossy(stdout).to_string();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
     (code.trim().parse().unwrap_or(0), body.to_string())
@@ -194,6 +194,18 @@ pub fn pod_local(c: &Cluster, namespace: &str, pod: &str, url: &str) -> Result<S
         .args(["netns", "exec", &run.netns, "curl", "-s", "-m", "5", url])
         .output()?;
     Ok(String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+/// The connections the Envoy of pod `namespace/pod` opened to the hosts of its clusters whose
+/// `/clusters` lines contain `matching` (the hosts' `cx_total`, summed).
+pub fn host_connections(c: &Cluster, namespace: &str, pod: &str, matching: &str) -> Result<u64> {
+    Ok(
+        pod_local(c, namespace, pod, "http://127.0.0.1:15000/clusters")?
+            .lines()
+            .filter(|l| l.contains(matching) && l.contains("::cx_total::"))
+            .filter_map(|l| l.rsplit("::").next()?.parse::<u64>().ok())
+            .sum(),
+    )
 }
 
 /// Sum of an Envoy counter (admin /stats) in a pod, and whether Envoy has it at all.

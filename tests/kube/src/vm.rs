@@ -244,9 +244,7 @@ impl MeshVm {
     pub fn curl(&self, url: &str) -> Result<(u16, String)> {
         let args = self.in_vm(&["curl", "-s", "-m", "10", "-w", "\n%{http_code}", url]);
         let out = Command::new(&args[0]).args(&args[1..]).output()?;
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-        Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+        Ok(crate::bookinfo::status_and_body(&out.stdout))
     }
 
     /// The VM's capture rules (iptables of either backend).

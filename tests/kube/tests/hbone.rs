@@ -13,18 +13,9 @@ use std::time::Duration;
 use cluster::Cluster;
 use cluster::apply;
 use cluster::bookinfo::{
-    apply_text, curl, details_and_curl, pod_local, pod_named, pods, wait_pods_ready,
+    apply_text, curl, details_and_curl, host_connections, pod_local, pod_named, pods,
+    wait_pods_ready,
 };
-
-/// The connections the Envoy of pod `name` opened to hosts whose address starts with `host`.
-fn host_connections(c: &Cluster, name: &str, host: &str) -> u64 {
-    pod_local(c, "hbone", name, "http://127.0.0.1:15000/clusters")
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains(&format!("::{host}")) && l.contains("::cx_total::"))
-        .filter_map(|l| l.rsplit("::").next()?.parse::<u64>().ok())
-        .sum()
-}
 
 #[test]
 fn our_sidecars_talk_hbone_under_istiod() {
@@ -80,8 +71,9 @@ fn our_sidecars_talk_hbone_under_istiod() {
     assert!(answered, "no answer through HBONE: {last:?}");
     // Envoy's stats of these listeners and clusters are outside Istio's inclusion list; the
     // hosts' connection counters are not.
-    let originated = host_connections(&c, &client, "envoy://connect_originate/");
-    let terminated = host_connections(&c, &server, "envoy://main_internal/");
+    let originated =
+        host_connections(&c, "hbone", &client, "::envoy://connect_originate/").unwrap();
+    let terminated = host_connections(&c, "hbone", &server, "::envoy://main_internal/").unwrap();
     assert!(
         originated >= 1 && terminated >= 1,
         "not through the tunnel: client connections to connect_originate {originated}, server connections into main_internal {terminated}"

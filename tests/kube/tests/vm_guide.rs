@@ -14,6 +14,7 @@
 //! east-west gateway runs), so istioctl's `--ingressIP` is the node's address; the unit's
 //! ExecStart runs in a container on the VM's root (no systemd in the test).
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cluster::Cluster;
@@ -109,21 +110,30 @@ fn entry(c: &Cluster, plane: &Plane, name: &str) -> Option<Entry> {
     }
 }
 
-/// Waits until the VM's auto-registered entry satisfies `want`; the entry and the seconds it
-/// took.
+/// The name istiod gives the VM's auto-registered entry: the group, the address, and the
+/// network when it has one.
+fn entry_name(vm: &MeshVm, network: &str) -> String {
+    match network {
+        "" => format!("vmapp-{}", vm.ip),
+        net => format!("vmapp-{}-{net}", vm.ip),
+    }
+}
+
+/// Waits until the VM's auto-registered entry `name` satisfies `want`; the entry and the seconds
+/// it took.
 fn wait_entry(
     c: &Cluster,
     plane: &Plane,
     vm: &MeshVm,
+    name: &str,
     what: &str,
     limit: Duration,
     want: impl Fn(Option<&Entry>) -> bool,
 ) -> (Option<Entry>, f64) {
-    let name = format!("vmapp-{}", vm.ip);
     let started = Instant::now();
     let mut last = None;
     let ok = harness::wait_until(limit, || {
-        last = entry(c, plane, &name);
+        last = entry(c, plane, name);
         want(last.as_ref())
     });
     assert!(
@@ -132,6 +142,27 @@ fn wait_entry(
         vm.logs()
     );
     (last, started.elapsed().as_secs_f64())
+}
+
+/// Asks `get` (a GET's status and body) until the status is `want`, for up to 30 s; whether it
+/// came, and the last answer.
+fn wait_status(want: u16, mut get: impl FnMut() -> (u16, String)) -> (bool, (u16, String)) {
+    let mut last = (0, String::new());
+    let came = harness::wait_until(Duration::from_secs(30), || {
+        last = get();
+        last.0 == want
+    });
+    (came, last)
+}
+
+/// Applies a DENY at details for the VM's identity; waits until the VM's GET of `details` is
+/// answered 403 and returns the last answer it got.
+fn deny_the_vm_at_details(c: &Cluster, vm: &MeshVm, details: &str) -> (bool, (u16, String)) {
+    let deny = format!(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-vm\n  namespace: {MESH_NS}\nspec:\n  selector:\n    matchLabels:\n      app: details\n  action: DENY\n  rules:\n  - from:\n    - source:\n        principals: [\"cluster.local/ns/{VM_NS}/sa/vmapp\"]\n"
+    );
+    apply_text(c, &deny, MESH_NS).unwrap();
+    wait_status(403, || vm.curl(details).unwrap_or_default())
 }
 
 fn is_healthy(e: Option<&Entry>, status: &str) -> bool {
@@ -287,10 +318,12 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
 
     // The VM starts with its app down: registered, unhealthy.
     vm.machine().restart().unwrap();
+    let name = entry_name(&vm, "");
     let (entry, took) = wait_entry(
         c,
         plane,
         &vm,
+        &name,
         "the VM registers, unhealthy while its app is down",
         Duration::from_secs(90),
         |e| is_healthy(e, "False"),
@@ -316,16 +349,14 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
         c,
         plane,
         &vm,
+        &name,
         "the VM turns healthy once its app answers the probe",
         Duration::from_secs(30),
         |e| is_healthy(e, "True"),
     );
     eprintln!("STEP the probe passes: Healthy=True in {took:.1} s");
-    let mut last = (0, String::new());
-    let reached = harness::wait_until(Duration::from_secs(30), || {
-        last = curl(c, MESH_NS, &url, &[]).unwrap_or_default();
-        last.0 == 200
-    });
+    let from_pod = || curl(c, MESH_NS, &url, &[]).unwrap_or_default();
+    let (reached, last) = wait_status(200, from_pod);
     assert!(reached, "curl pod -> VM: {last:?}\n{}", vm.logs());
     let xfcc = last
         .1
@@ -346,22 +377,12 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
 
     // The VM calls the mesh by name: only the agent's DNS proxy knows it.
     let details = format!("http://details.{MESH_NS}.svc.cluster.local:9080/details/0");
-    let reached = harness::wait_until(Duration::from_secs(30), || {
-        last = vm.curl(&details).unwrap_or_default();
-        last.0 == 200
-    });
+    let (reached, last) = wait_status(200, || vm.curl(&details).unwrap_or_default());
     assert!(reached, "VM -> details by name: {last:?}\n{}", vm.logs());
     eprintln!("STEP VM -> details by name through the DNS proxy: 200");
 
     // Authorization on the VM's identity: a DENY for it, then gone.
-    let deny = format!(
-        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-vm\n  namespace: {MESH_NS}\nspec:\n  selector:\n    matchLabels:\n      app: details\n  action: DENY\n  rules:\n  - from:\n    - source:\n        principals: [\"cluster.local/ns/{VM_NS}/sa/vmapp\"]\n"
-    );
-    apply_text(c, &deny, MESH_NS).unwrap();
-    let denied = harness::wait_until(Duration::from_secs(30), || {
-        last = vm.curl(&details).unwrap_or_default();
-        last.0 == 403
-    });
+    let (denied, last) = deny_the_vm_at_details(c, &vm, &details);
     assert!(denied, "a DENY for the VM's identity: {last:?}");
     let pod_call = curl(
         c,
@@ -381,14 +402,12 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
         c,
         plane,
         &vm,
+        &name,
         "the VM turns unhealthy when its app stops",
         Duration::from_secs(30),
         |e| is_healthy(e, "False"),
     );
-    let down = harness::wait_until(Duration::from_secs(30), || {
-        last = curl(c, MESH_NS, &url, &[]).unwrap_or_default();
-        last.0 == 503
-    });
+    let (down, last) = wait_status(503, from_pod);
     assert!(down, "pods still sent to the unhealthy VM: {last:?}");
     eprintln!(
         "STEP app down: Healthy=False in {took:.1} s ({}), pods get 503",
@@ -399,14 +418,12 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
         c,
         plane,
         &vm,
+        &name,
         "healthy again",
         Duration::from_secs(30),
         |e| is_healthy(e, "True"),
     );
-    let up = harness::wait_until(Duration::from_secs(30), || {
-        last = curl(c, MESH_NS, &url, &[]).unwrap_or_default();
-        last.0 == 200
-    });
+    let (up, last) = wait_status(200, from_pod);
     assert!(
         up,
         "the VM is healthy again but pods do not reach it: {last:?}"
@@ -419,6 +436,7 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
         c,
         plane,
         &vm,
+        &name,
         "the stopped VM's entry is removed",
         Duration::from_secs(60),
         |e| e.is_none(),
@@ -432,14 +450,12 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
         c,
         plane,
         &vm,
+        &name,
         "the restarted VM registers again, healthy",
         Duration::from_secs(90),
         |e| is_healthy(e, "True"),
     );
-    let back = harness::wait_until(Duration::from_secs(30), || {
-        last = curl(c, MESH_NS, &url, &[]).unwrap_or_default();
-        last.0 == 200
-    });
+    let (back, last) = wait_status(200, from_pod);
     assert!(
         back,
         "pods -> the re-registered VM: {last:?}\n{}",
@@ -448,28 +464,41 @@ fn the_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
     eprintln!("STEP VM restarted: registered again and healthy in {took:.1} s, pods reach it");
 }
 
-#[test]
-fn a_vm_joins_istiods_mesh_by_istios_vm_guide() {
-    let test = "a_vm_joins_istiods_mesh_by_istios_vm_guide";
+/// A guide test's set-up: the root and Envoy checks, the VM's root (made first: apt needs the
+/// host's network), the cluster with Istio's istiod or istiod-core installed with `values`.
+/// `None` when the test cannot run here (the harness says why).
+fn set_up(test: &str, core: bool, values: &[&str]) -> Option<(Cluster, Plane, PathBuf)> {
     if !harness::require_root(test) || !harness::require_envoy(test) {
-        return;
+        return None;
     }
     let root = MeshVm::prepare_root().unwrap();
     let mut c = Cluster::start().expect("start the cluster");
-    cluster::istio::install(&mut c, &[]).expect("install Istio");
-    the_guide(&c, &Plane::Istiod, &root);
+    let plane = if core {
+        Plane::Core(
+            istiod_core::install(&mut c, values).expect("install Istio's config and istiod-core"),
+        )
+    } else {
+        cluster::istio::install(&mut c, values).expect("install Istio");
+        Plane::Istiod
+    };
+    Some((c, plane, root))
+}
+
+#[test]
+fn a_vm_joins_istiods_mesh_by_istios_vm_guide() {
+    if let Some((c, plane, root)) = set_up("a_vm_joins_istiods_mesh_by_istios_vm_guide", false, &[])
+    {
+        the_guide(&c, &plane, &root);
+    }
 }
 
 #[test]
 fn a_vm_joins_istiod_cores_mesh_by_istios_vm_guide() {
-    let test = "a_vm_joins_istiod_cores_mesh_by_istios_vm_guide";
-    if !harness::require_root(test) || !harness::require_envoy(test) {
-        return;
+    if let Some((c, plane, root)) =
+        set_up("a_vm_joins_istiod_cores_mesh_by_istios_vm_guide", true, &[])
+    {
+        the_guide(&c, &plane, &root);
     }
-    let root = MeshVm::prepare_root().unwrap();
-    let mut c = Cluster::start().expect("start the cluster");
-    let core = istiod_core::install(&mut c, &[]).expect("install Istio's config and istiod-core");
-    the_guide(&c, &Plane::Core(core), &root);
 }
 
 /// Istio's multi-network VM guide: istiod on network `kube-network` (mesh `mesh1`, cluster
@@ -489,27 +518,24 @@ const MULTI_NETWORK: [&str; 3] = [
 
 #[test]
 fn a_vm_on_another_network_joins_through_the_east_west_gateway() {
-    let test = "a_vm_on_another_network_joins_through_the_east_west_gateway";
-    if !harness::require_root(test) || !harness::require_envoy(test) {
-        return;
+    if let Some((c, plane, root)) = set_up(
+        "a_vm_on_another_network_joins_through_the_east_west_gateway",
+        false,
+        &MULTI_NETWORK,
+    ) {
+        the_multi_network_guide(&c, &plane, &root);
     }
-    let root = MeshVm::prepare_root().unwrap();
-    let mut c = Cluster::start().expect("start the cluster");
-    cluster::istio::install(&mut c, &MULTI_NETWORK).expect("install Istio");
-    the_multi_network_guide(&c, &Plane::Istiod, &root);
 }
 
 #[test]
 fn a_vm_on_another_network_joins_istiod_core_through_the_east_west_gateway() {
-    let test = "a_vm_on_another_network_joins_istiod_core_through_the_east_west_gateway";
-    if !harness::require_root(test) || !harness::require_envoy(test) {
-        return;
+    if let Some((c, plane, root)) = set_up(
+        "a_vm_on_another_network_joins_istiod_core_through_the_east_west_gateway",
+        true,
+        &MULTI_NETWORK,
+    ) {
+        the_multi_network_guide(&c, &plane, &root);
     }
-    let root = MeshVm::prepare_root().unwrap();
-    let mut c = Cluster::start().expect("start the cluster");
-    let core = istiod_core::install(&mut c, &MULTI_NETWORK)
-        .expect("install Istio's config and istiod-core");
-    the_multi_network_guide(&c, &Plane::Core(core), &root);
 }
 
 /// The multi-network guide against whichever control plane `c` runs.
@@ -538,23 +564,22 @@ fn the_multi_network_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
     );
     vm.machine().start().unwrap();
     vm.start_app(8080).unwrap();
-    let name = format!("vmapp-{}-vm-network", vm.ip);
-    let mut last = None;
-    let healthy = harness::wait_until(Duration::from_secs(90), || {
-        last = entry(c, plane, &name);
-        is_healthy(last.as_ref(), "True")
-    });
-    assert!(healthy, "{name}: {last:?}\n{}", vm.logs());
+    let name = entry_name(&vm, "vm-network");
+    wait_entry(
+        c,
+        plane,
+        &vm,
+        &name,
+        "the VM on vm-network registers, healthy",
+        Duration::from_secs(90),
+        |e| is_healthy(e, "True"),
+    );
     eprintln!(
         "STEP VM on vm-network: certificate and config through the gateway's 15012, registered as {name}, healthy"
     );
 
     let details = format!("http://details.{MESH_NS}.svc.cluster.local:9080/details/0");
-    let mut got = (0, String::new());
-    let reached = harness::wait_until(Duration::from_secs(30), || {
-        got = vm.curl(&details).unwrap_or_default();
-        got.0 == 200
-    });
+    let (reached, got) = wait_status(200, || vm.curl(&details).unwrap_or_default());
     assert!(
         reached,
         "VM -> details through the gateway: {got:?}\n{}",
@@ -562,39 +587,29 @@ fn the_multi_network_guide(c: &Cluster, plane: &Plane, root: &std::path::Path) {
     );
     let gw_pod = pod_named(c, "istio-system", "istio-eastwestgateway-").unwrap();
     // The gateway's connections to details' pod (its SNI cluster's hosts).
-    let clusters = cluster::bookinfo::pod_local(
+    let through = cluster::bookinfo::host_connections(
         c,
         "istio-system",
         &gw_pod,
-        "http://127.0.0.1:15000/clusters",
+        "details.mesh.svc.cluster.local",
     )
     .unwrap();
-    let through: u64 = clusters
-        .lines()
-        .filter(|l| l.contains("details.mesh.svc.cluster.local") && l.contains("::cx_total::"))
-        .filter_map(|l| l.rsplit("::").next()?.parse::<u64>().ok())
-        .sum();
     assert!(
         through >= 1,
-        "the gateway did not carry it:\n{}",
-        clusters
-            .lines()
-            .filter(|l| l.contains("details"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        "the gateway did not carry it; its /clusters:\n{}",
+        cluster::bookinfo::pod_local(
+            c,
+            "istio-system",
+            &gw_pod,
+            "http://127.0.0.1:15000/clusters"
+        )
+        .unwrap_or_default()
     );
     eprintln!(
         "STEP VM -> details by name, through the east-west gateway's 15443: 200 ({through} gateway connections to details)"
     );
 
-    let deny = format!(
-        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-vm\n  namespace: {MESH_NS}\nspec:\n  selector:\n    matchLabels:\n      app: details\n  action: DENY\n  rules:\n  - from:\n    - source:\n        principals: [\"cluster.local/ns/{VM_NS}/sa/vmapp\"]\n"
-    );
-    apply_text(c, &deny, MESH_NS).unwrap();
-    let denied = harness::wait_until(Duration::from_secs(30), || {
-        got = vm.curl(&details).unwrap_or_default();
-        got.0 == 403
-    });
+    let (denied, got) = deny_the_vm_at_details(c, &vm, &details);
     assert!(
         denied,
         "a DENY for the VM's identity across networks: {got:?}"
